@@ -1,0 +1,260 @@
+/* tag_abi.h - the crash-time ABI of libtag: everything a reader of a core
+ * (forensics/abi.py, the gdb scripts) needs to recover blocks, stacks and
+ * threads from raw memory, with no symbols and no allocator internals.
+ *
+ * This is a file format.  Every change to a layout bumps TAG_ABI_VERSION, and
+ * forensics/abi.py mirrors each struct field for field with the same names;
+ * tests/unit/test_abi_mirror.py checks the mirror against a compiled probe.
+ *
+ * All integers are little-endian x86_64 native.  "Address" fields hold virtual
+ * addresses in the traced process.  Times are milliseconds since
+ * control.start_mono_ns (CLOCK_MONOTONIC_COARSE, so their resolution is the
+ * kernel tick, typically 4 ms) and wrap after 49.7 days.
+ */
+#ifndef TAG_ABI_H
+#define TAG_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TAG_ABI_VERSION 1u
+
+/* ------------------------------------------------------------------ tags --
+ * Heap layout of one block, from the address the real allocator returned:
+ *
+ *   raw ... [pad bytes] [struct libtag_tag, 32 bytes] [payload: size bytes]
+ *           [canary: 8 bytes, unaligned, right after the payload] [slack]
+ *
+ * The user pointer is the address just after the tag and is 16-aligned (or
+ * aligned as memalign & co. asked).  The payload region is never smaller than
+ * TAG_MIN_PAYLOAD bytes, so a freed block always has room for its free record.
+ *
+ * While a block is freed and waits in the quarantine, its first 16 payload
+ * bytes hold a struct libtag_free_rec and the next bytes (up to the
+ * quarantine fill limit) hold TAG_FREE_PATTERN.  Once the block leaves the
+ * quarantine libtag hands it back to the real allocator, which overwrites the
+ * tag's first 16 bytes with its own free-list links: the tag stops validating
+ * and the block no longer exists for a reader.
+ */
+#define TAG_MAGIC        0x6754614cu          /* bytes "LaTg" */
+#define TAG_MIN_PAYLOAD  16u
+#define TAG_CANARY_SIZE  8u
+#define TAG_FREE_PATTERN 0xfdu
+#define TAG_SIZE_MASK    0x0000ffffffffffffull /* size_state bits 0..47 */
+#define TAG_STATE_SHIFT  48
+
+enum libtag_state {
+    TAG_STATE_LIVE  = 1,  /* handed to the program, not freed */
+    TAG_STATE_FREED = 2,  /* freed by the program, held in the quarantine */
+};
+
+struct libtag_tag {
+    uint32_t magic;       /* TAG_MAGIC; anything else is not a tag */
+    uint32_t check;       /* tag_check_value(): address, fields and secret; a
+                             mismatch means user bytes or a smashed tag */
+    uint64_t size_state;  /* bits 0..47: requested size in bytes (0 allowed);
+                             bits 48..55: enum libtag_state; 56..63: zero */
+    uint32_t alloc_stack; /* stack table id of the allocating stack; 0 = none */
+    uint32_t alloc_tid;   /* kernel thread id that allocated the block */
+    uint32_t alloc_time;  /* ms since start_mono_ns when it was allocated */
+    uint32_t pad;         /* bytes from the real allocation's start to this
+                             tag (aligned allocations); 0 for plain ones */
+};
+
+struct libtag_free_rec {
+    uint32_t free_stack;  /* stack table id of the freeing stack; 0 = none */
+    uint32_t free_tid;    /* kernel thread id that freed the block */
+    uint32_t free_time;   /* ms since start_mono_ns when it was freed */
+    uint32_t check;       /* free_rec_check_value(); mismatch = overwritten */
+};
+
+/* The check values.  Python computes the same with numpy uint64 arithmetic
+ * (multiplication wraps modulo 2^64), so keep them to xor, multiply, shift. */
+#define TAG_MIX1 0x9e3779b97f4a7c15ull
+#define TAG_MIX2 0xc2b2ae3d27d4eb4full
+#define TAG_FREE_SALT 0x46524545u              /* "FREE" */
+
+static inline uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
+                                       const struct libtag_tag *t)
+{
+    uint64_t h = tag_addr ^ secret;
+    h = (h ^ t->size_state) * TAG_MIX1;
+    h = (h ^ ((uint64_t)t->alloc_tid << 32 | t->alloc_stack)) * TAG_MIX1;
+    h = (h ^ ((uint64_t)t->pad << 32 | t->alloc_time)) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static inline uint32_t free_rec_check_value(uint64_t tag_addr, uint64_t secret,
+                                            const struct libtag_free_rec *f)
+{
+    uint64_t h = tag_addr ^ secret ^ TAG_FREE_SALT;
+    h = (h ^ ((uint64_t)f->free_tid << 32 | f->free_stack)) * TAG_MIX1;
+    h = (h ^ f->free_time) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+/* The 8 bytes stored right after the payload of a live block. */
+static inline uint64_t tag_canary_value(uint64_t tag_addr, uint64_t secret)
+{
+    return ((tag_addr ^ secret) * TAG_MIX2) ^ (tag_addr >> 4);
+}
+
+/* ---------------------------------------------------------- stack table --
+ * Stacks are interned as a trie: a stack id is the index of its innermost
+ * node; following parent links to id 0 (the empty stack) gives the frames
+ * innermost first.  Node 0 is the root and carries no frame.
+ */
+enum libtag_frame_kind {
+    TAG_FRAME_CALL  = 1,  /* pc is a return address / call site */
+    TAG_FRAME_ENTRY = 2,  /* pc is the entry of an instrumented function
+                             (-finstrument-functions' this_fn): it names the
+                             function the next-inner CALL frame, if any, is in */
+};
+
+struct libtag_stack_node {
+    uint64_t pc;          /* code address, see kind */
+    uint32_t parent;      /* id of the caller's prefix; 0 = outermost frame */
+    uint32_t kind;        /* enum libtag_frame_kind */
+};
+
+/* ------------------------------------------------------- shadow stacks --
+ * One per thread, in initial-exec TLS, maintained by
+ * __cyg_profile_func_enter/exit.  Frame d (0 = outermost) was entered as
+ * this_fn = fn[d] from call_site = site[d].  Only min(depth, TAG_SHADOW_MAX)
+ * frames are stored; deeper calls are counted in depth and overflows.
+ */
+#define TAG_SHADOW_MAX 256
+
+struct libtag_shadow {
+    uint32_t depth;                   /* frames currently entered */
+    uint32_t valid;                   /* id[0..valid] are interned and current */
+    uint64_t overflows;               /* enters beyond TAG_SHADOW_MAX */
+    uint64_t fn[TAG_SHADOW_MAX];      /* function entry address */
+    uint64_t site[TAG_SHADOW_MAX];    /* call site in the caller */
+    uint32_t id[TAG_SHADOW_MAX + 1];  /* id[d+1] = stack id through site[d];
+                                         id[0] = 0 */
+};
+
+/* -------------------------------------------------------------- threads --
+ * One record per thread that ever entered libtag; records are never reused,
+ * so counters of exited threads stay in the totals.
+ */
+#define TAG_THREAD_EXITED   1u  /* the thread has exited */
+#define TAG_THREAD_REGS     2u  /* regs/regs_sp hold its state at the last
+                                   snapshot */
+
+/* General registers in the kernel's struct user_regs_struct order (x86_64),
+ * the same order as the prstatus note of a core. */
+#define TAG_NREGS 27
+
+struct libtag_thread {
+    uint32_t tid;             /* kernel thread id; 0 = slot unused */
+    uint32_t flags;           /* TAG_THREAD_* */
+    uint64_t shadow;          /* address of its struct libtag_shadow; 0 = none */
+    uint64_t allocs;          /* allocations made by this thread */
+    uint64_t frees;           /* frees made by this thread */
+    uint64_t alloc_bytes;     /* requested bytes allocated by this thread */
+    uint64_t free_bytes;      /* requested bytes of the blocks it freed */
+    uint64_t stack_hi;        /* highest address of its stack; 0 = unknown */
+    uint64_t regs[TAG_NREGS]; /* see TAG_THREAD_REGS */
+    uint64_t reserved[2];     /* zero */
+};
+
+/* -------------------------------------------------------- control block --
+ * One per process, in libtag's data segment.  A reader finds it by
+ * TAG_CONTROL_MAGIC and confirms it by self == its own address.
+ */
+#define TAG_CONTROL_MAGIC "LIBTAG-CONTROL-1"  /* 16 bytes, no NUL stored */
+
+enum libtag_reason {
+    TAG_REASON_NONE      = 0,  /* not a snapshot (a live process) */
+    TAG_REASON_ON_DEMAND = 1,  /* LIBTAG_SIGNAL or libtag_snapshot() */
+    TAG_REASON_ANOMALY   = 2,  /* see anomaly.kind */
+    TAG_REASON_CRASH     = 3,  /* see crash */
+};
+
+enum libtag_anomaly_kind {
+    TAG_ANOMALY_NONE           = 0,
+    TAG_ANOMALY_DOUBLE_FREE    = 1,
+    TAG_ANOMALY_INVALID_FREE   = 2,
+    TAG_ANOMALY_HEAP_OVERFLOW  = 3,
+    TAG_ANOMALY_USE_AFTER_FREE = 4,
+};
+
+struct libtag_anomaly {
+    uint32_t kind;            /* enum libtag_anomaly_kind */
+    uint32_t tid;             /* thread that detected it */
+    uint64_t address;         /* the pointer concerned (user pointer) */
+    uint64_t block;           /* user pointer of the block involved; 0 = none */
+    uint32_t stack;           /* stack table id of the detecting stack */
+    uint32_t time;            /* ms since start_mono_ns */
+    struct libtag_tag tag;    /* copy of the block's tag; magic 0 if none */
+    struct libtag_free_rec free_rec; /* copy of its free record, if freed */
+};
+
+struct libtag_crash {
+    uint32_t signal;          /* signal number; 0 = no crash */
+    uint32_t tid;             /* faulting thread */
+    uint64_t address;         /* si_addr */
+    uint32_t code;            /* si_code */
+    uint32_t stack;           /* stack table id of the faulting thread */
+    uint32_t time;            /* ms since start_mono_ns */
+    uint32_t reserved;
+};
+
+struct libtag_control {
+    char     magic[16];       /* TAG_CONTROL_MAGIC */
+    uint64_t self;            /* address of this struct */
+    uint32_t abi_version;     /* TAG_ABI_VERSION */
+    uint32_t tag_size;        /* sizeof(struct libtag_tag) */
+    uint32_t free_rec_size;   /* sizeof(struct libtag_free_rec) */
+    uint32_t canary_size;     /* TAG_CANARY_SIZE */
+    uint64_t secret;          /* per-process key of the check values */
+    uint64_t start_realtime_ns; /* CLOCK_REALTIME when libtag started */
+    uint64_t start_mono_ns;   /* CLOCK_MONOTONIC_COARSE when libtag started */
+    uint32_t pid;             /* process id of the traced process */
+    uint32_t options;         /* reserved for option flags; zero */
+
+    /* stack table */
+    uint64_t stack_nodes;     /* address of struct libtag_stack_node[] */
+    uint32_t stack_capacity;  /* nodes reserved */
+    uint32_t stack_count;     /* nodes in use, root included */
+    uint64_t stack_full;      /* captures that found the table full */
+
+    /* threads */
+    uint64_t threads;         /* address of struct libtag_thread[] */
+    uint32_t thread_capacity; /* records reserved */
+    uint32_t thread_count;    /* records in use */
+    uint64_t shadow_overflows;/* updated from exited threads and snapshots */
+
+    /* quarantine */
+    uint64_t quarantine_bytes;/* byte budget per thread */
+    uint32_t quarantine_fill; /* payload bytes filled with TAG_FREE_PATTERN */
+    uint32_t reserved0;
+
+    /* the snapshot this memory is (in a snapshot core) */
+    uint32_t reason;          /* enum libtag_reason */
+    uint32_t snapshot_seq;    /* 1 for the first snapshot of the process */
+    uint64_t snapshot_time_ms;/* ms since start_mono_ns */
+    uint32_t snapshot_tid;    /* thread that took it */
+    uint32_t anomaly_count;   /* anomalies detected so far */
+    struct libtag_anomaly anomaly; /* the one that caused this snapshot */
+    struct libtag_crash   crash;
+};
+
+/* The layout is the contract: pin it. */
+_Static_assert(sizeof(struct libtag_tag) == 32, "tag is 32 bytes");
+_Static_assert(offsetof(struct libtag_tag, size_state) == 8, "tag layout");
+_Static_assert(offsetof(struct libtag_tag, pad) == 28, "tag layout");
+_Static_assert(sizeof(struct libtag_free_rec) == TAG_MIN_PAYLOAD, "free rec");
+_Static_assert(sizeof(struct libtag_stack_node) == 16, "stack node");
+_Static_assert(offsetof(struct libtag_shadow, fn) == 16, "shadow layout");
+_Static_assert(sizeof(struct libtag_thread) == 8 * 36, "thread record");
+_Static_assert(offsetof(struct libtag_thread, regs) == 56, "thread layout");
+_Static_assert(sizeof(struct libtag_anomaly) == 80, "anomaly record");
+_Static_assert(sizeof(struct libtag_crash) == 32, "crash record");
+_Static_assert(offsetof(struct libtag_control, stack_nodes) == 72, "control");
+_Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
+_Static_assert(sizeof(struct libtag_control) == 272, "control block");
+
+#endif /* TAG_ABI_H */

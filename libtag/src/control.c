@@ -1,0 +1,119 @@
+/* control.c - the control block and libtag's start-up.
+ *
+ * _tag_init runs at the first allocation, which may come before libc's
+ * constructors (from the dynamic linker or another library's constructor),
+ * so it uses nothing that allocates: getenv, mmap, clock_gettime, getauxval.
+ * What needs an initialised libc (pthread keys, atfork handlers, signal
+ * handlers) waits for libtag's constructor.
+ */
+#include <string.h>
+#include <sys/auxv.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+#include "libtag.h"
+
+struct libtag_control _tag_ctl;
+int _tag_ready;
+static int init_state;  /* 0 = not started, 1 = running, 2 = done */
+static __thread int in_init __attribute__((tls_model("initial-exec")));
+
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint32_t _tag_now_ms(void)
+{
+    return (uint32_t)((clock_ns(CLOCK_MONOTONIC_COARSE) - _tag_ctl.start_mono_ns) / 1000000u);
+}
+
+static uint64_t random_secret(void)
+{
+    /* AT_RANDOM: 16 random bytes the kernel gave the process at exec; the
+     * stack protector uses the first 8, we mix in both halves. */
+    const unsigned char *r = (const unsigned char *)getauxval(AT_RANDOM);
+    uint64_t a = 0, b = 0;
+    if (r) {
+        memcpy(&a, r, 8);
+        memcpy(&b, r + 8, 8);
+    }
+    uint64_t s = (a * TAG_MIX1) ^ b ^ clock_ns(CLOCK_MONOTONIC);
+    s ^= (uint64_t)(uintptr_t)&s * TAG_MIX2;  /* ASLR as a last resort */
+    return s ? s : TAG_MIX1;
+}
+
+void _tag_init(void)
+{
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&init_state, &expected, 1, 0,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE)) {
+        if (expected == 1 && !in_init) {
+            /* Another thread is initialising: wait for it. */
+            while (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
+                __builtin_ia32_pause();
+        }
+        return;
+    }
+    in_init = 1;
+    _tag_options_init();
+    _tag_ctl.self = (uint64_t)(uintptr_t)&_tag_ctl;
+    _tag_ctl.abi_version = TAG_ABI_VERSION;
+    _tag_ctl.tag_size = sizeof(struct libtag_tag);
+    _tag_ctl.free_rec_size = sizeof(struct libtag_free_rec);
+    _tag_ctl.canary_size = TAG_CANARY_SIZE;
+    _tag_ctl.secret = random_secret();
+    _tag_ctl.start_realtime_ns = clock_ns(CLOCK_REALTIME);
+    _tag_ctl.start_mono_ns = clock_ns(CLOCK_MONOTONIC_COARSE);
+    _tag_ctl.pid = (uint32_t)getpid();
+    _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
+    _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
+    _tag_stack_table_init(_tag_opt.stack_nodes);
+    _tag_threads_init();
+    /* The magic last: a reader that finds it finds a complete block. */
+    memcpy(_tag_ctl.magic, TAG_CONTROL_MAGIC, sizeof _tag_ctl.magic);
+    __atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&_tag_ready, 1, __ATOMIC_RELEASE);
+    in_init = 0;
+}
+
+__attribute__((constructor(101))) static void libtag_constructor(void)
+{
+    _tag_ensure_init();
+    (void)_tag_self();
+    _tag_threads_late_init();
+    _tag_snapshot_init();
+    _tag_crash_init();
+}
+
+TAG_EXPORT const void *libtag_control(void)
+{
+    _tag_ensure_init();
+    return &_tag_ctl;
+}
+
+TAG_EXPORT void libtag_stats(struct libtag_stats *out)
+{
+    _tag_ensure_init();
+    memset(out, 0, sizeof *out);
+    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+    uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    uint64_t alloc_bytes = 0, free_bytes = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        out->allocs += __atomic_load_n(&r[i].allocs, __ATOMIC_RELAXED);
+        out->frees += __atomic_load_n(&r[i].frees, __ATOMIC_RELAXED);
+        alloc_bytes += __atomic_load_n(&r[i].alloc_bytes, __ATOMIC_RELAXED);
+        free_bytes += __atomic_load_n(&r[i].free_bytes, __ATOMIC_RELAXED);
+    }
+    out->live_blocks = out->allocs - out->frees;
+    out->live_bytes = alloc_bytes - free_bytes;
+    out->stack_count = __atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_ACQUIRE);
+    out->thread_count = n;
+    out->stack_full = _tag_ctl.stack_full;
+    out->shadow_overflows = _tag_ctl.shadow_overflows + _tag_tls.shadow.overflows;
+    out->anomalies = _tag_ctl.anomaly_count;
+    out->snapshots = _tag_ctl.snapshot_seq;
+}

@@ -1,0 +1,251 @@
+/* interpose.c - the malloc family, and nothing else.
+ *
+ * Each function behaves as glibc's does toward the program (the tests run
+ * the same probe with and without libtag and compare): NULL + ENOMEM on
+ * exhaustion or overflow, EINVAL from posix_memalign for a bad alignment
+ * with *memptr untouched, realloc(p, 0) frees and returns NULL, free()
+ * keeps errno.  The real allocator is reached through glibc's exported
+ * __libc_* entry points, so there is no dlsym() and no bootstrap arena.
+ *
+ * Every entry point is built with frame pointers so the fallback stack walk
+ * can start from its frame.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+
+#define OVERHEAD (sizeof(struct libtag_tag) + TAG_CANARY_SIZE)
+
+/* Allocate size bytes aligned to align (a power of two >= 16), tag them
+ * with the stack seen from ret/frame. */
+static void *tag_alloc(size_t size, size_t align, int zero, void *ret, void *frame)
+{
+    _tag_ensure_init();
+    struct tag_tls *t = _tag_self();
+    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
+    if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    char *raw, *user;
+    uint32_t pad;
+    if (TAG_LIKELY(align <= 16)) {
+        raw = zero ? __libc_calloc(1, OVERHEAD + payload)
+                   : __libc_malloc(OVERHEAD + payload);
+        if (TAG_UNLIKELY(!raw))
+            return NULL;
+        user = raw + sizeof(struct libtag_tag);
+        pad = 0;
+    } else {
+        /* raw is align-aligned; the tag sits just below the next boundary. */
+        if (TAG_UNLIKELY(align > UINT32_MAX)) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
+        if (TAG_UNLIKELY(!raw))
+            return NULL;
+        user = raw + align;
+        pad = (uint32_t)(align - sizeof(struct libtag_tag));
+        if (zero)
+            memset(user, 0, payload);
+    }
+    uint32_t stack = _tag_capture(t, ret, frame);
+    _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms());
+    struct libtag_thread *r = t->rec;
+    if (TAG_LIKELY(!t->overflow_rec)) {
+        r->allocs++;
+        r->alloc_bytes += size;
+    } else {
+        __atomic_fetch_add(&r->allocs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
+    }
+    return user;
+}
+
+/* Validate ptr as a block we handed out; on failure report the anomaly and
+ * return 0 so the caller skips the operation. */
+static int check_block(void *ptr, void *ret, void *frame)
+{
+    switch (_tag_lookup(ptr)) {
+    case TAG_IS_LIVE:
+        if (TAG_UNLIKELY(!_tag_canary_ok(ptr))) {
+            _tag_anomaly(TAG_ANOMALY_HEAP_OVERFLOW, ptr, ptr, ret, frame);
+            /* the block itself is sound: go on and free it */
+        }
+        return 1;
+    case TAG_IS_FREED:
+        _tag_anomaly(TAG_ANOMALY_DOUBLE_FREE, ptr, ptr, ret, frame);
+        return 0;
+    default:
+        _tag_anomaly(TAG_ANOMALY_INVALID_FREE, ptr, NULL, ret, frame);
+        return 0;
+    }
+}
+
+static void tag_free(void *ptr, void *ret, void *frame)
+{
+    _tag_ensure_init();
+    struct tag_tls *t = _tag_self();
+    if (!check_block(ptr, ret, frame))
+        return;
+    uint64_t size = _tag_size(_tag_of(ptr));
+    uint32_t stack = _tag_capture(t, ret, frame);
+    _tag_write_freed(ptr, stack, t->tid, _tag_now_ms());
+    struct libtag_thread *r = t->rec;
+    if (TAG_LIKELY(!t->overflow_rec)) {
+        r->frees++;
+        r->free_bytes += size;
+    } else {
+        __atomic_fetch_add(&r->frees, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
+    }
+    _tag_quarantine_put(t, ptr);
+}
+
+#define RET   __builtin_return_address(0)
+#define FRAME __builtin_frame_address(0)
+
+TAG_EXPORT void *malloc(size_t size)
+{
+    return tag_alloc(size, 16, 0, RET, FRAME);
+}
+
+TAG_EXPORT void free(void *ptr)
+{
+    if (!ptr)
+        return;
+    int saved = errno;  /* POSIX.1-2024: free() does not change errno */
+    tag_free(ptr, RET, FRAME);
+    errno = saved;
+}
+
+TAG_EXPORT void *calloc(size_t nmemb, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(nmemb, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return tag_alloc(total, 16, 1, RET, FRAME);
+}
+
+static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
+{
+    if (!ptr)
+        return tag_alloc(size, 16, 0, ret, frame);
+    if (size == 0) {
+        /* glibc (REALLOC_ZERO_BYTES_FREES): free and return NULL */
+        int saved = errno;
+        tag_free(ptr, ret, frame);
+        errno = saved;
+        return NULL;
+    }
+    _tag_ensure_init();
+    if (!check_block(ptr, ret, frame)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* Always move: the old block goes through free() and the quarantine, so
+     * a stale pointer to it is caught like any other dangling pointer. */
+    size_t old_size = (size_t)_tag_size(_tag_of(ptr));
+    void *p = tag_alloc(size, 16, 0, ret, frame);
+    if (!p)
+        return NULL;  /* the old block is left untouched */
+    memcpy(p, ptr, old_size < size ? old_size : size);
+    int saved = errno;
+    tag_free(ptr, ret, frame);
+    errno = saved;
+    return p;
+}
+
+TAG_EXPORT void *realloc(void *ptr, size_t size)
+{
+    return tag_realloc(ptr, size, RET, FRAME);
+}
+
+TAG_EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(nmemb, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return tag_realloc(ptr, total, RET, FRAME);
+}
+
+/* glibc's memalign: an alignment that is not a power of two is rounded up
+ * to one; one above SIZE_MAX/2 + 1 fails with EINVAL. */
+static void *tag_memalign(size_t align, size_t size, void *ret, void *frame)
+{
+    if (align <= 16)
+        return tag_alloc(size, 16, 0, ret, frame);
+    if (align > SIZE_MAX / 2 + 1) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (align & (align - 1)) {
+        size_t a = 32;
+        while (a < align)
+            a <<= 1;
+        align = a;
+    }
+    return tag_alloc(size, align, 0, ret, frame);
+}
+
+TAG_EXPORT void *memalign(size_t align, size_t size)
+{
+    return tag_memalign(align, size, RET, FRAME);
+}
+
+/* glibc 2.36 aligned_alloc is memalign (C17's stricter checks came with
+ * glibc 2.38); behave as the glibc we run on. */
+TAG_EXPORT void *aligned_alloc(size_t align, size_t size)
+{
+    return tag_memalign(align, size, RET, FRAME);
+}
+
+TAG_EXPORT int posix_memalign(void **memptr, size_t align, size_t size)
+{
+    if (align % sizeof(void *) != 0 || (align & (align - 1)) != 0 || align == 0)
+        return EINVAL;
+    int saved = errno;
+    void *p = tag_memalign(align, size, RET, FRAME);
+    if (!p) {
+        int err = errno;
+        errno = saved;
+        return err ? err : ENOMEM;
+    }
+    *memptr = p;
+    return 0;
+}
+
+TAG_EXPORT void *valloc(size_t size)
+{
+    return tag_memalign((size_t)sysconf(_SC_PAGESIZE), size, RET, FRAME);
+}
+
+TAG_EXPORT void *pvalloc(size_t size)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (size > SIZE_MAX - page) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return tag_memalign(page, (size + page - 1) & ~(page - 1), RET, FRAME);
+}
+
+/* The user's view: the bytes the program asked for.  Writing past them is
+ * what the canary catches, so libtag does not advertise glibc's slack. */
+TAG_EXPORT size_t malloc_usable_size(void *ptr)
+{
+    if (!ptr)
+        return 0;
+    _tag_ensure_init();
+    if (_tag_lookup(ptr) != TAG_IS_LIVE)
+        return 0;
+    return (size_t)_tag_size(_tag_of(ptr));
+}

@@ -1,0 +1,153 @@
+/* libtag_internal.h - what libtag's own files share.  Nothing here is exported:
+ * the library is built with -fvisibility=hidden and the shared names are
+ * _tag_*.  Exported names (the malloc family, the instrumentation hooks and
+ * libtag_*) are marked TAG_EXPORT where they are defined. */
+#ifndef LIBTAG_INTERNAL_H
+#define LIBTAG_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tag_abi.h"
+
+#define TAG_EXPORT  __attribute__((visibility("default")))
+#define TAG_NOINSTR __attribute__((no_instrument_function))
+#define TAG_LIKELY(x)   __builtin_expect(!!(x), 1)
+#define TAG_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---------------------------------------------------------- options.c */
+enum tag_on_anomaly { TAG_ON_SNAPSHOT = 0, TAG_ON_ABORT = 1, TAG_ON_IGNORE = 2 };
+enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 };
+
+struct tag_options {
+    int on_anomaly;              /* enum tag_on_anomaly */
+    int core_path;               /* enum tag_core_path */
+    int signal;                  /* snapshot signal, 0 = none */
+    int quiet;                   /* no log lines on stderr */
+    uint32_t fp_depth;           /* frame-pointer fallback depth bound */
+    uint32_t stack_nodes;        /* stack table capacity */
+    uint64_t quarantine_bytes;   /* per-thread quarantine budget */
+    uint32_t quarantine_fill;    /* payload bytes patterned when freed */
+    uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
+    char dir[512];               /* snapshot directory, "" = cwd */
+};
+extern struct tag_options _tag_opt;
+/* Parse LIBTAG_* from the environment; a bad value is reported once and
+ * libtag refuses to start (the process exits 2). No malloc. */
+void _tag_options_init(void);
+
+/* ------------------------------------------------------------- log.c */
+/* Format into a stack buffer and write(2) to stderr: %s %d %u %x %p %lu %lx.
+ * Async-signal-safe: no locks, no malloc, no stdio. */
+void _tag_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void _tag_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Format into buf (always NUL-terminated); returns the length. */
+size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---------------------------------------------------------- control.c */
+extern struct libtag_control _tag_ctl;
+void _tag_init(void);            /* idempotent, thread-safe */
+extern int _tag_ready;           /* 1 once _tag_init finished */
+static inline void _tag_ensure_init(void)
+{
+    if (TAG_UNLIKELY(!__atomic_load_n(&_tag_ready, __ATOMIC_ACQUIRE)))
+        _tag_init();
+}
+uint32_t _tag_now_ms(void);      /* ms since start_mono_ns */
+
+/* ----------------------------------------------------------- thread.c */
+struct tag_quarantine;
+struct tag_tls {
+    struct libtag_shadow shadow;     /* first: its address is in the record */
+    struct libtag_thread *rec;       /* NULL until registered */
+    uint32_t tid;
+    int overflow_rec;                /* rec is shared: update with atomics */
+    int exiting;                     /* quarantine drained, free directly */
+    struct tag_quarantine *quarantine;
+    struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
+};
+extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
+void _tag_thread_register(void);     /* first libtag use in a thread */
+void _tag_threads_init(void);        /* reserve records; no malloc */
+void _tag_threads_late_init(void);   /* pthread key, atfork: after libc init */
+static inline struct tag_tls *_tag_self(void)
+{
+    struct tag_tls *t = &_tag_tls;
+    if (TAG_UNLIKELY(t->rec == NULL))
+        _tag_thread_register();
+    return t;
+}
+
+/* ------------------------------------------------------ stack_table.c */
+void _tag_stack_table_init(uint32_t capacity);
+/* Intern (parent, kind, pc) and return its id; the per-thread cache in t
+ * is consulted first.  Lock-free on hits; inserts take the table lock.
+ * Returns 0 (the root) and counts stack_full when the table is full. */
+uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t kind, uint64_t pc);
+void _tag_stack_table_atfork_prepare(void);
+void _tag_stack_table_atfork_parent(void);
+void _tag_stack_table_atfork_child(void);
+
+/* ----------------------------------------------------- shadow_stack.c */
+/* The stack of the current allocation: the shadow stack plus ret (the
+ * return address into the caller of the malloc-family function) or, in a
+ * thread with no instrumented frame, a frame-pointer walk from frame. */
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
+
+/* -------------------------------------------------------------- tag.c */
+static inline struct libtag_tag *_tag_of(const void *user)
+{
+    return (struct libtag_tag *)((char *)user - sizeof(struct libtag_tag));
+}
+static inline uint64_t _tag_size(const struct libtag_tag *t)
+{
+    return t->size_state & TAG_SIZE_MASK;
+}
+static inline uint32_t _tag_state(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->size_state >> TAG_STATE_SHIFT) & 0xff;
+}
+/* Write a live tag and canary for a block of size bytes at user. */
+void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
+                     uint32_t tid, uint32_t now);
+/* Is user a live/freed block of ours?  Reads only memory on user's page
+ * or, when the tag straddles a page, checks the page is mapped first. */
+enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
+enum tag_lookup _tag_lookup(const void *user);
+int _tag_canary_ok(const void *user);
+/* Mark freed and write the free record + fill pattern. */
+void _tag_write_freed(void *user, uint32_t stack, uint32_t tid, uint32_t now);
+/* Does the freed block still hold its free record and pattern? */
+int _tag_freed_intact(const void *user);
+
+/* -------------------------------------------------------- quarantine.c */
+/* Put a freed block in the calling thread's quarantine; evicts (and
+ * really frees) the oldest blocks beyond the budget. */
+void _tag_quarantine_put(struct tag_tls *t, void *user);
+void _tag_quarantine_drain(struct tag_tls *t);
+/* Hand a block back to the real allocator. */
+void _tag_real_release(void *user);
+
+/* --------------------------------------------------------- anomaly.c */
+/* Record an anomaly about ptr (block = the block concerned, or NULL) and act
+ * on LIBTAG_ON_ANOMALY.  Returns when the faulty operation should be
+ * skipped; does not return with abort. */
+void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
+                  void *ret, void *frame);
+
+/* -------------------------------------------------------- snapshot.c */
+int _tag_snapshot(uint32_t reason);
+void _tag_snapshot_init(void);       /* signal handler; after libc init */
+void _tag_snapshot_reap(void);       /* collect exited snapshot children */
+void _tag_die(int sig);              /* default action of sig, now */
+
+/* ----------------------------------------------------------- crash.c */
+void _tag_crash_init(void);
+
+/* The real allocator (glibc exports these; no dlsym bootstrap needed). */
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_memalign(size_t, size_t);
+extern void __libc_free(void *);
+
+#endif /* LIBTAG_INTERNAL_H */

@@ -1,0 +1,118 @@
+/* tag.c - placing, checking and retiring the tag in front of each block.
+ * See tag_abi.h for the layout; every write here keeps the check value in
+ * step with the fields so a reader of raw memory can trust a tag that
+ * validates and reject one that an overflow has touched. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "libtag_internal.h"
+
+void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
+                     uint32_t tid, uint32_t now)
+{
+    struct libtag_tag *t = _tag_of(user);
+    uint64_t addr = (uint64_t)(uintptr_t)t;
+    t->size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT;
+    t->alloc_stack = stack;
+    t->alloc_tid = tid;
+    t->alloc_time = now;
+    t->pad = pad;
+    t->check = tag_check_value(addr, _tag_ctl.secret, t);
+    uint64_t canary = tag_canary_value(addr, _tag_ctl.secret);
+    memcpy((char *)user + size, &canary, sizeof canary);
+    t->magic = TAG_MAGIC;
+}
+
+/* A tag that starts on the page before user may sit on an unmapped page
+ * when user is not ours at all: ask the kernel (mincore fails with ENOMEM
+ * on unmapped memory) before touching it.  Our own blocks never need this
+ * answer to be "unmapped", and it costs a system call only for pointers in
+ * the first 32 bytes of a page. */
+static int tag_readable(const struct libtag_tag *t, const void *user)
+{
+    uintptr_t u = (uintptr_t)user;
+    if ((u & 4095) >= sizeof *t)
+        return 1;
+    unsigned char vec;
+    int saved = errno;
+    int ok = mincore((void *)(((uintptr_t)t) & ~(uintptr_t)4095), 1, &vec) == 0;
+    errno = saved;
+    return ok;
+}
+
+enum tag_lookup _tag_lookup(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    if (((uintptr_t)user & 15) != 0 || (uintptr_t)user < 4096 + sizeof *t)
+        return TAG_NOT_OURS;
+    if (!tag_readable(t, user))
+        return TAG_NOT_OURS;
+    if (t->magic != TAG_MAGIC ||
+        t->check != tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t))
+        return TAG_NOT_OURS;
+    switch (_tag_state(t)) {
+    case TAG_STATE_LIVE:
+        return TAG_IS_LIVE;
+    case TAG_STATE_FREED:
+        return TAG_IS_FREED;
+    default:
+        return TAG_NOT_OURS;
+    }
+}
+
+int _tag_canary_ok(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    uint64_t want = tag_canary_value((uint64_t)(uintptr_t)t, _tag_ctl.secret);
+    uint64_t have;
+    memcpy(&have, (const char *)user + _tag_size(t), sizeof have);
+    return have == want;
+}
+
+static size_t fill_len(const struct libtag_tag *t)
+{
+    uint64_t size = _tag_size(t);
+    uint64_t room = size > TAG_MIN_PAYLOAD ? size - TAG_MIN_PAYLOAD : 0;
+    return room < _tag_opt.quarantine_fill ? (size_t)room : _tag_opt.quarantine_fill;
+}
+
+/* free() marks the tag before the block can be reused by anyone, so a
+ * reader never sees a freed block that still claims to be live. */
+void _tag_write_freed(void *user, uint32_t stack, uint32_t tid, uint32_t now)
+{
+    struct libtag_tag *t = _tag_of(user);
+    uint64_t addr = (uint64_t)(uintptr_t)t;
+    struct libtag_free_rec *f = user;
+    f->free_stack = stack;
+    f->free_tid = tid;
+    f->free_time = now;
+    f->check = free_rec_check_value(addr, _tag_ctl.secret, f);
+    memset((char *)user + TAG_MIN_PAYLOAD, TAG_FREE_PATTERN, fill_len(t));
+    t->size_state = _tag_size(t) | (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
+    t->check = tag_check_value(addr, _tag_ctl.secret, t);
+}
+
+int _tag_freed_intact(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    const struct libtag_free_rec *f = user;
+    if (t->magic != TAG_MAGIC || _tag_state(t) != TAG_STATE_FREED ||
+        t->check != tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t))
+        return 0;
+    if (f->check != free_rec_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, f))
+        return 0;
+    const unsigned char *p = (const unsigned char *)user + TAG_MIN_PAYLOAD;
+    size_t n = fill_len(t), i = 0;
+    const uint64_t pat = 0x0101010101010101ull * TAG_FREE_PATTERN;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w != pat)
+            return 0;
+    }
+    for (; i < n; i++)
+        if (p[i] != TAG_FREE_PATTERN)
+            return 0;
+    return 1;
+}

@@ -1,0 +1,110 @@
+/* thread.c - per-thread state and the thread records a reader finds.
+ *
+ * Each thread that allocates or enters an instrumented function owns a
+ * record in an array libtag maps itself; records are never reused, so the
+ * counters of threads that exited stay in the totals and a reader can sum
+ * them without any lock.  The thread's own counters are written only by
+ * that thread: no shared cache line on the malloc fast path.
+ */
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+
+__thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
+
+#define THREAD_CAPACITY 16384u
+
+static struct libtag_thread *records;
+/* The shared record of threads beyond THREAD_CAPACITY: atomics only. */
+static struct libtag_thread overflow_record;
+static pthread_key_t exit_key;
+static int exit_key_ready;
+
+extern void *__libc_stack_end;
+
+void _tag_threads_init(void)
+{
+    size_t bytes = (size_t)THREAD_CAPACITY * sizeof *records;
+    records = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (records == MAP_FAILED)
+        _tag_fatal("libtag: cannot reserve %lu bytes for thread records",
+                   (unsigned long)bytes);
+    _tag_ctl.threads = (uint64_t)(uintptr_t)records;
+    _tag_ctl.thread_capacity = THREAD_CAPACITY;
+}
+
+static void thread_exit(void *arg)
+{
+    struct tag_tls *t = &_tag_tls;
+    (void)arg;
+    _tag_quarantine_drain(t);
+    t->exiting = 1;
+    if (t->rec) {
+        __atomic_fetch_add(&_tag_ctl.shadow_overflows, t->shadow.overflows,
+                           __ATOMIC_RELAXED);
+        __atomic_or_fetch(&t->rec->flags, TAG_THREAD_EXITED, __ATOMIC_RELEASE);
+    }
+}
+
+void _tag_thread_register(void)
+{
+    struct tag_tls *t = &_tag_tls;
+    _tag_ensure_init();
+    if (t->rec)
+        return;
+    t->tid = (uint32_t)syscall(SYS_gettid);
+    uint32_t i = __atomic_fetch_add(&_tag_ctl.thread_count, 1, __ATOMIC_RELAXED);
+    struct libtag_thread *r;
+    if (i < THREAD_CAPACITY) {
+        r = &records[i];
+        t->overflow_rec = 0;
+    } else {
+        __atomic_store_n(&_tag_ctl.thread_count, THREAD_CAPACITY, __ATOMIC_RELAXED);
+        r = &overflow_record;
+        t->overflow_rec = 1;
+    }
+    r->shadow = (uint64_t)(uintptr_t)&t->shadow;
+    /* glibc puts a thread's descriptor at the top of its stack block, so
+     * pthread_self() bounds the stack of every thread but the main one,
+     * whose stack ends at __libc_stack_end. */
+    if (t->tid == (uint32_t)getpid())
+        r->stack_hi = (uint64_t)(uintptr_t)__libc_stack_end;
+    else
+        r->stack_hi = (uint64_t)pthread_self();
+    __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
+    t->rec = r;
+    /* pthread_setspecific with a low key index writes a static slot in the
+     * thread descriptor: no malloc. */
+    if (__atomic_load_n(&exit_key_ready, __ATOMIC_ACQUIRE))
+        pthread_setspecific(exit_key, r);
+}
+
+static void atfork_prepare(void) { _tag_stack_table_atfork_prepare(); }
+static void atfork_parent(void) { _tag_stack_table_atfork_parent(); }
+
+/* The child of the program's own fork() is a new process: its one thread
+ * gets a record of its own, and the control block its pid. */
+static void atfork_child(void)
+{
+    struct tag_tls *t = &_tag_tls;
+    _tag_stack_table_atfork_child();
+    _tag_ctl.pid = (uint32_t)getpid();
+    t->rec = NULL;
+    _tag_thread_register();
+}
+
+/* After libc is initialised (constructor): pthread_key_create and
+ * pthread_atfork may allocate, which is fine from here. */
+void _tag_threads_late_init(void)
+{
+    if (pthread_key_create(&exit_key, thread_exit) == 0) {
+        __atomic_store_n(&exit_key_ready, 1, __ATOMIC_RELEASE);
+        if (_tag_tls.rec && _tag_tls.tid != (uint32_t)getpid())
+            pthread_setspecific(exit_key, _tag_tls.rec);
+    }
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}

@@ -1,0 +1,81 @@
+/* anomaly.c - what happens when libtag sees the program misuse the heap.
+ *
+ * The anomaly is recorded in the control block (kind, pointer, a copy of the
+ * block's tag and free record, the detecting stack), logged in one line, and
+ * then LIBTAG_ON_ANOMALY decides: snapshot (default) takes a snapshot and
+ * returns so the caller skips the faulty operation, abort records and
+ * aborts, ignore only records and logs.
+ *
+ * Called from the malloc family in the program's normal context (never from
+ * a signal handler), so interning the detecting stack is allowed here.
+ */
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+
+static int anomaly_lock;
+
+static const char *const kind_names[] = {
+    [TAG_ANOMALY_NONE] = "none",
+    [TAG_ANOMALY_DOUBLE_FREE] = "double-free",
+    [TAG_ANOMALY_INVALID_FREE] = "invalid-free",
+    [TAG_ANOMALY_HEAP_OVERFLOW] = "heap-overflow",
+    [TAG_ANOMALY_USE_AFTER_FREE] = "use-after-free",
+};
+
+void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
+                  void *ret, void *frame)
+{
+    struct tag_tls *t = _tag_self();
+    uint32_t stack = _tag_capture(t, ret, frame);
+    __atomic_fetch_add(&_tag_ctl.anomaly_count, 1, __ATOMIC_RELAXED);
+
+    /* One anomaly at a time owns the record; a second one that races it is
+     * counted and logged but does not overwrite the first. */
+    int owner = !__atomic_exchange_n(&anomaly_lock, 1, __ATOMIC_ACQUIRE);
+    if (owner) {
+        struct libtag_anomaly *a = &_tag_ctl.anomaly;
+        memset(a, 0, sizeof *a);
+        a->kind = kind;
+        a->tid = t->tid;
+        a->address = (uint64_t)(uintptr_t)ptr;
+        a->block = (uint64_t)(uintptr_t)block;
+        a->stack = stack;
+        a->time = _tag_now_ms();
+        if (block) {
+            memcpy(&a->tag, _tag_of(block), sizeof a->tag);
+            if (_tag_state(_tag_of(block)) == TAG_STATE_FREED)
+                memcpy(&a->free_rec, block, sizeof a->free_rec);
+        }
+    }
+    _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
+             kind_names[kind], ptr, t->tid,
+             _tag_opt.on_anomaly == TAG_ON_ABORT    ? "abort"
+             : _tag_opt.on_anomaly == TAG_ON_IGNORE ? "ignore"
+                                                     : "snapshot");
+    switch (_tag_opt.on_anomaly) {
+    case TAG_ON_IGNORE:
+        break;
+    case TAG_ON_ABORT:
+        /* One core, the snapshot's; then the process dies of SIGABRT
+         * without a second core of its own. */
+        if (owner)
+            _tag_snapshot(TAG_REASON_ANOMALY);
+        struct rlimit none = {0, 0};
+        getrlimit(RLIMIT_CORE, &none);
+        none.rlim_cur = 0;
+        setrlimit(RLIMIT_CORE, &none);
+        _tag_die(SIGABRT);
+        _tag_fatal("libtag: abort did not stop the process");
+    default:
+        if (owner)
+            _tag_snapshot(TAG_REASON_ANOMALY);
+        break;
+    }
+    if (owner)
+        __atomic_store_n(&anomaly_lock, 0, __ATOMIC_RELEASE);
+}

@@ -1,0 +1,129 @@
+/* crash.c - the crash hook.
+ *
+ * On SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT libtag records the fault
+ * (signal, address, code, thread, its registers) in the control block, then
+ * hands the signal to the handler the program installed, or restores the
+ * default action and re-raises it, so the kernel's core of the crashing
+ * process carries the tags and the crash record.
+ *
+ * With LIBTAG_DIR set (forensics run), the core is made to land there: the
+ * process moves into <dir>/<comm>-<pid>-<seq>-crash/ before the re-raise, and
+ * where the kernel would not write the core there (core_pattern is a pipe
+ * or a path, or LIBTAG_CORE=self), a fork child writes it itself first.
+ *
+ * The program's own handlers: sigaction() and signal() are interposed for
+ * the crash signals, so a handler the program installs is remembered and
+ * called from ours instead of replacing it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+
+void _tag_save_regs(struct libtag_thread *r, const ucontext_t *uc);
+int _tag_crash_dir(void);  /* snapshot.c */
+
+static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+static struct sigaction program_act[65];  /* what the program asked for */
+static int hooked[65];
+static int in_crash;
+
+extern int __sigaction(int, const struct sigaction *, struct sigaction *);
+
+static int is_crash_signal(int sig)
+{
+    return sig > 0 && sig < 65 && hooked[sig];
+}
+
+static void crash_handler(int sig, siginfo_t *si, void *ucv)
+{
+    ucontext_t *uc = ucv;
+    struct tag_tls *t = _tag_self();
+    if (!__atomic_exchange_n(&in_crash, 1, __ATOMIC_ACQ_REL)) {
+        struct libtag_crash *c = &_tag_ctl.crash;
+        c->signal = (uint32_t)sig;
+        c->tid = t->tid;
+        c->address = (uint64_t)(uintptr_t)si->si_addr;
+        c->code = (uint32_t)si->si_code;
+        c->stack = 0;  /* the thread's shadow stack is in the core: no locks here */
+        c->time = _tag_now_ms();
+        _tag_save_regs(t->rec, uc);
+        if (_tag_ctl.reason == TAG_REASON_NONE)
+            _tag_ctl.reason = TAG_REASON_CRASH;
+        if (_tag_opt.dir[0])
+            _tag_crash_dir();
+    }
+
+    struct sigaction *prog = &program_act[sig];
+    if ((prog->sa_flags & SA_SIGINFO) && prog->sa_sigaction) {
+        prog->sa_sigaction(sig, si, ucv);
+        return;
+    }
+    if (prog->sa_handler != SIG_DFL && prog->sa_handler != SIG_IGN && prog->sa_handler) {
+        prog->sa_handler(sig);
+        return;
+    }
+    /* Default action: restore it and let the signal come back.  A fault
+     * re-executes the instruction; abort() and kill() are re-sent. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    __sigaction(sig, &dfl, NULL);
+    if (si->si_code <= 0)
+        syscall(SYS_tgkill, getpid(), t->tid, sig);
+}
+
+void _tag_crash_init(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = crash_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof crash_signals / sizeof crash_signals[0]; i++) {
+        int sig = crash_signals[i];
+        struct sigaction old;
+        if (__sigaction(sig, &sa, &old) == 0) {
+            program_act[sig] = old;  /* a handler installed before us */
+            hooked[sig] = 1;
+        }
+    }
+}
+
+/* The program asks for a crash signal: remember its wish, keep ours. */
+TAG_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (!is_crash_signal(sig))
+        return __sigaction(sig, act, old);
+    if (old)
+        *old = program_act[sig];
+    if (act)
+        program_act[sig] = *act;
+    return 0;
+}
+
+TAG_EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+    if (!is_crash_signal(sig)) {
+        struct sigaction sa, old;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = handler;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (__sigaction(sig, &sa, &old) < 0)
+            return SIG_ERR;
+        return old.sa_handler;
+    }
+    sighandler_t prev = program_act[sig].sa_handler;
+    memset(&program_act[sig], 0, sizeof program_act[sig]);
+    program_act[sig].sa_handler = handler;
+    program_act[sig].sa_flags = SA_RESTART;
+    return prev;
+}

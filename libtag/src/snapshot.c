@@ -1,0 +1,545 @@
+/* snapshot.c - a core of the process without stopping it: fork and dump.
+ *
+ * 1. Every other thread is asked, by a signal, to save its registers into
+ *    its thread record and wait; so the snapshot holds every thread's state
+ *    at one instant (the fork child keeps only the calling thread).
+ * 2. The process forks with the raw clone system call: glibc's fork() would
+ *    run atfork handlers and take every malloc arena lock, which deadlocks
+ *    when the snapshot comes from a signal handler that interrupted a thread
+ *    holding one (SPEC §7).  The child's exit signal is 0, so the program's
+ *    SIGCHLD handler and wait() calls never see it; libtag reaps it.
+ * 3. The threads are released; the parent has paused only for 1 and 2.
+ * 4. The child - one thread, async-signal-safe calls only, no malloc, no
+ *    locks, and no glibc function that trusts the cached thread id (raise,
+ *    abort, pthread_*) - records why it exists in the control block, moves
+ *    into a fresh directory of its own and either aborts so the kernel writes
+ *    "core" there, or (core_pattern pipes elsewhere, a core limit of 0, or
+ *    LIBTAG_CORE=self) writes the ELF core itself.
+ *
+ * A snapshot is a directory <dir>/<comm>-<pid>-<seq>-<reason>/ (0700) with
+ * the core (0600) and an "info" file the parent writes (key=value lines).
+ * A reader knows the core is complete when the child has exited: the info
+ * file names the child pid, and "error" holds the reason if it failed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdio.h>     /* renameat */
+#include <stdlib.h>    /* getenv */
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "corewrite.h"
+#include "libtag_internal.h"
+
+#define REGS_SIGNAL (SIGRTMAX - 1)
+#define MAX_PENDING 64
+
+static int busy;                    /* a snapshot is being taken */
+static uint32_t generation;         /* which snapshot threads wait for */
+static uint32_t acks;               /* threads that saved their registers */
+static uint32_t released;           /* generation that may go on */
+static pid_t pending[MAX_PENDING];  /* snapshot children not reaped yet */
+
+static const char *const reason_names[] = {
+    [TAG_REASON_NONE] = "none",
+    [TAG_REASON_ON_DEMAND] = "on-demand",
+    [TAG_REASON_ANOMALY] = "anomaly",
+    [TAG_REASON_CRASH] = "crash",
+};
+static const char *const anomaly_names[] = {
+    [TAG_ANOMALY_NONE] = "none",
+    [TAG_ANOMALY_DOUBLE_FREE] = "double-free",
+    [TAG_ANOMALY_INVALID_FREE] = "invalid-free",
+    [TAG_ANOMALY_HEAP_OVERFLOW] = "heap-overflow",
+    [TAG_ANOMALY_USE_AFTER_FREE] = "use-after-free",
+};
+
+static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------------
+ * Registers.  The order is struct user_regs_struct, as in a core's
+ * NT_PRSTATUS note. */
+void _tag_save_regs(struct libtag_thread *r, const ucontext_t *uc)
+{
+    const greg_t *g = uc->uc_mcontext.gregs;
+    uint64_t *o = r->regs;
+    o[0] = g[REG_R15];  o[1] = g[REG_R14];  o[2] = g[REG_R13];  o[3] = g[REG_R12];
+    o[4] = g[REG_RBP];  o[5] = g[REG_RBX];  o[6] = g[REG_R11];  o[7] = g[REG_R10];
+    o[8] = g[REG_R9];   o[9] = g[REG_R8];   o[10] = g[REG_RAX]; o[11] = g[REG_RCX];
+    o[12] = g[REG_RDX]; o[13] = g[REG_RSI]; o[14] = g[REG_RDI]; o[15] = (uint64_t)-1;
+    o[16] = g[REG_RIP]; o[17] = g[REG_CSGSFS] & 0xffff;       o[18] = g[REG_EFL];
+    o[19] = g[REG_RSP]; o[20] = 0x2b;
+    o[21] = (uint64_t)(uintptr_t)__builtin_thread_pointer();  o[22] = 0;
+    o[23] = o[24] = o[25] = o[26] = 0;
+    __atomic_or_fetch(&r->flags, TAG_THREAD_REGS, __ATOMIC_RELEASE);
+}
+
+static void regs_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    int saved = errno;
+    if (si->si_code != SI_TKILL || si->si_pid != getpid()) {
+        errno = saved;
+        return;
+    }
+    uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    struct tag_tls *t = _tag_self();
+    _tag_save_regs(t->rec, uc);
+    __atomic_fetch_add(&acks, 1, __ATOMIC_RELEASE);
+    futex(&acks, FUTEX_WAKE_PRIVATE, 1, NULL);
+    /* Hold still until the fork is done, so the registers stay true; give
+     * up after a second so a lost wake-up cannot stop a thread for good. */
+    uint64_t until = mono_ns() + 1000000000ull;
+    uint32_t rel;
+    while ((rel = __atomic_load_n(&released, __ATOMIC_ACQUIRE)) != gen && mono_ns() < until) {
+        struct timespec ts = {0, 50000000};
+        futex(&released, FUTEX_WAIT_PRIVATE, rel, &ts);
+    }
+    errno = saved;
+}
+
+/* Ask every other thread of the process for its registers; returns how
+ * many answered within the time limit. */
+static uint32_t stop_threads(uint32_t gen, uint32_t self)
+{
+    static char buf[16384];   /* one snapshot at a time: busy guards it */
+    uint32_t sent = 0;
+    pid_t pid = getpid();
+    int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    __atomic_store_n(&acks, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&generation, gen, __ATOMIC_RELEASE);
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            const char *name = buf + off + 19;  /* struct linux_dirent64 */
+            unsigned short reclen;
+            memcpy(&reclen, buf + off + 16, sizeof reclen);
+            off += reclen;
+            uint32_t tid = 0;
+            for (const char *p = name; *p >= '0' && *p <= '9'; p++)
+                tid = tid * 10 + (uint32_t)(*p - '0');
+            if (tid == 0 || tid == self)
+                continue;
+            if (syscall(SYS_tgkill, pid, tid, REGS_SIGNAL) == 0)
+                sent++;
+        }
+    }
+    close(fd);
+    uint64_t until = mono_ns() + 200000000ull;  /* 200 ms */
+    uint32_t got;
+    while ((got = __atomic_load_n(&acks, __ATOMIC_ACQUIRE)) < sent && mono_ns() < until) {
+        struct timespec ts = {0, 10000000};
+        futex(&acks, FUTEX_WAIT_PRIVATE, got, &ts);
+    }
+    return got;
+}
+
+static void release_threads(uint32_t gen)
+{
+    __atomic_store_n(&released, gen, __ATOMIC_RELEASE);
+    futex(&released, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL);
+}
+
+/* ---------------------------------------------------------------------
+ * The snapshot directory.  Every component is opened with O_NOFOLLOW, so a
+ * symlink anywhere in the path is refused, and the last one must belong to
+ * us and be writable by nobody else.  Async-signal-safe. */
+static int open_dir_secure(const char *path, int create)
+{
+    char part[512];
+    int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const char *p = path;
+    while (fd >= 0 && *p) {
+        while (*p == '/')
+            p++;
+        size_t n = 0;
+        while (p[n] && p[n] != '/')
+            n++;
+        if (n == 0)
+            break;
+        if (n >= sizeof part) {
+            close(fd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(part, p, n);
+        part[n] = '\0';
+        p += n;
+        if (create && mkdirat(fd, part, 0700) < 0 && errno != EEXIST) {
+            close(fd);
+            return -1;
+        }
+        int next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int err = errno;
+        close(fd);
+        errno = err;
+        fd = next;
+    }
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
+        close(fd);
+        errno = EPERM;
+        return -1;
+    }
+    return fd;
+}
+
+/* The directory snapshots go to: LIBTAG_DIR, else the XDG state dir. */
+static int open_snapshot_root(void)
+{
+    if (_tag_opt.dir[0])
+        return open_dir_secure(_tag_opt.dir, 1);
+    char path[512];
+    const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (state && state[0] == '/')
+        _tag_format(path, sizeof path, "%s/forensics/snapshots", state);
+    else if (home && home[0] == '/')
+        _tag_format(path, sizeof path, "%s/.local/state/forensics/snapshots", home);
+    else
+        return -1;
+    return open_dir_secure(path, 1);
+}
+
+static void comm_name(char *out, size_t cap)
+{
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, out, cap - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        n = 0;
+    out[n] = '\0';
+    for (ssize_t i = 0; i < n; i++)
+        if (out[i] == '\n' || out[i] == '/' || out[i] == ' ')
+            out[i] = out[i] == '\n' ? '\0' : '_';
+    if (!out[0])
+        memcpy(out, "process", 8);
+}
+
+/* Make <root>/<comm>-<pid>-<seq>-<reason>[-N]/ and return an fd on it. */
+static int make_snapshot_dir(int root, uint32_t seq, const char *reason,
+                             char *name, size_t cap)
+{
+    char comm[32];
+    comm_name(comm, sizeof comm);
+    for (int i = 0; i < 100; i++) {
+        if (i == 0)
+            _tag_format(name, cap, "%s-%d-%u-%s", comm, (int)getpid(), seq, reason);
+        else
+            _tag_format(name, cap, "%s-%d-%u-%s-%d", comm, (int)getpid(), seq, reason, i);
+        if (mkdirat(root, name, 0700) == 0)
+            return openat(root, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (errno != EEXIST)
+            return -1;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
+static void write_file(int dir, const char *name, const char *text, size_t len)
+{
+    char tmp[64];
+    _tag_format(tmp, sizeof tmp, "%s.tmp", name);
+    int fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, text, len);
+    close(fd);
+    if (w == (ssize_t)len)
+        renameat(dir, tmp, dir, name);
+    else
+        unlinkat(dir, tmp, 0);
+}
+
+/* ---------------------------------------------------------------------
+ * The child.  Decide how the core gets written and write it. */
+static int kernel_can_dump_here(void)
+{
+    char pat[256];
+    int fd = open("/proc/sys/kernel/core_pattern", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, pat, sizeof pat - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    pat[n] = '\0';
+    /* a pipe, or a path that leaves the current directory */
+    if (pat[0] == '|' || memchr(pat, '/', (size_t)n))
+        return 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_CORE, &rl) < 0 || rl.rlim_max == 0)
+        return 0;
+    return 1;
+}
+
+__attribute__((noreturn)) static void child_fail(int dir, const char *what, int err)
+{
+    char msg[160];
+    size_t n = _tag_format(msg, sizeof msg, "%s: %s (errno %d)\n", what,
+                           err == ENOSPC ? "no space left on device"
+                           : err == EACCES || err == EPERM ? "permission denied"
+                                                           : "error",
+                           err);
+    write_file(dir, "error", msg, n);
+    syscall(SYS_exit_group, 1);
+    __builtin_unreachable();
+}
+
+__attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint32_t seq,
+                                                 uint32_t tid)
+{
+    /* This memory is the snapshot: say what it is. */
+    _tag_ctl.reason = reason;
+    _tag_ctl.snapshot_seq = seq;
+    _tag_ctl.snapshot_tid = tid;
+    _tag_ctl.snapshot_time_ms = _tag_now_ms();
+
+    int path = _tag_opt.core_path;
+    if (path == TAG_CORE_AUTO)
+        path = kernel_can_dump_here() ? TAG_CORE_KERNEL : TAG_CORE_SELF;
+
+    if (path == TAG_CORE_SELF) {
+        int fd = openat(dir, "core", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0)
+            child_fail(dir, "cannot create core", errno);
+        int rc = _tag_write_core(fd, (int)_tag_ctl.pid,
+                                 (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads,
+                                 _tag_ctl.thread_count);
+        if (rc == 0 && fsync(fd) < 0)
+            rc = -errno;
+        close(fd);
+        if (rc < 0) {
+            unlinkat(dir, "core", 0);
+            child_fail(dir, "cannot write core", -rc);
+        }
+        syscall(SYS_exit_group, 0);
+    }
+
+    /* Kernel path: the core lands in the current directory, mode 0600. */
+    if (fchdir(dir) < 0)
+        child_fail(dir, "cannot enter snapshot directory", errno);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_CORE, &rl);
+    }
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    syscall(SYS_rt_sigaction, SIGABRT, &sa, NULL, sizeof(sigset_t) / 16);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGABRT);
+    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
+    /* glibc's raise() would signal the parent's thread id cached in the
+     * thread descriptor: ask the kernel who we are. */
+    syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), SIGABRT);
+    child_fail(dir, "abort did not end the snapshot child", 0);
+}
+
+/* ---------------------------------------------------------------------
+ * Reaping.  The children have no exit signal; collect them when we can. */
+static void reap(void)
+{
+    for (int i = 0; i < MAX_PENDING; i++) {
+        pid_t p = __atomic_load_n(&pending[i], __ATOMIC_ACQUIRE);
+        if (p > 0 && waitpid(p, NULL, WNOHANG | __WALL) == p)
+            __atomic_store_n(&pending[i], 0, __ATOMIC_RELEASE);
+    }
+}
+
+static void remember(pid_t child)
+{
+    for (int i = 0; i < MAX_PENDING; i++) {
+        pid_t zero = 0;
+        if (__atomic_compare_exchange_n(&pending[i], &zero, child, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return;
+    }
+    /* Full: wait for the oldest rather than leave a zombie for good. */
+    waitpid(pending[0], NULL, __WALL);
+    pending[0] = child;
+}
+
+void _tag_snapshot_reap(void)
+{
+    reap();
+}
+
+/* ---------------------------------------------------------------------
+ * Take a snapshot.  Async-signal-safe; returns 0 or -errno. */
+int _tag_snapshot(uint32_t reason)
+{
+    int saved = errno;
+    _tag_ensure_init();
+    if (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
+        errno = saved;
+        return -EBUSY;
+    }
+    reap();
+    struct tag_tls *t = _tag_self();
+    uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
+    const char *rname = reason == TAG_REASON_ANOMALY
+                            ? anomaly_names[_tag_ctl.anomaly.kind]
+                            : reason_names[reason];
+    char name[128];
+    int rc = 0;
+    int root = open_snapshot_root();
+    int dir = root >= 0 ? make_snapshot_dir(root, seq, rname, name, sizeof name) : -1;
+    if (dir < 0) {
+        rc = -errno;
+        _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
+                 _tag_opt.dir[0] ? _tag_opt.dir : "$XDG_STATE_HOME/forensics/snapshots",
+                 -rc);
+        goto out;
+    }
+
+    uint64_t t0 = mono_ns();
+    ucontext_t uc;
+    if (getcontext(&uc) == 0)
+        _tag_save_regs(t->rec, &uc);
+    uint32_t stopped = stop_threads(seq, t->tid);
+    uint64_t t1 = mono_ns();
+    /* exit signal 0: no SIGCHLD, invisible to wait() without __WALL */
+    long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
+    if (child == 0)
+        child_main(dir, reason, seq, t->tid);
+    uint64_t t2 = mono_ns();
+    release_threads(seq);
+    if (child < 0) {
+        rc = -errno;
+        _tag_log("libtag: snapshot failed: fork: errno %d", -rc);
+    } else {
+        __atomic_store_n(&_tag_ctl.snapshot_seq, seq, __ATOMIC_RELEASE);
+        remember((pid_t)child);
+        char info[512];
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        size_t n = _tag_format(info, sizeof info,
+            "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
+            "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\n",
+            (int)getpid(), child, seq, rname, t->tid, stopped,
+            (unsigned long)(t2 - t0), (unsigned long)(t2 - t1),
+            (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul);
+        write_file(dir, "info", info, n);
+        _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname,
+                 _tag_opt.dir[0] ? _tag_opt.dir : "$XDG_STATE_HOME/forensics/snapshots", name);
+    }
+    close(dir);
+out:
+    if (root >= 0)
+        close(root);
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    errno = saved;
+    return rc;
+}
+
+/* The crash hook, with LIBTAG_DIR set: make the crash core land in a
+ * snapshot directory.  Where the kernel will write it there, move into it;
+ * otherwise a fork child writes the core itself and we wait for it.  Called
+ * from the crash signal handler: async-signal-safe. */
+int _tag_crash_dir(void)
+{
+    struct tag_tls *t = _tag_self();
+    uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
+    char name[128];
+    int root = open_snapshot_root();
+    int dir = root >= 0 ? make_snapshot_dir(root, seq, "crash", name, sizeof name) : -1;
+    if (root >= 0)
+        close(root);
+    if (dir < 0)
+        return -errno;
+    char info[256];
+    size_t n = _tag_format(info, sizeof info, "pid=%d\nchild=0\nseq=%u\nreason=crash\ntid=%u\n",
+                           (int)getpid(), seq, t->tid);
+    int path = _tag_opt.core_path;
+    if (path == TAG_CORE_AUTO)
+        path = kernel_can_dump_here() ? TAG_CORE_KERNEL : TAG_CORE_SELF;
+    if (path == TAG_CORE_KERNEL) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_CORE, &rl);
+        }
+        write_file(dir, "info", info, n);
+        int rc = fchdir(dir);
+        close(dir);
+        return rc;
+    }
+    stop_threads(seq, t->tid);
+    long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
+    if (child == 0)
+        child_main(dir, TAG_REASON_CRASH, seq, t->tid);
+    release_threads(seq);
+    if (child > 0)
+        waitpid((pid_t)child, NULL, __WALL);
+    write_file(dir, "info", info, n);
+    close(dir);
+    return child > 0 ? 0 : -errno;
+}
+
+/* Die of sig with its default action, whatever handler is installed. */
+void _tag_die(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(sigset_t) / 16);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
+    syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), sig);
+}
+
+TAG_EXPORT int libtag_snapshot(void)
+{
+    return _tag_snapshot(TAG_REASON_ON_DEMAND);
+}
+
+static void snapshot_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)si;
+    (void)uc;
+    _tag_snapshot(TAG_REASON_ON_DEMAND);
+}
+
+void _tag_snapshot_init(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = regs_handler;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sigfillset(&sa.sa_mask);
+    sigaction(REGS_SIGNAL, &sa, NULL);
+    if (_tag_opt.signal) {
+        sa.sa_sigaction = snapshot_handler;
+        sigaction(_tag_opt.signal, &sa, NULL);
+    }
+}

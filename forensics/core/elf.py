@@ -1,0 +1,199 @@
+"""ELF64 little-endian headers, mirrored from <elf.h> with construct.
+
+Only what a core file needs: the file header, program headers, section header 0
+(which holds the real program-header count when there are more than 0xfffe), and
+the note header.  Validation here is about the ELF container; what the notes say
+is forensics.core.notes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from construct import Bytes, ConstructError, Int8ul, Int16ul, Int32ul, Int64ul, Struct
+
+from .errors import CoreParseError
+
+ELFMAG = b"\x7fELF"
+ELFCLASS64 = 2
+ELFDATA2LSB = 1
+
+ET_NAMES = {0: "ET_NONE", 1: "ET_REL", 2: "ET_EXEC", 3: "ET_DYN", 4: "ET_CORE"}
+ET_DESCRIPTIONS = {
+    0: "an ELF file of no type",
+    1: "a relocatable object",
+    2: "an ELF executable",
+    3: "a shared object or PIE executable",
+}
+ET_CORE = 4
+
+EM_X86_64 = 62
+EM_NAMES = {
+    3: "i386",
+    8: "MIPS",
+    20: "PowerPC",
+    21: "PowerPC64",
+    22: "S/390",
+    40: "ARM",
+    62: "x86_64",
+    183: "AArch64",
+    243: "RISC-V",
+    258: "LoongArch",
+}
+
+PT_LOAD = 1
+PT_NOTE = 4
+
+PF_X = 1
+PF_W = 2
+PF_R = 4
+
+PN_XNUM = 0xFFFF  # e_phnum escape: the real count is section header 0's sh_info
+
+Elf64_Ident = Struct(
+    "magic" / Bytes(4),  # ELFMAG
+    "ei_class" / Int8ul,  # ELFCLASS64 = 2
+    "ei_data" / Int8ul,  # ELFDATA2LSB = 1 (little endian)
+    "ei_version" / Int8ul,
+    "ei_osabi" / Int8ul,
+    "ei_abiversion" / Int8ul,
+    "ei_pad" / Bytes(7),
+)
+
+Elf64_Ehdr = Struct(
+    "e_ident" / Elf64_Ident,
+    "e_type" / Int16ul,  # ET_CORE for a core
+    "e_machine" / Int16ul,  # EM_X86_64 = 62
+    "e_version" / Int32ul,
+    "e_entry" / Int64ul,  # 0 in a core
+    "e_phoff" / Int64ul,  # file offset of the program header table
+    "e_shoff" / Int64ul,  # file offset of the section header table, 0 if none
+    "e_flags" / Int32ul,
+    "e_ehsize" / Int16ul,  # 64
+    "e_phentsize" / Int16ul,  # 56
+    "e_phnum" / Int16ul,  # PN_XNUM if the count is in section 0's sh_info
+    "e_shentsize" / Int16ul,  # 64
+    "e_shnum" / Int16ul,
+    "e_shstrndx" / Int16ul,
+)
+
+Elf64_Phdr = Struct(
+    "p_type" / Int32ul,  # PT_LOAD, PT_NOTE, ...
+    "p_flags" / Int32ul,  # PF_R | PF_W | PF_X
+    "p_offset" / Int64ul,  # file offset of the segment's bytes
+    "p_vaddr" / Int64ul,  # virtual address in the dead process
+    "p_paddr" / Int64ul,  # unused, 0
+    "p_filesz" / Int64ul,  # bytes present in the file (0 = none dumped)
+    "p_memsz" / Int64ul,  # bytes the mapping spanned in memory
+    "p_align" / Int64ul,
+)
+
+Elf64_Shdr = Struct(
+    "sh_name" / Int32ul,
+    "sh_type" / Int32ul,
+    "sh_flags" / Int64ul,
+    "sh_addr" / Int64ul,
+    "sh_offset" / Int64ul,
+    "sh_size" / Int64ul,
+    "sh_link" / Int32ul,
+    "sh_info" / Int32ul,  # in section 0: the program header count if e_phnum == PN_XNUM
+    "sh_addralign" / Int64ul,
+    "sh_entsize" / Int64ul,
+)
+
+Elf64_Nhdr = Struct(
+    "n_namesz" / Int32ul,  # bytes of name including its NUL; name padded to 4
+    "n_descsz" / Int32ul,  # bytes of desc; desc padded to 4
+    "n_type" / Int32ul,  # NT_* (meaning depends on the name)
+)
+
+EHDR_SIZE = Elf64_Ehdr.sizeof()
+PHDR_SIZE = Elf64_Phdr.sizeof()
+SHDR_SIZE = Elf64_Shdr.sizeof()
+NHDR_SIZE = Elf64_Nhdr.sizeof()
+assert (EHDR_SIZE, PHDR_SIZE, SHDR_SIZE, NHDR_SIZE) == (64, 56, 64, 12)
+
+
+def parse_at(struct: Struct, buf: Any, offset: int, what: str) -> Any:
+    """Parse ``struct`` at ``offset`` in ``buf`` (bytes or mmap).
+
+    The caller has checked the bounds; this only turns a construct failure into
+    a CoreParseError that says what was being read and where.
+    """
+    size = struct.sizeof()
+    try:
+        return struct.parse(buf[offset : offset + size])
+    except ConstructError as exc:
+        raise CoreParseError(f"bad {what} at offset {offset:#x}: {exc}") from exc
+
+
+def check_header(ident_bytes: bytes, path: str, file_size: int) -> None:
+    """Reject anything that is not a 64-bit little-endian ELF, by its first bytes."""
+    magic = ident_bytes[:4]
+    if magic != ELFMAG:
+        raise CoreParseError(f"not an ELF file: {path} (magic {magic!r})")
+    if file_size < 6:
+        raise CoreParseError(f"truncated core: {path} is {file_size} bytes, too short for an ELF header")
+    ei_class, ei_data = ident_bytes[4], ident_bytes[5]
+    if ei_class != ELFCLASS64:
+        kind = "32-bit" if ei_class == 1 else "unknown class"
+        raise CoreParseError(
+            f"unsupported ELF class {ei_class} ({kind}) in {path}; only 64-bit x86_64 cores are read"
+        )
+    if ei_data != ELFDATA2LSB:
+        raise CoreParseError(
+            f"unsupported ELF data encoding {ei_data} (big endian) in {path}; only x86_64 cores are read"
+        )
+    if file_size < EHDR_SIZE:
+        raise CoreParseError(
+            f"truncated core: {path} is {file_size} bytes, too short for the {EHDR_SIZE}-byte ELF header"
+        )
+
+
+def read_ehdr(buf: Any, path: str, file_size: int) -> Any:
+    """Parse and validate the ELF header of a core: ET_CORE, x86_64."""
+    check_header(bytes(buf[:16]), path, file_size)
+    ehdr = parse_at(Elf64_Ehdr, buf, 0, "ELF header")
+    if ehdr.e_type != ET_CORE:
+        name = ET_NAMES.get(ehdr.e_type, f"type {ehdr.e_type:#x}")
+        desc = ET_DESCRIPTIONS.get(ehdr.e_type, "an ELF file")
+        raise CoreParseError(f"not a core file: {path} is {desc} (e_type {name})")
+    if ehdr.e_machine != EM_X86_64:
+        name = EM_NAMES.get(ehdr.e_machine, "unknown")
+        raise CoreParseError(
+            f"unsupported architecture: e_machine {ehdr.e_machine} ({name}); only x86_64 cores are read"
+        )
+    return ehdr
+
+
+def read_phdrs(buf: Any, ehdr: Any, path: str, file_size: int) -> list[Any]:
+    """Parse the program header table, following the PN_XNUM escape."""
+    phnum = ehdr.e_phnum
+    if phnum == PN_XNUM:
+        phnum = _extended_phnum(buf, ehdr, path, file_size)
+    if phnum == 0:
+        return []
+    if ehdr.e_phentsize != PHDR_SIZE:
+        raise CoreParseError(
+            f"bad ELF header in {path}: e_phentsize {ehdr.e_phentsize}, expected {PHDR_SIZE}"
+        )
+    end = ehdr.e_phoff + phnum * PHDR_SIZE
+    if end > file_size:
+        raise CoreParseError(
+            f"truncated core: {path} is {file_size} bytes but its {phnum} program headers "
+            f"at offset {ehdr.e_phoff:#x} need {end:#x}"
+        )
+    return [
+        parse_at(Elf64_Phdr, buf, ehdr.e_phoff + i * PHDR_SIZE, f"program header {i}")
+        for i in range(phnum)
+    ]
+
+
+def _extended_phnum(buf: Any, ehdr: Any, path: str, file_size: int) -> int:
+    """More than 0xfffe segments: the count is in section header 0 (see elf(5))."""
+    if ehdr.e_shoff == 0 or ehdr.e_shoff + SHDR_SIZE > file_size:
+        raise CoreParseError(
+            f"truncated core: {path} has e_phnum PN_XNUM but no section header 0 "
+            f"at offset {ehdr.e_shoff:#x} (file is {file_size} bytes)"
+        )
+    return parse_at(Elf64_Shdr, buf, ehdr.e_shoff, "section header 0").sh_info

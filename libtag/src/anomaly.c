@@ -9,10 +9,12 @@
  * Called from the malloc family in the program's normal context (never from
  * a signal handler), so interning the detecting stack is allowed here.
  */
+#include <errno.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "libtag_internal.h"
@@ -26,6 +28,16 @@ static const char *const kind_names[] = {
     [TAG_ANOMALY_HEAP_OVERFLOW] = "heap-overflow",
     [TAG_ANOMALY_USE_AFTER_FREE] = "use-after-free",
 };
+
+/* Another snapshot in progress (an on-demand one): wait for it rather than
+ * lose this one.  Normal context, so sleeping is fine; 2 s at most. */
+static void snapshot_now(void)
+{
+    for (int i = 0; i < 200 && _tag_snapshot(TAG_REASON_ANOMALY) == -EBUSY; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
                   void *ret, void *frame)
@@ -64,7 +76,7 @@ void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
         /* One core, the snapshot's; then the process dies of SIGABRT
          * without a second core of its own. */
         if (owner)
-            _tag_snapshot(TAG_REASON_ANOMALY);
+            snapshot_now();
         struct rlimit none = {0, 0};
         getrlimit(RLIMIT_CORE, &none);
         none.rlim_cur = 0;
@@ -73,7 +85,7 @@ void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
         _tag_fatal("libtag: abort did not stop the process");
     default:
         if (owner)
-            _tag_snapshot(TAG_REASON_ANOMALY);
+            snapshot_now();
         break;
     }
     if (owner)

@@ -89,6 +89,26 @@ __attribute__((constructor(101))) static void libtag_constructor(void)
     _tag_crash_init();
 }
 
+/* LIBTAG_STATS=1: one line of counters when the process exits. */
+__attribute__((destructor)) static void libtag_destructor(void)
+{
+    if (!_tag_opt.stats || !_tag_ready)
+        return;
+    struct libtag_stats s;
+    libtag_stats(&s);
+    int q = _tag_opt.quiet;
+    _tag_opt.quiet = 0;
+    _tag_log("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
+             "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
+             "stack_full=%lu anomalies=%u snapshots=%u",
+             _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
+             (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
+             (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
+             (unsigned long)s.shadow_overflows, (unsigned long)s.stack_full, s.anomalies,
+             s.snapshots);
+    _tag_opt.quiet = q;
+}
+
 TAG_EXPORT const void *libtag_control(void)
 {
     _tag_ensure_init();

@@ -35,7 +35,6 @@ static struct sigaction program_act[65];  /* what the program asked for */
 static int hooked[65];
 static int in_crash;
 
-extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
 static int is_crash_signal(int sig)
 {
@@ -98,10 +97,28 @@ void _tag_crash_init(void)
 }
 
 /* The program asks for a crash signal: remember its wish, keep ours. */
+static void warn_taken(int sig, const struct sigaction *act)
+{
+    static int warned[65];
+    if (!act || sig <= 0 || sig >= 65 || warned[sig])
+        return;
+    if (sig == _tag_opt.signal && act->sa_handler != SIG_DFL) {
+        warned[sig] = 1;
+        _tag_log("libtag: the program installed its own handler for signal %d: "
+                 "snapshots on that signal are off (set LIBTAG_SIGNAL to a free one)", sig);
+    } else if (sig == SIGRTMAX - 1 && act->sa_handler != SIG_DFL) {
+        warned[sig] = 1;
+        _tag_log("libtag: the program installed its own handler for signal %d: "
+                 "snapshots will not have other threads' registers", sig);
+    }
+}
+
 TAG_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
-    if (!is_crash_signal(sig))
+    if (!is_crash_signal(sig)) {
+        warn_taken(sig, act);
         return __sigaction(sig, act, old);
+    }
     if (old)
         *old = program_act[sig];
     if (act)
@@ -115,6 +132,7 @@ TAG_EXPORT sighandler_t signal(int sig, sighandler_t handler)
         struct sigaction sa, old;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = handler;
+        warn_taken(sig, &sa);
         sa.sa_flags = SA_RESTART;
         sigemptyset(&sa.sa_mask);
         if (__sigaction(sig, &sa, &old) < 0)

@@ -104,6 +104,9 @@ static void tag_free(void *ptr, void *ret, void *frame)
         __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
     }
     _tag_quarantine_put(t, ptr);
+    if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
+        (++t->frees & 1023) == 0)
+        _tag_snapshot_reap();
 }
 
 #define RET   __builtin_return_address(0)

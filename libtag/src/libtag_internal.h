@@ -23,6 +23,7 @@ struct tag_options {
     int core_path;               /* enum tag_core_path */
     int signal;                  /* snapshot signal, 0 = none */
     int quiet;                   /* no log lines on stderr */
+    int stats;                   /* print counters at exit */
     uint32_t fp_depth;           /* frame-pointer fallback depth bound */
     uint32_t stack_nodes;        /* stack table capacity */
     uint64_t quarantine_bytes;   /* per-thread quarantine budget */
@@ -63,6 +64,7 @@ struct tag_tls {
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
+    uint32_t frees;                  /* this thread's frees, for pacing */
     struct tag_quarantine *quarantine;
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
 };
@@ -139,6 +141,7 @@ void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
 int _tag_snapshot(uint32_t reason);
 void _tag_snapshot_init(void);       /* signal handler; after libc init */
 void _tag_snapshot_reap(void);       /* collect exited snapshot children */
+extern int _tag_snapshot_pending;    /* children not collected yet */
 void _tag_die(int sig);              /* default action of sig, now */
 
 /* ----------------------------------------------------------- crash.c */
@@ -149,5 +152,9 @@ extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
+/* glibc's sigaction under another name: libtag's own handlers must not go
+ * through the sigaction() it interposes for the program (crash.c). */
+struct sigaction;
+extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
 #endif /* LIBTAG_INTERNAL_H */

@@ -102,6 +102,8 @@ void _tag_options_init(void)
 
     if ((v = getenv("LIBTAG_QUIET")))
         _tag_opt.quiet = choice("LIBTAG_QUIET", v, boolean, 2, "0 or 1");
+    if ((v = getenv("LIBTAG_STATS")))
+        _tag_opt.stats = choice("LIBTAG_STATS", v, boolean, 2, "0 or 1");
     if ((v = getenv("LIBTAG_ON_ANOMALY")))
         _tag_opt.on_anomaly = choice("LIBTAG_ON_ANOMALY", v, anomaly, 3,
                                      "snapshot, abort or ignore");

@@ -48,6 +48,7 @@ static uint32_t generation;         /* which snapshot threads wait for */
 static uint32_t acks;               /* threads that saved their registers */
 static uint32_t released;           /* generation that may go on */
 static pid_t pending[MAX_PENDING];  /* snapshot children not reaped yet */
+int _tag_snapshot_pending;          /* how many; read on the free() path */
 
 static const char *const reason_names[] = {
     [TAG_REASON_NONE] = "none",
@@ -368,8 +369,10 @@ static void reap(void)
 {
     for (int i = 0; i < MAX_PENDING; i++) {
         pid_t p = __atomic_load_n(&pending[i], __ATOMIC_ACQUIRE);
-        if (p > 0 && waitpid(p, NULL, WNOHANG | __WALL) == p)
+        if (p > 0 && waitpid(p, NULL, WNOHANG | __WALL) == p) {
             __atomic_store_n(&pending[i], 0, __ATOMIC_RELEASE);
+            __atomic_fetch_sub(&_tag_snapshot_pending, 1, __ATOMIC_RELAXED);
+        }
     }
 }
 
@@ -378,17 +381,25 @@ static void remember(pid_t child)
     for (int i = 0; i < MAX_PENDING; i++) {
         pid_t zero = 0;
         if (__atomic_compare_exchange_n(&pending[i], &zero, child, 0,
-                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            __atomic_fetch_add(&_tag_snapshot_pending, 1, __ATOMIC_RELAXED);
             return;
+        }
     }
     /* Full: wait for the oldest rather than leave a zombie for good. */
     waitpid(pending[0], NULL, __WALL);
     pending[0] = child;
 }
 
+/* From the allocation path, every 1024 frees of a thread while a child is
+ * pending: an idle program keeps its last child as a zombie until it
+ * allocates again or takes another snapshot. */
 void _tag_snapshot_reap(void)
 {
-    reap();
+    if (!__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
+        reap();
+        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    }
 }
 
 /* ---------------------------------------------------------------------
@@ -537,9 +548,9 @@ void _tag_snapshot_init(void)
     sa.sa_sigaction = regs_handler;
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigfillset(&sa.sa_mask);
-    sigaction(REGS_SIGNAL, &sa, NULL);
+    __sigaction(REGS_SIGNAL, &sa, NULL);
     if (_tag_opt.signal) {
         sa.sa_sigaction = snapshot_handler;
-        sigaction(_tag_opt.signal, &sa, NULL);
+        __sigaction(_tag_opt.signal, &sa, NULL);
     }
 }

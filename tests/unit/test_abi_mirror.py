@@ -1,0 +1,253 @@
+"""forensics.abi mirrors libtag/include/tag_abi.h exactly.
+
+GIVEN a probe compiled against the packaged tag_abi.h that prints sizeof and
+offsetof of every field of every struct, the constants, and the check values
+of a few tags
+WHEN the construct mirrors are built field by field and the numpy check
+functions are run on the same inputs
+THEN every size, offset, constant and check value is the C one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from construct import Array, Bytes, FormatField, Struct
+
+from forensics import abi, libpath
+
+# ------------------------------------------------------------------ mirror walk --
+
+
+def _zero(con):
+    """A buildable all-zero value for con."""
+    if isinstance(con, Struct):
+        return {s.name: _zero(s) for s in con.subcons if s.name}
+    inner = getattr(con, "subcon", None)
+    if isinstance(con, Array):
+        return [_zero(con.subcon) for _ in range(con.count)]
+    if isinstance(con, Bytes) or (inner is not None and isinstance(inner, Bytes)):
+        return bytes(con.sizeof())
+    if inner is not None and not isinstance(con, FormatField):
+        return _zero(inner)
+    return 0
+
+
+def _ones(con):
+    """The same shape with every byte 0xff."""
+    if isinstance(con, Array):
+        return [_ones(con.subcon) for _ in range(con.count)]
+    if isinstance(con, Bytes):
+        return b"\xff" * con.sizeof()
+    if isinstance(con, Struct):
+        return {s.name: _ones(s) for s in con.subcons if s.name}
+    inner = getattr(con, "subcon", None)
+    if inner is not None and not isinstance(con, FormatField):
+        return _ones(inner)
+    return (1 << (8 * con.sizeof())) - 1
+
+
+def _leaves(struct, prefix=""):
+    """(dotted name, path of names, construct) of every field, nested ones too."""
+    for sub in struct.subcons:
+        if not sub.name:
+            continue
+        name = prefix + sub.name
+        yield name, sub
+        inner = getattr(sub, "subcon", None)
+        if isinstance(inner, Struct):
+            for n, c in _leaves(inner, name + "."):
+                yield n, c
+
+
+def _offset_by_building(struct, dotted):
+    """Build struct with zeros except field dotted all 0xff: (offset, size) of the 0xff run."""
+    value = _zero(struct)
+    parts = dotted.split(".")
+    cur, con = value, struct
+    for p in parts[:-1]:
+        cur = cur[p]
+    field = dict(_leaves(struct))[dotted]
+    cur[parts[-1]] = _ones(field)
+    data = struct.build(value)
+    first = data.index(b"\xff")
+    last = data.rindex(b"\xff")
+    assert data[first : last + 1] == b"\xff" * (last + 1 - first)
+    return first, last + 1 - first
+
+
+# ---------------------------------------------------------------------- probe --
+
+CONSTANTS = [
+    "TAG_ABI_VERSION", "TAG_MAGIC", "TAG_MIN_PAYLOAD", "TAG_CANARY_SIZE", "TAG_FREE_PATTERN",
+    "TAG_SIZE_MASK", "TAG_STATE_SHIFT", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
+    "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
+    "TAG_THREAD_REGS", "TAG_NREGS", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
+    "TAG_REASON_CRASH", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
+    "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE",
+]  # fmt: skip
+
+# (tag_addr, secret, size_state, alloc_stack, alloc_tid, alloc_time, pad, free_stack, free_tid, free_time)
+CHECK_INPUTS = [
+    (0x55D0C0A01280, 0x0123456789ABCDEF, 24 | 1 << 48, 7, 4242, 13, 0, 9, 4243, 250),
+    (0x7F3A2C000010, 0xFFFFFFFFFFFFFFFF, 0 | 2 << 48, 0, 1, 0, 0, 0, 1, 0),
+    (0x10, 0x9E3779B97F4A7C15, 0xFFFFFFFFFFFF | 1 << 48, 0xFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFF0, 1, 2, 3),
+    (0xFFFFFFFFFFFFFFE0, 1, 4096 | 2 << 48, 123456, 99, 4000000000, 16, 77, 100, 4000000001),
+]  # fmt: skip
+
+
+def _probe_source() -> str:
+    lines = [
+        "#include <stdio.h>",
+        "#include <stddef.h>",
+        "#include <string.h>",
+        '#include "tag_abi.h"',
+        "#define F(s, f) printf(\"field %s %s %zu %zu\\n\", #s, #f, offsetof(struct s, f), "
+        "sizeof(((struct s *)0)->f))",
+        "int main(void) {",
+    ]
+    for cname, struct in abi.STRUCTS.items():
+        lines.append(f'  printf("sizeof {cname} %zu\\n", sizeof(struct {cname}));')
+        for dotted, _ in _leaves(struct):
+            lines.append(f"  F({cname}, {dotted});")
+    for c in CONSTANTS:
+        lines.append(f'  printf("const {c} %llu\\n", (unsigned long long)({c}));')
+    lines.append(f'  printf("const TAG_CONTROL_MAGIC %s\\n", TAG_CONTROL_MAGIC);')
+    for n, (addr, secret, ss, ast, atid, atime, pad, fst, ftid, ftime) in enumerate(CHECK_INPUTS):
+        lines += [
+            "  {",
+            f"    struct libtag_tag t = {{ .magic = TAG_MAGIC, .size_state = {ss}ull, .alloc_stack = {ast}u,"
+            f" .alloc_tid = {atid}u, .alloc_time = {atime}u, .pad = {pad}u }};",
+            f"    struct libtag_free_rec f = {{ .free_stack = {fst}u, .free_tid = {ftid}u, .free_time = {ftime}u }};",
+            f'    printf("check {n} %u %u %llu\\n", tag_check_value({addr}ull, {secret}ull, &t),',
+            f"           free_rec_check_value({addr}ull, {secret}ull, &f),",
+            f"           (unsigned long long)tag_canary_value({addr}ull, {secret}ull));",
+            "  }",
+        ]
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler to build the ABI probe")
+    d = tmp_path_factory.mktemp("abi_probe")
+    src, exe = d / "probe.c", d / "probe"
+    src.write_text(_probe_source())
+    built = subprocess.run(
+        [gcc, "-std=c11", "-Wall", "-Werror", f"-I{libpath.include_dir()}", "-o", str(exe), str(src)],
+        capture_output=True, text=True,
+    )
+    assert built.returncode == 0, f"the probe does not compile against tag_abi.h:\n{built.stderr}"
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    facts: dict = {"sizeof": {}, "field": {}, "const": {}, "check": {}}
+    for line in out.splitlines():
+        kind, *rest = line.split()
+        if kind == "sizeof":
+            facts["sizeof"][rest[0]] = int(rest[1])
+        elif kind == "field":
+            facts["field"][(rest[0], rest[1])] = (int(rest[2]), int(rest[3]))
+        elif kind == "const":
+            facts["const"][rest[0]] = rest[1]
+        elif kind == "check":
+            facts["check"][int(rest[0])] = tuple(int(x) for x in rest[1:])
+    return facts
+
+
+@pytest.mark.parametrize("cname", list(abi.STRUCTS))
+def test_struct_sizes_match_c(probe, cname):
+    assert abi.STRUCTS[cname].sizeof() == probe["sizeof"][cname]
+
+
+@pytest.mark.parametrize("cname", list(abi.STRUCTS))
+def test_every_field_offset_and_size_match_c(probe, cname):
+    struct = abi.STRUCTS[cname]
+    c_fields = {f: v for (s, f), v in probe["field"].items() if s == cname}
+    mirror = {dotted: _offset_by_building(struct, dotted) for dotted, _ in _leaves(struct)}
+    assert mirror == c_fields
+    # and the offsets abi.field_offsets computes for other modules agree
+    assert {k: v[0] for k, v in mirror.items()} == abi.field_offsets(struct)
+
+
+def test_control_has_every_field_the_header_pins(probe):
+    # the header's _Static_asserts, restated: a mirror that lost a field fails here
+    assert probe["sizeof"]["libtag_control"] == 272
+    assert probe["field"][("libtag_control", "anomaly")] == (160, 80)
+    assert probe["field"][("libtag_control", "stack_nodes")] == (72, 8)
+    assert probe["field"][("libtag_thread", "regs")] == (56, 8 * 27)
+
+
+def test_numpy_dtypes_match_c(probe):
+    for cname, dtype in (("libtag_stack_node", abi.STACK_NODE_DTYPE), ("libtag_thread", abi.THREAD_RECORD_DTYPE)):
+        assert dtype.itemsize == probe["sizeof"][cname]
+        for name in dtype.names:
+            assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][(cname, name)]
+
+
+@pytest.mark.parametrize("name", CONSTANTS)
+def test_constants_match_c(probe, name):
+    assert getattr(abi, name) == int(probe["const"][name])
+
+
+def test_control_magic_matches_c(probe):
+    assert abi.TAG_CONTROL_MAGIC == probe["const"]["TAG_CONTROL_MAGIC"].encode()
+    assert len(abi.TAG_CONTROL_MAGIC) == 16
+
+
+def test_anomaly_and_reason_names():
+    assert [abi.ANOMALY_NAMES[k] for k in (1, 2, 3, 4)] == [
+        "double-free", "invalid-free", "heap-overflow", "use-after-free"]
+    assert abi.reason_name(abi.TAG_REASON_ON_DEMAND, 0) == "on-demand"
+    assert abi.reason_name(abi.TAG_REASON_CRASH, 0) == "crash"
+    assert abi.reason_name(abi.TAG_REASON_ANOMALY, abi.TAG_ANOMALY_HEAP_OVERFLOW) == "heap-overflow"
+    assert abi.reason_name(abi.TAG_REASON_NONE, 0) == "none"
+
+
+def test_check_values_match_c_scalar_and_vectorised(probe):
+    n = len(CHECK_INPUTS)
+    cols = list(zip(*CHECK_INPUTS, strict=True))
+    addr, secret = cols[0], cols[1]
+    u64 = lambda xs: np.array(xs, dtype=np.uint64)  # noqa: E731
+    stack_tid = u64([tid << 32 | st for st, tid in zip(cols[3], cols[4], strict=True)])
+    time_pad = u64([pad << 32 | t for t, pad in zip(cols[5], cols[6], strict=True)])
+    free_word = u64([tid << 32 | st for st, tid in zip(cols[7], cols[8], strict=True)])
+    with np.errstate(all="raise"):  # the vectorised functions must not warn on wrap-around
+        for i in range(n):
+            want_tag, want_free, want_canary = probe["check"][i]
+            tag = abi.Tag.parse(abi.Tag.build(dict(
+                magic=abi.TAG_MAGIC, check=0, size_state=cols[2][i], alloc_stack=cols[3][i],
+                alloc_tid=cols[4][i], alloc_time=cols[5][i], pad=cols[6][i])))
+            rec = abi.FreeRec.parse(abi.FreeRec.build(dict(
+                free_stack=cols[7][i], free_tid=cols[8][i], free_time=cols[9][i], check=0)))
+            assert abi.tag_check_value(addr[i], secret[i], tag) == want_tag
+            assert abi.free_rec_check_value(addr[i], secret[i], rec) == want_free
+            assert abi.tag_canary_value(addr[i], secret[i]) == want_canary
+            sl = slice(i, i + 1)
+            assert int(abi.np_tag_check(u64(addr[sl]), secret[i], u64(cols[2][sl]), stack_tid[sl],
+                                        time_pad[sl])[0]) == want_tag
+            assert int(abi.np_free_rec_check(u64(addr[sl]), secret[i], free_word[sl],
+                                             u64(cols[9][sl]))[0]) == want_free
+            assert int(abi.np_tag_canary(u64(addr[sl]), secret[i])[0]) == want_canary
+    # one secret, many tags at once: the array form equals the per-tag values
+    s = CHECK_INPUTS[0][1]
+    got = abi.np_tag_check(u64(addr), s, u64(cols[2]), stack_tid, time_pad)
+    assert got.dtype == np.uint32
+    assert got.tolist() == [
+        abi.tag_check_value(a, s, abi.Tag.parse(abi.Tag.build(dict(
+            magic=0, check=0, size_state=ss, alloc_stack=st, alloc_tid=tid, alloc_time=t, pad=p))))
+        for a, ss, st, tid, t, p in zip(addr, cols[2], cols[3], cols[4], cols[5], cols[6], strict=True)
+    ]
+
+
+def test_probe_source_is_self_contained():
+    # the probe names every mirrored field; a renamed field would not compile
+    src = _probe_source()
+    assert "F(libtag_control, anomaly.tag.size_state);" in src
+    assert "F(libtag_shadow, id);" in src
+    assert Path(libpath.include_dir(), "tag_abi.h").is_file()

@@ -94,3 +94,103 @@ def progress(description: str):
             yield bar, task
 
     return _cm()
+
+
+# ------------------------------------------------------------------ answers --
+# The human forms of the verbs' JSON documents: each takes the document the
+# verb would print with --json, so both outputs always say the same thing.
+
+
+def _frame_text(f: dict) -> str:
+    func = f.get("function") or "??"
+    where = ""
+    if f.get("file"):
+        where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
+    elif f.get("module"):
+        where = f" in {f['module']}"
+    return f"{f['address']}  {func}{where}"
+
+
+def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> Tree:
+    tree = Tree(title)
+    if not frames:
+        tree.add("[dim](no stack recorded)[/dim]")
+    for f in frames[:limit]:
+        tree.add(_frame_text(f))
+    if len(frames) > limit:
+        tree.add(f"[dim]... {len(frames) - limit} more frames (--json has them all)[/dim]")
+    return tree
+
+
+def _block_lines(block: dict, *, label: str = "block") -> list:
+    out = [f"[bold]{label}[/bold] {block['start']}  {block['size']} bytes  "
+           f"[bold]{block['state']}[/bold]  offset {block['offset']}"]
+    out.append(stack_tree(f"allocated by thread {block['thread']}", block["alloc_stack"]))
+    if block["state"] == "freed":
+        out.append(stack_tree(f"freed by thread {block['free_thread']}", block["free_stack"] or []))
+    return out
+
+
+def show_whoowns(doc: dict) -> None:
+    con = out_console()
+    region = doc.get("region") or {}
+    head = f"[bold]{doc['address']}[/bold]: {doc['owner']}"
+    if region.get("name"):
+        head += f" - {region['name']}"
+        if region.get("start"):
+            head += f" [{region['start']}-{region['end']})"
+    con.print(head)
+    if doc.get("note"):
+        con.print(f"  {doc['note']}")
+    if doc.get("block"):
+        for item in _block_lines(doc["block"]):
+            con.print(item)
+        refs = doc.get("referrers") or []
+        if refs:
+            t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
+                      ["address", "in", "block"],
+                      [(r["address"], r["in"], r["block_start"] or "") for r in refs[:50]])
+            con.print(t)
+        else:
+            con.print("  no referrers: nothing in live blocks, stacks or globals points into it")
+    elif doc.get("near"):
+        for item in _block_lines(doc["near"]["block"], label="nearest block"):
+            con.print(item)
+
+
+def show_inspect(doc: dict) -> None:
+    con = out_console()
+    proc = doc["process"]
+    con.print(f"[bold]core[/bold] {doc['core']}")
+    con.print(f"[bold]process[/bold] {proc['pid']} {proc['exe'] or ''}")
+    con.print(f"[bold]reason[/bold] {doc['reason']}")
+    for a in doc.get("anomalies", []):
+        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} in thread {a.get('thread')}")
+        con.print(stack_tree("detected at", a["stack"]))
+        if a.get("block"):
+            for item in _block_lines(a["block"]):
+                con.print(item)
+    c = doc.get("crash")
+    if c:
+        con.print(f"\n[bold red]{c['signal']}[/bold red] at {c['address']} in thread {c['thread']}")
+        owner = c.get("address_owner") or {}
+        if owner:
+            con.print(f"  the address is {owner['owner']}"
+                      + (f" ({owner['region']})" if owner.get("region") else "")
+                      + (f": {owner['note']}" if owner.get("note") else ""))
+        con.print(stack_tree("faulting thread", c["stack"]))
+        if owner.get("block"):
+            for item in _block_lines(owner["block"]):
+                con.print(item)
+    h = doc["heap"]
+    con.print(f"\n[bold]heap[/bold] {h['live_blocks']} live blocks, {h['live_bytes']} bytes; "
+              f"{h['freed_blocks']} freed blocks in quarantine, {h['freed_bytes']} bytes")
+    tops = doc.get("top_stacks", [])
+    if tops:
+        con.print("\n[bold]top allocation stacks by live bytes[/bold]")
+        for i, s in enumerate(tops, 1):
+            con.print(stack_tree(f"#{i}: {s['bytes']} bytes in {s['blocks']} blocks", s["stack"], limit=8))
+    for t in doc.get("threads", []):
+        con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
+    for w in doc.get("warnings", []):
+        err_console().print(f"[yellow]warning:[/yellow] {w}")

@@ -1,6 +1,14 @@
 """Show a core's heap, the anomaly or crash that caused it, and the top stacks.
 
     forensics inspect CORE [--json] [--leaks] [--top N]
+
+Reads a core taken under libtag (a snapshot, an anomaly core or a crash core):
+the process, why the core was taken, the anomaly (kind, address, the block
+with its allocation and free stacks, the detecting stack) or the crash (signal,
+fault address and what it points into, the faulting thread's stack), the heap
+totals, the allocation stacks holding the most live bytes, and every thread's
+logical stack.  The first run indexes the heap (a progress bar for big cores)
+and caches the index beside the core; later runs start at once.
 """
 
 from __future__ import annotations
@@ -8,7 +16,6 @@ from __future__ import annotations
 import argparse
 
 from forensics.commands import _args
-from forensics.errors import ForensicsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,4 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    raise ForensicsError("inspect is not implemented yet")
+    from forensics import render
+    from forensics.commands._open import open_snapshot
+    from forensics.summary import inspect_doc
+
+    with open_snapshot(args.core) as snap:
+        doc = inspect_doc(snap, top=args.top)
+        if args.leaks:
+            try:
+                from forensics.leaks import leaks_json
+            except ImportError:
+                from forensics.errors import UsageError
+
+                raise UsageError("--leaks is not available in this version yet") from None
+            doc["leaks"] = leaks_json(snap)
+    if args.json:
+        render.print_json(doc)
+    else:
+        render.show_inspect(doc)
+    return 0

@@ -2,9 +2,12 @@
 
     forensics whoowns ADDR [--core CORE | --pid PID] [--json]
 
-With --pid, takes a fresh snapshot of that process; with neither, reads the
-newest snapshot in the catalog.  Exit 0 if ADDR is in a tagged block, 1 if not
-(still saying what the address is).
+With --core, looks in that core; with --pid, takes a fresh snapshot of that
+running libtag process and looks there; with neither, uses the newest snapshot
+in the catalog (forensics list).  When no tagged block holds ADDR it says what
+the address is: a thread's stack, a module's globals, another mapping, or
+nothing mapped - and "N bytes past the end of block X" just after a block.
+Exit 0 if ADDR is in a tagged block, 1 if not.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import argparse
 
 from forensics.commands import _args
-from forensics.errors import ForensicsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,5 +27,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
+def _core_path(args: argparse.Namespace) -> str:
+    from forensics.errors import InputError
+
+    if args.core:
+        return args.core
+    if args.pid is not None:
+        from forensics.snapshots import take_snapshot
+
+        return str(take_snapshot(args.pid).core)
+    from forensics import catalog
+
+    newest = catalog.newest()
+    if newest is None:
+        raise InputError("no snapshot in the catalog: give --core CORE or --pid PID "
+                         "(snapshots are taken by forensics run and forensics snapshot)")
+    return str(newest.core)
+
+
 def main(args: argparse.Namespace) -> int:
-    raise ForensicsError("whoowns is not implemented yet")
+    from forensics import owners, render
+    from forensics.commands._open import open_snapshot
+
+    with open_snapshot(_core_path(args)) as snap:
+        answer = owners.whoowns(snap, args.address)
+        doc = owners.to_json(snap, answer)
+    if args.json:
+        render.print_json(doc)
+    else:
+        render.show_whoowns(doc)
+    return 0 if answer.in_block else 1

@@ -1,0 +1,231 @@
+"""One snapshot opened for answering questions: the core, its heap index, the
+pointer edges and symbolised stacks, each built once and cached.
+
+    with Snapshot.open(path) as snap:
+        block = snap.heap.block_at(addr)
+        frames = snap.stack(block.alloc_stack)       # symbolised, merged
+
+Every verb that reads a core goes through this, so caching (the heap index and
+pointer edges beside the core, symbols under the state directory) and the
+mapping from a stack id to frames happen in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+from forensics import abi
+from forensics.heap import Heap
+from forensics.memory import CoreMemory, Memory, Region
+from forensics.model import Frame, RawFrame
+from forensics.pointers import Edges, build_edges
+
+Progress = Callable[[int, int], None]
+
+# bumped when the edge cache's meaning changes
+_EDGES_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread at the snapshot: its tid, stack pointer and bounds, frames."""
+
+    tid: int
+    sp: int | None
+    stack_region: Region | None
+    raw: list[RawFrame]
+
+
+class Snapshot:
+    """A libtag memory (a core, or a live process) with everything the answers need."""
+
+    def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
+                 progress: Progress | None = None) -> None:
+        self.mem = mem
+        self.core = core
+        self.cache_base = cache_base
+        self._progress = progress
+        self.heap = Heap(mem, progress=progress,
+                         cache_path=f"{cache_base}.fxidx.npz" if cache_base else None)
+        self._frames: dict[int, list[Frame]] = {}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Snapshot":
+        from forensics.core import Core
+
+        core = Core(path)
+        try:
+            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress)
+        except BaseException:
+            core.close()
+            raise
+
+    def close(self) -> None:
+        if self.core is not None:
+            self.core.close()
+
+    def __enter__(self) -> "Snapshot":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ process --
+
+    @property
+    def pid(self) -> int:
+        return self.heap.pid
+
+    @property
+    def exe(self) -> str | None:
+        return self.core.exe if self.core is not None else getattr(self.mem, "exe", None)
+
+    # ------------------------------------------------------------ symbols --
+
+    @cached_property
+    def symbolizer(self):
+        from forensics.statedir import state_dir
+        from forensics.symbols import Symbolizer, modules_from_mappings, proc_mappings
+
+        if self.core is not None:
+            mappings = self.core.mappings
+        else:
+            mappings = proc_mappings(self.mem.pid)
+        cache = state_dir() / "symbols"
+        try:
+            return Symbolizer(modules_from_mappings(mappings), cache_dir=cache)
+        except OSError:
+            return Symbolizer(modules_from_mappings(mappings))
+
+    def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
+        """Frames for raw (pc, kind) pairs, innermost first; ENTRY frames that
+        repeat the CALL frame inside them are merged, nothing else dropped."""
+        from forensics.symbols import merge_entry_frames
+
+        if not raw:
+            return []
+        frames = self.symbolizer.symbolize(raw)
+        return merge_entry_frames(frames, [k for _, k in raw])
+
+    def stack(self, stack_id: int | None) -> list[Frame]:
+        """The symbolised frames of a stack table id (0 / None: no frames)."""
+        if not stack_id:
+            return []
+        if stack_id not in self._frames:
+            self._frames[stack_id] = self.symbolize(self.heap.raw_stack(stack_id))
+        return self._frames[stack_id]
+
+    def prefetch(self, stack_ids) -> None:
+        """Symbolise many stacks in one batch (one tool run per module)."""
+        todo = [s for s in dict.fromkeys(stack_ids) if s and s not in self._frames]
+        if not todo:
+            return
+        raws = [self.heap.raw_stack(s) for s in todo]
+        flat = [f for r in raws for f in r]
+        if flat:
+            self.symbolizer.symbolize(flat)  # fills the symbolizer's cache
+        for s, r in zip(todo, raws):
+            self._frames[s] = self.symbolize(r)
+
+    # ------------------------------------------------------------ threads --
+
+    @cached_property
+    def threads(self) -> list[ThreadStack]:
+        """Every thread libtag knew that had not exited, with its stack pointer:
+        from the core's own notes where the kernel recorded the thread, else
+        from the registers libtag saved before the snapshot's fork."""
+        regions = self.mem.regions()
+        core_sp: dict[int, int] = {}
+        if self.core is not None:
+            snap_tid = int(self.heap.control.snapshot_tid)
+            for t in self.core.threads:
+                tid = t.tid
+                # the kernel's core of a snapshot child names the child, whose
+                # one thread is the snapshotting thread
+                if tid == self.core.pid and snap_tid and not self.heap.thread(tid):
+                    tid = snap_tid
+                core_sp[tid] = t.sp
+        out = []
+        for t in self.heap.threads:
+            if t.exited:
+                continue
+            sp = core_sp.get(t.tid)
+            if sp is None and t.regs:
+                sp = t.regs.get("rsp")
+            probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
+            region = next((r for r in regions if probe is not None and probe in r), None)
+            out.append(ThreadStack(t.tid, sp, region, t.shadow))
+        return out
+
+    def thread_of_stack(self, addr: int) -> ThreadStack | None:
+        for t in self.threads:
+            if t.stack_region is not None and addr in t.stack_region:
+                return t
+        return None
+
+    # ------------------------------------------------------------ pointers --
+
+    @cached_property
+    def edges(self) -> Edges:
+        """Every aligned word in the program's writable memory that points into
+        a tagged block; cached beside the core like the heap index."""
+        import numpy as np
+
+        path = f"{self.cache_base}.fxptr.npz" if self.cache_base else None
+        key = getattr(self.mem, "cache_key", None)
+        if path and key:
+            cached = _load_edges(path, key)
+            if cached is not None:
+                return cached
+        idx = self.heap.index
+        c = self.heap.control
+        skip = [(int(c.stack_nodes), int(c.stack_nodes) + 16 * int(c.stack_capacity)),
+                (int(c.threads), int(c.threads) + abi.THREAD_RECORD_SIZE * int(c.thread_capacity))]
+        regions = [r for r in self.mem.regions() if r.writable]
+        edges = build_edges(regions, idx["start"], idx["size"], skip=skip,
+                            progress=self._progress)
+        if path and key:
+            _save_edges(path, key, edges, np)
+        return edges
+
+
+def _load_edges(path: str, key) -> Edges | None:
+    import numpy as np
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = np.load(f, allow_pickle=False)
+            meta = [int(x) for x in data["meta"]]
+            if meta != [_EDGES_VERSION, key[0], key[1]]:
+                return None
+            return Edges.from_arrays(data)
+    except (OSError, ValueError, KeyError):
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _save_edges(path: str, key, edges: Edges, np) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.array([_EDGES_VERSION, key[0], key[1]], np.int64), **edges.to_arrays())
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

@@ -1,0 +1,40 @@
+"""Opening a core for a verb: with a progress bar on stderr when indexing takes
+a while, and the snapshot cached beside the core."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+
+@contextmanager
+def open_snapshot(path: str):
+    from forensics.analysis import Snapshot
+    from forensics.errors import InputError
+
+    if not os.path.exists(path):
+        raise InputError(f"no such core: {path}")
+    bar = None
+    task = None
+    if sys.stderr.isatty():
+        from forensics import render
+
+        cm = render.progress("indexing the heap")
+        bar, task = cm.__enter__()
+    else:
+        cm = None
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.update(task, total=total, completed=done)
+
+    try:
+        snap = Snapshot.open(path, progress=progress)
+    finally:
+        if cm is not None:
+            cm.__exit__(None, None, None)
+    try:
+        yield snap
+    finally:
+        snap.close()

@@ -1,0 +1,96 @@
+"""The answer of ``inspect``: what the core is, why it was taken, the anomaly or
+crash with its stacks, the heap totals, the top allocation stacks and every
+thread's logical stack - as SPEC §5's inspect JSON document."""
+
+from __future__ import annotations
+
+import signal as _signal
+
+from forensics import abi
+from forensics.analysis import Snapshot
+from forensics.model import block_json, frames_json, hexaddr
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"SIG{num}"
+
+
+def crash_frames(snap: Snapshot, tid: int):
+    """The faulting thread's stack: the faulting instruction, then its shadow
+    stack (libtag records no stack id in the signal handler: no locks there)."""
+    t = snap.heap.thread(tid)
+    raw = []
+    regs = t.regs if t is not None else None
+    if regs and regs.get("rip"):
+        raw.append((regs["rip"], abi.TAG_FRAME_ENTRY))  # the pc itself, not a return address
+    if t is not None:
+        raw.extend(t.shadow)
+    return snap.symbolize(raw)
+
+
+def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
+    from forensics.owners import classify, near_note
+
+    heap = snap.heap
+    totals = heap.totals
+    by_stack = heap.by_stack("live")[:top]
+    snap.prefetch([s for s, _, _ in by_stack])
+
+    anomalies = []
+    a = heap.anomaly
+    if a is not None:
+        snap.prefetch([a.stack] + ([a.block.alloc_stack, a.block.free_stack or 0] if a.block else []))
+        anomalies.append({
+            "kind": a.kind,
+            "address": hexaddr(a.address),
+            "block": block_json(a.block, snap.stack, offset=a.address - a.block.start) if a.block else None,
+            "stack": frames_json(snap.stack(a.stack)),
+            "thread": a.thread,
+        })
+
+    crash = None
+    c = heap.crash
+    if c is not None:
+        where = classify(snap, c.address)
+        crash = {
+            "signal": _signal_name(c.signal),
+            "address": hexaddr(c.address),
+            "thread": c.thread,
+            "stack": frames_json(crash_frames(snap, c.thread)),
+            "code": c.code,
+            "address_owner": {
+                "owner": where.owner,
+                "region": where.region_name,
+                "note": where.note or (near_note(where.near) if where.near else ""),
+                "block": block_json(where.block, snap.stack, offset=c.address - where.block.start)
+                if where.block else None,
+            },
+        }
+
+    threads = []
+    for t in snap.threads:
+        threads.append({"tid": t.tid, "sp": hexaddr(t.sp),
+                        "stack": frames_json(snap.symbolize(t.raw))})
+
+    counters = heap.counters
+    return {
+        "core": snap.core.path if snap.core is not None else snap.mem.name,
+        "process": {"pid": snap.pid, "exe": snap.exe},
+        "reason": heap.reason,
+        "crash": crash,
+        "heap": {
+            "live_blocks": totals.live_blocks,
+            "live_bytes": totals.live_bytes,
+            "freed_blocks": totals.freed_blocks,
+            "freed_bytes": totals.freed_bytes,
+        },
+        "anomalies": anomalies,
+        "top_stacks": [{"stack": frames_json(snap.stack(s)), "blocks": n, "bytes": b}
+                       for s, n, b in by_stack],
+        "threads": threads,
+        "counters": counters,
+        "warnings": list(heap.warnings),
+    }

@@ -6,6 +6,10 @@ CMD runs with LD_PRELOAD=<libtag.so> (before any LD_PRELOAD already set),
 LIBTAG_DIR=DIR and LIBTAG_ON_ANOMALY.  DIR defaults to
 $XDG_STATE_HOME/forensics/snapshots and is created 0700.  The exit status is
 CMD's; a CMD killed by a signal gives 128+signal, as a shell does.
+
+When CMD has exited, the snapshots it left in DIR (on demand, on an anomaly,
+on a crash) are waited for, recorded in the catalog (forensics list) and
+named on stderr with the command to look at them.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     lib = lib_path()
     snap_dir = ensure_private_dir(args.dir if args.dir else default_snapshot_dir())
     env = build_env(str(lib), str(snap_dir), args.on_anomaly, dict(os.environ))
+    before = _snapshot_names(snap_dir)
 
     try:
         child = subprocess.Popen(cmd, env=env)
@@ -94,7 +99,52 @@ def main(args: argparse.Namespace) -> int:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
+    _report_snapshots(snap_dir, before)
     return 128 - status if status < 0 else status
+
+
+# How long to wait, after CMD exited, for a core still being written by a
+# snapshot child it left behind.
+SNAPSHOT_WAIT_S = 120.0
+
+
+def _snapshot_names(snap_dir) -> set[str]:
+    from forensics import snapshots
+
+    try:
+        return {d.name for d in snapshots.list_dirs(snap_dir)}
+    except ForensicsError:
+        return set()
+
+
+def _report_snapshots(snap_dir, before: set[str]) -> None:
+    """Catalog the snapshots CMD made and say where they are (stderr)."""
+    import sys
+
+    from forensics import snapshots
+
+    try:
+        new = _snapshot_names(snap_dir) - before
+        if not new:
+            return
+        results = snapshots.scan_and_record(snap_dir, wait=SNAPSHOT_WAIT_S, only=new)
+    except ForensicsError as e:
+        sys.stderr.write(f"forensics: warning: could not catalog the snapshots in "
+                         f"{snap_dir}: {e.message}\n")
+        return
+    cores = []
+    for snap, row, error in results:
+        if row is None:
+            sys.stderr.write(f"forensics: warning: {error}\n" if error else
+                             f"forensics: warning: snapshot {snap.path} of pid {snap.pid} "
+                             f"is not complete\n")
+            continue
+        cores.append(row["core"])
+        pause = f", paused {row['pause_ms']:.2f} ms" if row["pause_ms"] is not None else ""
+        sys.stderr.write(f"forensics: snapshot ({snap.reason}) of pid {snap.pid}{pause}: "
+                         f"{row['core']}\n")
+    if cores:
+        sys.stderr.write(f"forensics: next: forensics inspect {cores[-1]}\n")
 
 
 def _forward(child: subprocess.Popen, signum: int) -> None:

@@ -4,24 +4,342 @@
 
 The process pauses for a few milliseconds (a fork) and runs on.  Exit 0, or 2
 with the reason: no such process, libtag not loaded, no permission, timeout.
+
+The process itself decides where its core goes: its LIBTAG_DIR (as read from
+/proc/PID/environ), else $XDG_STATE_HOME/forensics/snapshots of its own
+environment.  --dir says where to look when that environment cannot be read;
+when it can, a --dir that differs is ignored with a note.  The signal sent is
+the process's LIBTAG_SIGNAL (default SIGUSR2).  The snapshot is recorded in
+the catalog (forensics list).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
+import time
+from pathlib import Path
 
 from forensics.commands import _args
-from forensics.errors import ForensicsError
+from forensics.errors import InputError
+
+# LIBTAG_SIGNAL names libtag accepts (libtag/src/options.c).
+_SIGNAL_NAMES = {
+    "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "PWR": signal.SIGPWR,
+    "URG": signal.SIGURG, "WINCH": signal.SIGWINCH, "TTIN": signal.SIGTTIN,
+}
+_LIBTAG_MAPPING = re.compile(r"(^|/)libtag[^/]*\.so(\.[0-9.]+)?$")
+
+
+class PermissionDenied(InputError):
+    """The process belongs to someone else."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", metavar="PID", type=_args.pid, help="the process to snapshot")
     parser.add_argument("--dir", metavar="DIR",
-                        help="where the core goes (default: the process's LIBTAG_DIR)")
+                        help="where to look for the snapshot when the process's "
+                             "environment (its LIBTAG_DIR) cannot be read")
     parser.add_argument("--timeout", metavar="S", type=_args.seconds, default=30.0,
                         help="seconds to wait for the core (default: 30)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
+# ---------------------------------------------------------------- target --
+
+def _no_permission(pid: int, uid: int | None = None) -> PermissionDenied:
+    me = os.geteuid()
+    who = f"it runs as uid {uid} and you are uid {me}" if uid is not None else \
+        f"access to its /proc entries was refused to uid {me}"
+    return PermissionDenied(
+        f"no permission to snapshot pid {pid}: {who}; run forensics as the "
+        f"process's user (or root)")
+
+
+def open_process(pid: int):
+    """psutil.Process of *pid*, refused if it is not ours (unless we are root)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        uids = proc.uids()
+        status = proc.status()
+    except psutil.NoSuchProcess:
+        raise InputError(f"no process with pid {pid}") from None
+    except psutil.AccessDenied:
+        raise _no_permission(pid) from None
+    if status == psutil.STATUS_ZOMBIE:
+        raise InputError(f"no process with pid {pid} (it has exited and is a zombie)")
+    me = os.geteuid()
+    # Root may signal anyone; anybody else only a process of their own uid.
+    # Checked here, not left to kill(2): its rule (real or saved uid) is
+    # looser than what reading the process's maps and core needs.
+    if me != 0 and (uids.real != me or uids.effective != me):
+        raise _no_permission(pid, uids.effective if uids.effective != me else uids.real)
+    return proc
+
+
+def libtag_loaded(pid: int) -> bool:
+    """libtag.so is mapped in the process, or its executable exports libtag_snapshot
+    (libtag.a linked in statically)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and _LIBTAG_MAPPING.search(parts[5].strip()):
+                    return True
+    except FileNotFoundError:
+        raise InputError(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise _no_permission(pid) from None
+    return _exe_exports_libtag(pid)
+
+
+def _exe_exports_libtag(pid: int) -> bool:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    try:
+        with open(f"/proc/{pid}/exe", "rb") as f:
+            elf = ELFFile(f)
+            for section in elf.iter_sections():
+                if not isinstance(section, SymbolTableSection):
+                    continue
+                for sym in section.get_symbol_by_name("libtag_snapshot") or ():
+                    if sym["st_shndx"] != "SHN_UNDEF":
+                        return True
+    except PermissionError:
+        raise _no_permission(pid) from None
+    except (OSError, ELFError):
+        return False
+    return False
+
+
+def parse_signal(value: str | None) -> int | None:
+    """The snapshot signal named by LIBTAG_SIGNAL (None = turned off), as libtag parses it."""
+    if value is None or value == "":
+        return int(signal.SIGUSR2)
+    v = value
+    if v in ("none", "0"):
+        return None
+    if v.isdigit():
+        return int(v)
+    if v.startswith("SIG"):
+        v = v[3:]
+    if v.startswith("RTMIN+") and v[6:].isdigit():
+        return int(signal.SIGRTMIN) + int(v[6:])
+    if v in _SIGNAL_NAMES:
+        return int(_SIGNAL_NAMES[v])
+    raise InputError(f"the process's LIBTAG_SIGNAL={value} is not a signal libtag knows")
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def snapshot_root(environ: dict[str, str]) -> Path:
+    """Where libtag in a process with this environment makes its snapshot
+    directories (libtag/src/snapshot.c open_snapshot_root)."""
+    d = environ.get("LIBTAG_DIR")
+    if d:
+        return Path(d)
+    state = environ.get("XDG_STATE_HOME", "")
+    if state.startswith("/"):
+        return Path(state) / "forensics" / "snapshots"
+    home = environ.get("HOME", "")
+    if home.startswith("/"):
+        return Path(home) / ".local" / "state" / "forensics" / "snapshots"
+    raise InputError("the process has neither LIBTAG_DIR, XDG_STATE_HOME nor HOME set: "
+                     "libtag cannot make a snapshot directory; start it with "
+                     "`forensics run --dir DIR -- CMD`")
+
+
+def as_seen(pid: int, root: Path) -> Path:
+    """*root* as this process can reach it: itself, or through /proc/PID/root when
+    the target runs in another mount namespace (a container, a private mount)."""
+    try:
+        if os.stat("/proc/self/ns/mnt").st_ino == os.stat(f"/proc/{pid}/ns/mnt").st_ino:
+            return root
+    except OSError:
+        return root
+    return Path(f"/proc/{pid}/root") / str(root).lstrip("/")
+
+
+def unwritable_reason(pid: int, root: Path) -> str | None:
+    """Why the process could not make a snapshot directory in *root*, or None.
+
+    Looked at through /proc/PID/root, so a process in another mount namespace
+    (a container, a read-only bind mount) is judged by what it sees.
+    """
+    base = Path(f"/proc/{pid}/root")
+    p = root
+    while True:
+        seen = base / str(p).lstrip("/")
+        try:
+            st = os.lstat(seen)
+        except FileNotFoundError:
+            if p.parent == p:
+                return None
+            p = p.parent
+            continue
+        except PermissionError:
+            return None  # cannot tell from here
+        break
+    try:
+        if os.statvfs(seen).f_flag & os.ST_RDONLY:
+            return f"{p} is on a read-only file system"
+    except OSError:
+        return None
+    if not os.access(seen, os.W_OK | os.X_OK):
+        return f"{p} is not writable (permission denied)"
+    if p == root:
+        import stat as _stat
+        if _stat.S_ISLNK(st.st_mode):
+            return f"{root} is a symlink (libtag refuses to follow it)"
+        if st.st_mode & 0o022:
+            return (f"{root} is writable by group or others (mode {oct(st.st_mode & 0o777)}); "
+                    f"libtag refuses it: chmod 700 it")
+    return None
+
+
+# ------------------------------------------------------------------ take --
+
+def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
+         note=lambda msg: None, status=None) -> dict:
+    """Signal *pid* for an on-demand snapshot, wait for its core, record it.
+
+    Returns the JSON document of `forensics snapshot --json`.
+    """
+    import psutil
+
+    from forensics import catalog, snapshots
+
+    proc = open_process(pid)
+    if not libtag_loaded(pid):
+        raise InputError(
+            f"process {pid} is not running under libtag: start it with "
+            f"`forensics run -- CMD` or LD_PRELOAD=$(forensics lib-path)")
+    try:
+        environ = proc.environ()
+    except psutil.AccessDenied:
+        environ = None
+    except psutil.NoSuchProcess:
+        raise InputError(f"no process with pid {pid}") from None
+    if environ:
+        root = snapshot_root(environ)
+        if fallback_dir and os.path.abspath(fallback_dir) != str(root):
+            note(f"pid {pid} writes its snapshots to {root} (its LIBTAG_DIR or XDG "
+                 f"state dir); --dir {fallback_dir} is not used")
+        sig = parse_signal(environ.get("LIBTAG_SIGNAL"))
+    else:
+        if not fallback_dir:
+            raise InputError(
+                f"cannot read the environment of pid {pid} to learn where its snapshots "
+                f"go: give its LIBTAG_DIR with --dir")
+        root = Path(os.path.abspath(fallback_dir))
+        sig = int(signal.SIGUSR2)
+    if sig is None:
+        raise InputError(f"process {pid} has on-demand snapshots turned off "
+                         f"(LIBTAG_SIGNAL=none); restart it without that setting")
+    seen_root = as_seen(pid, root)
+    if seen_root != root:
+        note(f"pid {pid} runs in another mount namespace: its snapshot dir {root} "
+             f"is read through {seen_root}, valid while it runs")
+    try:
+        exe = proc.exe() or None
+    except (psutil.AccessDenied, psutil.ZombieProcess, psutil.NoSuchProcess):
+        exe = None
+
+    before = {d.name for d in snapshots.list_dirs(seen_root, pid)}
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        raise InputError(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise _no_permission(pid, proc.uids().effective) from None
+
+    deadline = time.monotonic() + timeout
+    tick = (lambda: status.update(f"waiting for the core of pid {pid}")) if status else None
+    snap = None
+    while snap is None:
+        fresh = [d for d in snapshots.list_dirs(seen_root, pid)
+                 if d.name not in before and d.reason == "on-demand"]
+        if fresh:
+            snap = fresh[0]
+            break
+        if snapshots.process_exited(pid):
+            raise InputError(f"process {pid} exited before it took the snapshot")
+        why = unwritable_reason(pid, root)
+        if why is not None:
+            raise InputError(
+                f"process {pid} cannot write its snapshot: {why}; it runs on without "
+                f"one (point its LIBTAG_DIR at a writable directory of its user)")
+        if time.monotonic() >= deadline:
+            raise snapshots.SnapshotTimeout(
+                f"timed out after {timeout:g} s waiting for the core of pid {pid} "
+                f"(snapshot dir {root}: no new snapshot appeared; does the process "
+                f"block or ignore {_signal_name(sig)}?)")
+        time.sleep(snapshots.POLL_S)
+
+    try:
+        snapshots.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
+    except snapshots.SnapshotTimeout:
+        raise snapshots.SnapshotTimeout(
+            f"timed out after {timeout:g} s waiting for the core of pid {pid} "
+            f"(snapshot dir {snap.path})") from None
+    except snapshots.SnapshotFailed as e:
+        raise snapshots.SnapshotFailed(
+            f"snapshot of pid {pid} failed: {snapshots.read_error(snap.path) or e.message} "
+            f"(snapshot dir {snap.path}); the process runs on") from None
+    core = snapshots.find_core(snap.path)
+    assert core is not None  # wait_complete raised otherwise
+    with catalog.Catalog() as cat:
+        if seen_root == root:
+            cat.add_root(root)
+        row = snapshots.record(snap, core, exe=exe, catalog=cat)
+    return {
+        "pid": pid,
+        "core": os.path.abspath(core),
+        "reason": snap.reason,
+        "pause_ms": float(snap.pause_ms if snap.pause_ms is not None else 0.0),
+        "core_bytes": int(row["core_bytes"]),
+        "dir": os.path.abspath(snap.path),
+        "seq": snap.seq,
+        "exe": row["exe"],
+        "time": snap.time,
+        "threads_stopped": row["summary"].get("threads_stopped"),
+    }
+
+
 def main(args: argparse.Namespace) -> int:
-    raise ForensicsError("snapshot is not implemented yet")
+    from forensics import render
+
+    err = render.err_console()
+
+    def note(msg: str) -> None:
+        err.print(f"forensics: note: {msg}", markup=False, highlight=False, soft_wrap=True)
+
+    if err.is_terminal:
+        with err.status(f"snapshot of pid {args.pid}...") as status:
+            doc = take(args.pid, timeout=args.timeout, fallback_dir=args.dir,
+                       note=note, status=status)
+    else:
+        doc = take(args.pid, timeout=args.timeout, fallback_dir=args.dir, note=note)
+
+    if args.json:
+        render.print_json(doc)
+        return 0
+    out = render.out_console()
+    out.print(doc["core"], markup=False, soft_wrap=True)
+    out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
+              f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "
+              f"core {doc['core_bytes'] / 1e6:.1f} MB", markup=False, soft_wrap=True)
+    out.print(f"  next: forensics inspect {doc['core']}", markup=False, soft_wrap=True)
+    return 0
+

@@ -1,0 +1,188 @@
+"""Helpers shared by test_snapshot*.py, test_anomaly*.py and test_crash*.py
+(loaded by path, not collected for tests: it defines none).
+
+read_control(core) finds libtag's control block in a core by its magic
+(TAG_CONTROL_MAGIC) and unpacks the fields these tests check at the offsets
+tag_abi.h pins with _Static_assert.  A hit counts only if its `self` field
+equals the virtual address it was found at (the magic string also sits in
+libtag's read-only data, and user memory could hold it).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import shutil
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from forensics import libpath
+from forensics.core.core import Core
+
+MAGIC = b"LIBTAG-CONTROL-1"
+CONTROL_SIZE = 272
+
+REASON_ON_DEMAND, REASON_ANOMALY, REASON_CRASH = 1, 2, 3
+ANOMALY_KINDS = {"double-free": 1, "invalid-free": 2, "heap-overflow": 3, "use-after-free": 4}
+
+
+@dataclass
+class Control:
+    address: int
+    pid: int
+    reason: int
+    snapshot_seq: int
+    anomaly_count: int
+    anomaly_kind: int
+    anomaly_tid: int
+    anomaly_address: int
+    anomaly_block: int
+    crash_signal: int
+    crash_tid: int
+    crash_address: int
+
+
+def read_control(core_path: os.PathLike | str) -> Control:
+    hits = []
+    with Core(core_path) as core, open(core_path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            for seg in core.segments:
+                start, end = seg.offset, seg.offset + seg.dumped
+                pos = mm.find(MAGIC, start, end)
+                while pos >= 0:
+                    vaddr = seg.vaddr + (pos - seg.offset)
+                    raw = mm[pos:pos + CONTROL_SIZE]
+                    if len(raw) == CONTROL_SIZE and struct.unpack_from("<Q", raw, 16)[0] == vaddr:
+                        hits.append((vaddr, raw))
+                    pos = mm.find(MAGIC, pos + 1, end)
+        finally:
+            mm.close()
+    assert len(hits) == 1, f"expected exactly 1 control block in {core_path}, found {len(hits)}"
+    vaddr, raw = hits[0]
+    pid, = struct.unpack_from("<I", raw, 64)
+    reason, seq = struct.unpack_from("<II", raw, 136)
+    anomaly_count, = struct.unpack_from("<I", raw, 156)
+    a_kind, a_tid, a_addr, a_block = struct.unpack_from("<IIQQ", raw, 160)
+    c_sig, c_tid, c_addr = struct.unpack_from("<IIQ", raw, 240)
+    return Control(vaddr, pid, reason, seq, anomaly_count, a_kind, a_tid, a_addr, a_block,
+                   c_sig, c_tid, c_addr)
+
+
+def core_pattern() -> str:
+    try:
+        return Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    except OSError:
+        return ""
+
+
+def kernel_core_skip_reason() -> str | None:
+    """Why LIBTAG_CORE=kernel cannot land a core in the snapshot dir here, or None."""
+    pattern = core_pattern()
+    if pattern.startswith("|"):
+        return f"core_pattern is a pipe ({pattern!r}): the kernel writes no core file"
+    if "/" in pattern:
+        return f"core_pattern {pattern!r} sends kernel cores outside the snapshot dir"
+    import resource
+    if resource.getrlimit(resource.RLIMIT_CORE)[1] == 0:
+        return "the hard core size limit is 0: the kernel writes no core"
+    return None
+
+
+def victim_env(core_path: str, snap_dir: os.PathLike | str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = f"{libpath.lib_path()} {env.get('LD_PRELOAD', '')}".strip()
+    env["LIBTAG_DIR"] = str(snap_dir)
+    env["LIBTAG_CORE"] = core_path
+    env.update(extra)
+    return env
+
+
+def start(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[subprocess.Popen, int]:
+    """Start a victim that prints "ready pid=N" first; returns (process, N)."""
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        proc.kill()
+        proc.communicate(timeout=timeout)
+        raise AssertionError(f"victim {argv} did not print 'ready' within {timeout} s")
+    line = proc.stdout.readline()
+    assert line.startswith("ready pid="), f"expected 'ready pid=N', got {line!r}"
+    return proc, int(line.split("=", 1)[1])
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    """Tell a churn/blocked victim to stop (close stdin) and collect its output."""
+    try:
+        out, err = proc.communicate(input="", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=timeout)
+        raise
+    return out, err
+
+
+def churn_checksum(index: int) -> int:
+    """The checksum thread *index* of snap_churn.c computes every round."""
+    m64 = (1 << 64) - 1
+    s = 0x1000 + index
+
+    def lcg() -> int:
+        nonlocal s
+        s = (s * 6364136223846793005 + 1442695040888963407) & m64
+        return s >> 33
+
+    sizes, blocks = [], []
+    for _ in range(64):
+        n = 1 + lcg() % 512
+        sizes.append(n)
+        blocks.append(bytearray(lcg() & 0xFF for _ in range(n)))
+    for b in range(0, 64, 3):
+        grow = sizes[b] + 1 + lcg() % 256
+        blocks[b].extend(lcg() & 0xFF for _ in range(grow - sizes[b]))
+        sizes[b] = grow
+    total = 0
+    for blk in blocks:
+        for byte in blk:
+            total = (total * 31 + byte) & m64
+    return total
+
+
+def check_churn_output(out: str, threads: int) -> None:
+    lines = [ln for ln in out.splitlines() if ln.startswith("thread ")]
+    assert len(lines) == threads, f"expected {threads} thread lines, got {out!r}"
+    for i, line in enumerate(lines):
+        fields = dict(kv.split("=") for kv in line.split()[2:])
+        expected = f"0x{churn_checksum(i):016x}"
+        assert line.split()[1] == str(i), f"expected thread {i} on line {line!r}"
+        assert fields["checksum"] == expected, f"thread {i}: expected checksum {expected}, got {line!r}"
+        assert fields["bad"] == "0", f"thread {i}: expected bad=0 (every round the same), got {line!r}"
+
+
+def gdb_bt(exe: os.PathLike | str, core: os.PathLike | str, *extra: str) -> subprocess.CompletedProcess:
+    argv = ["gdb", "--batch", "-nx", str(exe), str(core), "-ex", "bt"]
+    for cmd in extra:
+        argv += ["-ex", cmd]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=180)
+
+
+def have_gdb() -> bool:
+    return shutil.which("gdb") is not None
+
+
+def snapshot_dirs(root: os.PathLike | str) -> list[Path]:
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []
+
+
+def wait_until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)

@@ -1,0 +1,24 @@
+/* snap_blocked.c - blocks the snapshot signal (SIGUSR2) with sigprocmask in
+ * every thread, so an on-demand snapshot can never start; waits for stdin
+ * to close, then prints "alive" and exits 0. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR2);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    free(malloc(32));
+    printf("ready pid=%d\n", (int)getpid());
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof line, stdin))
+        ;
+    printf("alive\n");
+    return 0;
+}

@@ -56,8 +56,8 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
         _tag_save_regs(t->rec, uc);
         if (_tag_ctl.reason == TAG_REASON_NONE)
             _tag_ctl.reason = TAG_REASON_CRASH;
-        if (_tag_opt.dir[0])
-            _tag_crash_dir();
+        /* The crash directory is made below, only once the default action
+         * is certain: see there. */
     }
 
     struct sigaction *prog = &program_act[sig];
@@ -71,6 +71,15 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
     }
     /* Default action: restore it and let the signal come back.  A fault
      * re-executes the instruction; abort() and kill() are re-sent. */
+    /* Only now, when the signal will kill the process, make its core land
+     * in a snapshot directory (fix: this used to happen before a program's
+     * own handler ran, which then found its cwd moved into the crash dir,
+     * and with LIBTAG_CORE=self got a crash core per fault even when it
+     * recovered - JITs and GCs take SIGSEGV on purpose).  A handler that
+     * gives up by restoring SIG_DFL or calling abort() comes back here. */
+    static int crash_dir_made;
+    if (_tag_opt.dir[0] && !__atomic_exchange_n(&crash_dir_made, 1, __ATOMIC_ACQ_REL))
+        _tag_crash_dir();
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;

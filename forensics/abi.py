@@ -50,6 +50,8 @@ TAG_SHADOW_MAX = 256
 TAG_THREAD_EXITED = 1
 TAG_THREAD_REGS = 2
 TAG_NREGS = 27
+TAG_QUARANTINE_SLOTS = 4096
+TAG_QUARANTINE_BYTES = 16 + 8 * TAG_QUARANTINE_SLOTS
 
 TAG_CONTROL_MAGIC = b"LIBTAG-CONTROL-1"  # 16 bytes, no NUL stored
 
@@ -130,7 +132,8 @@ ThreadRecord = Struct(
     "free_bytes" / Int64ul,
     "stack_hi" / Int64ul,
     "regs" / Array(TAG_NREGS, Int64ul),  # user_regs_struct order
-    "reserved" / Array(2, Int64ul),
+    "quarantine" / Int64ul,  # its quarantine ring (libtag's memory), 0 = none
+    "reserved" / Int64ul,
 )
 
 Anomaly = Struct(
@@ -217,7 +220,8 @@ THREAD_RECORD_DTYPE = np.dtype(
         ("free_bytes", "<u8"),
         ("stack_hi", "<u8"),
         ("regs", "<u8", (TAG_NREGS,)),
-        ("reserved", "<u8", (2,)),
+        ("quarantine", "<u8"),
+        ("reserved", "<u8"),
     ]
 )
 assert STACK_NODE_DTYPE.itemsize == STACK_NODE_SIZE

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from forensics import abi
 from forensics.heap import Heap
-from forensics.memory import CoreMemory, Memory, Region
+from forensics.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.model import Frame, RawFrame
 from forensics.pointers import Edges, build_edges
 
@@ -181,12 +180,9 @@ class Snapshot:
             if cached is not None:
                 return cached
         idx = self.heap.index
-        c = self.heap.control
-        skip = [(int(c.stack_nodes), int(c.stack_nodes) + 16 * int(c.stack_capacity)),
-                (int(c.threads), int(c.threads) + abi.THREAD_RECORD_SIZE * int(c.thread_capacity))]
-        regions = [r for r in self.mem.regions() if r.writable]
-        edges = build_edges(regions, idx["start"], idx["size"], skip=skip,
-                            progress=self._progress)
+        regions = clip_regions([r for r in self.mem.regions() if r.writable],
+                               self.heap.own_ranges())
+        edges = build_edges(regions, idx["start"], idx["size"], progress=self._progress)
         if path and key:
             _save_edges(path, key, edges, np)
         return edges

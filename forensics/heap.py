@@ -36,7 +36,7 @@ from forensics import abi
 from forensics.core.errors import CoreReadError
 from forensics.core.notes import REG_NAMES
 from forensics.errors import InputError
-from forensics.memory import Memory, Region
+from forensics.memory import Memory, Region, clip_regions
 from forensics.model import Anomaly, Block, Crash, RawFrame, ThreadState
 
 CACHE_VERSION = 1
@@ -265,6 +265,24 @@ class Heap:
     def thread(self, tid: int) -> ThreadState | None:
         return next((t for t in self.threads if t.tid == tid), None)
 
+    @property
+    def _quarantines(self) -> list[int]:
+        """Addresses of the threads' quarantine rings (0s left out)."""
+        recs = self._thread_records()
+        return [int(q) for q in recs["quarantine"] if q] if recs is not None else []
+
+    def _thread_records(self) -> np.ndarray | None:
+        if not hasattr(self, "_recs"):
+            c = self.control
+            count = min(int(c.thread_count), int(c.thread_capacity), MAX_THREADS)
+            try:
+                raw = self._read_array(int(c.threads), count, abi.THREAD_RECORD_SIZE,
+                                       "the thread records")
+                self._recs = np.frombuffer(raw, dtype=abi.THREAD_RECORD_DTYPE)
+            except InputError:
+                self._recs = None
+        return self._recs
+
     def _read_threads(self) -> list[ThreadState]:
         c = self.control
         count = min(int(c.thread_count), int(c.thread_capacity), MAX_THREADS)
@@ -310,13 +328,24 @@ class Heap:
 
     # ----------------------------------------------------------------- scan --
 
-    def _scan_regions(self) -> list[Region]:
+    def own_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) of libtag's own memory: the stack table, the thread
+        records, the control block and every thread's quarantine ring.  They
+        hold ids, counters and pointers to freed blocks - never the program's
+        blocks or references - so scans leave them out, byte-exactly (libtag
+        fences them with guard pages, but an older core may have merged VMAs)."""
         c = self.control
-        own = [int(c.stack_nodes), int(c.threads)]
-        return [
-            r for r in self.mem.regions()
-            if r.writable and not any(a and a in r for a in own)
+        out = [
+            (int(c.stack_nodes), int(c.stack_nodes) + abi.STACK_NODE_SIZE * int(c.stack_capacity)),
+            (int(c.threads), int(c.threads) + abi.THREAD_RECORD_SIZE * int(c.thread_capacity)),
+            (self.control_addr, self.control_addr + abi.CONTROL_SIZE),
         ]
+        for q in self._quarantines:
+            out.append((q, q + abi.TAG_QUARANTINE_BYTES))
+        return [(a, b) for a, b in out if a]
+
+    def _scan_regions(self) -> list[Region]:
+        return clip_regions([r for r in self.mem.regions() if r.writable], self.own_ranges())
 
     def _scan(self, progress: Progress | None) -> dict[str, np.ndarray]:
         regions = self._scan_regions()

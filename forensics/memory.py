@@ -118,4 +118,31 @@ class CoreMemory:
         return (st.st_size, st.st_mtime_ns)
 
 
-__all__ = ["CoreMemory", "Memory", "Region"]
+def clip_regions(regions: list[Region], exclude: list[tuple[int, int]]) -> list[Region]:
+    """The parts of regions outside the [start, end) ranges in exclude, as
+    Regions whose arrays are views of the originals (no copy)."""
+    exclude = sorted((s, e) for s, e in exclude if e > s)
+    out: list[Region] = []
+    for r in regions:
+        pieces = [(r.start, r.end)]
+        for s, e in exclude:
+            nxt = []
+            for a, b in pieces:
+                if e <= a or s >= b:
+                    nxt.append((a, b))
+                    continue
+                if a < s:
+                    nxt.append((a, s))
+                if e < b:
+                    nxt.append((e, b))
+            pieces = nxt
+        if pieces == [(r.start, r.end)]:
+            out.append(r)
+            continue
+        for a, b in pieces:
+            out.append(Region(a, b, r.writable, r.path,
+                              load=(lambda r=r, a=a, b=b: r.array[a - r.start:b - r.start])))
+    return out
+
+
+__all__ = ["CoreMemory", "Memory", "Region", "clip_regions"]

@@ -11,7 +11,7 @@ once per core and cached beside the heap index.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -72,20 +72,19 @@ def hits(words: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
 
 
 def build_edges(regions: Iterable, starts: np.ndarray, sizes: np.ndarray, *,
-                skip: Sequence[tuple[int, int]] = (),
                 progress: Callable[[int, int], None] | None = None) -> Edges:
     """Scan regions (objects with .start and .array, a uint8 numpy view) for
-    words pointing into the blocks (starts sorted, sizes alike).  Regions
-    that overlap a (start, end) range in skip (libtag's own tables) are left
-    out: they hold stack ids and counters, not the program's pointers."""
+    words pointing into the blocks (starts sorted, sizes alike).  The caller
+    leaves libtag's own memory out (forensics.memory.clip_regions with
+    Heap.own_ranges()): it holds stack ids and pointers to freed blocks, not
+    the program's references."""
     starts = np.asarray(starts, np.uint64)
     sizes = np.asarray(sizes, np.uint64)
     if starts.size == 0:
         return Edges.empty()
     lo = int(starts[0])
     hi = int((starts + np.maximum(sizes, 1)).max())
-    regions = [r for r in regions
-               if not any(r.start < e and s < r.start + len(r.array) for s, e in skip)]
+    regions = list(regions)
     total = sum(len(r.array) for r in regions)
     done = 0
     src, dst, inner = [], [], []

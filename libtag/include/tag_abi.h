@@ -143,6 +143,11 @@ struct libtag_shadow {
 #define TAG_THREAD_REGS     2u  /* regs/regs_sp hold its state at the last
                                    snapshot */
 
+/* A thread's quarantine ring: 16 bytes of header, then this many pointers
+ * to freed blocks (libtag/src/quarantine.c). */
+#define TAG_QUARANTINE_SLOTS 4096u
+#define TAG_QUARANTINE_BYTES (16u + 8u * TAG_QUARANTINE_SLOTS)
+
 /* General registers in the kernel's struct user_regs_struct order (x86_64),
  * the same order as the prstatus note of a core. */
 #define TAG_NREGS 27
@@ -157,7 +162,10 @@ struct libtag_thread {
     uint64_t free_bytes;      /* requested bytes of the blocks it freed */
     uint64_t stack_hi;        /* highest address of its stack; 0 = unknown */
     uint64_t regs[TAG_NREGS]; /* see TAG_THREAD_REGS */
-    uint64_t reserved[2];     /* zero */
+    uint64_t quarantine;      /* address of its quarantine ring: libtag's own
+                                 memory, which holds pointers to freed blocks
+                                 (not the program's references); 0 = none */
+    uint64_t reserved;        /* zero */
 };
 
 /* -------------------------------------------------------- control block --

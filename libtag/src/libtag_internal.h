@@ -55,6 +55,10 @@ static inline void _tag_ensure_init(void)
         _tag_init();
 }
 uint32_t _tag_now_ms(void);      /* ms since start_mono_ns */
+/* Memory of libtag's own (tables, rings), fenced by guard pages; NULL on
+ * failure.  No malloc. */
+void *_tag_map(size_t bytes, int noreserve);
+void _tag_unmap(void *addr, size_t bytes);
 
 /* ----------------------------------------------------------- thread.c */
 struct tag_quarantine;

@@ -11,13 +11,16 @@
 
 #include "libtag_internal.h"
 
-#define RING_SLOTS 4096u
+#define RING_SLOTS TAG_QUARANTINE_SLOTS
 
 struct tag_quarantine {
     uint32_t head, count;     /* oldest entry, entries held */
     uint64_t bytes;           /* requested bytes held */
     void *ring[RING_SLOTS];
 };
+
+_Static_assert(sizeof(struct tag_quarantine) == TAG_QUARANTINE_BYTES,
+               "readers skip TAG_QUARANTINE_BYTES at each ring");
 
 void _tag_real_release(void *user)
 {
@@ -41,11 +44,11 @@ static void evict_one(struct tag_tls *t, struct tag_quarantine *q)
 static struct tag_quarantine *ring_of(struct tag_tls *t)
 {
     if (TAG_UNLIKELY(t->quarantine == NULL)) {
-        void *p = mmap(NULL, sizeof(struct tag_quarantine), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
+        void *p = _tag_map(sizeof(struct tag_quarantine), 0);
+        if (p == NULL)
             return NULL;
         t->quarantine = p;
+        t->rec->quarantine = (uint64_t)(uintptr_t)p;  /* readers skip it */
     }
     return t->quarantine;
 }
@@ -65,9 +68,19 @@ void _tag_quarantine_put(struct tag_tls *t, void *user)
     q->bytes += size;
 }
 
+/* Called once, when the thread exits (thread.c sets t->exiting right after,
+ * so later frees of this thread bypass the quarantine).  The ring is mapped
+ * per thread: unmap it too, or every thread that ever freed a block leaks
+ * its 36 KiB ring and a program that runs many short threads grows without
+ * bound. */
 void _tag_quarantine_drain(struct tag_tls *t)
 {
     struct tag_quarantine *q = t->quarantine;
     while (q && q->count)
         evict_one(t, q);
+    if (q) {
+        t->quarantine = NULL;
+        t->rec->quarantine = 0;
+        _tag_unmap(q, sizeof *q);
+    }
 }

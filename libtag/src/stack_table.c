@@ -25,9 +25,8 @@ static int table_lock;
 
 static void *reserve(size_t bytes)
 {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
+    void *p = _tag_map(bytes, 1);
+    if (p == NULL)
         _tag_fatal("libtag: cannot reserve %lu bytes for the stack table",
                    (unsigned long)bytes);
     return p;

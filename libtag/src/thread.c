@@ -28,9 +28,8 @@ extern void *__libc_stack_end;
 void _tag_threads_init(void)
 {
     size_t bytes = (size_t)THREAD_CAPACITY * sizeof *records;
-    records = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (records == MAP_FAILED)
+    records = _tag_map(bytes, 1);
+    if (records == NULL)
         _tag_fatal("libtag: cannot reserve %lu bytes for thread records",
                    (unsigned long)bytes);
     _tag_ctl.threads = (uint64_t)(uintptr_t)records;
@@ -83,7 +82,15 @@ void _tag_thread_register(void)
         pthread_setspecific(exit_key, r);
 }
 
-static void atfork_prepare(void) { _tag_stack_table_atfork_prepare(); }
+/* Did the fork() in progress come from the main thread?  Written with the
+ * table lock held (prepare to parent/child), so two forks cannot mix it up. */
+static int fork_from_main;
+
+static void atfork_prepare(void)
+{
+    _tag_stack_table_atfork_prepare();
+    fork_from_main = (pid_t)syscall(SYS_gettid) == getpid();
+}
 static void atfork_parent(void) { _tag_stack_table_atfork_parent(); }
 
 /* The child of the program's own fork() is a new process: its one thread
@@ -95,6 +102,12 @@ static void atfork_child(void)
     _tag_ctl.pid = (uint32_t)getpid();
     t->rec = NULL;
     _tag_thread_register();
+    /* In the child tid == pid even when a non-main thread forked, so
+     * register() took __libc_stack_end; but this thread still runs on the
+     * forking thread's stack, whose top is its descriptor.  A wrong bound
+     * lets the frame-pointer walk leave the stack and misleads readers. */
+    if (!fork_from_main && t->rec)
+        t->rec->stack_hi = (uint64_t)pthread_self();
 }
 
 /* After libc is initialised (constructor): pthread_key_create and

@@ -15,6 +15,12 @@ status=0
 forensics run --dir "$out/snapshots" -- "$out/buggy" || status=$?
 echo "== buggy exited with status $status"
 
-echo "== snapshots taken:"
-ls -l "$out/snapshots"
-# TODO(lead): forensics inspect "$out"/snapshots/core.* ; forensics whoowns ...
+core="$(ls -t "$out"/snapshots/*-double-free/core* | head -n 1)"
+echo "== forensics inspect $core"
+forensics inspect "$core"
+
+# The block's address, as a script would get it, then the question a person
+# debugging the crash asks: who owns this pointer?
+addr="$(forensics inspect --json "$core" | python3 -c 'import json, sys; print(json.load(sys.stdin)["anomalies"][0]["address"])')"
+echo "== forensics whoowns $addr --core $core"
+forensics whoowns "$addr" --core "$core" || true

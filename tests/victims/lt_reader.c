@@ -1,0 +1,131 @@
+/* lt_reader.c - a tiny reader of libtag's tags, from inside the victim.
+ *
+ * Not a victim on its own: the lt_* victims #include it.  It validates a tag
+ * exactly as a reader of a core would (magic, check value with the control
+ * block's secret), finds the calling thread's record, and walks a stack id
+ * through the stack table.  libtag_control/libtag_stats are weak, so the
+ * same victim runs without libtag (they are NULL then).
+ */
+#ifndef LT_READER_C
+#define LT_READER_C
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "libtag.h"
+#include "tag_abi.h"  /* compiles as C and as C++ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+extern const void *libtag_control(void) __attribute__((weak));
+extern void libtag_stats(struct libtag_stats *) __attribute__((weak));
+#ifdef __cplusplus
+}
+#endif
+
+__attribute__((unused)) static const struct libtag_control *lt_ctl(void)
+{
+    return libtag_control ? (const struct libtag_control *)libtag_control() : NULL;
+}
+
+__attribute__((unused)) static uint32_t lt_gettid(void)
+{
+    return (uint32_t)syscall(SYS_gettid);
+}
+
+/* The tag in front of user if it validates, else NULL. */
+__attribute__((unused)) static const struct libtag_tag *lt_tag(const void *user)
+{
+    const struct libtag_control *c = lt_ctl();
+    if (!c || !user)
+        return NULL;
+    const struct libtag_tag *t = (const struct libtag_tag *)((const char *)user - 32);
+    if (t->magic != TAG_MAGIC)
+        return NULL;
+    if (t->check != tag_check_value((uint64_t)(uintptr_t)t, c->secret, t))
+        return NULL;
+    return t;
+}
+
+__attribute__((unused)) static uint64_t lt_size(const struct libtag_tag *t) { return t->size_state & TAG_SIZE_MASK; }
+__attribute__((unused)) static unsigned lt_state(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_STATE_SHIFT); }
+
+/* Does the canary after a live block's payload hold its value? */
+__attribute__((unused)) static int lt_canary_ok(const void *user)
+{
+    const struct libtag_control *c = lt_ctl();
+    const struct libtag_tag *t = lt_tag(user);
+    if (!t)
+        return 0;
+    uint64_t have, want = tag_canary_value((uint64_t)(uintptr_t)t, c->secret);
+    memcpy(&have, (const char *)user + lt_size(t), sizeof have);
+    return have == want;
+}
+
+/* The free record of a freed block (in the quarantine) if it validates. */
+__attribute__((unused)) static const struct libtag_free_rec *lt_free_rec(const void *user)
+{
+    const struct libtag_control *c = lt_ctl();
+    const struct libtag_tag *t = lt_tag(user);
+    if (!t || lt_state(t) != TAG_STATE_FREED)
+        return NULL;
+    const struct libtag_free_rec *f = (const struct libtag_free_rec *)user;
+    if (f->check != free_rec_check_value((uint64_t)(uintptr_t)t, c->secret, f))
+        return NULL;
+    return f;
+}
+
+/* The thread record whose tid is tid (latest one if several), or NULL. */
+__attribute__((unused)) static const struct libtag_thread *lt_record(uint32_t tid)
+{
+    const struct libtag_control *c = lt_ctl();
+    if (!c)
+        return NULL;
+    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)c->threads;
+    uint32_t n = __atomic_load_n(&c->thread_count, __ATOMIC_ACQUIRE);
+    const struct libtag_thread *found = NULL;
+    for (uint32_t i = 0; i < n && i < c->thread_capacity; i++)
+        if (__atomic_load_n(&r[i].tid, __ATOMIC_ACQUIRE) == tid)
+            found = &r[i];
+    return found;
+}
+
+/* "<label> tag ok=1 size=N state=S tid_self=1 stack_set=1" - one line a
+ * test can assert on; ok=0 and nothing else when the tag does not validate. */
+__attribute__((unused)) static void lt_print_tag(const char *label, const void *user)
+{
+    const struct libtag_tag *t = lt_tag(user);
+    if (!t) {
+        printf("%s tag ok=0\n", label);
+        return;
+    }
+    printf("%s tag ok=1 size=%llu state=%u tid_self=%d stack_set=%d canary=%d\n",
+           label, (unsigned long long)lt_size(t), lt_state(t),
+           t->alloc_tid == lt_gettid(), t->alloc_stack != 0,
+           lt_state(t) == TAG_STATE_LIVE ? lt_canary_ok(user) : -1);
+}
+
+/* "frame <kind> 0x<pc>" per frame, innermost first, then "end <count>". */
+__attribute__((unused)) static void lt_print_stack(uint32_t id)
+{
+    const struct libtag_control *c = lt_ctl();
+    const struct libtag_stack_node *nodes =
+        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
+    unsigned n = 0;
+    while (id != 0 && id < c->stack_count && n < 300) {
+        printf("frame %u 0x%llx\n", nodes[id].kind, (unsigned long long)nodes[id].pc);
+        if (nodes[id].parent >= id) {      /* parents are always older */
+            printf("bad-parent %u of %u\n", nodes[id].parent, id);
+            break;
+        }
+        id = nodes[id].parent;
+        n++;
+    }
+    printf("end %u\n", n);
+}
+
+#endif /* LT_READER_C */

@@ -19,6 +19,10 @@
 
 #define TAG_ABI_VERSION 1u
 
+#ifdef __cplusplus
+#define _Static_assert static_assert  /* C++ readers include this header too */
+#endif
+
 /* ------------------------------------------------------------------ tags --
  * Heap layout of one block, from the address the real allocator returned:
  *
@@ -127,7 +131,10 @@ struct libtag_stack_node {
 
 struct libtag_shadow {
     uint32_t depth;                   /* frames currently entered */
-    uint32_t valid;                   /* id[0..valid] are interned and current */
+    uint32_t valid;                   /* id[0..valid] are interned and match
+                                         site[0..valid-1]; may exceed depth
+                                         (slots above it are kept until an
+                                         enter overwrites them) */
     uint64_t overflows;               /* enters beyond TAG_SHADOW_MAX */
     uint64_t fn[TAG_SHADOW_MAX];      /* function entry address */
     uint64_t site[TAG_SHADOW_MAX];    /* call site in the caller */

@@ -215,13 +215,9 @@ TAG_EXPORT int posix_memalign(void **memptr, size_t align, size_t size)
 {
     if (align % sizeof(void *) != 0 || (align & (align - 1)) != 0 || align == 0)
         return EINVAL;
-    int saved = errno;
     void *p = tag_memalign(align, size, RET, FRAME);
-    if (!p) {
-        int err = errno;
-        errno = saved;
-        return err ? err : ENOMEM;
-    }
+    if (!p)
+        return errno ? errno : ENOMEM;  /* glibc leaves errno set too */
     *memptr = p;
     return 0;
 }

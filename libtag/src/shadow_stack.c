@@ -24,10 +24,15 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
         _tag_thread_register();    /* so a reader finds this thread's stack */
     uint32_t d = t->shadow.depth++;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
-        t->shadow.fn[d] = (uint64_t)(uintptr_t)this_fn;
-        t->shadow.site[d] = (uint64_t)(uintptr_t)call_site;
-        if (t->shadow.valid > d)
-            t->shadow.valid = d;
+        /* Re-entering a depth the same way keeps the ids cached above it:
+         * a loop that calls the same chain again captures for free. */
+        if (t->shadow.fn[d] != (uint64_t)(uintptr_t)this_fn ||
+            t->shadow.site[d] != (uint64_t)(uintptr_t)call_site) {
+            t->shadow.fn[d] = (uint64_t)(uintptr_t)this_fn;
+            t->shadow.site[d] = (uint64_t)(uintptr_t)call_site;
+            if (t->shadow.valid > d)
+                t->shadow.valid = d;
+        }
     } else {
         t->shadow.overflows++;
     }
@@ -40,22 +45,34 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
     struct tag_tls *t = &_tag_tls;
     /* A longjmp or an exception that skipped exits can leave depth too
      * large; never let it wrap below zero. */
-    if (TAG_LIKELY(t->shadow.depth > 0)) {
-        uint32_t d = --t->shadow.depth;
-        if (t->shadow.valid > d)
-            t->shadow.valid = d;
-    }
+    if (TAG_LIKELY(t->shadow.depth > 0))
+        t->shadow.depth--;
+    /* valid is left alone: the slots above depth keep their values until
+     * an enter with a different function or call site overwrites them. */
 }
 
 static uint32_t capture_shadow(struct tag_tls *t, void *ret)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth < TAG_SHADOW_MAX ? s->depth : TAG_SHADOW_MAX;
-    for (uint32_t i = s->valid; i < d; i++)
-        s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
-    s->valid = d;
-    uint32_t id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
-    return _tag_intern(t, id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)ret);
+    if (s->valid < d) {
+        for (uint32_t i = s->valid; i < d; i++) {
+            if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
+                continue;  /* this depth came back to what it was */
+            t->used_parent[i] = s->id[i];
+            t->used_site[i] = s->site[i];
+            s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
+        }
+        s->valid = d;
+    }
+    /* The innermost function's ENTRY node: the same as last time unless the
+     * prefix or the function changed (a memo cheaper than the cache). */
+    if (t->entry_parent != s->id[d] || t->entry_fn != s->fn[d - 1] || !t->entry_id) {
+        t->entry_parent = s->id[d];
+        t->entry_fn = s->fn[d - 1];
+        t->entry_id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
+    }
+    return _tag_intern(t, t->entry_id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)ret);
 }
 
 /* Walk saved frame pointers from frame (a frame of libtag's own entry

@@ -106,14 +106,11 @@ static uint32_t insert(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
     return id;
 }
 
-uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t kind, uint64_t pc)
+uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+                          uint64_t pc, unsigned c)
 {
     uint64_t h = key_hash(parent, kind, pc);
-    uint32_t pk = parent | kind << 30;  /* ids stay below 2^28 (options.c) */
-    unsigned c = (unsigned)(h >> 56);
-    if (TAG_LIKELY(t->cache[c].pc == pc && t->cache[c].parent_kind == pk &&
-                   t->cache[c].id != 0))
-        return t->cache[c].id;
+    uint32_t pk = parent | kind << 30;
     uint32_t slot;
     uint32_t id = probe(parent, kind, pc, h, &slot);
     if (id == 0)

@@ -1,0 +1,106 @@
+"""Shared helpers of the bench/ runners: stdlib only, rich if it is there.
+
+Finding libtag, building a C program, statistics that admit the noise
+(median with min-max spread), the machine description, and tables that
+print as Markdown (to paste into docs/benchmarks.md) or through rich.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def lib_path(explicit: str | None = None) -> Path:
+    """The libtag.so to preload: --lib, $FORENSICS_LIBTAG, else the installed one.
+
+    Asked of a Python started outside the source tree, so the installed
+    package answers, not the checkout (which has no built _lib/)."""
+    if explicit:
+        return Path(explicit).resolve()
+    out = subprocess.run(
+        [sys.executable, "-c", "from forensics.libpath import lib_path; print(lib_path())"],
+        cwd="/", capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("bench: cannot find libtag.so (pip install the package or pass --lib):\n"
+                 + out.stderr.strip().splitlines()[-1])
+    return Path(out.stdout.strip())
+
+
+def build(src: Path, out: Path, flags: list[str], libs: list[str] = ()) -> Path:
+    cmd = ["gcc", *flags, "-o", str(out), str(src), *libs]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs) -> str:
+    """min-max as a percentage of the median: how noisy the runs were."""
+    if len(xs) < 2:
+        return "-"
+    m = med(xs)
+    return f"±{(max(xs) - min(xs)) / 2 / m * 100:.0f}%" if m else "-"
+
+
+def machine() -> dict:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "kernel": platform.release(),
+        "gcc": gcc[0] if gcc else "?",
+        "mem_gib": round(mem_gib, 1),
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def print_machine(m: dict) -> None:
+    print(f"machine: {m['nproc']} CPUs, {m['cpu']}, {m['mem_gib']} GiB RAM, "
+          f"Linux {m['kernel']}, {m['gcc']}, load {m['load']}")
+
+
+def table(title: str, header: list[str], rows: list[list], markdown: bool = False) -> None:
+    rows = [[str(c) for c in r] for r in rows]
+    if not markdown:
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            markdown = True
+    if markdown:
+        print(f"\n{title}\n")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+        print()
+        return
+    t = Table(title=title)
+    for i, h in enumerate(header):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*r)
+    Console().print(t)
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)

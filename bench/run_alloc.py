@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Allocation overhead of libtag on bench/allocbench, against the same binary
+without it, with heaptrack and valgrind on the same run for reference.
+
+SPEC §6: allocbench built with -finstrument-functions under libtag (full
+shadow stacks on every allocation, no sampling) <= 1.5x the same binary
+without libtag; the plain binary under libtag (frame-pointer fallback
+stacks) <= 3x the plain binary.
+
+    python3 bench/run_alloc.py                     # calibrate, 5 reps each
+    python3 bench/run_alloc.py --iters 2000000 --reps 5 --markdown
+
+What runs, per binary (plain: gcc -O2 -g -pthread; instrumented: the same
+plus -finstrument-functions), interleaved rep by rep so drift hits all alike:
+
+  base           the binary alone
+  libtag         LD_PRELOAD=libtag.so LIBTAG_QUIET=1 LIBTAG_DIR=<tmp>
+  libtag Q=0     the same with LIBTAG_QUARANTINE=0 (separates the quarantine's
+                 memory and time from the tags')
+  heaptrack      heaptrack -o <tmp>/ht ./allocbench ...  (wall time of the
+                 whole command, including heaptrack's own interpretation)
+  memcheck       valgrind --tool=memcheck, with --valgrind-div times fewer
+                 iterations; its time is scaled per operation to compare
+
+Seconds are wall-clock medians with the min-max spread; ratios are against
+the base run of the SAME binary.  Memory is peak RSS (wait4's ru_maxrss, taken\nby a small C launcher: a child of Python would count Python's RSS too).
+Then: the stack table (bench/stackcount.c: allocbench's pattern + libtag_stats)
+and callgrind instruction counts (deterministic, unlike the clock) with the
+top 10 functions, so the cost is explained and not only measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import BENCH, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+
+THREADS = 2
+WINDOW = 4096  # allocbench.c's WINDOW: live blocks per thread
+
+
+# Peak RSS must come from a process that a small process forked: a child of
+# Python starts with Python's own resident set counted in ru_maxrss (it
+# survives exec), which would hide allocbench's ~10 MiB.  So each run goes
+# through this launcher, which also times the child without Python's cost.
+LAUNCHER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pid_t pid = fork();
+    if (pid == 0) { execvp(argv[2], argv + 2); _exit(127); }
+    int st; struct rusage ru;
+    if (wait4(pid, &st, 0, &ru) < 0) return 126;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    FILE *f = fopen(argv[1], "w");
+    fprintf(f, "%.6f %ld\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9, ru.ru_maxrss);
+    fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+"""
+_launcher: list[str] = []
+
+
+def timed(cmd: list[str], env: dict) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB, os.wait4's ru_maxrss in the launcher) of cmd."""
+    launcher, result = _launcher
+    p = subprocess.run([launcher, result, *cmd], env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    if p.returncode != 0:
+        sys.exit(f"run_alloc: {' '.join(cmd)} exited {p.returncode}")
+    dt, rss = Path(result).read_text().split()
+    return float(dt), int(rss)
+
+
+def chunk(n: int) -> int:
+    """glibc malloc's chunk size for a request of n bytes (x86_64)."""
+    return max(32, (n + 8 + 15) & ~15)
+
+
+def expected_overhead() -> tuple[float, float]:
+    """Mean payload and mean extra chunk bytes per block that libtag's
+    32-byte tag + 8-byte canary + 16-byte minimum payload cost, over
+    allocbench's size distribution (7/8: 8..263 B; 1/8: 1024..9215 B)."""
+    small = range(8, 8 + 256)
+    large = range(1024, 1024 + 8192)
+    def mean(sizes, f):
+        return sum(f(n) for n in sizes) / len(sizes)
+    payload = 7 / 8 * mean(small, lambda n: n) + 1 / 8 * mean(large, lambda n: n)
+    extra = lambda n: chunk(max(n, 16) + 40) - chunk(n)
+    return payload, 7 / 8 * mean(small, extra) + 1 / 8 * mean(large, extra)
+
+
+def callgrind(cmd: list[str], env: dict, out: Path, top: int = 10) -> tuple[int, list[tuple[int, str]]]:
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ann = subprocess.run(["callgrind_annotate", "--inclusive=no", str(out)],
+                         capture_output=True, text=True, check=True).stdout
+    total, funcs = 0, []
+    for line in ann.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?PROGRAM TOTALS", line)
+        if m:
+            total = int(m.group(1).replace(",", ""))
+            continue
+        m = re.match(r"\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(\S.*)$", line)
+        if m and total and ":" in m.group(2) and len(funcs) < top:
+            funcs.append((int(m.group(1).replace(",", "")), m.group(2).strip()))
+    return total, funcs
+
+
+def short(fn: str) -> str:
+    """'/path/to/file.c:func [/path/lib.so]' -> 'func (file.c, lib.so)'."""
+    m = re.match(r"(.*?):(.*?)(?: \[(.*)\])?$", fn)
+    if not m:
+        return fn
+    src, name, obj = m.groups()
+    where = [os.path.basename(src)] if src != "???" else []
+    if obj:
+        where.append(os.path.basename(obj))
+    return f"{name} ({', '.join(where)})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, help="iterations per thread (default: calibrated to --target)")
+    ap.add_argument("--target", type=float, default=1.5, help="seconds of a plain base run when calibrating")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--heaptrack-reps", type=int, default=3)
+    ap.add_argument("--valgrind-div", type=int, default=20, help="memcheck runs ITERS/N iterations")
+    ap.add_argument("--valgrind-reps", type=int, default=3)
+    ap.add_argument("--callgrind-iters", type=int, default=100000)
+    ap.add_argument("--no-heaptrack", action="store_true")
+    ap.add_argument("--no-valgrind", action="store_true")
+    ap.add_argument("--lib", help="libtag.so (default: the installed one)")
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    args = ap.parse_args()
+
+    lib = lib_path(args.lib)
+    print_machine(machine())
+    print(f"libtag: {lib}")
+    tmp = Path(tempfile.mkdtemp(prefix="fx-alloc-"))
+    os.chmod(tmp, 0o700)
+    try:
+        return run(args, lib, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, lib: Path, tmp: Path) -> int:
+    (tmp / "launch.c").write_text(LAUNCHER)
+    _launcher[:] = [str(build(tmp / "launch.c", tmp / "launch", ["-O2"])), str(tmp / "launch.out")]
+    src = BENCH / "allocbench.c"
+    flags = ["-O2", "-g", "-pthread"]
+    bins = {
+        "plain": build(src, tmp / "allocbench-plain", flags),
+        "instrumented": build(src, tmp / "allocbench-instr", flags + ["-finstrument-functions"]),
+    }
+    counters = {
+        "plain": build(BENCH / "stackcount.c", tmp / "stackcount-plain", flags, ["-ldl"]),
+        "instrumented": build(BENCH / "stackcount.c", tmp / "stackcount-instr",
+                              flags + ["-finstrument-functions"], ["-ldl"]),
+    }
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
+    snaps = tmp / "snaps"
+    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps))
+    tagged_q0 = dict(tagged, LIBTAG_QUARANTINE="0")
+
+    iters = args.iters
+    if not iters:
+        probe = 200000
+        dt, _ = timed([str(bins["plain"]), str(THREADS), str(probe)], clean)
+        iters = max(100000, int(probe * args.target / dt) // 100000 * 100000)
+    ops = iters * THREADS
+    vg_iters = max(1000, iters // args.valgrind_div)
+    print(f"allocbench: {THREADS} threads x {iters} iterations = {ops} ops per run "
+          f"(memcheck: {vg_iters} iterations per thread); median of {args.reps}")
+
+    configs = [("base", clean), ("libtag", tagged), ("libtag Q=0", tagged_q0)]
+    res = {(b, c): [] for b in bins for c, _ in configs}
+    for b in bins:
+        res[(b, "heaptrack")] = []
+        res[(b, "memcheck")] = []
+    have_ht = shutil.which("heaptrack") and not args.no_heaptrack
+    have_vg = shutil.which("valgrind") and not args.no_valgrind
+    for rep in range(args.reps):
+        for b, exe in bins.items():
+            for c, env in configs:
+                res[(b, c)].append(timed([str(exe), str(THREADS), str(iters)], env))
+            if have_ht and rep < args.heaptrack_reps:
+                out = tmp / "ht"
+                res[(b, "heaptrack")].append(timed(["heaptrack", "-o", str(out), str(exe),
+                                                    str(THREADS), str(iters)], clean))
+                for f in glob.glob(f"{out}*"):
+                    os.unlink(f)
+            if have_vg and rep < args.valgrind_reps:
+                dt, rss = timed(["valgrind", "--tool=memcheck", "-q", str(exe), str(THREADS),
+                                 str(vg_iters)], clean)
+                # scale per operation to the full iteration count
+                res[(b, "memcheck")].append((dt * iters / vg_iters, rss))
+        print(f"  rep {rep + 1}/{args.reps} done", file=sys.stderr)
+    shutil.rmtree(snaps, ignore_errors=True)
+
+    # ---------------------------------------------------------------- time
+    rows, verdict = [], []
+    targets = {"plain": 3.0, "instrumented": 1.5}
+    for b in bins:
+        base = med([t for t, _ in res[(b, "base")]])
+        for c in ["base", "libtag", "libtag Q=0", "heaptrack", "memcheck"]:
+            ts = [t for t, _ in res[(b, c)]]
+            if not ts:
+                continue
+            m = med(ts)
+            note = f" (÷{args.valgrind_div} iters, scaled)" if c == "memcheck" else ""
+            rows.append([f"{b}: {c}{note}", len(ts), f"{m:.3f}", spread(ts), f"{m / ops * 1e9:.0f}",
+                         f"{(m - base) / ops * 1e9:+.0f}" if c != "base" else "-",
+                         f"{m / base:.2f}x"])
+        lt = med([t for t, _ in res[(b, "libtag")]])
+        ok = lt / base <= targets[b]
+        verdict.append([b, f"{lt / base:.2f}x", f"≤ {targets[b]}x", "meets" if ok else "MISSES"])
+    table("Time (wall seconds, median; ± = half the min-max range; ratio vs base of the same binary)",
+          ["run", "n", "seconds", "spread", "ns/op", "extra ns/op", "ratio"], rows, args.markdown)
+    table("SPEC §6 allocation overhead", ["binary", "libtag / base", "target", ""], verdict, args.markdown)
+
+    # -------------------------------------------------------------- memory
+    live = THREADS * WINDOW
+    payload, extra = expected_overhead()
+    mrows = []
+    for b in bins:
+        rb = med([r for _, r in res[(b, "base")]])
+        rt = med([r for _, r in res[(b, "libtag")]])
+        rq = med([r for _, r in res[(b, "libtag Q=0")]])
+        rh = med([r for _, r in res[(b, "heaptrack")]]) if res[(b, "heaptrack")] else None
+        mrows.append([b, f"{rb / 1024:.1f}", f"{rt / 1024:.1f}", f"{rq / 1024:.1f}",
+                      f"{(rq - rb) * 1024 / live:.0f}", f"{(rt - rq) / 1024:.2f}",
+                      f"{rh / 1024:.1f}" if rh else "-"])
+    table(f"Memory (peak RSS MiB, median; live blocks = {THREADS} threads x {WINDOW} = {live})",
+          ["binary", "base", "libtag", "libtag Q=0", "bytes/live block (Q=0 - base)",
+           "quarantine MiB (libtag - Q=0)", "heaptrack (whole pipeline)"], mrows, args.markdown)
+    print(f"expected from the layout: mean payload {payload:.0f} B; 32 B tag + 8 B canary + "
+          f"16 B minimum payload, rounded to glibc's 16-byte chunks, add {extra:.1f} B per block "
+          f"({extra / payload * 100:.1f}% of the payload) -> {extra * live / 2**20:.2f} MiB for {live} "
+          f"live blocks; quarantine budget {THREADS} x 1 MiB of requested bytes")
+
+    # --------------------------------------------------------- stack table
+    srows = []
+    for b, exe in counters.items():
+        out = subprocess.run([str(exe), str(THREADS), str(iters)], env=tagged, capture_output=True,
+                             text=True, check=True).stdout
+        line = [l for l in out.splitlines() if l.startswith("stack_count")][0].split()
+        kv = dict(zip(line[0::2], line[1::2]))
+        n = int(kv["stack_count"])
+        srows.append([b, n, kv["stack_full"], f"{n * 16 / 1024:.1f}", kv["table_map_kib"],
+                      kv["table_rss_kib"], kv["shadow_overflows"]])
+    table("Stack table after one full allocbench run (bench/stackcount.c)",
+          ["binary", "stack nodes", "full", "node bytes KiB (16 B/node)", "table mapping KiB",
+           "table resident KiB", "shadow overflows"], srows, args.markdown)
+
+    # ----------------------------------------------------------- callgrind
+    if have_vg:
+        cg = args.callgrind_iters
+        cops = cg * THREADS
+        crow, tops = [], {}
+        runs = [("plain", "base", clean), ("plain", "libtag", tagged),
+                ("instrumented", "base", clean), ("instrumented", "libtag", tagged)]
+        totals = {}
+        for b, c, env in runs:
+            total, funcs = callgrind([str(bins[b]), str(THREADS), str(cg)], env, tmp / "cg.out")
+            totals[(b, c)] = total
+            if c == "libtag":
+                tops[b] = (total, funcs)
+        for b in bins:
+            tb, tl = totals[(b, "base")], totals[(b, "libtag")]
+            crow.append([b, f"{tb / cops:.0f}", f"{tl / cops:.0f}", f"{(tl - tb) / cops:+.0f}",
+                         f"{tl / tb:.2f}x"])
+        table(f"Instructions per op (callgrind, {THREADS} x {cg} iterations; deterministic)",
+              ["binary", "base Ir/op", "libtag Ir/op", "extra Ir/op", "ratio"], crow, args.markdown)
+        for b, (total, funcs) in tops.items():
+            table(f"Top 10 functions by own instructions: {b} allocbench under libtag "
+                  f"(total {total:,} Ir = {total / cops:.0f}/op)",
+                  ["function", "Ir", "share", "Ir/op"],
+                  [[short(f), f"{ir:,}", f"{ir / total * 100:.1f}%", f"{ir / cops:.0f}"]
+                   for ir, f in funcs], args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

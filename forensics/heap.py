@@ -82,7 +82,18 @@ class Heap:
                  cache_path: str | os.PathLike[str] | None = None) -> None:
         self.mem = mem
         self.warnings: list[str] = []
-        self.control_addr, self.control = abi.find_control(mem)
+        # Robustness fix: a core cut short (full disk, interrupted copy) was
+        # read as if whole - the scan saw only the dumped bytes of a cut
+        # segment and the answer said nothing about the blocks it lost.
+        cut = _truncation(mem)
+        try:
+            self.control_addr, self.control = abi.find_control(mem)
+        except abi.NoLibtagError as exc:
+            if cut:  # the control block may be in the part that is missing
+                raise abi.NoLibtagError(f"{exc.message} - or it is in the missing part: {cut}") from None
+            raise
+        if cut:
+            self.warnings.append(f"{cut}: blocks, stacks and threads there are not read")
         self._check_control()
         self.secret = int(self.control.secret)
         self._read_stack_table()
@@ -100,6 +111,7 @@ class Heap:
                 self._write_cache(cache_path, cache_key, index)
         self._index = index
         self._end = index["start"] + index["size"]
+        self._check_canaries()
 
     # ------------------------------------------------------------- control --
 
@@ -246,14 +258,31 @@ class Heap:
         """
         nodes, out = self._nodes, []
         i, n = int(stack_id), len(self._nodes)
+        # Robustness fix: a lying table used to give a silently short stack,
+        # and a node of an unknown kind reached the symbolizer, which raised
+        # ValueError (exit 3).  Each problem is now a warning, and the walk
+        # stops at the node that cannot be trusted.
+        if i >= n and n:
+            self._warn_once(f"stack id {i} is beyond the stack table's {n} nodes: its frames are unknown")
         while 0 < i < n:
             node = nodes[i]
-            out.append((int(node["pc"]), int(node["kind"])))
+            kind = int(node["kind"])
+            if kind not in abi.FRAME_KIND_NAMES:
+                self._warn_once(f"corrupt stack table: node {i} has unknown frame kind {kind}; "
+                                f"stack {stack_id} is cut there")
+                break
+            out.append((int(node["pc"]), kind))
             parent = int(node["parent"])
             if parent >= i:
+                self._warn_once(f"corrupt stack table: node {i}'s parent {parent} is not below it "
+                                f"(a cycle or a forward link); stack {stack_id} is cut there")
                 break
             i = parent
         return out
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     @property
     def threads(self) -> list[ThreadState]:
@@ -342,7 +371,16 @@ class Heap:
         ]
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
-        return [(a, b) for a, b in out if a]
+        # Robustness fix: a corrupt capacity (0xffffffff) made these ranges
+        # terabytes long, and the scans skipped the program's heap and stacks
+        # after them without a word.  Each table lies in its own mapping, so
+        # a range never extends past the region its start is in.
+        clipped = []
+        for a, b in out:
+            region = self._region_of(a) if a else None
+            if region is not None:
+                clipped.append((a, min(b, region.end)))
+        return clipped
 
     def _scan_regions(self) -> list[Region]:
         return clip_regions([r for r in self.mem.regions() if r.writable], self.own_ranges())
@@ -412,7 +450,8 @@ class Heap:
         g32 = g.view("<u4")  # m x 12: magic, check, size_state (2), stack, tid, time, pad, free rec (4)
         size_state = g[:, 1]
         ok = g32[:, 1] == abi.np_tag_check(tag_addr, self.secret, size_state, g[:, 2], g[:, 3])
-        state64 = size_state >> np.uint64(abi.TAG_STATE_SHIFT)  # bits 56..63 must be 0
+        # bits 48..55 the state, bit 56 TAG_FLAG_REPORTED, 57..63 must be 0
+        state64 = (size_state & ~np.uint64(abi.TAG_FLAG_REPORTED)) >> np.uint64(abi.TAG_STATE_SHIFT)
         ok &= (state64 == abi.TAG_STATE_LIVE) | (state64 == abi.TAG_STATE_FREED)
         size = size_state & np.uint64(abi.TAG_SIZE_MASK)
         room = np.uint64(length - abi.TAG_SIZE) - off  # payload bytes left in the region
@@ -440,6 +479,46 @@ class Heap:
             "free_time": np.where(free_ok, free_time, zero),
             "free_ok": free_ok,
         }
+
+    def _check_canaries(self) -> None:
+        """Robustness fix: an overflow that smashed the canary after a live
+        block - and the tag of the block after it, which then no longer
+        validates and drops out of every answer - went unsaid unless libtag
+        had caught it first.  Every live block's canary is checked in bulk
+        (vectorised per region, in chunks); the smashed ones are a warning
+        naming the overflowing blocks."""
+        x = self._index
+        live = np.flatnonzero(x["state"] == abi.TAG_STATE_LIVE)
+        if not len(live):
+            return
+        at = x["start"][live] + x["size"][live]  # canary addresses, sorted (blocks do not overlap)
+        smashed: list[int] = []
+        lanes = np.arange(abi.TAG_CANARY_SIZE, dtype=np.int64)
+        for region in self.mem.regions():
+            if not region.writable:
+                continue
+            try:
+                arr = region.array
+            except CoreReadError:
+                continue
+            if len(arr) < abi.TAG_CANARY_SIZE:
+                continue
+            lo = int(np.searchsorted(at, np.uint64(region.start), "left"))
+            last = np.uint64(region.start + len(arr) - abi.TAG_CANARY_SIZE)
+            hi = int(np.searchsorted(at, last, "right"))
+            for c in range(lo, hi, 1 << 20):
+                sel = live[c:min(hi, c + (1 << 20))]
+                off = (at[c:c + len(sel)] - np.uint64(region.start)).astype(np.int64)
+                got = arr[off[:, None] + lanes].copy().view("<u8").ravel()
+                want = abi.np_tag_canary(x["start"][sel] - np.uint64(abi.TAG_SIZE), self.secret)
+                smashed.extend(sel[got != want].tolist())
+        if smashed:
+            shown = ", ".join(f"{int(x['start'][i]):#x} ({int(x['size'][i])} bytes)" for i in smashed[:5])
+            more = f" and {len(smashed) - 5} more" if len(smashed) > 5 else ""
+            self.warnings.append(
+                f"heap overflow: the canary after {len(smashed)} live block(s) is smashed - "
+                f"written past their end: {shown}{more}; a block right after one may have lost "
+                f"its tag and be missing from the answers")
 
     # ---------------------------------------------------------------- cache --
 
@@ -578,6 +657,18 @@ class Heap:
         nbytes = np.bincount(inv, weights=self._index["size"][sel].astype(np.float64), minlength=len(ids))
         order = np.lexsort((ids, -nbytes))
         return [(int(ids[j]), int(counts[j]), int(nbytes[j])) for j in order]
+
+
+def _truncation(mem: Memory) -> str | None:
+    """What a core cut short lost ("truncated core: ..."), None if it is whole
+    (or mem is not a core)."""
+    core = getattr(mem, "core", None)
+    cut = [s for s in getattr(core, "segments", ()) if s.truncated]
+    if not cut:
+        return None
+    lost = sum(min(s.filesz, s.memsz) - s.dumped for s in cut)
+    return (f"truncated core: {core.path} is {core.file_size} bytes and lacks {lost} bytes "
+            f"of {len(cut)} segments from {cut[0].vaddr:#x} on")
 
 
 def _resolve_overlaps(index: dict[str, np.ndarray]) -> np.ndarray | None:

@@ -46,6 +46,8 @@
 #define TAG_FREE_PATTERN 0xfdu
 #define TAG_SIZE_MASK    0x0000ffffffffffffull /* size_state bits 0..47 */
 #define TAG_STATE_SHIFT  48
+#define TAG_FLAG_REPORTED (1ull << 56)         /* an overflow of this block
+                                                  was reported already */
 
 enum libtag_state {
     TAG_STATE_LIVE  = 1,  /* handed to the program, not freed */
@@ -57,7 +59,8 @@ struct libtag_tag {
     uint32_t check;       /* tag_check_value(): address, fields and secret; a
                              mismatch means user bytes or a smashed tag */
     uint64_t size_state;  /* bits 0..47: requested size in bytes (0 allowed);
-                             bits 48..55: enum libtag_state; 56..63: zero */
+                             bits 48..55: enum libtag_state; bit 56:
+                             TAG_FLAG_REPORTED; 57..63: zero */
     uint32_t alloc_stack; /* stack table id of the allocating stack; 0 = none */
     uint32_t alloc_tid;   /* kernel thread id that allocated the block */
     uint32_t alloc_time;  /* ms since start_mono_ns when it was allocated */

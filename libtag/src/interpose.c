@@ -55,6 +55,8 @@ static void *tag_alloc(size_t size, size_t align, int zero, void *ret, void *fra
     }
     uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms());
+    if (_tag_opt.sweep_every)
+        _tag_sweep_remember(t, user);
     struct libtag_thread *r = t->rec;
     if (TAG_LIKELY(!t->overflow_rec)) {
         r->allocs++;
@@ -72,7 +74,8 @@ static int check_block(void *ptr, void *ret, void *frame)
 {
     switch (_tag_lookup(ptr)) {
     case TAG_IS_LIVE:
-        if (TAG_UNLIKELY(!_tag_canary_ok(ptr))) {
+        if (TAG_UNLIKELY(!_tag_canary_ok(ptr)) && !_tag_reported(_tag_of(ptr))) {
+            _tag_mark_reported(ptr);
             _tag_anomaly(TAG_ANOMALY_HEAP_OVERFLOW, ptr, ptr, ret, frame);
             /* the block itself is sound: go on and free it */
         }

@@ -77,6 +77,9 @@ struct tag_tls {
      * re-intern of everything above it. */
     uint32_t used_parent[TAG_SHADOW_MAX];
     uint64_t used_site[TAG_SHADOW_MAX];
+    uint32_t hook_calls;             /* enters since the last sweep */
+    uint32_t recent_next;
+    void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
     struct tag_quarantine *quarantine;
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
 };
@@ -120,8 +123,15 @@ void _tag_stack_table_atfork_child(void);
 /* ----------------------------------------------------- shadow_stack.c */
 /* The stack of the current allocation: the shadow stack plus ret (the
  * return address into the caller of the malloc-family function) or, in a
- * thread with no instrumented frame, a frame-pointer walk from frame. */
+ * thread with no instrumented frame, a frame-pointer walk from frame.
+ * ret NULL (from a trace hook): the shadow stack alone. */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
+
+/* ------------------------------------------------------------ sweep.c */
+#define TAG_SWEEP_RECENT 64
+void _tag_sweep_remember(struct tag_tls *t, void *user);
+/* Check the recent blocks' canaries; reports heap-overflow anomalies. */
+void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
 
 /* -------------------------------------------------------------- tag.c */
 static inline struct libtag_tag *_tag_of(const void *user)
@@ -139,6 +149,13 @@ static inline uint32_t _tag_state(const struct libtag_tag *t)
 /* Write a live tag and canary for a block of size bytes at user. */
 void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
                      uint32_t tid, uint32_t now);
+/* Mark a live block's overflow as reported, so free() does not report it
+ * a second time. */
+void _tag_mark_reported(void *user);
+static inline int _tag_reported(const struct libtag_tag *t)
+{
+    return (t->size_state & TAG_FLAG_REPORTED) != 0;
+}
 /* Is user a live/freed block of ours?  Reads only memory on user's page
  * or, when the tag straddles a page, checks the page is mapped first. */
 enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };

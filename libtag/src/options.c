@@ -21,7 +21,7 @@ struct tag_options _tag_opt = {
     .stack_nodes = 1u << 20,
     .quarantine_bytes = 1u << 20,
     .quarantine_fill = 64,
-    .sweep_every = 0,
+    .sweep_every = 4096,
     .dir = "",
 };
 

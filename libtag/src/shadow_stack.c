@@ -36,6 +36,10 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     } else {
         t->shadow.overflows++;
     }
+    if (TAG_UNLIKELY(++t->hook_calls == _tag_opt.sweep_every)) {
+        t->hook_calls = 0;
+        _tag_sweep(t, NULL, __builtin_frame_address(0));
+    }
 }
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
@@ -72,6 +76,8 @@ static uint32_t capture_shadow(struct tag_tls *t, void *ret)
         t->entry_fn = s->fn[d - 1];
         t->entry_id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
     }
+    if (!ret)  /* from inside a trace hook: the shadow stack is the stack */
+        return t->entry_id;
     return _tag_intern(t, t->entry_id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)ret);
 }
 

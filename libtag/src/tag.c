@@ -41,6 +41,13 @@ static int tag_readable(const struct libtag_tag *t, const void *user)
     return ok;
 }
 
+void _tag_mark_reported(void *user)
+{
+    struct libtag_tag *t = _tag_of(user);
+    t->size_state |= TAG_FLAG_REPORTED;
+    t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
+}
+
 enum tag_lookup _tag_lookup(const void *user)
 {
     const struct libtag_tag *t = _tag_of(user);
@@ -89,7 +96,8 @@ void _tag_write_freed(void *user, uint32_t stack, uint32_t tid, uint32_t now)
     f->free_time = now;
     f->check = free_rec_check_value(addr, _tag_ctl.secret, f);
     memset((char *)user + TAG_MIN_PAYLOAD, TAG_FREE_PATTERN, fill_len(t));
-    t->size_state = _tag_size(t) | (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
+    t->size_state = _tag_size(t) | (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT |
+                    (t->size_state & TAG_FLAG_REPORTED);
     t->check = tag_check_value(addr, _tag_ctl.secret, t);
 }
 

@@ -1,0 +1,54 @@
+"""The periodic sweep: a heap overflow of a block that is not freed is caught
+from the trace hooks (every LIBTAG_SWEEP instrumented entries), once.
+
+GIVEN snap_sweep, which writes 8 bytes past a 40-byte block and then makes
+20000 instrumented calls before freeing it
+WHEN it runs under libtag with LIBTAG_SWEEP=1000
+THEN exactly one heap-overflow snapshot exists, taken before the free (its
+     detecting stack is busy_step, not free's caller), naming the block
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _support():
+    name = "forensics_tests_snapshot_support"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("test_snapshot_support.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+S = _support()
+
+
+def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim, tmp_path):
+    from forensics import snapshots
+    from forensics.analysis import Snapshot
+
+    exe = build_victim("snap_sweep")
+    snaps = tmp_path / "snaps"
+    env = S.victim_env("self", snaps, LIBTAG_SWEEP="1000")
+    proc = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "survived"
+    address = int(proc.stdout.splitlines()[0].split("=")[1], 16)
+
+    dirs = S.snapshot_dirs(snaps)
+    assert [d.name.split("-")[-2:] for d in dirs] == [["heap", "overflow"]], dirs
+    snap_dir = snapshots.wait_complete(dirs[0], 60)
+    with Snapshot.open(snapshots.find_core(snap_dir.path)) as snap:
+        a = snap.heap.anomaly
+        assert a.kind == "heap-overflow"
+        assert a.address == address
+        assert a.block.size == 40 and a.block.state == "live"
+        functions = [f.function for f in snap.stack(a.stack)]
+        assert functions[:2] == ["busy_step", "main"], functions

@@ -22,13 +22,19 @@ def crash_frames(snap: Snapshot, tid: int):
     """The faulting thread's stack: the faulting instruction, then its shadow
     stack (libtag records no stack id in the signal handler: no locks there)."""
     t = snap.heap.thread(tid)
-    raw = []
     regs = t.regs if t is not None else None
-    if regs and regs.get("rip"):
-        raw.append((regs["rip"], abi.TAG_FRAME_ENTRY))  # the pc itself, not a return address
-    if t is not None:
-        raw.extend(t.shadow)
-    return snap.symbolize(raw)
+    shadow = snap.symbolize(t.shadow) if t is not None else []
+    if not (regs and regs.get("rip")):
+        return shadow
+    # the pc itself, not a return address (ENTRY: looked up as is)
+    pc = snap.symbolize([(regs["rip"], abi.TAG_FRAME_ENTRY)])
+    # The shadow stack starts with the ENTRY of the innermost instrumented
+    # function; when the pc is in that function they are one frame, not two
+    # ("crash_read, crash_read, main").
+    if (shadow and t.shadow[0][1] == abi.TAG_FRAME_ENTRY and pc[0].function is not None
+            and (pc[0].function, pc[0].module) == (shadow[0].function, shadow[0].module)):
+        shadow = shadow[1:]
+    return pc + shadow
 
 
 def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
@@ -42,11 +48,15 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
     anomalies = []
     a = heap.anomaly
     if a is not None:
-        snap.prefetch([a.stack] + ([a.block.alloc_stack, a.block.free_stack or 0] if a.block else []))
+        # libtag records no block for an invalid free (it is not a block's
+        # start); when the address is inside a tagged block, that block is the
+        # one the user needs (free(p + 32) of a live p).
+        block = a.block if a.block is not None else heap.block_at(a.address)
+        snap.prefetch([a.stack] + ([block.alloc_stack, block.free_stack or 0] if block else []))
         anomalies.append({
             "kind": a.kind,
             "address": hexaddr(a.address),
-            "block": block_json(a.block, snap.stack, offset=a.address - a.block.start) if a.block else None,
+            "block": block_json(block, snap.stack, offset=a.address - block.start) if block else None,
             "stack": frames_json(snap.stack(a.stack)),
             "thread": a.thread,
         })

@@ -33,9 +33,11 @@ def _core_path(args: argparse.Namespace) -> str:
     if args.core:
         return args.core
     if args.pid is not None:
-        from forensics.snapshots import take_snapshot
+        # forensics.snapshots has no take_snapshot: the snapshot verb's take()
+        # signals the process, waits for a complete core and catalogs it.
+        from forensics.commands.snapshot import take
 
-        return str(take_snapshot(args.pid).core)
+        return take(args.pid, timeout=30.0)["core"]
     from forensics import catalog
 
     newest = catalog.newest()

@@ -25,7 +25,7 @@ from forensics.pointers import Edges, build_edges
 Progress = Callable[[int, int], None]
 
 # bumped when the edge cache's meaning changes
-_EDGES_VERSION = 1
+_EDGES_VERSION = 2  # 2: forensics.cachefile format
 
 
 @dataclass(frozen=True)
@@ -184,44 +184,33 @@ class Snapshot:
                                self.heap.own_ranges())
         edges = build_edges(regions, idx["start"], idx["size"], progress=self._progress)
         if path and key:
-            _save_edges(path, key, edges, np)
+            _save_edges(path, key, edges)
         return edges
 
 
 def _load_edges(path: str, key) -> Edges | None:
     import numpy as np
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    from forensics import cachefile
+
+    data = cachefile.load(path, [_EDGES_VERSION, key[0], key[1]])
+    if data is None:
         return None
     try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            return None
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = np.load(f, allow_pickle=False)
-            meta = [int(x) for x in data["meta"]]
-            if meta != [_EDGES_VERSION, key[0], key[1]]:
-                return None
-            return Edges.from_arrays(data)
-    except (OSError, ValueError, KeyError):
+        edges = Edges.from_arrays(data)
+    except KeyError:
         return None
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    # arrays of unequal lengths or unsorted targets (a scribbled cache) would
+    # give wrong referrers: rebuild instead
+    n = len(edges.source)
+    if (edges.source.ndim, edges.target.ndim, edges.interior.ndim) != (1, 1, 1) \
+            or (len(edges.target), len(edges.interior)) != (n, n) \
+            or (n > 1 and bool(np.any(edges.target[1:] < edges.target[:-1]))):
+        return None
+    return edges
 
 
-def _save_edges(path: str, key, edges: Edges, np) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, meta=np.array([_EDGES_VERSION, key[0], key[1]], np.int64), **edges.to_arrays())
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+def _save_edges(path: str, key, edges: Edges) -> None:
+    from forensics import cachefile
+
+    cachefile.save(path, [_EDGES_VERSION, key[0], key[1]], edges.to_arrays())

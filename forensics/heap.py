@@ -24,22 +24,20 @@ answer, or a HeapFormatError when nothing sensible can be said.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from forensics import abi
+from forensics import abi, cachefile
 from forensics.core.errors import CoreReadError
 from forensics.core.notes import REG_NAMES
 from forensics.errors import InputError
 from forensics.memory import Memory, Region, clip_regions
 from forensics.model import Anomaly, Block, Crash, RawFrame, ThreadState
 
-CACHE_VERSION = 1
+CACHE_VERSION = 3  # 2: the smashed-canary answer is cached too; 3: forensics.cachefile
 MAX_STACK_NODES = 1 << 28  # options.c's bound on LIBTAG_STACK_NODES
 MAX_THREADS = 1 << 16  # far above thread.c's THREAD_CAPACITY (16384)
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
@@ -107,11 +105,16 @@ class Heap:
             self.from_cache = index is not None
         if index is None:
             index = self._scan(progress)
+            self._index = index
+            # the canary check touches a page per live block: do it once per
+            # core and keep its answer in the cache with the index
+            index["smashed"] = self._smashed_canaries()
             if cache_path and cache_key:
                 self._write_cache(cache_path, cache_key, index)
+        smashed = index.pop("smashed")
         self._index = index
         self._end = index["start"] + index["size"]
-        self._check_canaries()
+        self._warn_smashed(smashed)
 
     # ------------------------------------------------------------- control --
 
@@ -480,7 +483,7 @@ class Heap:
             "free_ok": free_ok,
         }
 
-    def _check_canaries(self) -> None:
+    def _smashed_canaries(self) -> np.ndarray:
         """Robustness fix: an overflow that smashed the canary after a live
         block - and the tag of the block after it, which then no longer
         validates and drops out of every answer - went unsaid unless libtag
@@ -490,10 +493,9 @@ class Heap:
         x = self._index
         live = np.flatnonzero(x["state"] == abi.TAG_STATE_LIVE)
         if not len(live):
-            return
+            return np.zeros(0, np.int64)
         at = x["start"][live] + x["size"][live]  # canary addresses, sorted (blocks do not overlap)
         smashed: list[int] = []
-        lanes = np.arange(abi.TAG_CANARY_SIZE, dtype=np.int64)
         for region in self.mem.regions():
             if not region.writable:
                 continue
@@ -506,12 +508,21 @@ class Heap:
             lo = int(np.searchsorted(at, np.uint64(region.start), "left"))
             last = np.uint64(region.start + len(arr) - abi.TAG_CANARY_SIZE)
             hi = int(np.searchsorted(at, last, "right"))
+            # every byte offset as an (unaligned, overlapping) u64: one
+            # gather reads all canaries, 8 bytes each, with no copy first
+            words = np.ndarray((len(arr) - abi.TAG_CANARY_SIZE + 1,), dtype="<u8",
+                               buffer=arr, offset=0, strides=(1,))
             for c in range(lo, hi, 1 << 20):
                 sel = live[c:min(hi, c + (1 << 20))]
                 off = (at[c:c + len(sel)] - np.uint64(region.start)).astype(np.int64)
-                got = arr[off[:, None] + lanes].copy().view("<u8").ravel()
+                got = words[off]
                 want = abi.np_tag_canary(x["start"][sel] - np.uint64(abi.TAG_SIZE), self.secret)
                 smashed.extend(sel[got != want].tolist())
+        return np.array(smashed, dtype=np.int64)
+
+    def _warn_smashed(self, smashed: np.ndarray) -> None:
+        x = self._index
+        smashed = smashed.tolist()
         if smashed:
             shown = ", ".join(f"{int(x['start'][i]):#x} ({int(x['size'][i])} bytes)" for i in smashed[:5])
             more = f" and {len(smashed) - 5} more" if len(smashed) > 5 else ""
@@ -523,54 +534,35 @@ class Heap:
     # ---------------------------------------------------------------- cache --
 
     def _load_cache(self, path: str, key: tuple[int, int]) -> dict[str, np.ndarray] | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None  # absent, a symlink, unreadable: scan and rewrite
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                return None
-            with os.fdopen(fd, "rb", closefd=False) as f, np.load(f, allow_pickle=False) as z:
-                meta = z["meta"]
-                want = np.array([CACHE_VERSION, key[0], key[1], self.control_addr, self.secret],
-                                dtype=np.uint64)
-                if meta.dtype != np.uint64 or meta.shape != want.shape or not np.array_equal(meta, want):
-                    return None
-                index = {}
-                for name, dt in _INDEX_FIELDS.items():
-                    a = z[name]
-                    if a.dtype != np.dtype(dt) or a.ndim != 1:
-                        return None
-                    index[name] = a
-            n = len(index["start"])
-            if any(len(a) != n for a in index.values()):
-                return None
-            if n > 1 and np.any(index["start"][1:] <= index["start"][:-1]):
-                return None
-            return index
-        except Exception:  # noqa: BLE001 - any unreadable cache is only ignored
+        """The cached index (mapped, not read: see forensics.cachefile), or
+        None when it is absent, foreign, stale or does not parse."""
+        meta = [CACHE_VERSION, key[0], key[1], self.control_addr, self.secret]
+        z = cachefile.load(path, meta)
+        if z is None:
             return None
-        finally:
-            os.close(fd)
+        index = {}
+        for name, dt in _INDEX_FIELDS.items():
+            a = z.get(name)
+            if a is None or a.dtype != np.dtype(dt) or a.ndim != 1:
+                return None
+            index[name] = a
+        smashed = z.get("smashed")
+        n = len(index["start"])
+        if any(len(a) != n for a in index.values()) or smashed is None:
+            return None
+        if n > 1 and np.any(index["start"][1:] <= index["start"][:-1]):
+            return None
+        if smashed.dtype != np.int64 or smashed.ndim != 1 or (
+                len(smashed) and (smashed.min() < 0 or smashed.max() >= n)):
+            return None
+        index["smashed"] = smashed
+        return index
 
     def _write_cache(self, path: str, key: tuple[int, int], index: dict[str, np.ndarray]) -> None:
-        meta = np.array([CACHE_VERSION, key[0], key[1], self.control_addr, self.secret], dtype=np.uint64)
-        directory = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            self.warnings.append(f"index cache not written to {path}: {exc.strerror or exc}")
-            return
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, meta=meta, **index)
-            os.replace(tmp, path)
-        except OSError as exc:
-            self.warnings.append(f"index cache not written to {path}: {exc.strerror or exc}")
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        meta = [CACHE_VERSION, key[0], key[1], self.control_addr, self.secret]
+        err = cachefile.save(path, meta, index)
+        if err:
+            self.warnings.append(f"index cache not written to {path}: {err}")
 
     # -------------------------------------------------------------- answers --
 
@@ -652,11 +644,14 @@ class Heap:
         """[(alloc stack id, blocks, bytes)] of the blocks in state, most bytes first."""
         code = abi.TAG_STATE_LIVE if state == "live" else abi.TAG_STATE_FREED
         sel = self._index["state"] == code
-        ids, inv = np.unique(self._index["alloc_stack"][sel], return_inverse=True)
-        counts = np.bincount(inv, minlength=len(ids))
-        nbytes = np.bincount(inv, weights=self._index["size"][sel].astype(np.float64), minlength=len(ids))
-        order = np.lexsort((ids, -nbytes))
-        return [(int(ids[j]), int(counts[j]), int(nbytes[j])) for j in order]
+        # Stack ids are dense indexes into the stack table: count by id
+        # directly (O(n)), no sort of a million ids (np.unique was 0.2 s).
+        stacks = self._index["alloc_stack"][sel]
+        counts = np.bincount(stacks)
+        nbytes = np.bincount(stacks, weights=self._index["size"][sel].astype(np.float64))
+        ids = np.flatnonzero(counts)
+        order = np.lexsort((ids, -nbytes[ids]))
+        return [(int(ids[j]), int(counts[ids[j]]), int(nbytes[ids[j]])) for j in order]
 
 
 def _truncation(mem: Memory) -> str | None:

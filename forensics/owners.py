@@ -160,4 +160,8 @@ def to_json(snap: Snapshot, o: Owner) -> dict:
     if o.near is not None:
         b, past = o.near
         doc["near"] = {"block": block_json(b, snap.stack), "past_end": past}
+    # Robustness fix: what the reader could not read or trust (a cut core, a
+    # corrupt table) was said by inspect but not by whoowns.  Last: reading
+    # the stacks above may add some.
+    doc["warnings"] = list(snap.heap.warnings)
     return doc

@@ -194,3 +194,69 @@ def show_inspect(doc: dict) -> None:
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):
         err_console().print(f"[yellow]warning:[/yellow] {w}")
+
+
+# ------------------------------------------------------- leaks, diff, trend --
+
+
+def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
+    """inspect --leaks: the lost blocks by kind and allocation stack."""
+    con = out_console()
+    if not leaks:
+        con.print("\n[bold]leaks[/bold] none: every live block is reachable from a root")
+        return
+    totals: dict[str, list[int]] = {}
+    for g in leaks:
+        t = totals.setdefault(g["kind"], [0, 0])
+        t[0] += g["blocks"]
+        t[1] += g["bytes"]
+    con.print("\n[bold]leaks[/bold] " + "; ".join(
+        f"{k}: {b} bytes in {n} blocks" for k, (n, b) in totals.items()))
+    for i, g in enumerate(leaks[:limit], 1):
+        extra = ""
+        if g.get("indirect_bytes"):
+            extra = f" (+{g['indirect_bytes']} bytes in {g['indirect_blocks']} blocks lost through them)"
+        age = g.get("age_ms") or {}
+        when = f", allocated {age['oldest']}-{age['newest']} ms before the snapshot" if age else ""
+        color = {"definite": "red", "indirect": "yellow"}.get(g["kind"], "magenta")
+        con.print(stack_tree(f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {g['bytes']} bytes in "
+                             f"{g['blocks']} blocks{extra}{when}", g["stack"], limit=8))
+    if len(leaks) > limit:
+        con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
+
+
+def show_diff(doc: dict, *, top: int = 20) -> None:
+    con = out_console()
+    o, n = doc["old"], doc["new"]
+    con.print(f"[bold]old[/bold] {o['core']}: {o['live_blocks']} live blocks, {o['live_bytes']} bytes")
+    con.print(f"[bold]new[/bold] {n['core']}: {n['live_blocks']} live blocks, {n['live_bytes']} bytes")
+    if not doc.get("same_process"):
+        con.print("[dim]different processes: stacks matched by their frames, no block survives[/dim]")
+    con.print(f"{doc['new_blocks']} new blocks ({doc.get('new_bytes', 0)} bytes), "
+              f"{doc['gone_blocks']} gone ({doc.get('gone_bytes', 0)} bytes), "
+              f"{doc.get('survived_blocks', 0)} survived")
+    growth = doc["growth"]
+    if not growth:
+        con.print("\n[bold]growth[/bold] none")
+    for i, g in enumerate(growth[:top], 1):
+        con.print(stack_tree(
+            f"#{i}: [bold]{g['bytes']:+d} bytes, {g['blocks']:+d} blocks[/bold] "
+            f"({g['old']['blocks']} -> {g['new']['blocks']} blocks; {g['survived']} survived, "
+            f"{g['added']} new, {g['gone']} gone; {round(100 * g['same_size_share'])}% of the new "
+            f"are {g['common_size']} bytes)", g["stack"], limit=8))
+    if len(growth) > top:
+        con.print(f"[dim]... {len(growth) - top} more stacks (--json has them all)[/dim]")
+
+
+def show_trend(doc: dict) -> None:
+    con = out_console()
+    snaps = doc["snapshots"]
+    con.print(table("snapshots", ["#", "core", "time ms", "live blocks", "live bytes"],
+                    [(i, s["core"], s["time_ms"], s["live_blocks"], s["live_bytes"])
+                     for i, s in enumerate(snaps, 1)]))
+    con.print(f"\n[bold]{doc['monotonic_stacks']}[/bold] stacks grow monotonically")
+    for s in doc["stacks"]:
+        flag = "[bold red]grows[/bold red] " if s["monotonic"] else ""
+        series = " -> ".join(str(b) for b in s["bytes"])
+        con.print(stack_tree(f"{flag}bytes {series} (blocks {' -> '.join(map(str, s['blocks']))})",
+                             s["stack"], limit=6))

@@ -26,6 +26,7 @@ _MODULES = {
     "inspect": "inspect",
     "whoowns": "whoowns",
     "diff": "diff",
+    "trend": "trend",
     "list": "list",
     "report": "report",
     "lib-path": "lib_path",

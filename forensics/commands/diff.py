@@ -1,20 +1,62 @@
 """Show the growth between two snapshots, by allocation stack and by address.
 
-    forensics diff OLD NEW [--json]
+    forensics diff OLD NEW [--json] [--filter PATTERN] [--exclude PATTERN] [--min-bytes N] [--top N]
+
+Matches the live blocks of OLD and NEW by identity - address, allocation time,
+thread and stack - so an address freed and handed out again counts as one gone
+and one new block, never as a survivor.  For every allocation stack it reports
+the growth in blocks and bytes, how many blocks survived from OLD, how many are
+new and how many are gone, ranked by severity: bytes grown, then blocks grown,
+then the share of the new blocks that have one size (a leak repeats itself).
+--filter / --exclude PATTERN keep / drop stacks with a frame whose function or
+module name matches (a glob with * ? [ ], else a substring); both repeat.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from forensics.errors import ForensicsError
+from forensics.commands import _args
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD", help="the earlier core")
     parser.add_argument("new", metavar="NEW", help="the later core")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--filter", metavar="PATTERN", action="append", default=[],
+                        help="keep only stacks with a frame whose function or module matches")
+    parser.add_argument("--exclude", metavar="PATTERN", action="append", default=[],
+                        help="drop stacks with a frame whose function or module matches")
+    parser.add_argument("--min-bytes", metavar="N", type=_non_negative, default=0,
+                        help="keep stacks whose live bytes changed by at least N")
+    parser.add_argument("--top", metavar="N", type=_args.positive_int, default=20,
+                        help="stacks shown in the human output (default: 20; --json has all)")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise ForensicsError("diff is not implemented yet")
+    from contextlib import ExitStack
+
+    from forensics import render
+    from forensics.commands._open import open_snapshot
+    from forensics.diff import diff, diff_json
+
+    with ExitStack() as stack:
+        old = stack.enter_context(open_snapshot(args.old))
+        new = stack.enter_context(open_snapshot(args.new))
+        d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
+        doc = diff_json(old, new, d)
+    if args.json:
+        render.print_json(doc)
+    else:
+        render.show_diff(doc, top=args.top)
+    return 0

@@ -46,4 +46,6 @@ def main(args: argparse.Namespace) -> int:
         render.print_json(doc)
     else:
         render.show_inspect(doc)
+        if args.leaks:
+            render.show_leaks(doc["leaks"])
     return 0

@@ -1,0 +1,322 @@
+"""forensics' leak scan classifies exactly the leak shapes a victim built, and
+agrees with valgrind memcheck on the same victim.
+
+tests/victims/leak_shapes.c builds, each from its own allocating function: an
+orphaned list (head definite, 4 nodes indirect), an unreachable ring of 3
+(one definite, 2 indirect), a block held only by a global, one held only by a
+worker thread's stack, one held only through an interior pointer in a global
+(possible), and one held only in register r12 of a worker blocked in read(2).
+It prints every block, then takes a libtag snapshot of itself - or, run under
+valgrind, asks memcheck for a leak check at the same point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from forensics.analysis import Snapshot
+from forensics.leaks import KINDS, find_leaks
+
+ALLOCATORS = ("calloc", "malloc")
+
+# allocating function -> [(kind, blocks, bytes, indirect bytes lost through them)]
+EXPECTED = {
+    "new_list_node": [("definite", 1, 48, 192), ("indirect", 4, 192, 0)],
+    "new_ring_node": [("definite", 1, 64, 128), ("indirect", 2, 128, 0)],
+    "alloc_global_only": [("reachable", 1, 72, 0)],
+    "alloc_stack_only": [("reachable", 1, 88, 0)],
+    "alloc_interior_only": [("possible", 1, 100, 0)],
+    "alloc_register_only": [("reachable", 1, 120, 0)],
+}
+
+
+@dataclass
+class Shapes:
+    pid: int = 0
+    blocks: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # shape -> [(addr, size)]
+    threads: dict[str, int] = field(default_factory=dict)  # shape -> tid
+    head: int = 0
+
+
+def parse(text: str) -> Shapes:
+    s = Shapes()
+    for line in text.splitlines():
+        key, *v = line.split()
+        if key == "pid":
+            s.pid = int(v[0])
+        elif key == "block":
+            s.blocks.setdefault(v[0], []).append((int(v[1], 16), int(v[2])))
+        elif key == "thread":
+            s.threads[v[0]] = int(v[1])
+        elif key == "head":
+            s.head = int(v[1], 16)
+    assert "ready" in text.split() and len(s.blocks) == 6, text
+    return s
+
+
+def wait_snapshot(snap_dir: Path, pid: int, seq: int = 1, timeout: float = 60.0) -> Path:
+    """The core of the victim's seq-th on-demand snapshot, once the child that
+    writes it has exited (libtag's info file names it)."""
+    dirs = list(snap_dir.glob(f"*-{pid}-{seq}-on-demand"))
+    assert len(dirs) == 1, f"no snapshot {seq} for pid {pid} in {sorted(snap_dir.iterdir())}"
+    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
+    child = int(info["child"])
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        if state in ("Z", "X"):
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"snapshot child {child} still running after {timeout}s")
+        time.sleep(0.02)
+    cores = [p for p in dirs[0].iterdir() if p.name.startswith("core") and not p.name.endswith(".tmp")]
+    assert len(cores) == 1, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
+    return cores[0]
+
+
+@pytest.fixture(scope="module")
+def victim(build_victim) -> Path:
+    return Path(os.path.realpath(build_victim("leak_shapes")))
+
+
+def _core_path_kinds() -> list:
+    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+    kernel_ok = bool(pattern) and not pattern.startswith("|") and "/" not in pattern
+    return [
+        "self",
+        pytest.param("kernel", marks=pytest.mark.skipif(
+            not kernel_ok, reason=f"kernel core_pattern is {pattern!r}: the kernel will not write "
+                                  f"a plain core file into the snapshot directory")),
+    ]
+
+
+@pytest.fixture(scope="module", params=_core_path_kinds())
+def taken(request, victim, run_victim, tmp_path_factory):
+    """The victim's snapshot, its core written by libtag itself or by the kernel
+    (their notes differ: libtag's has every thread, the kernel's the fork child)."""
+    snap_dir = tmp_path_factory.mktemp(f"leak-snaps-{request.param}")
+    snap_dir.chmod(0o700)
+    done = run_victim(victim, "snapshot", snap_dir=snap_dir, env={"LIBTAG_CORE": request.param})
+    assert done.returncode == 0, done.stderr
+    shapes = parse(done.stdout)
+    core = wait_snapshot(snap_dir, shapes.pid)
+    snap = Snapshot.open(core)
+    yield shapes, core, snap
+    snap.close()
+
+
+def first_own_function(functions: list[str | None]) -> str | None:
+    """The first frame that is not the allocator itself."""
+    return next((f for f in functions if f not in ALLOCATORS), None)
+
+
+def our_groups(snap: Snapshot) -> dict[str, list[tuple[str, int, int, int]]]:
+    scan = find_leaks(snap)
+    out: dict[str, list] = {}
+    for g in scan.groups(kinds=KINDS):
+        fn = first_own_function([f.function for f in snap.stack(g.stack_id)])
+        out.setdefault(fn, []).append((g.kind, g.blocks, g.bytes, g.indirect_bytes))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+# ------------------------------------------------------------ block by block --
+
+
+def test_orphaned_list_head_is_definite_and_the_rest_indirect(taken):
+    # GIVEN a 5-node list whose head pointer was dropped
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    nodes = [a for a, _ in shapes.blocks["list"]]
+    # WHEN each node is classified  THEN the head is definite, the others indirect
+    assert scan.kind_of(shapes.head) == "definite"
+    assert sorted(scan.kind_of(a) for a in nodes if a != shapes.head) == ["indirect"] * 4
+    assert scan.how_reached(shapes.head) is None
+
+
+def test_unreachable_ring_has_one_definite_owner_and_two_indirect(taken):
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    ring = sorted(a for a, _ in shapes.blocks["ring"])
+    # THEN the lowest-addressed node owns the cycle, as valgrind's clique leader
+    assert [scan.kind_of(a) for a in ring] == ["definite", "indirect", "indirect"]
+
+
+def test_block_only_a_global_points_to_is_reachable_from_that_global(taken, victim):
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    (addr, size), = shapes.blocks["global"]
+    assert scan.kind_of(addr) == "reachable"
+    assert [(r.kind, r.module, r.interior) for r in scan.roots_of(addr)] == [("global", str(victim), False)]
+    root, steps = scan.how_reached(addr)
+    assert (root.kind, root.module) == ("global", str(victim))
+    assert [(s.block_start, s.size) for s in steps] == [(addr, size)]
+
+
+def test_block_only_a_thread_stack_points_to_is_reachable_from_that_stack(taken):
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    (addr, _), = shapes.blocks["stack"]
+    tid = shapes.threads["stack"]
+    assert scan.kind_of(addr) == "reachable"
+    assert [(r.kind, r.thread) for r in scan.roots_of(addr)] == [("stack", tid)]
+    root, _ = scan.how_reached(addr)
+    assert (root.kind, root.thread) == ("stack", tid)
+
+
+def test_block_reached_only_through_an_interior_pointer_is_possible(taken, victim):
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    (addr, _), = shapes.blocks["interior"]
+    assert scan.kind_of(addr) == "possible"
+    assert [(r.kind, r.module, r.interior) for r in scan.roots_of(addr)] == [("global", str(victim), True)]
+
+
+def test_block_held_only_in_another_threads_register_is_reachable_from_it(taken):
+    # GIVEN a worker blocked in read(2) holding the only pointer in r12: libtag
+    # saved its registers in its thread record before the snapshot's fork
+    shapes, _, snap = taken
+    scan = find_leaks(snap)
+    (addr, _), = shapes.blocks["register"]
+    tid = shapes.threads["register"]
+    assert scan.kind_of(addr) == "reachable"
+    assert [(r.kind, r.thread, r.register) for r in scan.roots_of(addr)] == [("register", tid, "r12")]
+
+
+def test_groups_by_allocation_stack_are_exactly_the_shapes(taken):
+    _, _, snap = taken
+    groups = our_groups(snap)
+    for fn, want in EXPECTED.items():
+        assert groups.get(fn) == sorted(want), fn
+
+
+def test_leak_groups_carry_the_allocation_times(taken):
+    _, _, snap = taken
+    scan = find_leaks(snap)
+    idx = snap.heap.index
+    for g in scan.groups():
+        sel = (idx["alloc_stack"] == g.stack_id) & (scan.kind == {"definite": 4, "indirect": 3,
+                                                                   "possible": 2}[g.kind])
+        times = idx["alloc_time"][sel]
+        assert (g.oldest_ms, g.newest_ms) == (int(times.min()), int(times.max()))
+
+
+def test_inspect_leaks_json_lists_the_lost_groups(taken, run_cli, tmp_path):
+    # WHEN forensics inspect --leaks --json runs on the core
+    _, core, _ = taken
+    done = run_cli("inspect", str(core), "--leaks", "--json", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    got = sorted((first_own_function([f["function"] for f in g["stack"]]), g["kind"], g["blocks"], g["bytes"])
+                 for g in doc["leaks"] if g["stack"] and g["stack"][0]["function"] in EXPECTED
+                 or first_own_function([f["function"] for f in g["stack"]]) in EXPECTED)
+    # THEN the definite/indirect/possible groups of the shapes are there, with SPEC's fields
+    assert got == sorted([
+        ("alloc_interior_only", "possible", 1, 100),
+        ("new_list_node", "definite", 1, 48),
+        ("new_list_node", "indirect", 4, 192),
+        ("new_ring_node", "definite", 1, 64),
+        ("new_ring_node", "indirect", 2, 128),
+    ])
+    for g in doc["leaks"]:
+        assert set(g) >= {"kind", "blocks", "bytes", "stack"}
+
+
+def test_inspect_leaks_human_output_runs(taken, run_cli, tmp_path):
+    _, core, _ = taken
+    done = run_cli("inspect", str(core), "--leaks", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Traceback") == 0
+
+
+# ------------------------------------------------------------------ valgrind --
+
+_VG_KIND = {"Leak_DefinitelyLost": "definite", "Leak_IndirectlyLost": "indirect",
+            "Leak_PossiblyLost": "possible", "Leak_StillReachable": "reachable"}
+
+
+def valgrind_groups(xml_path: Path) -> dict[str, list[tuple[str, int, int, int]]]:
+    """The loss records of the first leak check in a memcheck XML file, as
+    allocating function -> [(kind, blocks, direct bytes, indirect bytes)]."""
+    root = ET.parse(xml_path).getroot()
+    out: dict[str, list] = {}
+    total = None
+    for err in root.iter("error"):
+        kind = _VG_KIND.get(err.findtext("kind") or "")
+        if kind is None:
+            continue
+        xw = err.find("xwhat")
+        text = xw.findtext("text")
+        n, of = map(int, re.search(r"loss record (\d+) of (\d+)", text).groups())
+        total = of if total is None else total
+        fns = [f.findtext("fn") for f in err.find("stack").iter("frame")]
+        nbytes = int(xw.findtext("leakedbytes"))
+        m = re.search(r"\(([\d,]+) direct, ([\d,]+) indirect\)", text)
+        direct, indirect = (int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))) if m \
+            else (nbytes, 0)
+        out.setdefault(first_own_function(fns), []).append(
+            (kind, int(xw.findtext("leakedblocks")), direct, indirect))
+        if n == total:
+            break  # the leak check at exit follows
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def memcheck(victim, tmp_path_factory):
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed")
+    xml = tmp_path_factory.mktemp("vg") / "memcheck.xml"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    done = subprocess.run(
+        ["valgrind", "--tool=memcheck", "--leak-check=no", "--show-leak-kinds=all",
+         "--leak-check-heuristics=none", "--xml=yes", f"--xml-file={xml}", str(victim), "valgrind"],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    parse(done.stdout)
+    return valgrind_groups(xml)
+
+
+def test_memcheck_agrees_on_every_shape(memcheck, taken):
+    # GIVEN the same victim under memcheck, checked at the same point
+    _, _, snap = taken
+    ours = our_groups(snap)
+    for fn, want in EXPECTED.items():
+        # THEN memcheck's kind, blocks and bytes (direct and indirect) are the victim's ...
+        assert memcheck.get(fn) == sorted(want), fn
+        # ... and ours
+        assert ours.get(fn) == memcheck.get(fn), fn
+
+
+def test_memcheck_agrees_on_libc_blocks(memcheck, taken):
+    # stdout's buffer: reachable from libc's globals in both
+    _, _, snap = taken
+    ours = our_groups(snap)
+    assert memcheck["_IO_file_doallocate"] == [("reachable", 1, 4096, 0)]
+    assert ours["_IO_file_doallocate"] == [("reachable", 1, 4096, 0)]
+
+
+def test_thread_dtvs_are_possible_in_both_and_ours_one_slot_larger(memcheck, taken):
+    # The DTV glibc callocs for each new thread is pointed to 16 bytes in
+    # (dtv[-1] holds its length): possible in both.  Under libtag the process
+    # has one more module with TLS (libtag.so itself), so each DTV has one more
+    # 16-byte slot (docs/leaks.md).
+    _, _, snap = taken
+    vg = memcheck["allocate_dtv"]
+    assert [(k, n) for k, n, _, _ in vg] == [("possible", 1), ("possible", 1)]
+    scan = find_leaks(snap)
+    possible = [g for g in scan.groups(kinds=("possible",))
+                if first_own_function([f.function for f in snap.stack(g.stack_id)]) != "alloc_interior_only"]
+    assert [(g.kind, g.blocks, g.bytes) for g in possible] == \
+        [("possible", 2, sum(b for _, _, b, _ in vg) + 2 * 16)]

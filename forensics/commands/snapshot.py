@@ -30,7 +30,9 @@ _SIGNAL_NAMES = {
     "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "PWR": signal.SIGPWR,
     "URG": signal.SIGURG, "WINCH": signal.SIGWINCH, "TTIN": signal.SIGTTIN,
 }
-_LIBTAG_MAPPING = re.compile(r"(^|/)libtag[^/]*\.so(\.[0-9.]+)?$")
+# " (deleted)": the library file was replaced (an upgrade, a reinstall) while
+# the process runs; the mapped copy is still libtag.
+_LIBTAG_MAPPING = re.compile(r"(^|/)libtag[^/]*\.so(\.[0-9.]+)?( \(deleted\))?$")
 
 
 class PermissionDenied(InputError):

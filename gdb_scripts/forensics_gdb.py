@@ -1,0 +1,1 @@
+../forensics/gdb/forensics_gdb.py

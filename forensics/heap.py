@@ -141,6 +141,12 @@ class Heap:
         return int(self.control.pid)
 
     @property
+    def payload_omitted(self) -> bool:
+        """The snapshot was taken with LIBTAG_PAYLOAD=omit: block contents are
+        blank in this memory (tags, stacks and threads are all there)."""
+        return bool(int(self.control.options) & abi.TAG_OPTION_NO_PAYLOAD)
+
+    @property
     def anomaly(self) -> Anomaly | None:
         """The anomaly recorded in the control block, None if there is none."""
         a = self.control.anomaly

@@ -164,6 +164,8 @@ def show_inspect(doc: dict) -> None:
     con.print(f"[bold]core[/bold] {doc['core']}")
     con.print(f"[bold]process[/bold] {proc['pid']} {proc['exe'] or ''}")
     con.print(f"[bold]reason[/bold] {doc['reason']}")
+    if doc.get("payload") == "omitted":
+        con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
     for a in doc.get("anomalies", []):
         con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} in thread {a.get('thread')}")
         con.print(stack_tree("detected at", a["stack"]))

@@ -90,6 +90,7 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
         "core": snap.core.path if snap.core is not None else snap.mem.name,
         "process": {"pid": snap.pid, "exe": snap.exe},
         "reason": heap.reason,
+        "payload": "omitted" if heap.payload_omitted else "kept",
         "crash": crash,
         "heap": {
             "live_blocks": totals.live_blocks,

@@ -220,6 +220,11 @@ struct libtag_crash {
     uint32_t reserved;
 };
 
+/* control.options */
+#define TAG_OPTION_NO_PAYLOAD 1u  /* LIBTAG_PAYLOAD=omit: in this core the
+                                     payload bytes of every tagged block are
+                                     blanked; tags and metadata are kept */
+
 struct libtag_control {
     char     magic[16];       /* TAG_CONTROL_MAGIC */
     uint64_t self;            /* address of this struct */
@@ -231,7 +236,7 @@ struct libtag_control {
     uint64_t start_realtime_ns; /* CLOCK_REALTIME when libtag started */
     uint64_t start_mono_ns;   /* CLOCK_MONOTONIC_COARSE when libtag started */
     uint32_t pid;             /* process id of the traced process */
-    uint32_t options;         /* reserved for option flags; zero */
+    uint32_t options;         /* TAG_OPTION_* flags */
 
     /* stack table */
     uint64_t stack_nodes;     /* address of struct libtag_stack_node[] */

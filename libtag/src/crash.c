@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -80,6 +81,10 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
     static int crash_dir_made;
     if (_tag_opt.dir[0] && !__atomic_exchange_n(&crash_dir_made, 1, __ATOMIC_ACQ_REL))
         _tag_crash_dir();
+    else if (_tag_opt.omit_payload)
+        /* no snapshot dir to write a blanked core to: LIBTAG_PAYLOAD=omit
+         * means no core with payloads at all, so none */
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;

@@ -24,6 +24,7 @@ struct tag_options {
     int signal;                  /* snapshot signal, 0 = none */
     int quiet;                   /* no log lines on stderr */
     int stats;                   /* print counters at exit */
+    int omit_payload;            /* LIBTAG_PAYLOAD=omit */
     uint32_t fp_depth;           /* frame-pointer fallback depth bound */
     uint32_t stack_nodes;        /* stack table capacity */
     uint64_t quarantine_bytes;   /* per-thread quarantine budget */
@@ -187,6 +188,11 @@ void _tag_snapshot_init(void);       /* signal handler; after libc init */
 void _tag_snapshot_reap(void);       /* collect exited snapshot children */
 extern int _tag_snapshot_pending;    /* children not collected yet */
 void _tag_die(int sig);              /* default action of sig, now */
+
+/* ---------------------------------------------------------- redact.c */
+/* In the snapshot child: blank every tagged block's payload (its own copy
+ * of memory) so the core keeps only tags and metadata. */
+void _tag_redact_payloads(void);
 
 /* ----------------------------------------------------------- crash.c */
 void _tag_crash_init(void);

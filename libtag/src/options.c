@@ -107,6 +107,10 @@ void _tag_options_init(void)
     if ((v = getenv("LIBTAG_ON_ANOMALY")))
         _tag_opt.on_anomaly = choice("LIBTAG_ON_ANOMALY", v, anomaly, 3,
                                      "snapshot, abort or ignore");
+    if ((v = getenv("LIBTAG_PAYLOAD"))) {
+        static const char *const payload[] = {"keep", "omit"};
+        _tag_opt.omit_payload = choice("LIBTAG_PAYLOAD", v, payload, 2, "keep or omit");
+    }
     if ((v = getenv("LIBTAG_CORE")))
         _tag_opt.core_path = choice("LIBTAG_CORE", v, core, 3, "auto, kernel or self");
     if ((v = getenv("LIBTAG_SIGNAL")))

@@ -318,6 +318,8 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     _tag_ctl.snapshot_seq = seq;
     _tag_ctl.snapshot_tid = tid;
     _tag_ctl.snapshot_time_ms = _tag_now_ms();
+    if (_tag_opt.omit_payload)
+        _tag_redact_payloads();
 
     int path = _tag_opt.core_path;
     if (path == TAG_CORE_AUTO)
@@ -491,6 +493,11 @@ int _tag_crash_dir(void)
     int path = _tag_opt.core_path;
     if (path == TAG_CORE_AUTO)
         path = kernel_can_dump_here() ? TAG_CORE_KERNEL : TAG_CORE_SELF;
+    /* The process's own core would hold every payload: with
+     * LIBTAG_PAYLOAD=omit a child writes a blanked core instead, and the
+     * process dies without one (not dumpable: no file, no pipe). */
+    if (_tag_opt.omit_payload)
+        path = TAG_CORE_SELF;
     if (path == TAG_CORE_KERNEL) {
         struct rlimit rl;
         if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
@@ -509,6 +516,8 @@ int _tag_crash_dir(void)
     release_threads(seq);
     if (child > 0)
         waitpid((pid_t)child, NULL, __WALL);
+    if (_tag_opt.omit_payload)
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     write_file(dir, "info", info, n);
     close(dir);
     return child > 0 ? 0 : -errno;

@@ -1,0 +1,105 @@
+"""LIBTAG_PAYLOAD=omit: snapshot cores keep tags and metadata, not block contents.
+
+GIVEN snap_secret, whose 12 KiB block is filled with a known secret string
+WHEN it snapshots itself with LIBTAG_PAYLOAD=omit (each core path) or keep
+THEN with omit the core file does not contain the secret, while inspect and
+     whoowns still name the block (size, allocation stack) and say the payload
+     was omitted; with keep the secret is there (so the check can fail); the
+     running process's own block is untouched either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# 64 bytes of what snap_secret computes into its block (SECRET_BYTE(i))
+SECRET = bytes(b"KQZXJVWPMB"[(i * 7 + 3) % 10] for i in range(1000, 1064))
+
+
+def _support():
+    name = "forensics_tests_snapshot_support"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("test_snapshot_support.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+S = _support()
+CORE_PATHS = [
+    pytest.param("kernel", marks=pytest.mark.skipif(
+        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
+    "self",
+]
+
+
+def _snapshot(build_victim, tmp_path, core_path, payload):
+    from forensics import snapshots
+
+    exe = build_victim("snap_secret")
+    snaps = tmp_path / "snaps"
+    env = S.victim_env(core_path, snaps, LIBTAG_PAYLOAD=payload)
+    proc = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "intact"
+    address = int(lines[0].split("=")[1], 16)
+    dirs = S.snapshot_dirs(snaps)
+    assert len(dirs) == 1, dirs
+    snap = snapshots.wait_complete(dirs[0], 60)
+    return snapshots.find_core(snap.path), address
+
+
+@pytest.mark.parametrize("core_path", CORE_PATHS)
+def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, tmp_path):
+    from forensics.analysis import Snapshot
+    from forensics.summary import inspect_doc
+
+    core, address = _snapshot(build_victim, tmp_path, core_path, "omit")
+    assert SECRET not in core.read_bytes()
+    with Snapshot.open(core) as snap:
+        assert snap.heap.payload_omitted is True
+        block = snap.heap.block_at(address)
+        assert (block.start, block.size, block.state) == (address, 4096 * 3, "live")
+        assert [f.function for f in snap.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
+        assert inspect_doc(snap)["payload"] == "omitted"
+
+
+@pytest.mark.parametrize("core_path", CORE_PATHS)
+def test_keep_has_the_secret(core_path, build_victim, tmp_path):
+    from forensics.analysis import Snapshot
+
+    core, address = _snapshot(build_victim, tmp_path, core_path, "keep")
+    assert SECRET in core.read_bytes()
+    with Snapshot.open(core) as snap:
+        assert snap.heap.payload_omitted is False
+        assert snap.heap.block_at(address).size == 4096 * 3
+
+
+def test_crash_core_with_omit_has_no_secret(build_victim, run_cli, tmp_path):
+    exe = build_victim("snap_secret")
+    snaps = tmp_path / "snaps"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env_extra = {"LIBTAG_PAYLOAD": "omit", "LIBTAG_QUIET": "1"}
+    import os
+
+    env = dict(os.environ, **env_extra, XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.run([sys.executable, "-m", "forensics", "run", "--dir", str(snaps), "--",
+                           str(exe), "crash"], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 139, proc.stderr
+    crash_dirs = [d for d in S.snapshot_dirs(snaps) if d.name.endswith("-crash")]
+    assert len(crash_dirs) == 1, S.snapshot_dirs(snaps)
+    from forensics import snapshots
+
+    core = snapshots.find_core(snapshots.wait_complete(crash_dirs[0], 60).path)
+    assert SECRET not in core.read_bytes()
+    assert not [p for p in cwd.iterdir() if p.name.startswith("core")]  # no full core beside it

@@ -1,0 +1,185 @@
+"""A heap that lies: the answers degrade, say so, and never loop or crash.
+
+tests/victims/rob_hostile.c damages libtag's own structures from inside the
+process (an overflow over a neighbour's tag, counts of the control block
+overwritten through libtag_control(), a stack node that is its own parent, a
+stack table cut short, a shadow stack pointer into nothing) and then
+snapshots itself.  Each test reads that real core with the real ``forensics``
+command in a subprocess with a timeout, so a reader that loops fails the test
+instead of hanging it, and checks the degraded answer: what is still known
+is right, and ``warnings`` names the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CLI_TIMEOUT = 60  # seconds; a reader that loops on a cycle fails here
+ENV = {"LIBTAG_CORE": "self", "LIBTAG_STACK_NODES": "1024"}
+
+
+@dataclass
+class Victim:
+    pid: int
+    victim: int
+    other: int
+    printed: dict[str, list[str]]
+    core: Path
+
+
+def wait_core(snap_dir: Path, pid: int, timeout: float = 60.0) -> Path:
+    """The core of pid's first on-demand snapshot, once its writer has exited."""
+    dirs = list(snap_dir.glob(f"*-{pid}-1-on-demand"))
+    assert len(dirs) == 1, f"no snapshot directory for pid {pid}: {sorted(snap_dir.iterdir())}"
+    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
+    child, deadline = int(info["child"]), time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        if state in ("Z", "X"):
+            break
+        assert time.monotonic() < deadline, f"snapshot writer {child} still running after {timeout}s"
+        time.sleep(0.02)
+    assert not (dirs[0] / "error").exists(), (dirs[0] / "error").read_text()
+    return dirs[0] / "core"
+
+
+@pytest.fixture(scope="module")
+def hostile(build_victim, run_victim, tmp_path_factory):
+    exe = build_victim("rob_hostile")
+
+    def run(mode: str) -> Victim:
+        snap_dir = tmp_path_factory.mktemp(f"hostile-{mode}")
+        snap_dir.chmod(0o700)
+        done = run_victim(exe, mode, snap_dir=snap_dir, env=ENV, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        printed = {ln.split()[0]: ln.split()[1:] for ln in done.stdout.splitlines()}
+        assert "done" in printed, done.stdout + done.stderr
+        pid = int(printed["pid"][0])
+        return Victim(pid, int(printed["victim"][0], 16), int(printed["other"][0], 16),
+                      printed, wait_core(snap_dir, pid))
+
+    return run
+
+
+@pytest.fixture
+def forensics_json(run_cli, tmp_path):
+    """forensics(*args) -> (exit code, JSON document or None, stderr), in a
+    subprocess that must finish within CLI_TIMEOUT."""
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+
+    def call(*args: str):
+        r = run_cli(*args, env=env, timeout=CLI_TIMEOUT)
+        assert r.returncode in (0, 1, 2), f"exit {r.returncode}: {r.stderr}"
+        assert "Traceback" not in r.stderr, r.stderr
+        doc = json.loads(r.stdout) if r.returncode in (0, 1) and "--json" in args else None
+        return r.returncode, doc, r.stderr
+
+    return call
+
+
+def test_overflow_over_a_neighbours_tag(hostile, forensics_json):
+    # GIVEN a core where a live block of 64 bytes was overrun by 48 bytes, over
+    # its canary and the tag of the block after it
+    v = hostile("overflow")
+    assert int(v.printed["smashed"][0], 16) == v.other
+    # WHEN inspect and whoowns read it
+    code, doc, _ = forensics_json("inspect", "--json", str(v.core))
+    # THEN inspect names the overflowing block in its warnings
+    assert code == 0
+    overflow = [w for w in doc["warnings"] if w.startswith("heap overflow")]
+    assert len(overflow) == 1, doc["warnings"]
+    assert f"{v.victim:#x} (64 bytes)" in overflow[0]
+    # AND the overflowing block is still found, with the warning
+    code, doc, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
+    assert (code, doc["block"]["start"], doc["block"]["size"]) == (0, hex(v.victim), 64)
+    assert doc["warnings"] == overflow
+    # AND the block whose tag was smashed is no longer claimed as a tagged block:
+    # it is reported as lying past the end of the overflowing one
+    code, doc, _ = forensics_json("whoowns", hex(v.other + 8), "--core", str(v.core), "--json")
+    assert (code, doc["block"]) == (1, None)
+    assert doc["near"]["block"]["start"] == hex(v.victim)
+    assert doc["warnings"] == overflow
+
+
+def test_control_block_counts_overwritten(hostile, forensics_json):
+    # GIVEN a core whose control block claims 0xffffffff stack nodes and thread
+    # slots and anomaly kind 77 (the reason the victim wrote, 99, is rewritten
+    # by the snapshot child: "on-demand")
+    v = hostile("control")
+    # WHEN inspect reads it
+    code, doc, _ = forensics_json("inspect", "--json", str(v.core))
+    # THEN it answers (exit 0) with what it could read, and says what it could not
+    assert code == 0
+    assert doc["reason"] == "on-demand"
+    assert [a["kind"] for a in doc["anomalies"]] == ["anomaly-77"]
+    assert any(w.startswith(f"stack table count {0xffffffff} exceeds") for w in doc["warnings"]), doc["warnings"]
+    # AND the heap is still scanned: both printed blocks are found, live
+    code, w, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
+    assert (code, w["block"]["start"], w["block"]["state"]) == (0, hex(v.victim), "live")
+    code, w, _ = forensics_json("whoowns", hex(v.other), "--core", str(v.core), "--json")
+    assert (code, w["block"]["start"], w["block"]["size"]) == (0, hex(v.other), 64)
+
+
+def test_control_block_layout_overwritten(hostile, forensics_json):
+    # GIVEN a core whose control block says tags are 48 bytes
+    v = hostile("sizes")
+    # WHEN inspect reads it  THEN one error line names the corrupt control block (exit 2)
+    code, _, err = forensics_json("inspect", str(v.core))
+    assert code == 2
+    assert err.splitlines() == [err.strip()] and err.startswith("forensics: error: corrupt libtag control block")
+    assert "(48, 16, 8)" in err
+
+
+def test_stack_node_cycle(hostile, forensics_json):
+    # GIVEN a core where the innermost node of the victim block's allocation
+    # stack is its own parent, and the other block's points forward
+    v = hostile("cycle")
+    ia, ib = (int(x) for x in v.printed["stack"])
+    # WHEN whoowns asks about each (in a subprocess with a timeout: no loop)
+    code, doc, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
+    # THEN the block is found with the one frame before the cycle, and the cycle is named
+    assert (code, doc["block"]["start"]) == (0, hex(v.victim))
+    assert len(doc["block"]["alloc_stack"]) == 1
+    assert doc["block"]["alloc_stack"][0]["function"] == "alloc_victim"
+    assert f"corrupt stack table: node {ia}'s parent {ia} is not below it" in " ".join(doc["warnings"])
+    code, doc, _ = forensics_json("whoowns", hex(v.other), "--core", str(v.core), "--json")
+    assert (code, len(doc["block"]["alloc_stack"])) == (0, 1)
+    assert f"node {ib}'s parent {ib + 5} is not below it" in " ".join(doc["warnings"])
+    # AND inspect finishes, with the warning
+    code, doc, _ = forensics_json("inspect", "--json", str(v.core))
+    assert code == 0 and any("corrupt stack table" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_stack_table_truncated(hostile, forensics_json):
+    # GIVEN a core whose control block says the stack table has 2 nodes
+    v = hostile("truncate")
+    sid = int(v.printed["stack"][0])
+    assert sid >= 2
+    # WHEN whoowns asks about a block whose stack id is beyond them
+    code, doc, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
+    # THEN the block is found, its stack is empty, and the warning says why
+    assert (code, doc["block"]["start"], doc["block"]["alloc_stack"]) == (0, hex(v.victim), [])
+    assert f"stack id {sid} is beyond the stack table's 2 nodes: its frames are unknown" in doc["warnings"]
+
+
+def test_shadow_stack_pointer_into_nothing(hostile, forensics_json):
+    # GIVEN a core whose thread record points at a shadow stack at 0x10000 (unmapped)
+    v = hostile("shadow")
+    # WHEN inspect reads it  THEN the thread has no stack and the warning names it
+    code, doc, _ = forensics_json("inspect", "--json", str(v.core))
+    assert code == 0
+    assert any(w.startswith("the shadow stack of thread ") and w.endswith("at 0x10000 is not readable")
+               for w in doc["warnings"]), doc["warnings"]
+    assert [t["stack"] for t in doc["threads"]] == [[]]
+    # AND the blocks are still found
+    code, w, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
+    assert (code, w["block"]["start"]) == (0, hex(v.victim))

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -64,7 +65,7 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for name in columns:
         t.add_column(name)
     for row in rows:
-        t.add_row(*(str(cell) for cell in row))
+        t.add_row(*(escape(str(cell)) for cell in row))
     return t
 
 
@@ -101,6 +102,12 @@ def progress(description: str):
 # verb would print with --json, so both outputs always say the same thing.
 
 
+def _e(value) -> str:
+    """Text from a core (paths, function names, notes) made safe for rich
+    markup: a path like "a[/b]" must print as itself, not as a markup tag."""
+    return escape(str(value))
+
+
 def _frame_text(f: dict) -> str:
     func = f.get("function") or "??"
     where = ""
@@ -108,7 +115,7 @@ def _frame_text(f: dict) -> str:
         where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
     elif f.get("module"):
         where = f" in {f['module']}"
-    return f"{f['address']}  {func}{where}"
+    return _e(f"{f['address']}  {func}{where}")
 
 
 def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> Tree:
@@ -136,12 +143,12 @@ def show_whoowns(doc: dict) -> None:
     region = doc.get("region") or {}
     head = f"[bold]{doc['address']}[/bold]: {doc['owner']}"
     if region.get("name"):
-        head += f" - {region['name']}"
+        head += f" - {_e(region['name'])}"
         if region.get("start"):
             head += f" [{region['start']}-{region['end']})"
     con.print(head)
     if doc.get("note"):
-        con.print(f"  {doc['note']}")
+        con.print(f"  {_e(doc['note'])}")
     if doc.get("block"):
         for item in _block_lines(doc["block"]):
             con.print(item)
@@ -156,13 +163,15 @@ def show_whoowns(doc: dict) -> None:
     elif doc.get("near"):
         for item in _block_lines(doc["near"]["block"], label="nearest block"):
             con.print(item)
+    for w in doc.get("warnings", []):
+        err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
 def show_inspect(doc: dict) -> None:
     con = out_console()
     proc = doc["process"]
-    con.print(f"[bold]core[/bold] {doc['core']}")
-    con.print(f"[bold]process[/bold] {proc['pid']} {proc['exe'] or ''}")
+    con.print(f"[bold]core[/bold] {_e(doc['core'])}")
+    con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
     con.print(f"[bold]reason[/bold] {doc['reason']}")
     if doc.get("payload") == "omitted":
         con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
@@ -178,8 +187,8 @@ def show_inspect(doc: dict) -> None:
         owner = c.get("address_owner") or {}
         if owner:
             con.print(f"  the address is {owner['owner']}"
-                      + (f" ({owner['region']})" if owner.get("region") else "")
-                      + (f": {owner['note']}" if owner.get("note") else ""))
+                      + (f" ({_e(owner['region'])})" if owner.get("region") else "")
+                      + (f": {_e(owner['note'])}" if owner.get("note") else ""))
         con.print(stack_tree("faulting thread", c["stack"]))
         if owner.get("block"):
             for item in _block_lines(owner["block"]):
@@ -195,7 +204,7 @@ def show_inspect(doc: dict) -> None:
     for t in doc.get("threads", []):
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):
-        err_console().print(f"[yellow]warning:[/yellow] {w}")
+        err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
 # ------------------------------------------------------- leaks, diff, trend --
@@ -230,8 +239,8 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
 def show_diff(doc: dict, *, top: int = 20) -> None:
     con = out_console()
     o, n = doc["old"], doc["new"]
-    con.print(f"[bold]old[/bold] {o['core']}: {o['live_blocks']} live blocks, {o['live_bytes']} bytes")
-    con.print(f"[bold]new[/bold] {n['core']}: {n['live_blocks']} live blocks, {n['live_bytes']} bytes")
+    con.print(f"[bold]old[/bold] {_e(o['core'])}: {o['live_blocks']} live blocks, {o['live_bytes']} bytes")
+    con.print(f"[bold]new[/bold] {_e(n['core'])}: {n['live_blocks']} live blocks, {n['live_bytes']} bytes")
     if not doc.get("same_process"):
         con.print("[dim]different processes: stacks matched by their frames, no block survives[/dim]")
     con.print(f"{doc['new_blocks']} new blocks ({doc.get('new_bytes', 0)} bytes), "

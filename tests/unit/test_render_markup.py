@@ -1,0 +1,62 @@
+"""Text from a core is printed as itself: a file or function name that looks
+like rich markup ("[/x]", "[bold]") must neither raise nor be styled away.
+
+GIVEN answer documents whose paths and names contain markup-like text
+WHEN the human renderers print them
+THEN the text appears verbatim and nothing raises.
+"""
+
+from __future__ import annotations
+
+import io
+
+from forensics import render
+
+WEIRD = "/srv/a[/x]b/[bold]c.c"
+
+
+def _frame(addr: str) -> dict:
+    return {"address": addr, "function": "f[/i]", "file": WEIRD, "line": 7, "module": WEIRD}
+
+
+def _block() -> dict:
+    return {"start": "0x1000", "size": 8, "offset": 0, "state": "freed", "thread": 1,
+            "alloc_stack": [_frame("0x10")], "free_stack": [_frame("0x20")], "free_thread": 2}
+
+
+def _capture(monkeypatch) -> io.StringIO:
+    buf = io.StringIO()
+    from rich.console import Console
+
+    monkeypatch.setattr(render, "_out", Console(file=buf, width=300, color_system=None))
+    monkeypatch.setattr(render, "_err", Console(file=buf, width=300, color_system=None))
+    return buf
+
+
+def test_whoowns_prints_markup_like_text_verbatim(monkeypatch):
+    buf = _capture(monkeypatch)
+    render.show_whoowns({"address": "0x1000", "owner": "heap", "block": _block(),
+                         "region": {"name": WEIRD, "start": "0x0", "end": "0x2000"},
+                         "referrers": [{"address": "0x30", "in": "global", "block_start": None}],
+                         "referrer_count": 1, "note": "[red]not red[/red]",
+                         "warnings": ["cut at [/x]"]})
+    out = buf.getvalue()
+    assert f"0x10  f[/i] at {WEIRD}:7" in out
+    assert f"heap - {WEIRD}" in out
+    assert "[red]not red[/red]" in out
+    assert "warning: cut at [/x]" in out
+
+
+def test_inspect_prints_markup_like_paths_verbatim(monkeypatch):
+    buf = _capture(monkeypatch)
+    render.show_inspect({"core": WEIRD, "process": {"pid": 1, "exe": WEIRD}, "reason": "crash",
+                         "crash": {"signal": "SIGSEGV", "address": "0x0", "thread": 1,
+                                   "stack": [_frame("0x40")],
+                                   "address_owner": {"owner": "unmapped", "region": WEIRD,
+                                                     "note": "[/z]", "block": None}},
+                         "heap": {"live_blocks": 0, "live_bytes": 0, "freed_blocks": 0, "freed_bytes": 0},
+                         "anomalies": [], "top_stacks": [], "threads": [], "warnings": []})
+    out = buf.getvalue()
+    assert f"core {WEIRD}" in out
+    assert f"process 1 {WEIRD}" in out
+    assert f"the address is unmapped ({WEIRD}): [/z]" in out

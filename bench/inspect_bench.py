@@ -83,7 +83,7 @@ def take_core(exe: Path, lib: Path, mib: int, tmp: Path) -> tuple[Path, dict]:
 
 
 def drop_caches(core: Path) -> None:
-    for suffix in (".fxidx.npz", ".fxptr.npz"):
+    for suffix in (".fxidx", ".fxptr"):
         Path(f"{core}{suffix}").unlink(missing_ok=True)
 
 

@@ -48,7 +48,7 @@ class Snapshot:
         self.cache_base = cache_base
         self._progress = progress
         self.heap = Heap(mem, progress=progress,
-                         cache_path=f"{cache_base}.fxidx.npz" if cache_base else None)
+                         cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
 
     @classmethod
@@ -173,7 +173,7 @@ class Snapshot:
         a tagged block; cached beside the core like the heap index."""
         import numpy as np
 
-        path = f"{self.cache_base}.fxptr.npz" if self.cache_base else None
+        path = f"{self.cache_base}.fxptr" if self.cache_base else None
         key = getattr(self.mem, "cache_key", None)
         if path and key:
             cached = _load_edges(path, key)

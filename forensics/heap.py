@@ -1,6 +1,6 @@
 """The heap of a libtag process: its blocks, stacks, threads and why it was dumped.
 
-    heap = Heap(CoreMemory(core), cache_path=core.path + ".fxidx.npz")
+    heap = Heap(CoreMemory(core), cache_path=core.path + ".fxidx")
     block = heap.block_at(0x55d0c0a012a0)       # Block | None, binary search
     frames = heap.raw_stack(block.alloc_stack)  # [(pc, kind)], innermost first
 
@@ -14,8 +14,9 @@ dropped.  A live tag always wins over a freed one - libtag marks every block
 freed before the real allocator gets it back, so a stale tag is always a freed
 one - and between two freed ones the newer (free time, then alloc time) wins.
 
-The index is a set of sorted numpy arrays; it is cached in an .npz beside the
-core, keyed by the core's size and mtime, so the next command skips the scan.
+The index is a set of sorted numpy arrays; it is cached beside the core
+(forensics.cachefile: mapped, not read), keyed by the core's size and mtime,
+so the next command skips the scan.
 
 Everything read out of the process is bounded: a corrupt count, a wild pointer
 or a truncated table becomes a warning in ``heap.warnings`` and a partial

@@ -264,7 +264,7 @@ def read_all(core: Path, addrs: list[int], human: bool = False) -> list[Run]:
     if human:
         runs.append(cli("inspect", str(core)))
         check(runs[-1])
-    for suffix in (".fxidx.npz", ".fxptr.npz"):
+    for suffix in (".fxidx", ".fxptr"):
         Path(str(core) + suffix).unlink(missing_ok=True)
     if doc is not None:
         runs[0].doc = doc  # type: ignore[attr-defined]
@@ -380,7 +380,7 @@ def test_corrupt_index_caches_are_ignored(seeds, tmp_path):
     base = cli("inspect", "--json", str(core))
     want = check(base)["heap"]
     cli("whoowns", hex(seed.blocks[0]), "--core", str(core), "--json")  # writes the edge cache
-    for suffix in (".fxidx.npz", ".fxptr.npz"):
+    for suffix in (".fxidx", ".fxptr"):
         cache = Path(str(core) + suffix)
         good = cache.read_bytes()
         for bad in (good[: len(good) // 2], good[:10], b"", b"PK\x03\x04" + bytes(100),

@@ -272,7 +272,7 @@ def test_progress_reports_every_region(case: Case):
 
 
 def test_index_cache_is_reused_and_rebuilt_when_bad(case: Case, tmp_path):
-    cache = tmp_path / "core.fxidx.npz"
+    cache = tmp_path / "core.fxidx"
     first = Heap(CoreMemory(case.core), cache_path=cache)
     assert first.from_cache is False and cache.is_file()
     assert cache.stat().st_mode & 0o777 == 0o600
@@ -298,7 +298,7 @@ def test_index_cache_is_reused_and_rebuilt_when_bad(case: Case, tmp_path):
 
 
 def test_cache_of_another_core_version_is_not_used(case: Case, tmp_path):
-    cache = tmp_path / "core.fxidx.npz"
+    cache = tmp_path / "core.fxidx"
     Heap(CoreMemory(case.core), cache_path=cache)
     st = case.core_path.stat()
     os.utime(case.core_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))

@@ -171,7 +171,6 @@ class Snapshot:
     def edges(self) -> Edges:
         """Every aligned word in the program's writable memory that points into
         a tagged block; cached beside the core like the heap index."""
-        import numpy as np
 
         path = f"{self.cache_base}.fxptr" if self.cache_base else None
         key = getattr(self.mem, "cache_key", None)

@@ -5,26 +5,12 @@ handler still runs (libtag chains to it).
 
 from __future__ import annotations
 
-import importlib.util
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
 
-def _support():
-    name = "forensics_tests_snapshot_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("test_snapshot_support.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-S = _support()
+import forensics_test_support as S
 CORE_PATHS = [
     pytest.param("kernel", marks=pytest.mark.skipif(
         S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),

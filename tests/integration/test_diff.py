@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
+import forensics_test_support as S
 
 K = 7
 LEAK_SIZE = 40
@@ -23,27 +23,6 @@ CHURN = 32
 KEEP = 10
 
 
-def wait_snapshot(snap_dir: Path, pid: int, seq: int, timeout: float = 60.0) -> Path:
-    """The core of the victim's seq-th on-demand snapshot, once the child that
-    writes it has exited (libtag's info file names it)."""
-    dirs = list(snap_dir.glob(f"*-{pid}-{seq}-on-demand"))
-    assert len(dirs) == 1, f"no snapshot {seq} for pid {pid} in {sorted(snap_dir.iterdir())}"
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child = int(info["child"])
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"snapshot child {child} still running after {timeout}s")
-        time.sleep(0.02)
-    cores = [p for p in dirs[0].iterdir() if p.name.startswith("core") and not p.name.endswith(".tmp")]
-    assert len(cores) == 1, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
-    return cores[0]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +35,7 @@ def series(build_victim, run_victim, tmp_path_factory):
     fields = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     pid = int(fields["pid"])
     old_addr, new_addr = (int(x, 16) for x in fields["recycled"].split())
-    cores = [wait_snapshot(snap_dir, pid, seq) for seq in (1, 2, 3)]
+    cores = [S.wait_core(snap_dir, pid, seq) for seq in (1, 2, 3)]
     return cores, old_addr, new_addr
 
 

@@ -22,7 +22,6 @@ import io
 import json
 import os
 import struct
-import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from hypothesis import strategies as st
 from forensics import abi
 from forensics.__main__ import main as forensics_main
 from forensics.core import Core
+import forensics_test_support as S
 
 EXAMPLES = int(os.environ.get("ROB_FUZZ_EXAMPLES", "40"))
 SMALL_ENV = {"LIBTAG_CORE": "self", "LIBTAG_STACK_NODES": "1024", "LIBTAG_QUARANTINE": "4096"}
@@ -129,23 +129,6 @@ class Seed:
     areas: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (file offset, length)
 
 
-def wait_core(snap_dir: Path, pid: int, timeout: float = 60.0) -> Path:
-    """The core of pid's first on-demand snapshot, once its writer has exited."""
-    dirs = list(snap_dir.glob(f"*-{pid}-1-on-demand"))
-    assert len(dirs) == 1, f"no snapshot directory for pid {pid}: {sorted(snap_dir.iterdir())}"
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child, deadline = int(info["child"]), time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        assert time.monotonic() < deadline, f"snapshot writer {child} still running after {timeout}s"
-        time.sleep(0.02)
-    assert not (dirs[0] / "error").exists(), (dirs[0] / "error").read_text()
-    return dirs[0] / "core"
 
 
 def _areas(path: Path, image: Image, blocks: list[int]) -> dict[str, tuple[int, int]]:
@@ -197,7 +180,7 @@ def seeds(build_victim, run_victim, tmp_path_factory) -> list[Seed]:
         pid = int(lines[0][1])
         blocks = [int(w[1], 16) for w in lines if w[0] == "block"]
         assert len(blocks) == 8, done.stdout
-        path = wait_core(snap_dir, pid)
+        path = S.wait_core(snap_dir, pid)
         image = Image.load(path)
         out.append(Seed(path, image, blocks, _areas(path, image, blocks)))
     return out

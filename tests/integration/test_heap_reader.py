@@ -31,6 +31,7 @@ from forensics.errors import InputError
 from forensics.heap import Heap
 from forensics.memory import CoreMemory
 from forensics.model import block_json
+import forensics_test_support as S
 
 QUARANTINE = "1500"  # bytes per thread: the victim's small frees stay, 2000/5000 go to glibc
 WORKERS = 3
@@ -88,27 +89,6 @@ def victim(build_victim) -> Path:
     return Path(os.path.realpath(build_victim("heap_threads")))
 
 
-def wait_snapshot(snap_dir: Path, pid: int, timeout: float = 60.0) -> Path:
-    """The core of the victim's first on-demand snapshot, once the child that
-    writes it has exited (libtag's info file names it)."""
-    dirs = list(snap_dir.glob(f"*-{pid}-1-on-demand"))
-    assert len(dirs) == 1, f"no snapshot directory for pid {pid} in {sorted(snap_dir.iterdir())}"
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child = int(info["child"])
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"snapshot child {child} still running after {timeout}s")
-        time.sleep(0.02)
-    cores = [p for p in dirs[0].iterdir() if p.name.startswith("core") and not p.name.endswith(".tmp")]
-    assert len(cores) == 1, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
-    return cores[0]
 
 
 @dataclass
@@ -141,7 +121,7 @@ def case(request, victim, run_victim, tmp_path_factory) -> Case:
                       env={"LIBTAG_CORE": request.param, "LIBTAG_QUARANTINE": QUARANTINE})
     assert done.returncode == 0, done.stderr
     report = parse_report(done.stdout)
-    core_path = wait_snapshot(snap_dir, report.pid)
+    core_path = S.wait_core(snap_dir, report.pid)
     core = Core(core_path)
     base = min(m.start for m in core.mappings if m.path == str(victim) and m.offset == 0)
     return Case(request.param, report, core_path, core, Heap(CoreMemory(core)), victim, base)

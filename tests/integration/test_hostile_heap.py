@@ -13,12 +13,11 @@ is right, and ``warnings`` names the problem.
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import forensics_test_support as S
 
 CLI_TIMEOUT = 60  # seconds; a reader that loops on a cycle fails here
 ENV = {"LIBTAG_CORE": "self", "LIBTAG_STACK_NODES": "1024"}
@@ -33,23 +32,6 @@ class Victim:
     core: Path
 
 
-def wait_core(snap_dir: Path, pid: int, timeout: float = 60.0) -> Path:
-    """The core of pid's first on-demand snapshot, once its writer has exited."""
-    dirs = list(snap_dir.glob(f"*-{pid}-1-on-demand"))
-    assert len(dirs) == 1, f"no snapshot directory for pid {pid}: {sorted(snap_dir.iterdir())}"
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child, deadline = int(info["child"]), time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        assert time.monotonic() < deadline, f"snapshot writer {child} still running after {timeout}s"
-        time.sleep(0.02)
-    assert not (dirs[0] / "error").exists(), (dirs[0] / "error").read_text()
-    return dirs[0] / "core"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +47,7 @@ def hostile(build_victim, run_victim, tmp_path_factory):
         assert "done" in printed, done.stdout + done.stderr
         pid = int(printed["pid"][0])
         return Victim(pid, int(printed["victim"][0], 16), int(printed["other"][0], 16),
-                      printed, wait_core(snap_dir, pid))
+                      printed, S.wait_core(snap_dir, pid))
 
     return run
 

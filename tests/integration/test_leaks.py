@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 
 from forensics.analysis import Snapshot
 from forensics.leaks import KINDS, find_leaks
+import forensics_test_support as S
 
 ALLOCATORS = ("calloc", "malloc")
 
@@ -64,27 +64,6 @@ def parse(text: str) -> Shapes:
     return s
 
 
-def wait_snapshot(snap_dir: Path, pid: int, seq: int = 1, timeout: float = 60.0) -> Path:
-    """The core of the victim's seq-th on-demand snapshot, once the child that
-    writes it has exited (libtag's info file names it)."""
-    dirs = list(snap_dir.glob(f"*-{pid}-{seq}-on-demand"))
-    assert len(dirs) == 1, f"no snapshot {seq} for pid {pid} in {sorted(snap_dir.iterdir())}"
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child = int(info["child"])
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"snapshot child {child} still running after {timeout}s")
-        time.sleep(0.02)
-    cores = [p for p in dirs[0].iterdir() if p.name.startswith("core") and not p.name.endswith(".tmp")]
-    assert len(cores) == 1, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
-    return cores[0]
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +91,7 @@ def taken(request, victim, run_victim, tmp_path_factory):
     done = run_victim(victim, "snapshot", snap_dir=snap_dir, env={"LIBTAG_CORE": request.param})
     assert done.returncode == 0, done.stderr
     shapes = parse(done.stdout)
-    core = wait_snapshot(snap_dir, shapes.pid)
+    core = S.wait_core(snap_dir, shapes.pid)
     snap = Snapshot.open(core)
     yield shapes, core, snap
     snap.close()

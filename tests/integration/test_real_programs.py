@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from forensics import libpath
+import forensics_test_support as S
 
 TIMEOUT = 120  # seconds for any one program run
 BROTLI_SDIST = "brotli-1.2.1.tar.gz"
@@ -60,28 +61,6 @@ def _waiting_on_stdin(pid: int) -> bool:
     return len(fields) > 1 and fields[0] == "0" and fields[1] == "0x0"
 
 
-def wait_core(snap_dir: Path, pid: int, timeout: float = 60.0) -> Path:
-    """The core of pid's first on-demand snapshot, once its writer has exited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        dirs = [d for d in snap_dir.glob(f"*-{pid}-1-on-demand") if (d / "info").exists()]
-        if dirs:
-            break
-        assert time.monotonic() < deadline, f"no snapshot of {pid} in {sorted(snap_dir.iterdir())}"
-        time.sleep(0.02)
-    info = dict(line.split("=", 1) for line in (dirs[0] / "info").read_text().splitlines() if "=" in line)
-    child = int(info["child"])
-    while True:
-        try:
-            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state in ("Z", "X"):
-            break
-        assert time.monotonic() < deadline, f"snapshot writer {child} still running after {timeout}s"
-        time.sleep(0.02)
-    assert not (dirs[0] / "error").exists(), (dirs[0] / "error").read_text()
-    return dirs[0] / "core"
 
 
 def run_program(argv: list[str], first: bytes, rest: bytes, tmp: Path, *, libtag: bool,
@@ -113,7 +92,7 @@ def run_program(argv: list[str], first: bytes, rest: bytes, tmp: Path, *, libtag
             core = None
             if libtag:
                 os.kill(proc.pid, signal.SIGUSR2)
-                core = wait_core(snap_dir, proc.pid)
+                core = S.wait_core(snap_dir, proc.pid)
             proc.stdin.write(rest)
             proc.stdin.close()
             code = proc.wait(timeout=TIMEOUT)

@@ -6,7 +6,6 @@ GIVEN / WHEN / THEN; every victim and command runs with a timeout.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -18,18 +17,7 @@ from pathlib import Path
 import pytest
 
 
-def _support():
-    name = "forensics_tests_snapshot_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("test_snapshot_support.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-S = _support()
+import forensics_test_support as S
 THREADS = 4
 CORE_PATHS = [
     pytest.param("kernel", marks=pytest.mark.skipif(

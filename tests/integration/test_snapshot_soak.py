@@ -7,27 +7,13 @@ path runs under load; the kernel path is covered in test_snapshot.py.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
-import sys
 import time
-from pathlib import Path
 
 
-def _support():
-    name = "forensics_tests_snapshot_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("test_snapshot_support.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-S = _support()
+import forensics_test_support as S
 ROUNDS = 200
 THREADS = 8
 # A hang guard, not a speed requirement: 200 cores of ~100 MB each.

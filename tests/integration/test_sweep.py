@@ -10,24 +10,10 @@ THEN exactly one heap-overflow snapshot exists, taken before the free (its
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
-from pathlib import Path
 
 
-def _support():
-    name = "forensics_tests_snapshot_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("test_snapshot_support.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-S = _support()
+import forensics_test_support as S
 
 
 def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim, tmp_path):

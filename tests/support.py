@@ -1,5 +1,6 @@
-"""Helpers shared by test_snapshot*.py, test_anomaly*.py and test_crash*.py
-(loaded by path, not collected for tests: it defines none).
+"""Helpers shared by the integration tests: `import forensics_test_support as S`
+(tests/conftest.py registers this file under that name; pytest's importlib
+mode puts no test folder on sys.path).
 
 read_control(core) finds libtag's control block in a core by its magic
 (TAG_CONTROL_MAGIC) and unpacks the fields these tests check at the offsets
@@ -186,3 +187,26 @@ def wait_until(pred, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str = "on-demand",
+              timeout: float = 60.0) -> Path:
+    """The core of pid's seq-th snapshot for reason in snap_dir, once it is
+    complete (forensics.snapshots.wait_complete: its writer exited, its size
+    settled, no error file)."""
+    from forensics import snapshots
+
+    snap_dir = Path(snap_dir)
+    deadline = time.monotonic() + timeout
+    while True:
+        dirs = [d for d in snap_dir.glob(f"*-{pid}-{seq}-{reason}") if (d / "info").exists()]
+        if dirs:
+            break
+        listing = sorted(snap_dir.iterdir()) if snap_dir.is_dir() else []
+        assert time.monotonic() < deadline, f"no snapshot {seq} ({reason}) of {pid} in {listing}"
+        time.sleep(0.02)
+    assert len(dirs) == 1, dirs
+    snap = snapshots.wait_complete(dirs[0], max(1.0, deadline - time.monotonic()))
+    core = snapshots.find_core(snap.path)
+    assert core is not None, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
+    return core

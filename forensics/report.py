@@ -182,19 +182,23 @@ def _block_facts(block: dict) -> list[list[str]]:
     return out
 
 
+def _add_block(b: dict | None, facts: list, stacks: list, frames: _Frames) -> None:
+    """An event's block, if it has one: its facts and both of its stacks."""
+    if not b:
+        return
+    facts += _block_facts(b)
+    stacks.append(_stack_json(f"allocated by thread {b['thread']}", b["alloc_stack"], frames))
+    if b["state"] == "freed":
+        stacks.append(_stack_json(f"freed by thread {b['free_thread']}", b["free_stack"] or [], frames))
+
+
 def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
     """The anomaly and the crash of one inspect document, as the page's event cards."""
     out = []
     for a in doc.get("anomalies") or []:
         facts = [["core", core], ["address", a["address"]], ["thread", str(a.get("thread"))]]
         stacks = [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)]
-        b = a.get("block")
-        if b:
-            facts += _block_facts(b)
-            stacks.append(_stack_json(f"allocated by thread {b['thread']}", b["alloc_stack"], frames))
-            if b["state"] == "freed":
-                stacks.append(_stack_json(f"freed by thread {b['free_thread']}",
-                                          b["free_stack"] or [], frames))
+        _add_block(a.get("block"), facts, stacks, frames)
         out.append({"kind": a["kind"], "title": f"{a['kind']} of {a['address']}",
                     "facts": facts, "stacks": stacks})
     c = doc.get("crash")
@@ -205,13 +209,7 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
                  ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
                                                       owner.get("note")) if x)]]
         stacks = [_stack_json(f"crashed in thread {c['thread']}", c["stack"], frames)]
-        b = owner.get("block")
-        if b:
-            facts += _block_facts(b)
-            stacks.append(_stack_json(f"allocated by thread {b['thread']}", b["alloc_stack"], frames))
-            if b["state"] == "freed":
-                stacks.append(_stack_json(f"freed by thread {b['free_thread']}",
-                                          b["free_stack"] or [], frames))
+        _add_block(owner.get("block"), facts, stacks, frames)
         out.append({"kind": "crash", "title": f"{c['signal']} at {c['address']}",
                     "facts": facts, "stacks": stacks})
     return out

@@ -39,6 +39,11 @@ static void snapshot_now(void)
     }
 }
 
+const char *_tag_anomaly_name(uint32_t kind)
+{
+    return kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "unknown";
+}
+
 void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
                   void *ret, void *frame)
 {
@@ -65,7 +70,7 @@ void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
         }
     }
     _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
-             kind_names[kind], ptr, t->tid,
+             _tag_anomaly_name(kind), ptr, t->tid,
              _tag_opt.on_anomaly == TAG_ON_ABORT    ? "abort"
              : _tag_opt.on_anomaly == TAG_ON_IGNORE ? "ignore"
                                                      : "snapshot");

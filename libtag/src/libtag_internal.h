@@ -181,6 +181,8 @@ void _tag_real_release(void *user);
  * skipped; does not return with abort. */
 void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
                   void *ret, void *frame);
+/* "double-free", ... as in the snapshot directory names and the JSON. */
+const char *_tag_anomaly_name(uint32_t kind);
 
 /* -------------------------------------------------------- snapshot.c */
 int _tag_snapshot(uint32_t reason);

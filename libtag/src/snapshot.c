@@ -56,13 +56,6 @@ static const char *const reason_names[] = {
     [TAG_REASON_ANOMALY] = "anomaly",
     [TAG_REASON_CRASH] = "crash",
 };
-static const char *const anomaly_names[] = {
-    [TAG_ANOMALY_NONE] = "none",
-    [TAG_ANOMALY_DOUBLE_FREE] = "double-free",
-    [TAG_ANOMALY_INVALID_FREE] = "invalid-free",
-    [TAG_ANOMALY_HEAP_OVERFLOW] = "heap-overflow",
-    [TAG_ANOMALY_USE_AFTER_FREE] = "use-after-free",
-};
 
 static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
 {
@@ -277,6 +270,17 @@ static void write_file(int dir, const char *name, const char *text, size_t len)
 
 /* ---------------------------------------------------------------------
  * The child.  Decide how the core gets written and write it. */
+/* The kernel writes a core only up to the soft RLIMIT_CORE, which is often
+ * 0: raise it to the hard limit (never above; that is the admin's). */
+static void raise_core_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_CORE, &rl);
+    }
+}
+
 static int kernel_can_dump_here(void)
 {
     char pat[256];
@@ -345,23 +349,9 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     /* Kernel path: the core lands in the current directory, mode 0600. */
     if (fchdir(dir) < 0)
         child_fail(dir, "cannot enter snapshot directory", errno);
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_CORE, &rl);
-    }
+    raise_core_limit();
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_DFL;
-    syscall(SYS_rt_sigaction, SIGABRT, &sa, NULL, sizeof(sigset_t) / 16);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGABRT);
-    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
-    /* glibc's raise() would signal the parent's thread id cached in the
-     * thread descriptor: ask the kernel who we are. */
-    syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), SIGABRT);
+    _tag_die(SIGABRT);
     child_fail(dir, "abort did not end the snapshot child", 0);
 }
 
@@ -418,7 +408,7 @@ int _tag_snapshot(uint32_t reason)
     struct tag_tls *t = _tag_self();
     uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
     const char *rname = reason == TAG_REASON_ANOMALY
-                            ? anomaly_names[_tag_ctl.anomaly.kind]
+                            ? _tag_anomaly_name(_tag_ctl.anomaly.kind)
                             : reason_names[reason];
     char name[128];
     int rc = 0;
@@ -499,11 +489,7 @@ int _tag_crash_dir(void)
     if (_tag_opt.omit_payload)
         path = TAG_CORE_SELF;
     if (path == TAG_CORE_KERNEL) {
-        struct rlimit rl;
-        if (getrlimit(RLIMIT_CORE, &rl) == 0 && rl.rlim_cur != rl.rlim_max) {
-            rl.rlim_cur = rl.rlim_max;
-            setrlimit(RLIMIT_CORE, &rl);
-        }
+        raise_core_limit();
         write_file(dir, "info", info, n);
         int rc = fchdir(dir);
         close(dir);
@@ -523,7 +509,9 @@ int _tag_crash_dir(void)
     return child > 0 ? 0 : -errno;
 }
 
-/* Die of sig with its default action, whatever handler is installed. */
+/* Die of sig with its default action, whatever handler is installed.
+ * Raw system calls: in a raw-clone child glibc's raise() would signal the
+ * parent's thread id cached in the thread descriptor. */
 void _tag_die(int sig)
 {
     struct sigaction dfl;

@@ -52,6 +52,7 @@ TAG_THREAD_EXITED = 1
 TAG_THREAD_REGS = 2
 TAG_NREGS = 27
 TAG_QUARANTINE_SLOTS = 4096
+TAG_REAP_REQUEST = 0x52454150  # sigqueue value: reap finished snapshot children
 TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
 TAG_QUARANTINE_BYTES = 16 + 8 * TAG_QUARANTINE_SLOTS
 

@@ -212,6 +212,28 @@ def unwritable_reason(pid: int, root: Path) -> str | None:
 
 # ------------------------------------------------------------------ take --
 
+def ask_to_reap(pid: int) -> None:
+    """Ask a libtag process to collect its finished snapshot child now (a
+    sigqueue of TAG_REAP_REQUEST on libtag's SIGRTMAX-1), so an idle process
+    is not left with a zombie until it next allocates.  Best effort: the
+    snapshot is already complete and recorded either way."""
+    import ctypes
+    import ctypes.util
+
+    from forensics.abi import TAG_REAP_REQUEST
+
+    class _SigVal(ctypes.Union):
+        _fields_ = [("sival_int", ctypes.c_int), ("sival_ptr", ctypes.c_void_p)]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, _SigVal]
+        value = _SigVal(sival_int=ctypes.c_int(TAG_REAP_REQUEST).value)
+        libc.sigqueue(pid, int(signal.SIGRTMAX) - 1, value)
+    except (OSError, AttributeError):
+        pass
+
+
 def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
          note=lambda msg: None, status=None) -> dict:
     """Signal *pid* for an on-demand snapshot, wait for its core, record it.
@@ -301,6 +323,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
             f"(snapshot dir {snap.path}); the process runs on") from None
     core = snapshots.find_core(snap.path)
     assert core is not None  # wait_complete raised otherwise
+    ask_to_reap(pid)
     with catalog.Catalog() as cat:
         if seen_root == root:
             cat.add_root(root)

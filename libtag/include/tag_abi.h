@@ -220,6 +220,12 @@ struct libtag_crash {
     uint32_t reserved;
 };
 
+/* The signal libtag uses to stop every thread for a snapshot (SIGRTMAX - 1)
+ * also takes one request from outside: sigqueue() with this value asks the
+ * process to reap its finished snapshot children now (forensics snapshot
+ * does, once the core is complete), so an idle process keeps no zombie. */
+#define TAG_REAP_REQUEST 0x52454150u  /* "PAER" */
+
 /* control.options */
 #define TAG_OPTION_NO_PAYLOAD 1u  /* LIBTAG_PAYLOAD=omit: in this core the
                                      payload bytes of every tagged block are

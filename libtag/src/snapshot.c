@@ -57,6 +57,8 @@ static const char *const reason_names[] = {
     [TAG_REASON_CRASH] = "crash",
 };
 
+static void reap(void);
+
 static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
 {
     return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
@@ -91,6 +93,15 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
 {
     (void)sig;
     int saved = errno;
+    if (si->si_code == SI_QUEUE && (uint32_t)si->si_value.sival_int == TAG_REAP_REQUEST) {
+        /* from forensics snapshot: the core is complete, collect the child */
+        if (!__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
+            reap();
+            __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+        }
+        errno = saved;
+        return;
+    }
     if (si->si_code != SI_TKILL || si->si_pid != getpid()) {
         errno = saved;
         return;

@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -61,13 +62,30 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
          * is certain: see there. */
     }
 
-    struct sigaction *prog = &program_act[sig];
-    if ((prog->sa_flags & SA_SIGINFO) && prog->sa_sigaction) {
-        prog->sa_sigaction(sig, si, ucv);
+    /* The program's own disposition, with the semantics the kernel would
+     * have given it (sigaction(2)): an ignored signal sent by kill() is
+     * ignored (a fault cannot be: the kernel forces the default); a handler
+     * runs with its sa_mask and, unless SA_NODEFER, its own signal blocked;
+     * SA_RESETHAND restores the default before it runs. */
+    struct sigaction act = program_act[sig];
+    if (act.sa_handler == SIG_IGN && !(act.sa_flags & SA_SIGINFO) && si->si_code <= 0)
         return;
-    }
-    if (prog->sa_handler != SIG_DFL && prog->sa_handler != SIG_IGN && prog->sa_handler) {
-        prog->sa_handler(sig);
+    int has_handler = (act.sa_flags & SA_SIGINFO) ? act.sa_sigaction != NULL
+                      : act.sa_handler != SIG_DFL && act.sa_handler != SIG_IGN;
+    if (has_handler) {
+        if (act.sa_flags & SA_RESETHAND) {
+            memset(&program_act[sig], 0, sizeof program_act[sig]);
+            program_act[sig].sa_handler = SIG_DFL;
+        }
+        sigset_t block = act.sa_mask, old;
+        if (!(act.sa_flags & SA_NODEFER))
+            sigaddset(&block, sig);
+        pthread_sigmask(SIG_BLOCK, &block, &old);
+        if (act.sa_flags & SA_SIGINFO)
+            act.sa_sigaction(sig, si, ucv);
+        else
+            act.sa_handler(sig);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         return;
     }
     /* Default action: restore it and let the signal come back.  A fault

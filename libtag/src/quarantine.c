@@ -25,7 +25,13 @@ _Static_assert(sizeof(struct tag_quarantine) == TAG_QUARANTINE_BYTES,
 void _tag_real_release(void *user)
 {
     struct libtag_tag *t = _tag_of(user);
-    __libc_free((char *)t - t->pad);
+    /* glibc overwrites the first 16 bytes of the chunk with its free-list
+     * links, which kills the tag of a plain block - but an aligned block's
+     * tag sits pad bytes further in and would survive in free memory as a
+     * valid-looking freed tag.  Clear the magic first. */
+    char *raw = (char *)t - t->pad;
+    t->magic = 0;
+    __libc_free(raw);
 }
 
 static void evict_one(struct tag_tls *t, struct tag_quarantine *q)

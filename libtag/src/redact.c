@@ -93,7 +93,22 @@ void _tag_redact_payloads(void)
                 p++;
             while ((v = hexval(*p)) >= 0)
                 hi = hi << 4 | (uintptr_t)v, p++;
-            if (*p == ' ' && p[1] == 'r' && p[2] == 'w' && p[4] == 'p' && n < 8192) {
+            /* perms, then offset, device, inode: blocks live in anonymous
+             * private memory (inode 0); a private file mapping can fault
+             * (SIGBUS past the file's end) and holds no heap anyway */
+            int rw_private = *p == ' ' && p[1] == 'r' && p[2] == 'w' && p[4] == 'p';
+            int field = 0;
+            unsigned long inode = 0;
+            for (p++; *p && *p != '\n' && field < 4; p++) {
+                if (*p == ' ') {
+                    while (p[1] == ' ')
+                        p++;
+                    field++;
+                } else if (field == 3 && *p >= '0' && *p <= '9') {
+                    inode = inode * 10 + (unsigned long)(*p - '0');
+                }
+            }
+            if (rw_private && inode == 0 && n < 8192) {
                 ranges[n][0] = lo;
                 ranges[n][1] = hi;
                 n++;

@@ -44,6 +44,7 @@
 #define MAX_PENDING 64
 
 static int busy;                    /* a snapshot is being taken */
+static uint32_t next_generation;    /* bumped by every stop, whatever its fate */
 static uint32_t generation;         /* which snapshot threads wait for */
 static uint32_t acks;               /* threads that saved their registers */
 static uint32_t released;           /* generation that may go on */
@@ -94,11 +95,9 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
     (void)sig;
     int saved = errno;
     if (si->si_code == SI_QUEUE && (uint32_t)si->si_value.sival_int == TAG_REAP_REQUEST) {
-        /* from forensics snapshot: the core is complete, collect the child */
-        if (!__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
-            reap();
-            __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
-        }
+        /* from forensics snapshot: the core is complete, collect the child
+         * (reap() takes no lock: a snapshot running now is not delayed) */
+        reap();
         errno = saved;
         return;
     }
@@ -158,6 +157,27 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
         futex(&acks, FUTEX_WAIT_PRIVATE, got, &ts);
     }
     return got;
+}
+
+/* Forget every other thread's registers from an earlier snapshot (a thread
+ * that exited or blocks the signal must not show stale ones), save ours when
+ * given, and stop the others.  Returns the generation to release. */
+static uint32_t freeze(struct tag_tls *t, const ucontext_t *uc, uint32_t *stopped)
+{
+    struct libtag_thread *r = (struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+    uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    if (n > _tag_ctl.thread_capacity)
+        n = _tag_ctl.thread_capacity;
+    for (uint32_t i = 0; i < n; i++)
+        if (&r[i] != t->rec)
+            __atomic_and_fetch(&r[i].flags, ~TAG_THREAD_REGS, __ATOMIC_RELAXED);
+    if (uc)
+        _tag_save_regs(t->rec, uc);
+    uint32_t gen = __atomic_add_fetch(&next_generation, 1, __ATOMIC_RELAXED);
+    uint32_t got = stop_threads(gen, t->tid);
+    if (stopped)
+        *stopped = got;
+    return gen;
 }
 
 static void release_threads(uint32_t gen)
@@ -328,6 +348,16 @@ __attribute__((noreturn)) static void child_fail(int dir, const char *what, int 
 __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint32_t seq,
                                                  uint32_t tid)
 {
+    /* A fault in the child (a file mapping past its end, while redacting
+     * or dumping) must end the child, not run the crash hook - or the
+     * program's own handler - in it. */
+    static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof crash_signals / sizeof crash_signals[0]; i++)
+        syscall(SYS_rt_sigaction, crash_signals[i], &dfl, NULL, sizeof(sigset_t) / 16);
+
     /* This memory is the snapshot: say what it is. */
     _tag_ctl.reason = reason;
     _tag_ctl.snapshot_seq = seq;
@@ -367,16 +397,20 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
 }
 
 /* ---------------------------------------------------------------------
- * Reaping.  The children have no exit signal; collect them when we can. */
+ * Reaping.  The children have no exit signal; collect them when we can.
+ * Lock-free and async-signal-safe: of two threads reaping the same child,
+ * only one waitpid() returns it, and only that one clears its slot. */
 static void reap(void)
 {
+    int saved = errno;
     for (int i = 0; i < MAX_PENDING; i++) {
         pid_t p = __atomic_load_n(&pending[i], __ATOMIC_ACQUIRE);
-        if (p > 0 && waitpid(p, NULL, WNOHANG | __WALL) == p) {
-            __atomic_store_n(&pending[i], 0, __ATOMIC_RELEASE);
+        if (p > 0 && waitpid(p, NULL, WNOHANG | __WALL) == p &&
+            __atomic_compare_exchange_n(&pending[i], &p, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
             __atomic_fetch_sub(&_tag_snapshot_pending, 1, __ATOMIC_RELAXED);
-        }
     }
+    errno = saved;
 }
 
 static void remember(pid_t child)
@@ -399,10 +433,7 @@ static void remember(pid_t child)
  * allocates again or takes another snapshot. */
 void _tag_snapshot_reap(void)
 {
-    if (!__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) {
-        reap();
-        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
-    }
+    reap();  /* no lock: an on-demand snapshot must never find us busy */
 }
 
 /* ---------------------------------------------------------------------
@@ -435,16 +466,15 @@ int _tag_snapshot(uint32_t reason)
 
     uint64_t t0 = mono_ns();
     ucontext_t uc;
-    if (getcontext(&uc) == 0)
-        _tag_save_regs(t->rec, &uc);
-    uint32_t stopped = stop_threads(seq, t->tid);
+    uint32_t stopped;
+    uint32_t gen = freeze(t, getcontext(&uc) == 0 ? &uc : NULL, &stopped);
     uint64_t t1 = mono_ns();
     /* exit signal 0: no SIGCHLD, invisible to wait() without __WALL */
     long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
     if (child == 0)
         child_main(dir, reason, seq, t->tid);
     uint64_t t2 = mono_ns();
-    release_threads(seq);
+    release_threads(gen);
     if (child < 0) {
         rc = -errno;
         _tag_log("libtag: snapshot failed: fork: errno %d", -rc);
@@ -506,18 +536,26 @@ int _tag_crash_dir(void)
         close(dir);
         return rc;
     }
-    stop_threads(seq, t->tid);
+    /* another thread may be taking a snapshot: wait for it (2 s at most;
+     * the process is going down either way) */
+    for (int i = 0; i < 200 && __atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE); i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    uint32_t gen = freeze(t, NULL, NULL);  /* our registers: the crash hook's */
     long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
     if (child == 0)
         child_main(dir, TAG_REASON_CRASH, seq, t->tid);
-    release_threads(seq);
+    release_threads(gen);
     if (child > 0)
         waitpid((pid_t)child, NULL, __WALL);
+    int rc = child > 0 ? 0 : -errno;
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
     if (_tag_opt.omit_payload)
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     write_file(dir, "info", info, n);
     close(dir);
-    return child > 0 ? 0 : -errno;
+    return rc;
 }
 
 /* Die of sig with its default action, whatever handler is installed.

@@ -24,15 +24,18 @@ void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
     t->magic = TAG_MAGIC;
 }
 
-/* A tag that starts on the page before user may sit on an unmapped page
- * when user is not ours at all: ask the kernel (mincore fails with ENOMEM
- * on unmapped memory) before touching it.  Our own blocks never need this
- * answer to be "unmapped", and it costs a system call only for pointers in
- * the first 32 bytes of a page. */
+/* Before touching a tag, make sure its page is mapped (mincore fails with
+ * ENOMEM on unmapped memory) when it may not be:
+ * - the tag starts on the page before user (user in a page's first 32
+ *   bytes): user may not be ours at all;
+ * - user is in a page's first 64 bytes: that is where glibc puts an
+ *   mmap'ed chunk (a large block), which free() munmaps - a second free()
+ *   of it must be reported, not fault.
+ * A system call for 1 in 64 pointers; none for the rest. */
 static int tag_readable(const struct libtag_tag *t, const void *user)
 {
     uintptr_t u = (uintptr_t)user;
-    if ((u & 4095) >= sizeof *t)
+    if ((u & 4095) >= 64)
         return 1;
     unsigned char vec;
     int saved = errno;

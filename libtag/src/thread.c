@@ -108,6 +108,13 @@ static void atfork_child(void)
      * lets the frame-pointer walk leave the stack and misleads readers. */
     if (!fork_from_main && t->rec)
         t->rec->stack_hi = (uint64_t)pthread_self();
+    /* The parent's threads do not exist here: no reader or snapshot of the
+     * child may take their records (or their saved registers) for live. */
+    for (uint32_t i = 0; i < _tag_ctl.thread_count && i < THREAD_CAPACITY; i++)
+        if (&records[i] != t->rec)
+            records[i].flags |= TAG_THREAD_EXITED;
+    if (t->rec)
+        t->rec->quarantine = (uint64_t)(uintptr_t)t->quarantine;  /* still ours */
 }
 
 /* After libc is initialised (constructor): pthread_key_create and

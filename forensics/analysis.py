@@ -25,7 +25,7 @@ from forensics.pointers import Edges, build_edges
 Progress = Callable[[int, int], None]
 
 # bumped when the edge cache's meaning changes
-_EDGES_VERSION = 2  # 2: forensics.cachefile format
+_EDGES_VERSION = 3  # 2: forensics.cachefile format; 3: keyed like the heap index
 
 
 @dataclass(frozen=True)
@@ -147,13 +147,17 @@ class Snapshot:
                 if tid == self.core.pid and snap_tid and not self.heap.thread(tid):
                     tid = snap_tid
                 core_sp[tid] = t.sp
+        # A snapshot's registers were saved by libtag for every thread at one
+        # instant, before the fork; the core's own note of the snapshotting
+        # thread is the fork child's, deeper inside libtag.  A crash core is
+        # the process itself: there the core's notes are the truth.
+        prefer_saved = self.heap.reason != "crash"
         out = []
         for t in self.heap.threads:
             if t.exited:
                 continue
-            sp = core_sp.get(t.tid)
-            if sp is None and t.regs:
-                sp = t.regs.get("rsp")
+            saved = t.regs.get("rsp") if t.regs else None
+            sp = saved if prefer_saved and saved else core_sp.get(t.tid, saved)
             probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
             region = next((r for r in regions if probe is not None and probe in r), None)
             out.append(ThreadStack(t.tid, sp, region, t.shadow))
@@ -175,7 +179,8 @@ class Snapshot:
         path = f"{self.cache_base}.fxptr" if self.cache_base else None
         key = getattr(self.mem, "cache_key", None)
         if path and key:
-            cached = _load_edges(path, key)
+            key = (*key, self.heap.control_addr, self.heap.secret, len(self.heap))
+            cached = _load_edges(path, key) if self.heap.from_cache else None
             if cached is not None:
                 return cached
         idx = self.heap.index
@@ -192,7 +197,8 @@ def _load_edges(path: str, key) -> Edges | None:
 
     from forensics import cachefile
 
-    data = cachefile.load(path, [_EDGES_VERSION, key[0], key[1]])
+    # keyed like the heap index it refers to: block numbers are its indexes
+    data = cachefile.load(path, [_EDGES_VERSION, *key])
     if data is None:
         return None
     try:
@@ -212,4 +218,4 @@ def _load_edges(path: str, key) -> Edges | None:
 def _save_edges(path: str, key, edges: Edges) -> None:
     from forensics import cachefile
 
-    cachefile.save(path, [_EDGES_VERSION, key[0], key[1]], edges.to_arrays())
+    cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())

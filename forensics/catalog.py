@@ -129,17 +129,25 @@ class Catalog:
             db.execute("INSERT OR IGNORE INTO roots (path) VALUES (?)",
                        (os.path.abspath(os.fspath(path)),))
 
+    def _query(self, sql: str):
+        """Rows of a read; a catalog with another schema or damaged rows is a
+        clear error naming the file, not an internal one."""
+        try:
+            return self._conn().execute(sql).fetchall()
+        except sqlite3.Error as e:
+            raise InputError(f"catalog {self.path} is damaged ({e}); move it aside and "
+                             f"run forensics list to rebuild it from the snapshot dirs") from None
+
     def roots(self) -> list[str]:
-        return [r["path"] for r in self._conn().execute("SELECT path FROM roots ORDER BY path")]
+        return [r["path"] for r in self._query("SELECT path FROM roots ORDER BY path")]
 
     def known_dirs(self) -> set[str]:
-        return {r["dir"] for r in self._conn().execute("SELECT dir FROM snapshots")}
+        return {r["dir"] for r in self._query("SELECT dir FROM snapshots")}
 
     def entries(self) -> list[Entry]:
         """Every row, oldest first."""
-        rows = self._conn().execute(
-            "SELECT * FROM snapshots ORDER BY COALESCE(time, 0), id").fetchall()
-        return [_entry(r) for r in rows]
+        rows = self._query("SELECT * FROM snapshots ORDER BY COALESCE(time, 0), id")
+        return [e for e in (_entry(r) for r in rows) if e is not None]
 
     def newest(self) -> Entry | None:
         """The most recent snapshot whose core still exists, or None."""
@@ -149,11 +157,16 @@ class Catalog:
         return None
 
 
-def _entry(row: sqlite3.Row) -> Entry:
+def _entry(row: sqlite3.Row) -> Entry | None:
+    """A row as an Entry; None for a row whose fields have the wrong types
+    (a damaged or foreign catalog), which is skipped."""
     try:
         summary = json.loads(row["summary"] or "{}")
-    except ValueError:
+    except (ValueError, TypeError):
         summary = {}
+    if not isinstance(row["core"], str) or not isinstance(row["pid"], int) or not (
+            row["time"] is None or isinstance(row["time"], (int, float))):
+        return None
     return Entry(id=row["id"], core=row["core"], dir=row["dir"], pid=row["pid"],
                  exe=row["exe"], time=row["time"], reason=row["reason"],
                  pause_ms=row["pause_ms"], core_bytes=row["core_bytes"], summary=summary)

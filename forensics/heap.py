@@ -114,7 +114,7 @@ class Heap:
                 self._write_cache(cache_path, cache_key, index)
         smashed = index.pop("smashed")
         self._index = index
-        self._end = index["start"] + index["size"]
+        self._end = index["start"] + np.maximum(index["size"], 1)  # malloc(0) owns its start
         self._warn_smashed(smashed)
 
     # ------------------------------------------------------------- control --

@@ -600,7 +600,12 @@ def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
     try:
         from elftools.elf.elffile import ELFFile
 
-        with open(path, "rb") as f:
+        from forensics.symbols import open_regular
+
+        f = open_regular(path)
+        if f is None:
+            return None
+        with f:
             elf = ELFFile(f)
             memsz = next((int(seg["p_memsz"]) for seg in elf.iter_segments()
                           if seg["p_type"] == "PT_TLS"), None)

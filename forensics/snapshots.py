@@ -18,6 +18,7 @@ process itself.  Its size must then stay the same between two looks.
 from __future__ import annotations
 
 import os
+import stat
 import re
 import time
 from dataclasses import dataclass, field
@@ -109,9 +110,15 @@ def list_dirs(root: str | os.PathLike[str], pid: int | None = None) -> list[Snap
         raise InputError(f"{root} is not a directory") from None
     except PermissionError:
         raise InputError(f"cannot read snapshot directory {root}: permission denied") from None
+    me = os.geteuid()
     for e in entries:
         parsed = parse_name(e.name)
         if parsed is None or not e.is_dir(follow_symlinks=False):
+            continue
+        try:
+            if e.stat(follow_symlinks=False).st_uid != me:
+                continue  # not ours: anyone who can write the root could plant it
+        except OSError:
             continue
         comm, p, seq, reason = parsed
         if pid is not None and p != pid:
@@ -121,14 +128,30 @@ def list_dirs(root: str | os.PathLike[str], pid: int | None = None) -> list[Snap
     return out
 
 
+def _read_small(path: Path, limit: int = 4096) -> str | None:
+    """A small regular file's text, None if absent.  Never follows a symlink
+    and never blocks: a FIFO or a device planted there is refused."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError:
+        raise InputError(f"cannot read {path}: permission denied") from None
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file")
+        return os.read(fd, limit).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 def read_info(path: str | os.PathLike[str]) -> dict[str, str]:
     """The key=value lines of <path>/info ({} while libtag has not written it yet)."""
-    try:
-        text = (Path(path) / "info").read_text(errors="replace")
-    except (FileNotFoundError, NotADirectoryError):
+    text = _read_small(Path(path) / "info")
+    if text is None:
         return {}
-    except PermissionError:
-        raise InputError(f"cannot read {Path(path) / 'info'}: permission denied") from None
     info: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -139,10 +162,10 @@ def read_info(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def read_error(path: str | os.PathLike[str]) -> str | None:
     """The one line the snapshot child left in <path>/error, or None."""
-    try:
-        text = (Path(path) / "error").read_text(errors="replace").strip()
-    except (FileNotFoundError, NotADirectoryError):
+    text = _read_small(Path(path) / "error")
+    if text is None:
         return None
+    text = text.strip()
     return text or "the snapshot child failed without saying why"
 
 
@@ -158,7 +181,7 @@ def find_core(path: str | os.PathLike[str]) -> Path | None:
     except OSError:
         return None
     for name in names:
-        if name.startswith("core.") and not name.endswith(".tmp"):
+        if name.startswith("core.") and not name.endswith((".tmp", ".fxidx", ".fxptr")):
             p = d / name
             if p.is_file() and not p.is_symlink():
                 return p

@@ -37,6 +37,16 @@ def crash_frames(snap: Snapshot, tid: int):
     return pc + shadow
 
 
+def spec_reason(heap) -> str:
+    """SPEC §5's reason: "on-demand", an anomaly kind, or "crash".  A core
+    libtag did not trigger (gcore, a kill the crash hook did not see) has no
+    recorded reason: it is a snapshot taken on demand by other means."""
+    reason = heap.reason
+    if reason == "none" or reason.startswith("reason-"):
+        return "crash" if heap.crash is not None else "on-demand"
+    return reason
+
+
 def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
     from forensics.owners import classify, near_note
 
@@ -89,7 +99,7 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
     return {
         "core": snap.core.path if snap.core is not None else snap.mem.name,
         "process": {"pid": snap.pid, "exe": snap.exe},
-        "reason": heap.reason,
+        "reason": spec_reason(heap),
         "payload": "omitted" if heap.payload_omitted else "kept",
         "crash": crash,
         "heap": {

@@ -66,6 +66,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -156,16 +157,37 @@ _PT_LOAD = 1
 _PAGE = 4096
 
 
+def open_regular(path: str):
+    """A module file named by a core, opened for reading only if it is a
+    regular file - a core can name a FIFO, a tty or /dev/zero, which would
+    hang or never end - else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def _load_segments(path: str) -> list[tuple[int, int, int]] | None:
     """(p_offset, p_vaddr, p_filesz) of each PT_LOAD of a 64-bit little-endian
     ELF file, or None if it is not one (or cannot be read)."""
+    f = open_regular(path)
+    if f is None:
+        return None
     try:
-        with open(path, "rb") as f:
+        with f:
             head = f.read(_EHDR.size)
             if len(head) < _EHDR.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
                 return None
             _, _, _, _, _, phoff, _, _, _, phentsize, phnum, _, _, _ = _EHDR.unpack(head)
-            if phentsize < _PHDR.size or phnum == 0:
+            if phentsize < _PHDR.size or phnum == 0 or phentsize * phnum > 1 << 16:
                 return None
             f.seek(phoff)
             raw = f.read(phentsize * phnum)
@@ -308,8 +330,11 @@ class _SymbolTable:
         from elftools.elf.sections import SymbolTableSection
 
         spans: dict[int, int] = {}
+        f = open_regular(path)
         try:
-            with open(path, "rb") as f:
+            if f is None:
+                raise OSError(f"{path} is not a regular file")
+            with f:
                 elf = ELFFile(f)
                 for sec in elf.iter_sections():
                     if not isinstance(sec, SymbolTableSection):
@@ -367,18 +392,26 @@ class Symbolizer:
 
     # -- cache ---------------------------------------------------------------
 
-    def _open_cache(self, cache_dir: Path) -> sqlite3.Connection:
-        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = cache_dir / "symbols.sqlite"
-        # Create it 0600 before sqlite does (sqlite would honour the umask).
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        db = sqlite3.connect(path)
-        db.execute(
-            "CREATE TABLE IF NOT EXISTS sym (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"
-            " addr INTEGER, function TEXT, file TEXT, line INTEGER, start INTEGER,"
-            " PRIMARY KEY (tool, path, mtime_ns, size, addr))"
-        )
-        return db
+    def _open_cache(self, cache_dir: Path) -> sqlite3.Connection | None:
+        """The on-disk cache, or None (memory only) when it cannot be used: an
+        unwritable state dir, a damaged or locked file must not stop an answer."""
+        from forensics.errors import ForensicsError
+        from forensics.statedir import ensure_private_dir
+
+        try:
+            ensure_private_dir(cache_dir)
+            path = cache_dir / "symbols.sqlite"
+            # Create it 0600 before sqlite does (sqlite would honour the umask).
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            db = sqlite3.connect(path, timeout=1.0)
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS sym (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"
+                " addr INTEGER, function TEXT, file TEXT, line INTEGER, start INTEGER,"
+                " PRIMARY KEY (tool, path, mtime_ns, size, addr))"
+            )
+            return db
+        except (OSError, sqlite3.Error, ForensicsError):
+            return None
 
     def _ident(self, module: Module) -> tuple[str, int, int] | None:
         """(path, mtime_ns, size) of a module file that can be read, else None."""
@@ -387,7 +420,8 @@ class Symbolizer:
             if not module.deleted:
                 try:
                     st = os.stat(module.path)
-                    if os.access(module.path, os.R_OK) and _load_segments(module.path) is not None:
+                    if (stat.S_ISREG(st.st_mode) and os.access(module.path, os.R_OK)
+                            and _load_segments(module.path) is not None):
                         ident = (module.path, st.st_mtime_ns, st.st_size)
                 except OSError:
                     pass
@@ -406,21 +440,28 @@ class Symbolizer:
         if self._db is not None and missing:
             q = ("SELECT function, file, line, start FROM sym"
                  " WHERE tool=? AND path=? AND mtime_ns=? AND size=? AND addr=?")
-            for rel in missing:
-                row = self._db.execute(q, (self.tool, *ident, rel)).fetchone()
-                if row is not None:
-                    found[rel] = self._memo[(*ident, rel)] = _Sym(*row)
+            try:
+                for rel in missing:
+                    row = self._db.execute(q, (self.tool, *ident, rel)).fetchone()
+                    if row is not None:
+                        found[rel] = self._memo[(*ident, rel)] = _Sym(*row)
+            except sqlite3.Error:
+                self._db = None  # damaged or locked: go on from memory
         return found
 
     def _store(self, ident: tuple[str, int, int], syms: dict[int, _Sym]) -> None:
         for rel, sym in syms.items():
             self._memo[(*ident, rel)] = sym
         if self._db is not None and syms:
-            with self._db:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO sym VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(self.tool, *ident, rel, s.function, s.file, s.line, s.start) for rel, s in syms.items()],
-                )
+            try:
+                with self._db:
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO sym VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(self.tool, *ident, rel, s.function, s.file, s.line, s.start)
+                         for rel, s in syms.items()],
+                    )
+            except sqlite3.Error:
+                self._db = None  # damaged or locked: go on from memory
 
     # -- lookups -------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class Referrer:
     block_start: int | None
     interior: bool  # points inside the block, not at its start
     thread: int | None = None  # for "stack": whose
+    module: str | None = None  # for "global": whose data or bss
 
 
 @dataclass
@@ -125,8 +126,9 @@ def referrers(snap: Snapshot, block: Block) -> tuple[list[Referrer], int]:
             out.append(Referrer(src, "stack", None, bool(interior), t.tid))
             continue
         region = next((r for r in regions if src in r), None)
-        if region is not None and _module_of_data(regions, region) is not None:
-            out.append(Referrer(src, "global", None, bool(interior)))
+        module = _module_of_data(regions, region) if region is not None else None
+        if module is not None:
+            out.append(Referrer(src, "global", None, bool(interior), module=module))
     return out[:MAX_REFERRERS], len(out)
 
 
@@ -151,7 +153,8 @@ def to_json(snap: Snapshot, o: Owner) -> dict:
         "block": block_json(o.block, snap.stack, offset=o.address - o.block.start) if o.block else None,
         "region": region,
         "referrers": [{"address": hexaddr(r.address), "in": r.where,
-                       "block_start": hexaddr(r.block_start)} for r in o.referrers],
+                       "block_start": hexaddr(r.block_start), "interior": r.interior,
+                       "thread": r.thread, "module": r.module} for r in o.referrers],
         "referrer_count": o.referrer_count,
         "note": o.note,
     }

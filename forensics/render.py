@@ -8,6 +8,7 @@ on stdout and nothing else there; diagnostics go to stderr.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -154,9 +155,17 @@ def show_whoowns(doc: dict) -> None:
             con.print(item)
         refs = doc.get("referrers") or []
         if refs:
+            def where(r: dict) -> str:
+                if r["in"] == "heap":
+                    return f"block {r['block_start']}"
+                if r["in"] == "stack" and r.get("thread") is not None:
+                    return f"thread {r['thread']}"
+                return os.path.basename(r.get("module") or "")
+
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
-                      ["address", "in", "block"],
-                      [(r["address"], r["in"], r["block_start"] or "") for r in refs[:50]])
+                      ["address", "in", "whose", "points"],
+                      [(r["address"], r["in"], where(r),
+                        "inside" if r.get("interior") else "at start") for r in refs[:50]])
             con.print(t)
         else:
             con.print("  no referrers: nothing in live blocks, stacks or globals points into it")

@@ -183,7 +183,8 @@ def test_a_heap_referrer_is_named_with_its_block(snap, victim):
     doc = json.loads(out)
     # THEN its referrer is the first node, at the start of its block
     heap_refs = [r for r in doc["referrers"] if r["in"] == "heap"]
-    assert heap_refs == [{"address": hex(addr["list"]), "in": "heap", "block_start": hex(addr["list"])}], doc
+    assert heap_refs == [{"address": hex(addr["list"]), "in": "heap", "block_start": hex(addr["list"]),
+                          "interior": False, "thread": None, "module": None}], doc
 
 
 def test_errors_are_one_line_gdb_errors(snap, victim, tmp_path):

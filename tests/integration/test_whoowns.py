@@ -120,11 +120,15 @@ def assert_live_block(doc: dict, case: Case, offset: int) -> None:
         block["alloc_stack"])
 
 
-def expected_referrers(f: Facts) -> list[dict]:
+def expected_referrers(f: Facts, exe: Path) -> list[dict]:
+    """The three holders the victim printed: its global (in the victim's own
+    data), a word in its holder block, and a slot in main's stack frame - each
+    pointing at the block's start."""
+    common = {"interior": False, "thread": None, "module": None, "block_start": None}
     return sorted([
-        {"address": hex(f["ref_global"]), "in": "global", "block_start": None},
-        {"address": hex(f["ref_heap"]), "in": "heap", "block_start": hex(f["holder"])},
-        {"address": hex(f["ref_stack"]), "in": "stack", "block_start": None},
+        {**common, "address": hex(f["ref_global"]), "in": "global", "module": str(exe)},
+        {**common, "address": hex(f["ref_heap"]), "in": "heap", "block_start": hex(f["holder"])},
+        {**common, "address": hex(f["ref_stack"]), "in": "stack", "thread": f["main_tid"]},
     ], key=lambda r: int(r["address"], 16))
 
 
@@ -145,7 +149,7 @@ def test_live_block_referrers_are_exactly_the_three_holders(case, run_cli):
     rc, doc = ask(run_cli, case, case.facts["live"])
     # THEN the global, the word in the holder block and main's stack slot - no more
     got = sorted(doc["referrers"], key=lambda r: int(r["address"], 16))
-    assert got == expected_referrers(case.facts), f"expected the three holders, got {got}"
+    assert got == expected_referrers(case.facts, case.exe), f"expected the three holders, got {got}"
     assert doc["referrer_count"] == 3, doc["referrer_count"]
 
 
@@ -271,7 +275,7 @@ def test_pid_takes_a_fresh_snapshot_then_neither_flag_uses_it(exe, run_cli, tmp_
             hex(f["live"]), LIVE_SIZE, 3, "live", f["main_tid"]), block
         assert functions(block["alloc_stack"], exe) == ["alloc_target", "setup_target", "main"]
         got = sorted(doc["referrers"], key=lambda r: int(r["address"], 16))
-        assert got == expected_referrers(f), f"expected the three holders, got {got}"
+        assert got == expected_referrers(f, exe), f"expected the three holders, got {got}"
         # ... and still running: the process ran on after the snapshot
         assert proc.poll() is None, "expected who_addrs to run on after the snapshot"
         # WHEN whoowns has neither --core nor --pid
@@ -303,7 +307,7 @@ def test_neither_flag_reads_the_newest_of_two_runs(exe, run_cli, tmp_path):
     assert rc == 0, f"expected exit 0, got {rc}"
     assert (doc["block"]["start"], doc["block"]["thread"]) == (hex(second["live"]), second["main_tid"])
     got = sorted(doc["referrers"], key=lambda r: int(r["address"], 16))
-    assert got == expected_referrers(second), f"expected the second run's holders, got {got}"
+    assert got == expected_referrers(second, exe), f"expected the second run's holders, got {got}"
     # ... and both runs are in the catalog
     listed = run_cli("list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr

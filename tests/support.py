@@ -94,6 +94,19 @@ def kernel_core_skip_reason() -> str | None:
     return None
 
 
+def _core_paths() -> list:
+    import pytest
+
+    reason = kernel_core_skip_reason()
+    return ["self", pytest.param("kernel", marks=pytest.mark.skipif(reason is not None,
+                                                                     reason=reason or ""))]
+
+
+# LIBTAG_CORE values for tests that run on both core paths: "kernel" skips,
+# saying why, where the kernel will not write a core into the snapshot dir.
+CORE_PATHS = _core_paths()
+
+
 def victim_env(core_path: str, snap_dir: os.PathLike | str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{libpath.lib_path()} {env.get('LD_PRELOAD', '')}".strip()

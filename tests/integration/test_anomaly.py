@@ -15,11 +15,6 @@ import pytest
 
 
 import forensics_test_support as S
-CORE_PATHS = [
-    pytest.param("kernel", marks=pytest.mark.skipif(
-        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
-    "self",
-]
 # victim argument -> (the reason / kind name, does the block record name the pointer?)
 CASES = {
     "double-free": ("double-free", True),
@@ -57,7 +52,7 @@ def _address(stdout: str) -> int:
     return int(line.split("=", 1)[1], 16)
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_anomaly_snapshot_and_run_on(case, core_path, build_victim, tmp_path):
     # GIVEN snap_anomaly CASE under libtag with LIBTAG_ON_ANOMALY=snapshot
@@ -87,7 +82,7 @@ def test_anomaly_snapshot_and_run_on(case, core_path, build_victim, tmp_path):
         f"expected pid/tid {pid} and 1 anomaly, got {ctl}")
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 @pytest.mark.parametrize("case", ["double-free", "use-after-free"])
 def test_anomaly_with_abort_dies_of_sigabrt_after_one_snapshot(case, core_path, build_victim,
                                                                 tmp_path):

@@ -11,15 +11,10 @@ import pytest
 
 
 import forensics_test_support as S
-CORE_PATHS = [
-    pytest.param("kernel", marks=pytest.mark.skipif(
-        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
-    "self",
-]
 FAULT = 0xDEAD0000  # FAULT_ADDR in snap_segv.c
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_segfault_leaves_a_crash_core_with_the_fault(core_path, build_victim, run_cli, tmp_path):
     from forensics import snapshots
 
@@ -55,7 +50,7 @@ def test_segfault_leaves_a_crash_core_with_the_fault(core_path, build_victim, ru
         assert "crash_here" in gdb.stdout, f"expected crash_here in the backtrace: {gdb.stdout}"
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_the_programs_own_segv_handler_still_runs(core_path, build_victim, run_cli, tmp_path):
     # GIVEN snap_segv with its own SIGSEGV handler (sigaction), which _exit(3)s
     exe = build_victim("snap_segv")

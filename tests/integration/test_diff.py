@@ -23,8 +23,6 @@ CHURN = 32
 KEEP = 10
 
 
-
-
 @pytest.fixture(scope="module")
 def series(build_victim, run_victim, tmp_path_factory):
     victim = Path(os.path.realpath(build_victim("diff_growth")))

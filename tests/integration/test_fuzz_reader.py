@@ -129,8 +129,6 @@ class Seed:
     areas: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (file offset, length)
 
 
-
-
 def _areas(path: Path, image: Image, blocks: list[int]) -> dict[str, tuple[int, int]]:
     """Where the structures a reader trusts lie in the core file."""
     with Core(path) as core:

@@ -89,8 +89,6 @@ def victim(build_victim) -> Path:
     return Path(os.path.realpath(build_victim("heap_threads")))
 
 
-
-
 @dataclass
 class Case:
     kind: str
@@ -102,18 +100,7 @@ class Case:
     base: int  # load address of the victim (its mapping at file offset 0)
 
 
-def _core_path_kinds() -> list:
-    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
-    kernel_ok = bool(pattern) and not pattern.startswith("|") and "/" not in pattern
-    return [
-        "self",
-        pytest.param("kernel", marks=pytest.mark.skipif(
-            not kernel_ok, reason=f"kernel core_pattern is {pattern!r}: the kernel will not write "
-                                  f"a plain core file into the snapshot directory")),
-    ]
-
-
-@pytest.fixture(scope="module", params=_core_path_kinds())
+@pytest.fixture(scope="module", params=S.CORE_PATHS)
 def case(request, victim, run_victim, tmp_path_factory) -> Case:
     snap_dir = tmp_path_factory.mktemp(f"snaps-{request.param}")
     snap_dir.chmod(0o700)

@@ -32,8 +32,6 @@ class Victim:
     core: Path
 
 
-
-
 @pytest.fixture(scope="module")
 def hostile(build_victim, run_victim, tmp_path_factory):
     exe = build_victim("rob_hostile")

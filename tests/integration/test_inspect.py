@@ -20,21 +20,7 @@ from pathlib import Path
 import pytest
 
 from forensics import snapshots
-
-
-def _kernel_core_skip() -> str | None:
-    import resource
-
-    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
-    if pattern.startswith("|") or "/" in pattern:
-        return f"core_pattern {pattern!r}: the kernel writes no core into the snapshot dir"
-    if resource.getrlimit(resource.RLIMIT_CORE)[1] == 0:
-        return "the hard core size limit is 0"
-    return None
-
-
-CORE_PATHS = ["self", pytest.param("kernel", marks=pytest.mark.skipif(
-    _kernel_core_skip() is not None, reason=_kernel_core_skip() or ""))]
+import forensics_test_support as S
 
 
 def functions(frames: list[dict], exe: Path) -> list[str]:
@@ -89,7 +75,7 @@ ANOMALIES = {
 }
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 @pytest.mark.parametrize("case", list(ANOMALIES))
 def test_anomaly_core(case, core_path, build_victim, run_victim, run_cli, tmp_path):
     exe = Path(os.path.realpath(build_victim("who_anomaly")))
@@ -183,7 +169,7 @@ CRASHES = {
 }
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 @pytest.mark.parametrize("mode", list(CRASHES))
 def test_crash_core(mode, core_path, build_victim, run_victim, run_cli, tmp_path):
     exe = Path(os.path.realpath(build_victim("who_crash")))

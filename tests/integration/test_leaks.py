@@ -64,25 +64,12 @@ def parse(text: str) -> Shapes:
     return s
 
 
-
-
 @pytest.fixture(scope="module")
 def victim(build_victim) -> Path:
     return Path(os.path.realpath(build_victim("leak_shapes")))
 
 
-def _core_path_kinds() -> list:
-    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
-    kernel_ok = bool(pattern) and not pattern.startswith("|") and "/" not in pattern
-    return [
-        "self",
-        pytest.param("kernel", marks=pytest.mark.skipif(
-            not kernel_ok, reason=f"kernel core_pattern is {pattern!r}: the kernel will not write "
-                                  f"a plain core file into the snapshot directory")),
-    ]
-
-
-@pytest.fixture(scope="module", params=_core_path_kinds())
+@pytest.fixture(scope="module", params=S.CORE_PATHS)
 def taken(request, victim, run_victim, tmp_path_factory):
     """The victim's snapshot, its core written by libtag itself or by the kernel
     (their notes differ: libtag's has every thread, the kernel's the fork child)."""

@@ -20,11 +20,6 @@ SECRET = bytes(b"KQZXJVWPMB"[(i * 7 + 3) % 10] for i in range(1000, 1064))
 
 
 import forensics_test_support as S
-CORE_PATHS = [
-    pytest.param("kernel", marks=pytest.mark.skipif(
-        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
-    "self",
-]
 
 
 def _snapshot(build_victim, tmp_path, core_path, payload):
@@ -44,7 +39,7 @@ def _snapshot(build_victim, tmp_path, core_path, payload):
     return snapshots.find_core(snap.path), address
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, tmp_path):
     from forensics.analysis import Snapshot
     from forensics.summary import inspect_doc
@@ -59,7 +54,7 @@ def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, 
         assert inspect_doc(snap)["payload"] == "omitted"
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_keep_has_the_secret(core_path, build_victim, tmp_path):
     from forensics.analysis import Snapshot
 

@@ -61,8 +61,6 @@ def _waiting_on_stdin(pid: int) -> bool:
     return len(fields) > 1 and fields[0] == "0" and fields[1] == "0x0"
 
 
-
-
 def run_program(argv: list[str], first: bytes, rest: bytes, tmp: Path, *, libtag: bool,
                 env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[Outcome, Path | None]:
     """Run argv, feed it `first`, wait until it waits for more input, (with

@@ -19,19 +19,13 @@ import pytest
 
 import forensics_test_support as S
 
-CORE_PATHS = [
-    pytest.param("kernel", marks=pytest.mark.skipif(
-        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
-    "self",
-]
-
 
 def _children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(x) for x in text.split()]
 
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_snapshot_of_an_idle_process_leaves_no_zombie(core_path, build_victim, tmp_path):
     exe = build_victim("snap_idle")
     env = S.victim_env(core_path, tmp_path / "snaps", XDG_STATE_HOME=str(tmp_path / "state"))

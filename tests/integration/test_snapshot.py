@@ -19,11 +19,6 @@ import pytest
 
 import forensics_test_support as S
 THREADS = 4
-CORE_PATHS = [
-    pytest.param("kernel", marks=pytest.mark.skipif(
-        S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")),
-    "self",
-]
 
 
 @pytest.fixture
@@ -48,7 +43,7 @@ def error_line(result) -> str:
 
 # ------------------------------------------------------------ on demand --
 
-@pytest.mark.parametrize("core_path", CORE_PATHS)
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_snapshot_of_a_running_multithreaded_victim(core_path, build_victim, run_cli, state,
                                                     tmp_path):
     # GIVEN snap_churn with 4 threads churning allocations, snapshots to snaps/

@@ -22,19 +22,9 @@ from pathlib import Path
 import pytest
 
 from forensics import libpath, snapshots
+import forensics_test_support as S
 
 LIVE_SIZE, FREED_SIZE = 100, 72  # who_addrs.c
-
-
-def _kernel_core_skip() -> str | None:
-    pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
-    if pattern.startswith("|") or "/" in pattern:
-        return f"core_pattern {pattern!r}: the kernel writes no core into the snapshot dir"
-    return None
-
-
-CORE_PATHS = ["self", pytest.param("kernel", marks=pytest.mark.skipif(
-    _kernel_core_skip() is not None, reason=_kernel_core_skip() or ""))]
 
 
 @dataclass
@@ -81,7 +71,7 @@ def exe(build_victim) -> Path:
     return Path(os.path.realpath(build_victim("who_addrs")))
 
 
-@pytest.fixture(scope="module", params=CORE_PATHS)
+@pytest.fixture(scope="module", params=S.CORE_PATHS)
 def case(request, exe, run_victim, tmp_path_factory) -> Case:
     snaps = tmp_path_factory.mktemp(f"who-snaps-{request.param}")
     snaps.chmod(0o700)

@@ -13,6 +13,28 @@
 #define TAG_NOINSTR __attribute__((no_instrument_function))
 #define TAG_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define TAG_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* Rare paths (anomalies, registration, table inserts, sweeps) stay out of
+ * the hot functions' code: the fast path is one inline body, every rare case
+ * a call (mimalloc's free.c does the same). */
+#define TAG_COLD     __attribute__((cold, noinline))
+#define TAG_NOINLINE __attribute__((noinline))
+#define TAG_INLINE   static inline __attribute__((always_inline))
+
+/* The page size libtag assumes (x86_64); guard pages, mincore probes and the
+ * self-written core use it. */
+#define TAG_PAGE_SIZE 4096u
+/* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
+#define TAG_NSIG 65
+
+/* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
+ * which CI runs once); compiled out otherwise.  A failure writes one line
+ * with write(2) and aborts: no stdio, no malloc. */
+#ifdef LIBTAG_DEBUG
+#define TAG_ASSERT(c) \
+    (TAG_LIKELY(c) ? (void)0 : _tag_fatal("libtag: assertion failed: %s (%s:%d)", #c, __FILE__, __LINE__))
+#else
+#define TAG_ASSERT(c) ((void)0)
+#endif
 
 /* ---------------------------------------------------------- options.c */
 enum tag_on_anomaly { TAG_ON_SNAPSHOT = 0, TAG_ON_ABORT = 1, TAG_ON_IGNORE = 2 };

@@ -70,13 +70,13 @@ def take_core(exe: Path, lib: Path, mib: int, tmp: Path) -> tuple[Path, dict]:
     for line in done.stdout.splitlines():
         key, *rest = line.split()
         facts[key] = rest
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     dirs = [d for d in snaps.iterdir() if d.is_dir()]
     if len(dirs) != 1:
         sys.exit(f"expected one snapshot dir in {snaps}, got {dirs}")
-    snap = snapshots.wait_complete(dirs[0], 600)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 600)
+    core = snapdir.find_core(snap.path)
     print(f"bigheap: {facts['blocks'][0]} blocks, {int(facts['blocks'][2]) / 2**20:.0f} MiB live; "
           f"core {core.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - t0:.1f} s")
     return core, facts

@@ -205,9 +205,9 @@ def wait_until(pred, timeout: float, what: str) -> None:
 def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str = "on-demand",
               timeout: float = 60.0) -> Path:
     """The core of pid's seq-th snapshot for reason in snap_dir, once it is
-    complete (forensics.snapshots.wait_complete: its writer exited, its size
+    complete (forensics.snapshots.snapdir.wait_complete: its writer exited, its size
     settled, no error file)."""
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     snap_dir = Path(snap_dir)
     deadline = time.monotonic() + timeout
@@ -219,7 +219,7 @@ def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str =
         assert time.monotonic() < deadline, f"no snapshot {seq} ({reason}) of {pid} in {listing}"
         time.sleep(0.02)
     assert len(dirs) == 1, dirs
-    snap = snapshots.wait_complete(dirs[0], max(1.0, deadline - time.monotonic()))
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], max(1.0, deadline - time.monotonic()))
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
     return core

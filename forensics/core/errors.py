@@ -17,7 +17,7 @@ Hierarchy::
 
 from __future__ import annotations
 
-try:  # The package-wide base; forensics.__main__ turns it into an exit code.
+try:  # The package-wide base; forensics.cli.main turns it into an exit code.
     from forensics.errors import ForensicsError
 except ImportError:  # pragma: no cover - only while forensics/errors.py is absent
 

@@ -228,7 +228,7 @@ def test_leaks_in_gdb_match_the_cli_or_say_what_is_missing(snap, victim):
     tmp, core = snap["tmp"], snap["core"]
     # GIVEN the installed package, with or without its leaks module, and a core
     # with one leaked block (leak_make drops its only pointer)
-    have_leaks = importlib.util.find_spec("forensics.leaks") is not None
+    have_leaks = importlib.util.find_spec("forensics.answers.leaks") is not None
     # WHEN gdb is asked for the leaks of the core
     result, (as_json, as_text) = gdb_batch(tmp, "tag leaks --json", "tag leaks", args=(victim, core))
     if have_leaks:
@@ -242,7 +242,7 @@ def test_leaks_in_gdb_match_the_cli_or_say_what_is_missing(snap, victim):
     else:
         # THEN one line says what is missing
         assert (as_json, as_text) == ("", ""), (as_json, as_text)
-        assert result.stderr.splitlines()[-1] == "tag leaks: leaks needs forensics.leaks (not installed)", (
+        assert result.stderr.splitlines()[-1] == "tag leaks: leaks needs forensics.answers.leaks (not installed)", (
             result.stderr)
 
 

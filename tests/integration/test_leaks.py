@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analysis import Snapshot
-from forensics.leaks import KINDS, find_leaks
+from forensics.reader.dump import Snapshot
+from forensics.answers.leaks import KINDS, find_leaks
 import forensics_test_support as S
 
 ALLOCATORS = ("calloc", "malloc")

@@ -146,8 +146,8 @@ def test_list_finds_snapshots_taken_without_forensics(build_victim, run_cli, sta
         os.kill(pid, signal.SIGUSR2)
         default = state / "forensics" / "snapshots"
         S.wait_until(lambda: any(default.glob(f"*-{pid}-1-on-demand/info")), 60, "the info file")
-        from forensics import snapshots
-        snap = snapshots.wait_complete(next(default.glob(f"*-{pid}-1-on-demand")), 60)
+        from forensics.snapshots import snapdir
+        snap = snapdir.wait_complete(next(default.glob(f"*-{pid}-1-on-demand")), 60)
     finally:
         S.finish(proc)
     # WHEN forensics list --json

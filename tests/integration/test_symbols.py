@@ -1,4 +1,4 @@
-"""forensics.symbols names real code addresses of a live victim and of its core.
+"""forensics.reader.symbols names real code addresses of a live victim and of its core.
 
 tests/victims/sym_victim.c prints the entry addresses of sym_outer, sym_inner
 and main, a return address inside sym_outer with the line of its call, and the
@@ -24,8 +24,8 @@ from typing import Callable, Iterator
 import pytest
 
 from forensics.core import Core
-from forensics.model import Frame
-from forensics.symbols import (
+from forensics.reader.model import Frame
+from forensics.reader.symbols import (
     FRAME_CALL,
     FRAME_ENTRY,
     Module,

@@ -1,4 +1,4 @@
-"""forensics.abi mirrors libtag/include/tag_abi.h exactly.
+"""forensics.reader.abi mirrors libtag/include/tag_abi.h exactly.
 
 GIVEN a probe compiled against the packaged tag_abi.h that prints sizeof and
 offsetof of every field of every struct, the constants, and the check values
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from construct import Array, Bytes, FormatField, Struct
 
-from forensics import abi, libpath
+from forensics.reader import abi
+from forensics import libpath
 
 # ------------------------------------------------------------------ mirror walk --
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics import libpath, snapshots
+from forensics import libpath
+from forensics.snapshots import snapdir
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 VERBS = ["inspect", "whoowns"]
@@ -77,8 +78,8 @@ def libtag_core(tmp_path_factory) -> Path:
         while not list(snaps.glob(f"*-{proc.pid}-1-on-demand")):
             assert time.monotonic() < deadline, f"no snapshot dir in {snaps}"
             time.sleep(0.02)
-        snap = snapshots.wait_complete(next(snaps.glob(f"*-{proc.pid}-1-on-demand")), 60)
-        core = snapshots.find_core(snap.path)
+        snap = snapdir.wait_complete(next(snaps.glob(f"*-{proc.pid}-1-on-demand")), 60)
+        core = snapdir.find_core(snap.path)
         assert core is not None, f"expected a core in {snap.path}"
         return core
     finally:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import signal as _signal
 
-from forensics import abi
-from forensics.analysis import Snapshot
-from forensics.model import block_json, frames_json, hexaddr
+from forensics.reader import abi
+from forensics.reader.dump import Snapshot
+from forensics.reader.model import block_json, frames_json, hexaddr
 
 
 def _signal_name(num: int) -> str:
@@ -48,7 +48,7 @@ def spec_reason(heap) -> str:
 
 
 def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
-    from forensics.owners import classify, near_note
+    from forensics.answers.owners import classify, near_note
 
     heap = snap.heap
     totals = heap.totals

@@ -10,7 +10,7 @@ heap.py and the answer modules read memory only through ``Memory``:
                                   None when there is nothing stable to key a cache on
 
 Adapters: CoreMemory (a forensics.core.Core: zero-copy views of the mmap'ed
-file), forensics.core.live.LiveMemory (a running process through /proc/PID/mem),
+file), forensics.reader.live.LiveMemory (a running process through /proc/PID/mem),
 and later a gdb-backed one.  Keep this module free of libtag knowledge.
 """
 

@@ -31,9 +31,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from forensics import abi
-from forensics.analysis import Snapshot
-from forensics.model import Frame, frames_json, hexaddr
+from forensics.reader import abi
+from forensics.reader.dump import Snapshot
+from forensics.reader.model import Frame, frames_json, hexaddr
 
 MAX_ADDRESSES = 8
 

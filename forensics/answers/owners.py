@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forensics.analysis import Snapshot
-from forensics.memory import Region
-from forensics.model import Block, block_json, hexaddr
+from forensics.reader.dump import Snapshot
+from forensics.reader.memory import Region
+from forensics.reader.model import Block, block_json, hexaddr
 
 # Referrers listed at most (the total is always given).
 MAX_REFERRERS = 200

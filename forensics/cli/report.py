@@ -29,10 +29,10 @@ def main(args: argparse.Namespace) -> int:
     import os
     from contextlib import ExitStack
 
-    from forensics import render
-    from forensics.commands._open import open_snapshot
+    from forensics.output import text
+    from forensics.cli._open import open_snapshot
     from forensics.errors import InputError
-    from forensics.report import ReportBuilder, render_page, write_private
+    from forensics.answers.report import ReportBuilder, render_page, write_private
 
     out = os.path.abspath(args.output)
     if os.path.isdir(out):
@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
                     newest.push(this.pop_all())
         data = builder.finish()
     path = write_private(out, render_page(data))
-    render.out_console().print(
+    text.out_console().print(
         f"wrote {path}: {len(data['snapshots'])} snapshot(s), "
         f"{len(data['stacks'])} allocation stack(s), {len(data['events'])} anomaly/crash(es)",
         markup=False, highlight=False, soft_wrap=True)

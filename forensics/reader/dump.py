@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-from forensics.heap import Heap
-from forensics.memory import CoreMemory, Memory, Region, clip_regions
-from forensics.model import Frame, RawFrame
-from forensics.pointers import Edges, build_edges
+from forensics.reader.heap import Heap
+from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
+from forensics.reader.model import Frame, RawFrame
+from forensics.reader.pointers import Edges, build_edges
 
 Progress = Callable[[int, int], None]
 
 # bumped when the edge cache's meaning changes
-_EDGES_VERSION = 3  # 2: forensics.cachefile format; 3: keyed like the heap index
+_EDGES_VERSION = 3  # 2: forensics.reader.cachefile format; 3: keyed like the heap index
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ class Snapshot:
 
     @cached_property
     def symbolizer(self):
-        from forensics.statedir import state_dir
-        from forensics.symbols import Symbolizer, modules_from_mappings, proc_mappings
+        from forensics.files import state_dir
+        from forensics.reader.symbols import Symbolizer, modules_from_mappings, proc_mappings
 
         if self.core is not None:
             mappings = self.core.mappings
@@ -102,7 +102,7 @@ class Snapshot:
     def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
         """Frames for raw (pc, kind) pairs, innermost first; ENTRY frames that
         repeat the CALL frame inside them are merged, nothing else dropped."""
-        from forensics.symbols import merge_entry_frames
+        from forensics.reader.symbols import merge_entry_frames
 
         if not raw:
             return []
@@ -195,7 +195,7 @@ class Snapshot:
 def _load_edges(path: str, key) -> Edges | None:
     import numpy as np
 
-    from forensics import cachefile
+    from forensics.reader import cachefile
 
     # keyed like the heap index it refers to: block numbers are its indexes
     data = cachefile.load(path, [_EDGES_VERSION, *key])
@@ -216,6 +216,6 @@ def _load_edges(path: str, key) -> Edges | None:
 
 
 def _save_edges(path: str, key, edges: Edges) -> None:
-    from forensics import cachefile
+    from forensics.reader import cachefile
 
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())

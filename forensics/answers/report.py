@@ -12,7 +12,7 @@ What the page shows, and where each part comes from:
   bytes of the newest snapshot, by allocation stack;
 - the anomaly or crash of every core that has one, with all its stacks
   (detecting / faulting, and the block's allocation and free stacks);
-- the leak groups of the newest snapshot, when forensics.leaks exists;
+- the leak groups of the newest snapshot, when forensics.answers.leaks exists;
 - a sortable, filterable table of the newest snapshot's allocation stacks.
 
 Nothing in the page is per block: the heap is aggregated by allocation stack
@@ -64,7 +64,7 @@ def snapshot_time(snap: Any) -> tuple[float | None, str]:
     path = snap.core.path if snap.core is not None else None
     if path:
         try:
-            from forensics.catalog import Catalog
+            from forensics.snapshots.catalog import Catalog
 
             with Catalog() as cat:
                 for e in cat.entries():
@@ -216,9 +216,9 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
 
 
 def _leaks(snap: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None:
-    """The leak groups (forensics.leaks), or None when this version has no leak scan."""
+    """The leak groups (forensics.answers.leaks), or None when this version has no leak scan."""
     try:
-        from forensics.leaks import leaks_json
+        from forensics.answers.leaks import leaks_json
     except ImportError:
         return None
     from forensics.errors import ForensicsError
@@ -273,7 +273,7 @@ class ReportBuilder:
     def add(self, snap: Any) -> bool:
         """Take what the page needs from snap.  True if snap is the newest so
         far: the caller keeps it open until finish() (or a newer one)."""
-        from forensics.summary import inspect_doc
+        from forensics.answers.inspect import inspect_doc
 
         point = snapshot_point(snap)
         point["index"] = len(self.points)
@@ -292,7 +292,7 @@ class ReportBuilder:
 
     def finish(self) -> dict:
         """The page's data, from every core added; the newest must still be open."""
-        from forensics.summary import inspect_doc
+        from forensics.answers.inspect import inspect_doc
 
         if self._newest is None:
             raise InputError("report needs at least one core")
@@ -333,7 +333,7 @@ class ReportBuilder:
 
 
 def _asset(name: str) -> str:
-    return resources.files("forensics").joinpath("report_assets", name).read_text("utf-8")
+    return resources.files("forensics.output").joinpath("report_assets", name).read_text("utf-8")
 
 
 def _csp_hash(text: str) -> str:

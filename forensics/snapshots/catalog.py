@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.errors import InputError
-from forensics.statedir import ensure_private_dir, state_dir
+from forensics.files import ensure_private_dir, state_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from forensics.commands import _args
+from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from forensics import render
-    from forensics.commands._open import open_snapshot
+    from forensics.output import text
+    from forensics.cli._open import open_snapshot
     from forensics.errors import UsageError
-    from forensics.trend import trend, trend_json
+    from forensics.answers.trend import trend, trend_json
 
     if len(args.cores) < 2:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
         snaps = [stack.enter_context(open_snapshot(p)) for p in args.cores]
         doc = trend_json(trend(snaps), top=top, growing_only=args.growing)
     if args.json:
-        render.print_json(doc)
+        text.print_json(doc)
     else:
-        render.show_trend(doc)
+        text.show_trend(doc)
     return 0

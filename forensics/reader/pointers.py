@@ -75,7 +75,7 @@ def build_edges(regions: Iterable, starts: np.ndarray, sizes: np.ndarray, *,
                 progress: Callable[[int, int], None] | None = None) -> Edges:
     """Scan regions (objects with .start and .array, a uint8 numpy view) for
     words pointing into the blocks (starts sorted, sizes alike).  The caller
-    leaves libtag's own memory out (forensics.memory.clip_regions with
+    leaves libtag's own memory out (forensics.reader.memory.clip_regions with
     Heap.own_ranges()): it holds stack ids and pointers to freed blocks, not
     the program's references."""
     starts = np.asarray(starts, np.uint64)

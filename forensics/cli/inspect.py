@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from forensics.commands import _args
+from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,24 +28,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics import render
-    from forensics.commands._open import open_snapshot
-    from forensics.summary import inspect_doc
+    from forensics.output import text
+    from forensics.cli._open import open_snapshot
+    from forensics.answers.inspect import inspect_doc
 
     with open_snapshot(args.core) as snap:
         doc = inspect_doc(snap, top=args.top)
         if args.leaks:
             try:
-                from forensics.leaks import leaks_json
+                from forensics.answers.leaks import leaks_json
             except ImportError:
                 from forensics.errors import UsageError
 
                 raise UsageError("--leaks is not available in this version yet") from None
             doc["leaks"] = leaks_json(snap)
     if args.json:
-        render.print_json(doc)
+        text.print_json(doc)
     else:
-        render.show_inspect(doc)
+        text.show_inspect(doc)
         if args.leaks:
-            render.show_leaks(doc["leaks"])
+            text.show_leaks(doc["leaks"])
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-# verb -> module name under forensics.commands, in the order --help lists them.
+# verb -> module name under forensics.cli, in the order --help lists them.
 _MODULES = {
     "run": "run",
     "snapshot": "snapshot",

@@ -283,7 +283,7 @@ def core_exe(core: Path) -> str | None:
 def record(snap: SnapshotDir, core: Path, *, exe: str | None = None,
            catalog=None) -> dict:
     """Put a complete snapshot in the catalog; returns the catalog row as a dict."""
-    from forensics import catalog as _catalog
+    from forensics.snapshots import catalog as _catalog
 
     cat = catalog if catalog is not None else _catalog.Catalog()
     info = snap.info or snap.read_info()
@@ -322,7 +322,7 @@ def scan_and_record(root: str | os.PathLike[str], *, wait: float = 0.0,
     directory looked at: row is None when it was not recorded, error says why
     when it failed (its error file, or a timeout).
     """
-    from forensics import catalog as _catalog
+    from forensics.snapshots import catalog as _catalog
 
     cat = catalog if catalog is not None else _catalog.Catalog()
     names = set(only) if only is not None else None

@@ -59,7 +59,7 @@ def build_env(lib: str, snap_dir: str, on_anomaly: str, base: dict[str, str]) ->
 
 def main(args: argparse.Namespace) -> int:
     from forensics.libpath import lib_path
-    from forensics.statedir import default_snapshot_dir, ensure_private_dir
+    from forensics.files import default_snapshot_dir, ensure_private_dir
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -109,10 +109,10 @@ SNAPSHOT_WAIT_S = 120.0
 
 
 def _snapshot_names(snap_dir) -> set[str]:
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     try:
-        return {d.name for d in snapshots.list_dirs(snap_dir)}
+        return {d.name for d in snapdir.list_dirs(snap_dir)}
     except ForensicsError:
         return set()
 
@@ -121,13 +121,13 @@ def _report_snapshots(snap_dir, before: set[str]) -> None:
     """Catalog the snapshots CMD made and say where they are (stderr)."""
     import sys
 
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     try:
         new = _snapshot_names(snap_dir) - before
         if not new:
             return
-        results = snapshots.scan_and_record(snap_dir, wait=SNAPSHOT_WAIT_S, only=new)
+        results = snapdir.scan_and_record(snap_dir, wait=SNAPSHOT_WAIT_S, only=new)
     except ForensicsError as e:
         sys.stderr.write(f"forensics: warning: could not catalog the snapshots in "
                          f"{snap_dir}: {e.message}\n")

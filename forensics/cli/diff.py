@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from forensics.commands import _args
+from forensics.cli import _args
 
 
 def _non_negative(text: str) -> int:
@@ -46,9 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from forensics import render
-    from forensics.commands._open import open_snapshot
-    from forensics.diff import diff, diff_json
+    from forensics.output import text
+    from forensics.cli._open import open_snapshot
+    from forensics.answers.diff import diff, diff_json
 
     with ExitStack() as stack:
         old = stack.enter_context(open_snapshot(args.old))
@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
         doc = diff_json(old, new, d)
     if args.json:
-        render.print_json(doc)
+        text.print_json(doc)
     else:
-        render.show_diff(doc, top=args.top)
+        text.show_diff(doc, top=args.top)
     return 0

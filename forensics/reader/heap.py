@@ -15,7 +15,7 @@ freed before the real allocator gets it back, so a stale tag is always a freed
 one - and between two freed ones the newer (free time, then alloc time) wins.
 
 The index is a set of sorted numpy arrays; it is cached beside the core
-(forensics.cachefile: mapped, not read), keyed by the core's size and mtime,
+(forensics.reader.cachefile: mapped, not read), keyed by the core's size and mtime,
 so the next command skips the scan.
 
 Everything read out of the process is bounded: a corrupt count, a wild pointer
@@ -31,14 +31,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from forensics import abi, cachefile
+from forensics.reader import abi, cachefile
 from forensics.core.errors import CoreReadError
 from forensics.core.notes import REG_NAMES
 from forensics.errors import InputError
-from forensics.memory import Memory, Region, clip_regions
-from forensics.model import Anomaly, Block, Crash, RawFrame, ThreadState
+from forensics.reader.memory import Memory, Region, clip_regions
+from forensics.reader.model import Anomaly, Block, Crash, RawFrame, ThreadState
 
-CACHE_VERSION = 3  # 2: the smashed-canary answer is cached too; 3: forensics.cachefile
+CACHE_VERSION = 3  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile
 MAX_STACK_NODES = 1 << 28  # options.c's bound on LIBTAG_STACK_NODES
 MAX_THREADS = 1 << 16  # far above thread.c's THREAD_CAPACITY (16384)
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
@@ -541,7 +541,7 @@ class Heap:
     # ---------------------------------------------------------------- cache --
 
     def _load_cache(self, path: str, key: tuple[int, int]) -> dict[str, np.ndarray] | None:
-        """The cached index (mapped, not read: see forensics.cachefile), or
+        """The cached index (mapped, not read: see forensics.reader.cachefile), or
         None when it is absent, foreign, stale or does not parse."""
         meta = [CACHE_VERSION, key[0], key[1], self.control_addr, self.secret]
         z = cachefile.load(path, meta)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from forensics.commands import _args
+from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +33,12 @@ def _core_path(args: argparse.Namespace) -> str:
     if args.core:
         return args.core
     if args.pid is not None:
-        # forensics.snapshots has no take_snapshot: the snapshot verb's take()
+        # forensics.snapshots.snapdir has no take_snapshot: the snapshot verb's take()
         # signals the process, waits for a complete core and catalogs it.
-        from forensics.commands.snapshot import take
+        from forensics.cli.snapshot import take
 
         return take(args.pid, timeout=30.0)["core"]
-    from forensics import catalog
+    from forensics.snapshots import catalog
 
     newest = catalog.newest()
     if newest is None:
@@ -48,14 +48,15 @@ def _core_path(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics import owners, render
-    from forensics.commands._open import open_snapshot
+    from forensics.answers import owners
+    from forensics.output import text
+    from forensics.cli._open import open_snapshot
 
     with open_snapshot(_core_path(args)) as snap:
         answer = owners.whoowns(snap, args.address)
         doc = owners.to_json(snap, answer)
     if args.json:
-        render.print_json(doc)
+        text.print_json(doc)
     else:
-        render.show_whoowns(doc)
+        text.show_whoowns(doc)
     return 0 if answer.in_block else 1

@@ -7,7 +7,7 @@ twice: as plain ints (one tag) and vectorised over numpy uint64 arrays (the tag
 scan).  tests/unit/test_abi_mirror.py compiles a probe against the packaged
 header and compares sizes, offsets, constants and check values.
 
-find_control(mem) locates the control block in any forensics.memory.Memory.
+find_control(mem) locates the control block in any forensics.reader.memory.Memory.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from construct import Array, Bytes, Int32ul, Int64ul, Padding, Struct
 from forensics.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forensics.memory import Memory, Region
+    from forensics.reader.memory import Memory, Region
 
 # --------------------------------------------------------------- constants --
 

@@ -15,11 +15,11 @@ Where the answers come from (STYLE: "the gdb scripts are a thin adapter that
 gives heap.py a memory reader backed by gdb; no logic lives there"):
 
 - gdb has a core open (``core-file CORE``, ``gdb EXE CORE``): the core file is
-  opened with ``forensics.analysis.Snapshot.open`` exactly as the command line
+  opened with ``forensics.reader.dump.Snapshot.open`` exactly as the command line
   does, so both answer from the same bytes with the same index cache beside
   the core - and say the same thing.
 - gdb runs or is attached to a live process: :class:`GdbMemory` implements
-  ``forensics.memory.Memory`` over ``Inferior.read_memory`` and ``info proc
+  ``forensics.reader.memory.Memory`` over ``Inferior.read_memory`` and ``info proc
   mappings``; the process is stopped while gdb shows its prompt, so the heap
   read is consistent.  Its snapshot is kept until the process runs again.
 
@@ -39,10 +39,10 @@ from functools import cached_property
 import gdb  # gdb's embedded module: this file is only imported inside gdb
 import numpy as np
 
-from forensics.analysis import Snapshot, ThreadStack
+from forensics.reader.dump import Snapshot, ThreadStack
 from forensics.core.errors import UnmappedError
 from forensics.errors import ForensicsError
-from forensics.memory import Region
+from forensics.reader.memory import Region
 
 _CHUNK = 1 << 20  # bytes per read_memory call when loading a region
 _PAGE = 4096
@@ -53,7 +53,7 @@ _DEBUG = os.environ.get("FORENSICS_GDB_DEBUG") == "1"
 
 
 class GdbMemory:
-    """forensics.memory.Memory of gdb's selected (live, stopped) inferior."""
+    """forensics.reader.memory.Memory of gdb's selected (live, stopped) inferior."""
 
     def __init__(self, inferior: gdb.Inferior) -> None:
         self.inferior = inferior
@@ -323,16 +323,17 @@ as forensics whoowns --json."""
     name = "tag whoowns"
 
     def run(self, arg: str) -> None:
-        from forensics import owners, render
+        from forensics.answers import owners
+        from forensics.output import text
 
         opts, expr = _options(arg, ("--json",))
         addr = _address(expr)
         snap = snapshot()
         doc = owners.to_json(snap, owners.whoowns(snap, addr))
         if opts.get("--json"):
-            render.print_json(doc)
+            text.print_json(doc)
         else:
-            render.show_whoowns(doc)
+            text.show_whoowns(doc)
 
 
 class TagBlock(_TagCommand):
@@ -345,8 +346,9 @@ block holds the address.  --json prints the block as forensics' JSON does."""
     name = "tag block"
 
     def run(self, arg: str) -> None:
-        from forensics import owners, render
-        from forensics.model import block_json
+        from forensics.answers import owners
+        from forensics.output import text
+        from forensics.reader.model import block_json
 
         opts, expr = _options(arg, ("--json",))
         addr = _address(expr)
@@ -358,14 +360,14 @@ block holds the address.  --json prints the block as forensics' JSON does."""
             raise ForensicsError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
         doc = block_json(where.block, snap.stack, offset=addr - where.block.start)
         if opts.get("--json"):
-            render.print_json(doc)
+            text.print_json(doc)
             return
-        con = render.out_console()
+        con = text.out_console()
         con.print(f"[bold]block[/bold] {doc['start']}  {doc['size']} bytes  "
                   f"[bold]{doc['state']}[/bold]  offset {doc['offset']}")
-        con.print(render.stack_tree(f"allocated by thread {doc['thread']}", doc["alloc_stack"]))
+        con.print(text.stack_tree(f"allocated by thread {doc['thread']}", doc["alloc_stack"]))
         if doc["state"] == "freed":
-            con.print(render.stack_tree(f"freed by thread {doc['free_thread']}", doc["free_stack"] or []))
+            con.print(text.stack_tree(f"freed by thread {doc['free_thread']}", doc["free_stack"] or []))
 
 
 class TagInspect(_TagCommand):
@@ -377,8 +379,8 @@ The same answer as forensics inspect CORE (on a live process: as it is now)."""
     name = "tag inspect"
 
     def run(self, arg: str) -> None:
-        from forensics import render
-        from forensics.summary import inspect_doc
+        from forensics.output import text
+        from forensics.answers.inspect import inspect_doc
 
         opts, rest = _options(arg, ("--json",), ("--top",))
         if rest:
@@ -388,9 +390,9 @@ The same answer as forensics inspect CORE (on a live process: as it is now)."""
             raise ForensicsError(f"--top needs a positive number, not {top}")
         doc = inspect_doc(snapshot(), top=int(top))
         if opts.get("--json"):
-            render.print_json(doc)
+            text.print_json(doc)
         else:
-            render.show_inspect(doc)
+            text.show_inspect(doc)
 
 
 class TagLeaks(_TagCommand):
@@ -402,20 +404,20 @@ The same answer as the leaks of forensics inspect --leaks CORE."""
     name = "tag leaks"
 
     def run(self, arg: str) -> None:
-        from forensics import render
+        from forensics.output import text
 
         opts, rest = _options(arg, ("--json",))
         if rest:
             raise ForensicsError(f"unexpected argument: {rest} (usage: tag leaks [--json])")
         try:
-            from forensics.leaks import leaks_json
+            from forensics.answers.leaks import leaks_json
         except ImportError:
-            raise ForensicsError("leaks needs forensics.leaks (not installed)") from None
+            raise ForensicsError("leaks needs forensics.answers.leaks (not installed)") from None
         leaks = leaks_json(snapshot())
         if opts.get("--json"):
-            render.print_json({"leaks": leaks})
+            text.print_json({"leaks": leaks})
             return
-        render.show_leaks(leaks)
+        text.show_leaks(leaks)
 
 
 _registered = False

@@ -5,7 +5,7 @@
 
 Snapshots of one process are put in the order they were taken (libtag's
 snapshot sequence number); snapshots of different processes stay in the order
-given, and their stacks are matched by symbolised frames (forensics.diff).  A
+given, and their stacks are matched by symbolised frames (forensics.answers.diff).  A
 stack is flagged ``monotonic`` when its live bytes never fall from one snapshot
 to the next and end above where they started - the shape of a leak, as
 opposed to a cache that fills and drains.
@@ -18,10 +18,10 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from forensics import abi
-from forensics.analysis import Snapshot
-from forensics.diff import _snap_json, frame_key, same_process
-from forensics.model import frames_json
+from forensics.reader import abi
+from forensics.reader.dump import Snapshot
+from forensics.answers.diff import _snap_json, frame_key, same_process
+from forensics.reader.model import frames_json
 
 
 @dataclass

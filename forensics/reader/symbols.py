@@ -6,7 +6,7 @@ note (``Core.mappings``) or a live process's ``/proc/PID/maps``
 per loaded file and works out each file's load bias from its program headers.
 
 :class:`Symbolizer` resolves ``(pc, kind)`` pairs to :class:`SymbolFrame`
-(a ``forensics.model.Frame`` with two offsets more), where kind is the stack
+(a ``forensics.reader.model.Frame`` with two offsets more), where kind is the stack
 node kind of ``tag_abi.h``: ``FRAME_CALL`` (a return address: the line wanted
 is the call's, so ``pc - 1`` is looked up, but the frame reports ``pc``) or
 ``FRAME_ENTRY`` (a function's entry: ``pc`` itself is looked up).  Work is
@@ -75,7 +75,7 @@ from typing import Iterable, Protocol, Sequence
 
 from .abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from .abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
-from .errors import InputError
+from forensics.errors import InputError
 from .model import Frame
 
 # A symbolizer that hangs (a debuginfod server that does not answer...) must
@@ -87,7 +87,7 @@ _DELETED = " (deleted)"
 
 @dataclass(frozen=True)
 class SymbolFrame(Frame):
-    """A forensics.model.Frame (SPEC §5 fields) plus the two offsets."""
+    """A forensics.reader.model.Frame (SPEC §5 fields) plus the two offsets."""
 
     offset: int | None = None  # address - start of `function`'s symbol
     module_offset: int | None = None  # address - the module's load bias
@@ -396,7 +396,7 @@ class Symbolizer:
         """The on-disk cache, or None (memory only) when it cannot be used: an
         unwritable state dir, a damaged or locked file must not stop an answer."""
         from forensics.errors import ForensicsError
-        from forensics.statedir import ensure_private_dir
+        from forensics.files import ensure_private_dir
 
         try:
             ensure_private_dir(cache_dir)

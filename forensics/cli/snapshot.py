@@ -22,7 +22,7 @@ import signal
 import time
 from pathlib import Path
 
-from forensics.commands import _args
+from forensics.cli import _args
 from forensics.errors import InputError
 
 # LIBTAG_SIGNAL names libtag accepts (libtag/src/options.c).
@@ -220,7 +220,7 @@ def ask_to_reap(pid: int) -> None:
     import ctypes
     import ctypes.util
 
-    from forensics.abi import TAG_REAP_REQUEST
+    from forensics.reader.abi import TAG_REAP_REQUEST
 
     class _SigVal(ctypes.Union):
         _fields_ = [("sival_int", ctypes.c_int), ("sival_ptr", ctypes.c_void_p)]
@@ -242,7 +242,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     """
     import psutil
 
-    from forensics import catalog, snapshots
+    from forensics.snapshots import catalog, snapdir
 
     proc = open_process(pid)
     if not libtag_loaded(pid):
@@ -280,7 +280,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     except (psutil.AccessDenied, psutil.ZombieProcess, psutil.NoSuchProcess):
         exe = None
 
-    before = {d.name for d in snapshots.list_dirs(seen_root, pid)}
+    before = {d.name for d in snapdir.list_dirs(seen_root, pid)}
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
@@ -292,12 +292,12 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     tick = (lambda: status.update(f"waiting for the core of pid {pid}")) if status else None
     snap = None
     while snap is None:
-        fresh = [d for d in snapshots.list_dirs(seen_root, pid)
+        fresh = [d for d in snapdir.list_dirs(seen_root, pid)
                  if d.name not in before and d.reason == "on-demand"]
         if fresh:
             snap = fresh[0]
             break
-        if snapshots.process_exited(pid):
+        if snapdir.process_exited(pid):
             raise InputError(f"process {pid} exited before it took the snapshot")
         why = unwritable_reason(pid, root)
         if why is not None:
@@ -305,29 +305,29 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
                 f"process {pid} cannot write its snapshot: {why}; it runs on without "
                 f"one (point its LIBTAG_DIR at a writable directory of its user)")
         if time.monotonic() >= deadline:
-            raise snapshots.SnapshotTimeout(
+            raise snapdir.SnapshotTimeout(
                 f"timed out after {timeout:g} s waiting for the core of pid {pid} "
                 f"(snapshot dir {root}: no new snapshot appeared; does the process "
                 f"block or ignore {_signal_name(sig)}?)")
-        time.sleep(snapshots.POLL_S)
+        time.sleep(snapdir.POLL_S)
 
     try:
-        snapshots.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
-    except snapshots.SnapshotTimeout:
-        raise snapshots.SnapshotTimeout(
+        snapdir.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
+    except snapdir.SnapshotTimeout:
+        raise snapdir.SnapshotTimeout(
             f"timed out after {timeout:g} s waiting for the core of pid {pid} "
             f"(snapshot dir {snap.path})") from None
-    except snapshots.SnapshotFailed as e:
-        raise snapshots.SnapshotFailed(
-            f"snapshot of pid {pid} failed: {snapshots.read_error(snap.path) or e.message} "
+    except snapdir.SnapshotFailed as e:
+        raise snapdir.SnapshotFailed(
+            f"snapshot of pid {pid} failed: {snapdir.read_error(snap.path) or e.message} "
             f"(snapshot dir {snap.path}); the process runs on") from None
-    core = snapshots.find_core(snap.path)
+    core = snapdir.find_core(snap.path)
     assert core is not None  # wait_complete raised otherwise
     ask_to_reap(pid)
     with catalog.Catalog() as cat:
         if seen_root == root:
             cat.add_root(root)
-        row = snapshots.record(snap, core, exe=exe, catalog=cat)
+        row = snapdir.record(snap, core, exe=exe, catalog=cat)
     return {
         "pid": pid,
         "core": os.path.abspath(core),
@@ -343,9 +343,9 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics import render
+    from forensics.output import text
 
-    err = render.err_console()
+    err = text.err_console()
 
     def note(msg: str) -> None:
         err.print(f"forensics: note: {msg}", markup=False, highlight=False, soft_wrap=True)
@@ -358,9 +358,9 @@ def main(args: argparse.Namespace) -> int:
         doc = take(args.pid, timeout=args.timeout, fallback_dir=args.dir, note=note)
 
     if args.json:
-        render.print_json(doc)
+        text.print_json(doc)
         return 0
-    out = render.out_console()
+    out = text.out_console()
     out.print(doc["core"], markup=False, soft_wrap=True)
     out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
               f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "

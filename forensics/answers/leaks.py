@@ -30,7 +30,7 @@ libtag's own static TLS block in every thread (struct tag_tls: shadow stack,
 caches, the last 64 allocations for the overflow sweep) lies inside these
 ranges and is cut out of them.
 
-The words themselves come from the pointer edge index (forensics.pointers,
+The words themselves come from the pointer edge index (forensics.reader.pointers,
 cached beside the core): every aligned word of writable memory, libtag's own
 left out, that points into a tagged block.  Here they are split by where the
 word lies: in a root range, in the payload of a live block (an edge of the heap
@@ -62,10 +62,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forensics import abi
-from forensics.analysis import Snapshot
-from forensics.model import frames_json, hexaddr
-from forensics.pointers import hits
+from forensics.reader import abi
+from forensics.reader.dump import Snapshot
+from forensics.reader.model import frames_json, hexaddr
+from forensics.reader.pointers import hits
 
 KINDS = ("reachable", "possible", "indirect", "definite")
 _UNSET, _REACHABLE, _POSSIBLE, _INDIRECT, _DEFINITE = 0, 1, 2, 3, 4
@@ -600,7 +600,7 @@ def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
     try:
         from elftools.elf.elffile import ELFFile
 
-        from forensics.symbols import open_regular
+        from forensics.reader.symbols import open_regular
 
         f = open_regular(path)
         if f is None:
@@ -681,7 +681,7 @@ def _tls_ranges(snap: Snapshot, ctx: ThreadContext, fs: int) -> list[tuple[int, 
 def root_ranges(snap: Snapshot, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
-    from forensics.owners import _module_of_data
+    from forensics.answers.owners import _module_of_data
 
     if contexts is None:
         contexts = thread_contexts(snap)

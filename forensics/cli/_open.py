@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 @contextmanager
 def open_snapshot(path: str):
-    from forensics.analysis import Snapshot
+    from forensics.reader.dump import Snapshot
     from forensics.errors import InputError
 
     if not os.path.exists(path):
@@ -18,9 +18,9 @@ def open_snapshot(path: str):
     bar = None
     task = None
     if sys.stderr.isatty():
-        from forensics import render
+        from forensics.output import text
 
-        cm = render.progress("indexing the heap")
+        cm = text.progress("indexing the heap")
         bar, task = cm.__enter__()
     else:
         cm = None

@@ -21,23 +21,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics import render, snapshots
-    from forensics.catalog import Catalog
-    from forensics.statedir import default_snapshot_dir
+    from forensics.output import text
+    from forensics.snapshots import snapdir
+    from forensics.snapshots.catalog import Catalog
+    from forensics.files import default_snapshot_dir
 
     with Catalog() as cat:
         roots = {str(default_snapshot_dir()), *cat.roots()}
         for root in sorted(roots):
             try:
-                snapshots.scan_and_record(root, catalog=cat)
+                snapdir.scan_and_record(root, catalog=cat)
             except Exception:  # an unreadable folder must not hide the catalog
                 continue
         entries = cat.entries()
 
     if args.json:
-        render.print_json([e.to_json() for e in entries])
+        text.print_json([e.to_json() for e in entries])
         return 0
-    out = render.out_console()
+    out = text.out_console()
     if not entries:
         out.print("no snapshots in the catalog yet: take one with "
                   "`forensics snapshot PID` or `forensics run -- CMD`", markup=False, soft_wrap=True)
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
         missing = "" if e.to_json()["exists"] else " (deleted)"
         rows.append((when, e.pid, os.path.basename(e.exe) if e.exe else "?", e.reason, pause,
                      f"{e.core_bytes / 1e6:.1f}", e.core + missing))
-    t = render.table(None, ["time", "pid", "exe", "reason", "pause ms", "MB", "core"], rows)
+    t = text.table(None, ["time", "pid", "exe", "reason", "pause ms", "MB", "core"], rows)
     t.columns[-1].overflow = "fold"  # a path cut short is useless: fold it
     t.columns[-1].no_wrap = False
     out.print(t, soft_wrap=not out.is_terminal)

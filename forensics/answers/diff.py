@@ -32,7 +32,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from forensics.reader import abi
-from forensics.reader.dump import Snapshot
+from forensics.reader.dump import Dump
 from forensics.reader.model import Frame, frames_json, hexaddr
 
 MAX_ADDRESSES = 8
@@ -79,7 +79,7 @@ class Diff:
     gone_bytes: int
 
 
-def same_process(a: Snapshot, b: Snapshot) -> bool:
+def same_process(a: Dump, b: Dump) -> bool:
     """Do the two snapshots come from one process (one libtag lifetime)?"""
     ca, cb = a.heap.control, b.heap.control
     return a.pid == b.pid and int(ca.start_realtime_ns) == int(cb.start_realtime_ns)
@@ -91,8 +91,8 @@ def frame_key(frames: Sequence[Frame]) -> tuple:
                   None if f.function or f.file else f.address) for f in frames)
 
 
-def _live(snap: Snapshot) -> dict[str, np.ndarray]:
-    idx = snap.heap.index
+def _live(dump: Dump) -> dict[str, np.ndarray]:
+    idx = dump.heap.index
     m = idx["state"] == abi.TAG_STATE_LIVE
     return {k: idx[k][m] for k in ("start", "size", "tid", "alloc_time", "alloc_stack")}
 
@@ -123,7 +123,7 @@ def _matches(patterns: Sequence[str], frames: Sequence[Frame]) -> bool:
     return False
 
 
-def diff(old: Snapshot, new: Snapshot, *, filters: Sequence[str] = (),
+def diff(old: Dump, new: Dump, *, filters: Sequence[str] = (),
          excludes: Sequence[str] = (), min_bytes: int = 0) -> Diff:
     """Per-stack growth from old to new (see the module docstring).  filters /
     excludes are patterns on frame function or module names (globs with * ? [],
@@ -139,13 +139,13 @@ def diff(old: Snapshot, new: Snapshot, *, filters: Sequence[str] = (),
 
     # stack id -> key
     if sp:
-        def keys_of(snap, ids):
+        def keys_of(dump, ids):
             return {int(s): int(s) for s in ids}
     else:
-        def keys_of(snap, ids):
+        def keys_of(dump, ids):
             ids = [int(s) for s in ids]
-            snap.prefetch(ids)
-            return {s: frame_key(snap.stack(s)) for s in ids}
+            dump.prefetch(ids)
+            return {s: frame_key(dump.stack(s)) for s in ids}
     ko = keys_of(old, np.unique(lo["alloc_stack"]))
     kn = keys_of(new, np.unique(ln["alloc_stack"]))
 
@@ -232,16 +232,16 @@ def diff(old: Snapshot, new: Snapshot, *, filters: Sequence[str] = (),
     )
 
 
-def _snap_json(snap: Snapshot) -> dict:
-    c = snap.heap.control
-    t = snap.heap.totals
-    return {"core": snap.core.path if snap.core is not None else snap.mem.name,
-            "pid": snap.pid, "snapshot_seq": int(c.snapshot_seq),
-            "time_ms": int(c.snapshot_time_ms), "reason": snap.heap.reason,
+def snapshot_json(dump: Dump) -> dict:
+    c = dump.heap.control
+    t = dump.heap.totals
+    return {"core": dump.core.path if dump.core is not None else dump.mem.name,
+            "pid": dump.pid, "snapshot_seq": int(c.snapshot_seq),
+            "time_ms": int(c.snapshot_time_ms), "reason": dump.heap.reason,
             "live_blocks": t.live_blocks, "live_bytes": t.live_bytes}
 
 
-def _entry(old: Snapshot, new: Snapshot, g: StackGrowth) -> dict:
+def _entry(old: Dump, new: Dump, g: StackGrowth) -> dict:
     frames = new.stack(g.new_stack) if g.new_stack else old.stack(g.old_stack)
     return {
         "stack": frames_json(frames),
@@ -261,7 +261,7 @@ def _entry(old: Snapshot, new: Snapshot, g: StackGrowth) -> dict:
     }
 
 
-def diff_json(old: Snapshot, new: Snapshot, d: Diff) -> dict:
+def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
     """SPEC §5 diff document: "growth" (stacks that grew, most severe first),
     "new_blocks", "gone_blocks"; plus "no_growth" (stacks that changed without
     growing: churn, or shrinking), "survived_blocks" and both snapshots."""
@@ -271,8 +271,8 @@ def diff_json(old: Snapshot, new: Snapshot, d: Diff) -> dict:
     rest = [g for g in d.stacks if not (g.bytes > 0 or g.blocks > 0)]
     rest.sort(key=lambda g: (g.bytes, g.blocks))
     return {
-        "old": _snap_json(old),
-        "new": _snap_json(new),
+        "old": snapshot_json(old),
+        "new": snapshot_json(new),
         "same_process": d.same_process,
         "growth": [_entry(old, new, g) for g in grew],
         "no_growth": [_entry(old, new, g) for g in rest],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal as _signal
 
 from forensics.reader import abi
-from forensics.reader.dump import Snapshot
+from forensics.reader.dump import Dump
 from forensics.reader.model import block_json, frames_json, hexaddr
 
 
@@ -18,16 +18,16 @@ def _signal_name(num: int) -> str:
         return f"SIG{num}"
 
 
-def crash_frames(snap: Snapshot, tid: int):
+def crash_frames(dump: Dump, tid: int):
     """The faulting thread's stack: the faulting instruction, then its shadow
     stack (libtag records no stack id in the signal handler: no locks there)."""
-    t = snap.heap.thread(tid)
+    t = dump.heap.thread(tid)
     regs = t.regs if t is not None else None
-    shadow = snap.symbolize(t.shadow) if t is not None else []
+    shadow = dump.symbolize(t.shadow) if t is not None else []
     if not (regs and regs.get("rip")):
         return shadow
     # the pc itself, not a return address (ENTRY: looked up as is)
-    pc = snap.symbolize([(regs["rip"], abi.TAG_FRAME_ENTRY)])
+    pc = dump.symbolize([(regs["rip"], abi.TAG_FRAME_ENTRY)])
     # The shadow stack starts with the ENTRY of the innermost instrumented
     # function; when the pc is in that function they are one frame, not two
     # ("crash_read, crash_read, main").
@@ -47,13 +47,13 @@ def spec_reason(heap) -> str:
     return reason
 
 
-def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
+def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
     from forensics.answers.owners import classify, near_note
 
-    heap = snap.heap
+    heap = dump.heap
     totals = heap.totals
     by_stack = heap.by_stack("live")[:top]
-    snap.prefetch([s for s, _, _ in by_stack])
+    dump.prefetch([s for s, _, _ in by_stack])
 
     anomalies = []
     a = heap.anomaly
@@ -62,43 +62,43 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
         # start); when the address is inside a tagged block, that block is the
         # one the user needs (free(p + 32) of a live p).
         block = a.block if a.block is not None else heap.block_at(a.address)
-        snap.prefetch([a.stack] + ([block.alloc_stack, block.free_stack or 0] if block else []))
+        dump.prefetch([a.stack] + ([block.alloc_stack, block.free_stack or 0] if block else []))
         anomalies.append({
             "kind": a.kind,
             "address": hexaddr(a.address),
-            "block": block_json(block, snap.stack, offset=a.address - block.start) if block else None,
-            "stack": frames_json(snap.stack(a.stack)),
+            "block": block_json(block, dump.stack, offset=a.address - block.start) if block else None,
+            "stack": frames_json(dump.stack(a.stack)),
             "thread": a.thread,
         })
 
     crash = None
     c = heap.crash
     if c is not None:
-        where = classify(snap, c.address)
+        where = classify(dump, c.address)
         crash = {
             "signal": _signal_name(c.signal),
             "address": hexaddr(c.address),
             "thread": c.thread,
-            "stack": frames_json(crash_frames(snap, c.thread)),
+            "stack": frames_json(crash_frames(dump, c.thread)),
             "code": c.code,
             "address_owner": {
                 "owner": where.owner,
                 "region": where.region_name,
                 "note": where.note or (near_note(where.near) if where.near else ""),
-                "block": block_json(where.block, snap.stack, offset=c.address - where.block.start)
+                "block": block_json(where.block, dump.stack, offset=c.address - where.block.start)
                 if where.block else None,
             },
         }
 
     threads = []
-    for t in snap.threads:
+    for t in dump.threads:
         threads.append({"tid": t.tid, "sp": hexaddr(t.sp),
-                        "stack": frames_json(snap.symbolize(t.raw))})
+                        "stack": frames_json(dump.symbolize(t.raw))})
 
     counters = heap.counters
     return {
-        "core": snap.core.path if snap.core is not None else snap.mem.name,
-        "process": {"pid": snap.pid, "exe": snap.exe},
+        "core": dump.core.path if dump.core is not None else dump.mem.name,
+        "process": {"pid": dump.pid, "exe": dump.exe},
         "reason": spec_reason(heap),
         "payload": "omitted" if heap.payload_omitted else "kept",
         "crash": crash,
@@ -109,7 +109,7 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
             "freed_bytes": totals.freed_bytes,
         },
         "anomalies": anomalies,
-        "top_stacks": [{"stack": frames_json(snap.stack(s)), "blocks": n, "bytes": b}
+        "top_stacks": [{"stack": frames_json(dump.stack(s)), "blocks": n, "bytes": b}
                        for s, n, b in by_stack],
         "threads": threads,
         "counters": counters,

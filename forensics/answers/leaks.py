@@ -1,11 +1,11 @@
 """Leaks: a conservative reachability scan of the live heap from the roots.
 
-    scan = find_leaks(snap)             # LeakScan, computed once per Snapshot
+    scan = find_leaks(dump)             # LeakScan, computed once per Dump
     scan.kind_of(addr)                  # "reachable" | "possible" | "indirect" | "definite" | None
     scan.how_reached(addr)              # [Step]: the root, then every block on the way
     scan.roots_of(addr)                 # every root word / register pointing straight at it
     scan.groups()                       # [LeakGroup] by (kind, allocation stack)
-    leaks_json(snap)                    # SPEC §5 inspect "leaks"
+    leaks_json(dump)                    # SPEC §5 inspect "leaks"
 
 Roots (docs/leaks.md says why each, and what is left out):
 
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.reader import abi
-from forensics.reader.dump import Snapshot
+from forensics.reader.dump import Dump
 from forensics.reader.model import frames_json, hexaddr
 from forensics.reader.pointers import hits
 
@@ -156,23 +156,23 @@ class ThreadContext:
 
 
 class LeakScan:
-    """The classification of every live block of a snapshot."""
+    """The classification of every live block of a dump."""
 
     MAX_EXAMPLES = 8
 
-    def __init__(self, snap: Snapshot) -> None:
-        self.snap = snap
-        heap = snap.heap
+    def __init__(self, dump: Dump) -> None:
+        self.dump = dump
+        heap = dump.heap
         idx = heap.index
         self._starts = idx["start"]
         self._sizes = idx["size"]
         n = len(self._starts)
         self._live = idx["state"] == abi.TAG_STATE_LIVE
-        self.contexts = thread_contexts(snap)
-        self.root_ranges = root_ranges(snap, self.contexts)
+        self.contexts = thread_contexts(dump)
+        self.root_ranges = root_ranges(dump, self.contexts)
         self._reg_names: list[tuple[int, str]] = []  # via id -> (tid, register)
 
-        edges = snap.edges
+        edges = dump.edges
         live = self._live
         src, dst, interior = edges.source, edges.target, edges.interior
         keep = live[dst] if n else np.zeros(0, bool)
@@ -197,7 +197,7 @@ class LeakScan:
         in_root = okr & (s2 < r_hi[np.where(okr, k, 0)])
         # libtag's own TLS (the last allocations, for its overflow sweep) is
         # not the program's: it lies inside stacks and static TLS, cut it out
-        self.excluded = libtag_tls_ranges(snap)
+        self.excluded = libtag_tls_ranges(dump)
         if self.excluded:
             x_lo, x_hi = _merge(self.excluded)
             kx = np.searchsorted(x_lo, s2, side="right").astype(np.int64) - 1
@@ -401,7 +401,7 @@ class LeakScan:
 
     def groups(self, kinds=("definite", "indirect", "possible")) -> list[LeakGroup]:
         """Lost blocks by (kind, allocation stack): definite first, then most bytes."""
-        idx = self.snap.heap.index
+        idx = self.dump.heap.index
         codes = [c for c, nm in _KIND_NAME.items() if nm in kinds]
         sel = np.flatnonzero(self._live & np.isin(self.kind, codes))
         if not len(sel):
@@ -545,7 +545,7 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------ roots --
 
 
-def thread_contexts(snap: Snapshot) -> list[ThreadContext]:
+def thread_contexts(dump: Dump) -> list[ThreadContext]:
     """Registers and stack range of every live thread at the snapshot.
 
     A snapshot (on demand or at an anomaly) is a fork child: the core's notes
@@ -554,16 +554,16 @@ def thread_contexts(snap: Snapshot) -> list[ThreadContext]:
     those are the program's.  A crash core is the process itself: its notes
     hold every thread as it died, and the records are from an older snapshot.
     """
-    heap = snap.heap
-    regions = snap.mem.regions()
+    heap = dump.heap
+    regions = dump.mem.regions()
     reason = int(heap.control.reason)
     fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY)
     notes: dict[int, dict[str, int]] = {}
-    if snap.core is not None:
+    if dump.core is not None:
         snap_tid = int(heap.control.snapshot_tid)
-        for t in snap.core.threads:
+        for t in dump.core.threads:
             tid = t.tid
-            if tid == snap.core.pid and snap_tid and not heap.thread(tid):
+            if tid == dump.core.pid and snap_tid and not heap.thread(tid):
                 tid = snap_tid
             notes.setdefault(tid, dict(t.regs))
     out = []
@@ -621,13 +621,13 @@ def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
         return None
 
 
-def libtag_tls_ranges(snap: Snapshot) -> list[tuple[int, int]]:
+def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
     """[start, end) of libtag's static TLS block in every thread: its struct
     tag_tls holds shadow stacks, caches and the thread's last allocations
     (for the overflow sweep) - libtag's references, not the program's.  The
     thread record's shadow field is the address of that struct."""
-    heap = snap.heap
-    region = next((r for r in snap.mem.regions() if heap.control_addr in r), None)
+    heap = dump.heap
+    region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
     layout = _libtag_tls_layout(region.path) if region is not None and region.path else None
     recs = heap._thread_records()
     if recs is None:
@@ -652,21 +652,21 @@ def _u64(mem, addr: int) -> int | None:
         return None
 
 
-def _tls_ranges(snap: Snapshot, ctx: ThreadContext, fs: int) -> list[tuple[int, int]]:
+def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]]:
     """The static TLS block below fs (from the DTV's lowest static entry), the
     thread descriptor above it, and the DTV array."""
-    regions = snap.mem.regions()
+    regions = dump.mem.regions()
     region = next((r for r in regions if fs in r), None)
     if region is None:
         return []
     lo = region.start
     out = []
-    dtv = _u64(snap.mem, fs + 8)  # tcbhead_t: tcb, dtv, self
+    dtv = _u64(dump.mem, fs + 8)  # tcbhead_t: tcb, dtv, self
     if dtv:
-        length = _u64(snap.mem, dtv - 16)  # dtv[-1].counter: slots
+        length = _u64(dump.mem, dtv - 16)  # dtv[-1].counter: slots
         if length is not None and 0 < length < 1 << 16:
             try:
-                raw = snap.mem.read(dtv, 16 * (int(length) + 1))
+                raw = dump.mem.read(dtv, 16 * (int(length) + 1))
             except Exception:  # noqa: BLE001
                 raw = b""
             vals = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
@@ -678,15 +678,15 @@ def _tls_ranges(snap: Snapshot, ctx: ThreadContext, fs: int) -> list[tuple[int, 
     return out
 
 
-def root_ranges(snap: Snapshot, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
+def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
     from forensics.answers.owners import _module_of_data
 
     if contexts is None:
-        contexts = thread_contexts(snap)
-    heap = snap.heap
-    regions = snap.mem.regions()
+        contexts = thread_contexts(dump)
+    heap = dump.heap
+    regions = dump.mem.regions()
     starts = heap.index["start"]
     out: list[RootRange] = []
     stacks = []
@@ -700,7 +700,7 @@ def root_ranges(snap: Snapshot, contexts: list[ThreadContext] | None = None) -> 
             continue
         if any(a <= fs < b for a, b in stacks):
             continue  # a pthread's TLS and descriptor: at the top of its stack
-        for a, b in _tls_ranges(snap, ctx, fs):
+        for a, b in _tls_ranges(dump, ctx, fs):
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
     ctl = next((r for r in regions if heap.control_addr in r), None)
     libtag_module = _module_of_data(regions, ctl) if ctl is not None else None
@@ -727,30 +727,30 @@ def root_ranges(snap: Snapshot, contexts: list[ThreadContext] | None = None) -> 
 # ------------------------------------------------------------------ answers --
 
 
-def find_leaks(snap: Snapshot) -> LeakScan:
-    """The leak scan of a snapshot (computed once, then kept on it)."""
-    scan = getattr(snap, "_leak_scan", None)
+def find_leaks(dump: Dump) -> LeakScan:
+    """The leak scan of a dump (computed once, then kept on it)."""
+    scan = getattr(dump, "_leak_scan", None)
     if scan is None:
-        scan = LeakScan(snap)
-        snap._leak_scan = scan
+        scan = LeakScan(dump)
+        dump._leak_scan = scan
     return scan
 
 
-def leaks_json(snap: Snapshot) -> list[dict]:
+def leaks_json(dump: Dump) -> list[dict]:
     """SPEC §5 inspect "leaks": one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
     snapshot) and, for definite groups, what is lost through them."""
-    scan = find_leaks(snap)
+    scan = find_leaks(dump)
     groups = scan.groups()
-    snap.prefetch([g.stack_id for g in groups])
-    now = int(snap.heap.control.snapshot_time_ms)
+    dump.prefetch([g.stack_id for g in groups])
+    now = int(dump.heap.control.snapshot_time_ms)
     out = []
     for g in groups:
         doc = {
             "kind": g.kind,
             "blocks": g.blocks,
             "bytes": g.bytes,
-            "stack": frames_json(snap.stack(g.stack_id)),
+            "stack": frames_json(dump.stack(g.stack_id)),
             "stack_id": g.stack_id,
             "oldest_alloc_ms": g.oldest_ms,
             "newest_alloc_ms": g.newest_ms,
@@ -766,9 +766,9 @@ def leaks_json(snap: Snapshot) -> list[dict]:
     return out
 
 
-def reached_json(snap: Snapshot, addr: int) -> dict | None:
+def reached_json(dump: Dump, addr: int) -> dict | None:
     """How the live block at addr is reached, as JSON (None: not in a live block)."""
-    scan = find_leaks(snap)
+    scan = find_leaks(dump)
     kind = scan.kind_of(addr)
     if kind is None:
         return None

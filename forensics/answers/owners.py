@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from forensics.reader.dump import Snapshot
+from forensics.reader.dump import Dump
 from forensics.reader.memory import Region
 from forensics.reader.model import Block, block_json, hexaddr
 
@@ -52,17 +52,17 @@ def _module_name(path: str | None) -> str:
     return os.path.basename(path) if path else "anonymous"
 
 
-def classify(snap: Snapshot, addr: int) -> Owner:
+def classify(dump: Dump, addr: int) -> Owner:
     """The block or region holding addr, without referrers."""
-    heap = snap.heap
-    regions = snap.mem.regions()
+    heap = dump.heap
+    regions = dump.mem.regions()
     region = next((r for r in regions if addr in r), None)
     block = heap.block_at(addr)
     if block is not None:
         return Owner(addr, "heap", block=block, region=region, region_name="heap",
                      note=f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes")
     near = heap.near(addr)
-    t = snap.thread_of_stack(addr)
+    t = dump.thread_of_stack(addr)
     if t is not None:
         live = t.sp is None or addr >= t.sp
         return Owner(addr, "stack", region=t.stack_region, thread=t.tid, near=near,
@@ -101,17 +101,17 @@ def _module_of_data(regions: list[Region], region: Region) -> str | None:
     return None
 
 
-def referrers(snap: Snapshot, block: Block) -> tuple[list[Referrer], int]:
+def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
     """Who points into block: words in live blocks, in live stack frames (at or
     above the thread's stack pointer) and in modules' globals.  Words in free
     heap memory are not references and are left out."""
-    heap = snap.heap
+    heap = dump.heap
     idx = heap.index
     i = int(np.searchsorted(idx["start"], block.start))
-    edges = snap.edges
+    edges = dump.edges
     sl = edges.into(i)
     out: list[Referrer] = []
-    regions = snap.mem.regions()
+    regions = dump.mem.regions()
     for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
         holder = heap.block_at(src)
         if holder is not None:
@@ -119,7 +119,7 @@ def referrers(snap: Snapshot, block: Block) -> tuple[list[Referrer], int]:
                 continue
             out.append(Referrer(src, "heap", holder.start, bool(interior)))
             continue
-        t = snap.thread_of_stack(src)
+        t = dump.thread_of_stack(src)
         if t is not None:
             if t.sp is not None and src < t.sp:
                 continue
@@ -132,14 +132,14 @@ def referrers(snap: Snapshot, block: Block) -> tuple[list[Referrer], int]:
     return out[:MAX_REFERRERS], len(out)
 
 
-def whoowns(snap: Snapshot, addr: int) -> Owner:
-    owner = classify(snap, addr)
+def whoowns(dump: Dump, addr: int) -> Owner:
+    owner = classify(dump, addr)
     if owner.block is not None:
-        owner.referrers, owner.referrer_count = referrers(snap, owner.block)
+        owner.referrers, owner.referrer_count = referrers(dump, owner.block)
     return owner
 
 
-def to_json(snap: Snapshot, o: Owner) -> dict:
+def to_json(dump: Dump, o: Owner) -> dict:
     """SPEC §5 whoowns document (plus "note", "near", "thread", "referrer_count")."""
     region = None
     if o.region is not None or o.region_name:
@@ -150,7 +150,7 @@ def to_json(snap: Snapshot, o: Owner) -> dict:
     doc = {
         "address": hexaddr(o.address),
         "owner": o.owner,
-        "block": block_json(o.block, snap.stack, offset=o.address - o.block.start) if o.block else None,
+        "block": block_json(o.block, dump.stack, offset=o.address - o.block.start) if o.block else None,
         "region": region,
         "referrers": [{"address": hexaddr(r.address), "in": r.where,
                        "block_start": hexaddr(r.block_start), "interior": r.interior,
@@ -162,9 +162,9 @@ def to_json(snap: Snapshot, o: Owner) -> dict:
         doc["thread"] = o.thread
     if o.near is not None:
         b, past = o.near
-        doc["near"] = {"block": block_json(b, snap.stack), "past_end": past}
+        doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
     # Robustness fix: what the reader could not read or trust (a cut core, a
     # corrupt table) was said by inspect but not by whoowns.  Last: reading
     # the stacks above may add some.
-    doc["warnings"] = list(snap.heap.warnings)
+    doc["warnings"] = list(dump.heap.warnings)
     return doc

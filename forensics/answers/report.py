@@ -49,19 +49,19 @@ STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "
 # ------------------------------------------------------------------ data --
 
 
-def snapshot_time(snap: Any) -> tuple[float | None, str]:
+def snapshot_time(dump: Any) -> tuple[float | None, str]:
     """(seconds since the epoch when the core was taken, where that came from).
 
     libtag's control block has the wall clock at start-up and the milliseconds
     since then at the snapshot (or at the crash / anomaly, for cores written
     without a snapshot time); without those, the catalog's time, then the
     core file's mtime."""
-    c = snap.heap.control
+    c = dump.heap.control
     ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
     start_ns = int(c.start_realtime_ns)
     if start_ns:
         return start_ns / 1e9 + ms / 1e3, "control block"
-    path = snap.core.path if snap.core is not None else None
+    path = dump.core.path if dump.core is not None else None
     if path:
         try:
             from forensics.snapshots.catalog import Catalog
@@ -215,7 +215,7 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
     return out
 
 
-def _leaks(snap: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None:
+def _leaks(dump: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None:
     """The leak groups (forensics.answers.leaks), or None when this version has no leak scan."""
     try:
         from forensics.answers.leaks import leaks_json
@@ -224,7 +224,7 @@ def _leaks(snap: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None
     from forensics.errors import ForensicsError
 
     try:
-        groups = leaks_json(snap)
+        groups = leaks_json(dump)
     except ForensicsError as e:
         warnings.append(f"leak scan failed: {e.message}")
         return None
@@ -236,16 +236,16 @@ def _leaks(snap: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None
     return out
 
 
-def snapshot_point(snap: Any) -> dict:
+def snapshot_point(dump: Any) -> dict:
     """One point of the curve: a core's time, reason and live/freed totals."""
-    t, source = snapshot_time(snap)
-    totals = snap.heap.totals
+    t, source = snapshot_time(dump)
+    totals = dump.heap.totals
     return {
-        "core": os.path.abspath(snap.core.path) if snap.core is not None else snap.mem.name,
-        "pid": snap.pid,
-        "exe": snap.exe,
-        "reason": snap.heap.reason,
-        "seq": int(snap.heap.control.snapshot_seq),
+        "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
+        "pid": dump.pid,
+        "exe": dump.exe,
+        "reason": dump.heap.reason,
+        "seq": int(dump.heap.control.snapshot_seq),
         "time": t,
         "time_source": source,
         "live_bytes": totals.live_bytes,
@@ -270,23 +270,23 @@ class ReportBuilder:
         self.warnings: list[str] = []
         self._newest: tuple[float, int, Any] | None = None
 
-    def add(self, snap: Any) -> bool:
-        """Take what the page needs from snap.  True if snap is the newest so
+    def add(self, dump: Any) -> bool:
+        """Take what the page needs from dump.  True if dump is the newest so
         far: the caller keeps it open until finish() (or a newer one)."""
         from forensics.answers.inspect import inspect_doc
 
-        point = snapshot_point(snap)
+        point = snapshot_point(dump)
         point["index"] = len(self.points)
         self.points.append(point)
-        heap = snap.heap
+        heap = dump.heap
         if heap.anomaly is not None or heap.crash is not None:
-            doc = inspect_doc(snap, top=0)
+            doc = inspect_doc(dump, top=0)
             self.events += events_of(doc, point["core"], self.frames)
         for w in heap.warnings:
             self.warnings.append(f"{point['core']}: {w}")
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
         if self._newest is None or key >= self._newest[:2]:
-            self._newest = (key[0], key[1], snap)
+            self._newest = (key[0], key[1], dump)
             return True
         return False
 
@@ -296,9 +296,9 @@ class ReportBuilder:
 
         if self._newest is None:
             raise InputError("report needs at least one core")
-        _, primary, snap = self._newest
+        _, primary, dump = self._newest
         try:
-            doc = inspect_doc(snap, top=self.stack_limit)
+            doc = inspect_doc(dump, top=self.stack_limit)
             heap = doc["heap"]
             stacks = doc["top_stacks"]
             tree, leaves = build_tree(stacks, self.frames, total_bytes=heap["live_bytes"],
@@ -306,8 +306,8 @@ class ReportBuilder:
             table = [{"frames": self.frames.ids(s["stack"]), "bytes": s["bytes"],
                       "blocks": s["blocks"], "node": leaf}
                      for s, leaf in zip(stacks, leaves)]
-            distinct = len(snap.heap.by_stack("live"))
-            leaks = _leaks(snap, self.frames, self.warnings)
+            distinct = len(dump.heap.by_stack("live"))
+            leaks = _leaks(dump, self.frames, self.warnings)
         finally:
             self._newest = None
         order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))

@@ -19,8 +19,8 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from forensics.reader import abi
-from forensics.reader.dump import Snapshot
-from forensics.answers.diff import _snap_json, frame_key, same_process
+from forensics.reader.dump import Dump
+from forensics.answers.diff import snapshot_json, frame_key, same_process
 from forensics.reader.model import frames_json
 
 
@@ -48,33 +48,33 @@ class StackSeries:
 
 @dataclass
 class Trend:
-    snaps: list[Snapshot]  # in time order
+    dumps: list[Dump]  # in time order
     same_process: bool
     stacks: list[StackSeries]  # monotonic first, then most bytes grown
 
 
-def order(snaps: Sequence[Snapshot]) -> tuple[list[Snapshot], bool]:
-    snaps = list(snaps)
-    one = all(same_process(snaps[0], s) for s in snaps[1:])
+def order(dumps: Sequence[Dump]) -> tuple[list[Dump], bool]:
+    dumps = list(dumps)
+    one = all(same_process(dumps[0], s) for s in dumps[1:])
     if one:
-        snaps.sort(key=lambda s: (int(s.heap.control.snapshot_seq), int(s.heap.control.snapshot_time_ms)))
-    return snaps, one
+        dumps.sort(key=lambda s: (int(s.heap.control.snapshot_seq), int(s.heap.control.snapshot_time_ms)))
+    return dumps, one
 
 
-def trend(snaps: Sequence[Snapshot]) -> Trend:
-    snaps, one = order(snaps)
-    n = len(snaps)
+def trend(dumps: Sequence[Dump]) -> Trend:
+    dumps, one = order(dumps)
+    n = len(dumps)
     series: dict[Hashable, StackSeries] = {}
-    for i, snap in enumerate(snaps):
-        idx = snap.heap.index
+    for i, dump in enumerate(dumps):
+        idx = dump.heap.index
         m = idx["state"] == abi.TAG_STATE_LIVE
         ids, inv = np.unique(idx["alloc_stack"][m], return_inverse=True)
         cnt = np.bincount(inv, minlength=len(ids))
         nb = np.bincount(inv, weights=idx["size"][m].astype(np.float64), minlength=len(ids))
         if not one:
-            snap.prefetch(ids.tolist())
+            dump.prefetch(ids.tolist())
         for s, c, b in zip(ids.tolist(), cnt.tolist(), nb.tolist()):
-            key = s if one else frame_key(snap.stack(s))
+            key = s if one else frame_key(dump.stack(s))
             ser = series.get(key)
             if ser is None:
                 ser = series[key] = StackSeries(key, s, i, [0] * n, [0] * n)
@@ -83,7 +83,7 @@ def trend(snaps: Sequence[Snapshot]) -> Trend:
             ser.bytes[i] += int(b)
     out = sorted(series.values(), key=lambda s: (not s.monotonic, -s.growth_bytes, -s.growth_blocks,
                                                   s.stack_id))
-    return Trend(snaps, one, out)
+    return Trend(dumps, one, out)
 
 
 def trend_json(t: Trend, *, top: int | None = None, growing_only: bool = False) -> dict:
@@ -92,13 +92,13 @@ def trend_json(t: Trend, *, top: int | None = None, growing_only: bool = False) 
     stacks = [s for s in t.stacks if s.monotonic] if growing_only else list(t.stacks)
     if top is not None:
         stacks = stacks[:top]
-    for i, snap in enumerate(t.snaps):
-        snap.prefetch([s.stack_id for s in stacks if s.snap_index == i])
+    for i, dump in enumerate(t.dumps):
+        dump.prefetch([s.stack_id for s in stacks if s.snap_index == i])
     return {
-        "snapshots": [_snap_json(s) for s in t.snaps],
+        "snapshots": [snapshot_json(s) for s in t.dumps],
         "same_process": t.same_process,
         "stacks": [{
-            "stack": frames_json(t.snaps[s.snap_index].stack(s.stack_id)),
+            "stack": frames_json(t.dumps[s.snap_index].stack(s.stack_id)),
             "stack_id": s.stack_id,
             "blocks": s.blocks,
             "bytes": s.bytes,

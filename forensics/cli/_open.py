@@ -1,5 +1,5 @@
 """Opening a core for a verb: with a progress bar on stderr when indexing takes
-a while, and the snapshot cached beside the core."""
+a while, and the index cached beside the core."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def open_snapshot(path: str):
-    from forensics.reader.dump import Snapshot
+def open_dump(path: str):
+    from forensics.reader.dump import Dump
     from forensics.errors import InputError
 
     if not os.path.exists(path):
@@ -30,11 +30,11 @@ def open_snapshot(path: str):
             bar.update(task, total=total, completed=done)
 
     try:
-        snap = Snapshot.open(path, progress=progress)
+        dump = Dump.open(path, progress=progress)
     finally:
         if cm is not None:
             cm.__exit__(None, None, None)
     try:
-        yield snap
+        yield dump
     finally:
-        snap.close()
+        dump.close()

@@ -47,12 +47,12 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.output import text
-    from forensics.cli._open import open_snapshot
+    from forensics.cli._open import open_dump
     from forensics.answers.diff import diff, diff_json
 
     with ExitStack() as stack:
-        old = stack.enter_context(open_snapshot(args.old))
-        new = stack.enter_context(open_snapshot(args.new))
+        old = stack.enter_context(open_dump(args.old))
+        new = stack.enter_context(open_dump(args.new))
         d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
         doc = diff_json(old, new, d)
     if args.json:

@@ -29,11 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from forensics.output import text
-    from forensics.cli._open import open_snapshot
+    from forensics.cli._open import open_dump
     from forensics.answers.inspect import inspect_doc
 
-    with open_snapshot(args.core) as snap:
-        doc = inspect_doc(snap, top=args.top)
+    with open_dump(args.core) as dump:
+        doc = inspect_doc(dump, top=args.top)
         if args.leaks:
             try:
                 from forensics.answers.leaks import leaks_json
@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
                 from forensics.errors import UsageError
 
                 raise UsageError("--leaks is not available in this version yet") from None
-            doc["leaks"] = leaks_json(snap)
+            doc["leaks"] = leaks_json(dump)
     if args.json:
         text.print_json(doc)
     else:

@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.output import text
-    from forensics.cli._open import open_snapshot
+    from forensics.cli._open import open_dump
     from forensics.errors import InputError
     from forensics.answers.report import ReportBuilder, render_page, write_private
 
@@ -43,8 +43,8 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:
-                snap = this.enter_context(open_snapshot(path))
-                if builder.add(snap):
+                dump = this.enter_context(open_dump(path))
+                if builder.add(dump):
                     newest.close()
                     newest.push(this.pop_all())
         data = builder.finish()

@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.output import text
-    from forensics.cli._open import open_snapshot
+    from forensics.cli._open import open_dump
     from forensics.errors import UsageError
     from forensics.answers.trend import trend, trend_json
 
@@ -37,8 +37,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
     top = args.top if args.top is not None else (None if args.json else 20)
     with ExitStack() as stack:
-        snaps = [stack.enter_context(open_snapshot(p)) for p in args.cores]
-        doc = trend_json(trend(snaps), top=top, growing_only=args.growing)
+        dumps = [stack.enter_context(open_dump(p)) for p in args.cores]
+        doc = trend_json(trend(dumps), top=top, growing_only=args.growing)
     if args.json:
         text.print_json(doc)
     else:

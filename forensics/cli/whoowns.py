@@ -50,11 +50,11 @@ def _core_path(args: argparse.Namespace) -> str:
 def main(args: argparse.Namespace) -> int:
     from forensics.answers import owners
     from forensics.output import text
-    from forensics.cli._open import open_snapshot
+    from forensics.cli._open import open_dump
 
-    with open_snapshot(_core_path(args)) as snap:
-        answer = owners.whoowns(snap, args.address)
-        doc = owners.to_json(snap, answer)
+    with open_dump(_core_path(args)) as dump:
+        answer = owners.whoowns(dump, args.address)
+        doc = owners.to_json(dump, answer)
     if args.json:
         text.print_json(doc)
     else:

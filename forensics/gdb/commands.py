@@ -15,13 +15,13 @@ Where the answers come from (STYLE: "the gdb scripts are a thin adapter that
 gives heap.py a memory reader backed by gdb; no logic lives there"):
 
 - gdb has a core open (``core-file CORE``, ``gdb EXE CORE``): the core file is
-  opened with ``forensics.reader.dump.Snapshot.open`` exactly as the command line
+  opened with ``forensics.reader.dump.Dump.open`` exactly as the command line
   does, so both answer from the same bytes with the same index cache beside
   the core - and say the same thing.
 - gdb runs or is attached to a live process: :class:`GdbMemory` implements
   ``forensics.reader.memory.Memory`` over ``Inferior.read_memory`` and ``info proc
   mappings``; the process is stopped while gdb shows its prompt, so the heap
-  read is consistent.  Its snapshot is kept until the process runs again.
+  read is consistent.  Its dump is kept until the process runs again.
 
 Every expected failure becomes a ``gdb.GdbError`` with one line (gdb prints it
 as ``tag whoowns: ...`` and a batch run exits non-zero); set the environment
@@ -39,7 +39,7 @@ from functools import cached_property
 import gdb  # gdb's embedded module: this file is only imported inside gdb
 import numpy as np
 
-from forensics.reader.dump import Snapshot, ThreadStack
+from forensics.reader.dump import Dump, ThreadStack
 from forensics.core.errors import UnmappedError
 from forensics.errors import ForensicsError
 from forensics.reader.memory import Region
@@ -155,8 +155,8 @@ def _proc_mappings(mem: GdbMemory) -> list[Region]:
     return out
 
 
-class GdbSnapshot(Snapshot):
-    """A Snapshot of a live inferior: the threads' stack pointers come from gdb's
+class GdbDump(Dump):
+    """A Dump of a live inferior: the threads' stack pointers come from gdb's
     registers (a core gives them in its notes; libtag's saved ones are older)."""
 
     @cached_property
@@ -164,7 +164,7 @@ class GdbSnapshot(Snapshot):
         sps = self.mem.thread_sps()
         regions = self.mem.regions()
         out = []
-        for t in Snapshot.threads.func(self):
+        for t in Dump.threads.func(self):
             sp = sps.get(t.tid, t.sp)
             region = next((r for r in regions if sp is not None and sp in r), t.stack_region)
             out.append(dataclasses.replace(t, sp=sp, stack_region=region))
@@ -173,17 +173,17 @@ class GdbSnapshot(Snapshot):
 
 # ---------------------------------------------------------------- sources --
 
-_snap: Snapshot | None = None
-_snap_key: tuple | None = None
+_dump: Dump | None = None
+_dump_key: tuple | None = None
 
 
 def _forget(*_args: object) -> None:
-    """The inferior ran, exited or changed: its snapshot is stale."""
-    global _snap, _snap_key
-    if _snap is not None:
-        with contextlib.suppress(Exception):  # closing a stale snapshot must not fail a command
-            _snap.close()
-    _snap, _snap_key = None, None
+    """The inferior ran, exited or changed: its dump is stale."""
+    global _dump, _dump_key
+    if _dump is not None:
+        with contextlib.suppress(Exception):  # closing a stale dump must not fail a command
+            _dump.close()
+    _dump, _dump_key = None, None
 
 
 def _core_path() -> str:
@@ -195,9 +195,9 @@ def _core_path() -> str:
     return m[1]
 
 
-def snapshot() -> Snapshot:
-    """The Snapshot of what gdb is looking at (kept while it cannot change)."""
-    global _snap, _snap_key
+def current_dump() -> Dump:
+    """The Dump of what gdb is looking at (kept while it cannot change)."""
+    global _dump, _dump_key
     inferior = gdb.selected_inferior()
     conn = inferior.connection
     kind = conn.type if conn is not None else None
@@ -216,15 +216,15 @@ def snapshot() -> Snapshot:
     else:
         raise ForensicsError("no process and no core: open a core (core-file CORE), "
                              "run the program, or attach PID")
-    if _snap is not None and _snap_key == key:
-        return _snap
+    if _dump is not None and _dump_key == key:
+        return _dump
     _forget()
     if kind == "core":
-        snap = Snapshot.open(path)
+        dump = Dump.open(path)
     else:
-        snap = GdbSnapshot(GdbMemory(inferior))
-    _snap, _snap_key = snap, key
-    return snap
+        dump = GdbDump(GdbMemory(inferior))
+    _dump, _dump_key = dump, key
+    return dump
 
 
 # --------------------------------------------------------------- commands --
@@ -328,8 +328,8 @@ as forensics whoowns --json."""
 
         opts, expr = _options(arg, ("--json",))
         addr = _address(expr)
-        snap = snapshot()
-        doc = owners.to_json(snap, owners.whoowns(snap, addr))
+        dump = current_dump()
+        doc = owners.to_json(dump, owners.whoowns(dump, addr))
         if opts.get("--json"):
             text.print_json(doc)
         else:
@@ -352,13 +352,13 @@ block holds the address.  --json prints the block as forensics' JSON does."""
 
         opts, expr = _options(arg, ("--json",))
         addr = _address(expr)
-        snap = snapshot()
-        where = owners.classify(snap, addr)
+        dump = current_dump()
+        where = owners.classify(dump, addr)
         if where.block is None:
             what = where.region_name or where.owner
             note = where.note or (owners.near_note(where.near) if where.near else "")
             raise ForensicsError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
-        doc = block_json(where.block, snap.stack, offset=addr - where.block.start)
+        doc = block_json(where.block, dump.stack, offset=addr - where.block.start)
         if opts.get("--json"):
             text.print_json(doc)
             return
@@ -388,7 +388,7 @@ The same answer as forensics inspect CORE (on a live process: as it is now)."""
         top = opts.get("--top", "10")
         if not top.isdigit() or int(top) < 1:
             raise ForensicsError(f"--top needs a positive number, not {top}")
-        doc = inspect_doc(snapshot(), top=int(top))
+        doc = inspect_doc(current_dump(), top=int(top))
         if opts.get("--json"):
             text.print_json(doc)
         else:
@@ -413,7 +413,7 @@ The same answer as the leaks of forensics inspect --leaks CORE."""
             from forensics.answers.leaks import leaks_json
         except ImportError:
             raise ForensicsError("leaks needs forensics.answers.leaks (not installed)") from None
-        leaks = leaks_json(snapshot())
+        leaks = leaks_json(current_dump())
         if opts.get("--json"):
             text.print_json({"leaks": leaks})
             return
@@ -424,7 +424,7 @@ _registered = False
 
 
 def register() -> None:
-    """Define the tag commands in gdb (once) and forget snapshots that go stale."""
+    """Define the tag commands in gdb (once) and forget dumps that go stale."""
     global _registered
     if _registered:
         return
@@ -438,4 +438,4 @@ def register() -> None:
     _registered = True
 
 
-__all__ = ["GdbMemory", "GdbSnapshot", "register", "snapshot"]
+__all__ = ["GdbMemory", "GdbDump", "current_dump", "register"]

@@ -1,9 +1,14 @@
-"""One snapshot opened for answering questions: the core, its heap index, the
+"""A dump: the memory of a libtag process opened for answering questions -
+a core file, or a live process stopped under gdb - with its heap index,
 pointer edges and symbolised stacks, each built once and cached.
 
-    with Snapshot.open(path) as snap:
-        block = snap.heap.block_at(addr)
-        frames = snap.stack(block.alloc_stack)       # symbolised, merged
+"Dump" is the opened memory; a "snapshot" is the core libtag takes of a
+running process (libtag/src/snapshot.c, ``forensics snapshot``), which is
+one of the files a Dump opens.
+
+    with Dump.open(path) as dump:
+        block = dump.heap.block_at(addr)
+        frames = dump.stack(block.alloc_stack)       # symbolised, merged
 
 Every verb that reads a core goes through this, so caching (the heap index and
 pointer edges beside the core, symbols under the state directory) and the
@@ -38,7 +43,7 @@ class ThreadStack:
     raw: list[RawFrame]
 
 
-class Snapshot:
+class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
 
     def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
@@ -52,7 +57,7 @@ class Snapshot:
         self._frames: dict[int, list[Frame]] = {}
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Snapshot":
+    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Dump":
         from forensics.core import Core
 
         core = Core(path)
@@ -66,7 +71,7 @@ class Snapshot:
         if self.core is not None:
             self.core.close()
 
-    def __enter__(self) -> "Snapshot":
+    def __enter__(self) -> "Dump":
         return self
 
     def __exit__(self, *exc: object) -> None:

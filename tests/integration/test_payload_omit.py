@@ -41,28 +41,28 @@ def _snapshot(build_victim, tmp_path, core_path, payload):
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, tmp_path):
-    from forensics.reader.dump import Snapshot
+    from forensics.reader.dump import Dump
     from forensics.answers.inspect import inspect_doc
 
     core, address = _snapshot(build_victim, tmp_path, core_path, "omit")
     assert SECRET not in core.read_bytes()
-    with Snapshot.open(core) as snap:
-        assert snap.heap.payload_omitted is True
-        block = snap.heap.block_at(address)
+    with Dump.open(core) as dump:
+        assert dump.heap.payload_omitted is True
+        block = dump.heap.block_at(address)
         assert (block.start, block.size, block.state) == (address, 4096 * 3, "live")
-        assert [f.function for f in snap.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
-        assert inspect_doc(snap)["payload"] == "omitted"
+        assert [f.function for f in dump.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
+        assert inspect_doc(dump)["payload"] == "omitted"
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_keep_has_the_secret(core_path, build_victim, tmp_path):
-    from forensics.reader.dump import Snapshot
+    from forensics.reader.dump import Dump
 
     core, address = _snapshot(build_victim, tmp_path, core_path, "keep")
     assert SECRET in core.read_bytes()
-    with Snapshot.open(core) as snap:
-        assert snap.heap.payload_omitted is False
-        assert snap.heap.block_at(address).size == 4096 * 3
+    with Dump.open(core) as dump:
+        assert dump.heap.payload_omitted is False
+        assert dump.heap.block_at(address).size == 4096 * 3
 
 
 def test_crash_core_with_omit_has_no_secret(build_victim, run_cli, tmp_path):

@@ -31,9 +31,10 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from forensics.answers.shapes import frames_json, hexaddr
 from forensics.reader import abi
 from forensics.reader.dump import Dump
-from forensics.reader.model import Frame, frames_json, hexaddr
+from forensics.reader.model import Frame
 
 MAX_ADDRESSES = 8
 

@@ -4,18 +4,9 @@ thread's logical stack - as SPEC §5's inspect JSON document."""
 
 from __future__ import annotations
 
-import signal as _signal
-
+from forensics.answers.shapes import block_json, frames_json, hexaddr
 from forensics.reader import abi
 from forensics.reader.dump import Dump
-from forensics.reader.model import block_json, frames_json, hexaddr
-
-
-def _signal_name(num: int) -> str:
-    try:
-        return _signal.Signals(num).name
-    except ValueError:
-        return f"SIG{num}"
 
 
 def crash_frames(dump: Dump, tid: int):
@@ -76,7 +67,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
     if c is not None:
         where = classify(dump, c.address)
         crash = {
-            "signal": _signal_name(c.signal),
+            "signal": c.signal_name,
             "address": hexaddr(c.address),
             "thread": c.thread,
             "stack": frames_json(crash_frames(dump, c.thread)),

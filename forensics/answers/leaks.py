@@ -62,9 +62,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from forensics.answers.shapes import frames_json, hexaddr
 from forensics.reader import abi
 from forensics.reader.dump import Dump
-from forensics.reader.model import frames_json, hexaddr
 from forensics.reader.pointers import hits
 
 KINDS = ("reachable", "possible", "indirect", "definite")

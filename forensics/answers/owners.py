@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from forensics.answers.shapes import block_json, hexaddr
 from forensics.reader.dump import Dump
 from forensics.reader.memory import Region
-from forensics.reader.model import Block, block_json, hexaddr
+from forensics.reader.model import Block
 
 # Referrers listed at most (the total is always given).
 MAX_REFERRERS = 200

@@ -18,10 +18,10 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from forensics.answers.diff import frame_key, same_process, snapshot_json
+from forensics.answers.shapes import frames_json
 from forensics.reader import abi
 from forensics.reader.dump import Dump
-from forensics.answers.diff import snapshot_json, frame_key, same_process
-from forensics.reader.model import frames_json
 
 
 @dataclass

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 @contextmanager
 def open_dump(path: str):
-    from forensics.reader.dump import Dump
     from forensics.errors import InputError
+    from forensics.reader.dump import Dump
 
     if not os.path.exists(path):
         raise InputError(f"no such core: {path}")

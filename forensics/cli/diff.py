@@ -46,9 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from forensics.output import text
-    from forensics.cli._open import open_dump
     from forensics.answers.diff import diff, diff_json
+    from forensics.cli._open import open_dump
+    from forensics.output import text
 
     with ExitStack() as stack:
         old = stack.enter_context(open_dump(args.old))

@@ -28,9 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.output import text
-    from forensics.cli._open import open_dump
     from forensics.answers.inspect import inspect_doc
+    from forensics.cli._open import open_dump
+    from forensics.output import text
 
     with open_dump(args.core) as dump:
         doc = inspect_doc(dump, top=args.top)

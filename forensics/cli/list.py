@@ -21,10 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from forensics.files import default_snapshot_dir
     from forensics.output import text
     from forensics.snapshots import snapdir
     from forensics.snapshots.catalog import Catalog
-    from forensics.files import default_snapshot_dir
 
     with Catalog() as cat:
         roots = {str(default_snapshot_dir()), *cat.roots()}

@@ -29,10 +29,10 @@ def main(args: argparse.Namespace) -> int:
     import os
     from contextlib import ExitStack
 
-    from forensics.output import text
+    from forensics.answers.report import ReportBuilder, render_page, write_private
     from forensics.cli._open import open_dump
     from forensics.errors import InputError
-    from forensics.answers.report import ReportBuilder, render_page, write_private
+    from forensics.output import text
 
     out = os.path.abspath(args.output)
     if os.path.isdir(out):

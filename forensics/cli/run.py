@@ -58,8 +58,8 @@ def build_env(lib: str, snap_dir: str, on_anomaly: str, base: dict[str, str]) ->
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.libpath import lib_path
     from forensics.files import default_snapshot_dir, ensure_private_dir
+    from forensics.libpath import lib_path
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":

@@ -138,13 +138,6 @@ def parse_signal(value: str | None) -> int | None:
     raise InputError(f"the process's LIBTAG_SIGNAL={value} is not a signal libtag knows")
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
 def snapshot_root(environ: dict[str, str]) -> Path:
     """Where libtag in a process with this environment makes its snapshot
     directories (libtag/src/snapshot.c open_snapshot_root)."""
@@ -242,6 +235,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     """
     import psutil
 
+    from forensics.core.notes import signal_name
     from forensics.snapshots import catalog, snapdir
 
     proc = open_process(pid)
@@ -308,7 +302,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
             raise snapdir.SnapshotTimeout(
                 f"timed out after {timeout:g} s waiting for the core of pid {pid} "
                 f"(snapshot dir {root}: no new snapshot appeared; does the process "
-                f"block or ignore {_signal_name(sig)}?)")
+                f"block or ignore {signal_name(sig, unknown='signal {}')}?)")
         time.sleep(snapdir.POLL_S)
 
     try:

@@ -28,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from forensics.output import text
+    from forensics.answers.trend import trend, trend_json
     from forensics.cli._open import open_dump
     from forensics.errors import UsageError
-    from forensics.answers.trend import trend, trend_json
+    from forensics.output import text
 
     if len(args.cores) < 2:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")

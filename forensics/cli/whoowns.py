@@ -49,8 +49,8 @@ def _core_path(args: argparse.Namespace) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from forensics.answers import owners
-    from forensics.output import text
     from forensics.cli._open import open_dump
+    from forensics.output import text
 
     with open_dump(_core_path(args)) as dump:
         answer = owners.whoowns(dump, args.address)

@@ -39,9 +39,9 @@ from functools import cached_property
 import gdb  # gdb's embedded module: this file is only imported inside gdb
 import numpy as np
 
-from forensics.reader.dump import Dump, ThreadStack
 from forensics.core.errors import UnmappedError
 from forensics.errors import ForensicsError
+from forensics.reader.dump import Dump, ThreadStack
 from forensics.reader.memory import Region
 
 _CHUNK = 1 << 20  # bytes per read_memory call when loading a region
@@ -347,8 +347,8 @@ block holds the address.  --json prints the block as forensics' JSON does."""
 
     def run(self, arg: str) -> None:
         from forensics.answers import owners
+        from forensics.answers.shapes import block_json
         from forensics.output import text
-        from forensics.reader.model import block_json
 
         opts, expr = _options(arg, ("--json",))
         addr = _address(expr)
@@ -379,8 +379,8 @@ The same answer as forensics inspect CORE (on a live process: as it is now)."""
     name = "tag inspect"
 
     def run(self, arg: str) -> None:
-        from forensics.output import text
         from forensics.answers.inspect import inspect_doc
+        from forensics.output import text
 
         opts, rest = _options(arg, ("--json",), ("--top",))
         if rest:

@@ -14,10 +14,9 @@ import os
 
 import numpy as np
 
+from forensics.core.errors import UnmappedError
 from forensics.errors import InputError
 from forensics.reader.memory import Region
-
-from forensics.core.errors import UnmappedError
 
 _CHUNK = 1 << 20  # bytes per pread when loading a region
 _PAGE = 4096

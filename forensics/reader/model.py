@@ -1,19 +1,16 @@
-"""The things forensics talks about, and the one place they become SPEC §5 JSON.
+"""The things the reader finds in a libtag process: blocks, frames, threads,
+the anomaly and the crash - plain dataclasses.
 
-Every verb's ``--json`` builds its frames and blocks with frame_json and
-block_json, so the shapes never drift between verbs.  Addresses are printed as
-"0x..." strings.
+Their JSON forms are built in one place, forensics.answers.shapes
+(docs/json.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
 
-
-def hexaddr(addr: int | None) -> str | None:
-    """An address as SPEC's "0x..." string (None stays None)."""
-    return None if addr is None else f"{addr:#x}"
+from forensics.core.notes import signal_name
+from forensics.reader import abi
 
 
 @dataclass(frozen=True)
@@ -75,12 +72,7 @@ class Crash:
 
     @property
     def signal_name(self) -> str:
-        import signal as _signal
-
-        try:
-            return _signal.Signals(self.signal).name
-        except ValueError:
-            return f"SIG{self.signal}"
+        return signal_name(self.signal)
 
 
 RawFrame = tuple[int, int]  # (pc, frame kind: abi.TAG_FRAME_CALL / TAG_FRAME_ENTRY)
@@ -103,58 +95,7 @@ class ThreadState:
 
     @property
     def exited(self) -> bool:
-        return bool(self.flags & 1)  # TAG_THREAD_EXITED
+        return bool(self.flags & abi.TAG_THREAD_EXITED)
 
 
-# ---------------------------------------------------------------------- JSON --
-
-
-def frame_json(frame: Frame) -> dict[str, Any]:
-    """SPEC §5 frame."""
-    return {
-        "address": hexaddr(frame.address),
-        "function": frame.function,
-        "file": frame.file,
-        "line": frame.line,
-        "module": frame.module,
-    }
-
-
-def frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
-    return [frame_json(f) for f in frames]
-
-
-def block_json(
-    block: Block,
-    frames_fn: Callable[[int], Sequence[Frame]],
-    offset: int | None = None,
-) -> dict[str, Any]:
-    """SPEC §5 block.  frames_fn(stack_id) gives the symbolised frames of a
-    stack id; offset is ADDR - start where an address was asked (else 0)."""
-    freed = block.state == "freed"
-    return {
-        "start": hexaddr(block.start),
-        "size": block.size,
-        "offset": 0 if offset is None else offset,
-        "state": block.state,
-        "thread": block.thread,
-        "alloc_stack": frames_json(frames_fn(block.alloc_stack)),
-        "free_stack": (
-            frames_json(frames_fn(block.free_stack)) if freed and block.free_stack is not None else None
-        ),
-        "free_thread": block.free_thread if freed else None,
-    }
-
-
-__all__ = [
-    "Anomaly",
-    "Block",
-    "Crash",
-    "Frame",
-    "RawFrame",
-    "ThreadState",
-    "block_json",
-    "frame_json",
-    "frames_json",
-    "hexaddr",
-]
+__all__ = ["Anomaly", "Block", "Crash", "Frame", "RawFrame", "ThreadState"]

@@ -73,10 +73,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
-from .abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
-from .abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
 from forensics.errors import InputError
-from .model import Frame
+from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
+from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
+from forensics.reader.model import Frame
 
 # A symbolizer that hangs (a debuginfod server that does not answer...) must
 # not hang forensics: past this the module's frames get module+offset only.

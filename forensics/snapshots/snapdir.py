@@ -18,8 +18,8 @@ process itself.  Its size must then stay the same between two looks.
 from __future__ import annotations
 
 import os
-import stat
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -20,18 +20,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import forensics_test_support as S
 import numpy as np
 import pytest
 
+from forensics.answers.shapes import block_json
+from forensics.core import Core
+from forensics.errors import InputError
 from forensics.reader import abi
 from forensics.reader.abi import NoLibtagError
-from forensics.core import Core
-from forensics.reader.live import LiveMemory
-from forensics.errors import InputError
 from forensics.reader.heap import Heap
+from forensics.reader.live import LiveMemory
 from forensics.reader.memory import CoreMemory
-from forensics.reader.model import block_json
-import forensics_test_support as S
 
 QUARANTINE = "1500"  # bytes per thread: the victim's small frees stay, 2000/5000 go to glibc
 WORKERS = 3

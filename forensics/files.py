@@ -1,10 +1,17 @@
-"""The user's forensics state directory and private directories in it.
+"""Files forensics keeps: the user's state directory, private directories,
+and private files written atomically.
 
-``$XDG_STATE_HOME/forensics`` (XDG default ``~/.local/state/forensics``) holds
-the catalog; snapshots go to its ``snapshots/`` folder unless ``--dir`` says
-otherwise.  Cores hold the whole memory of a process, secrets included, so a
-snapshot directory is created 0700, must belong to the user, and is never
-reached through a symlink (someone else could point it at their folder).
+``$XDG_STATE_HOME/forensics`` (XDG default ``~/.local/state/forensics``, as
+platformdirs reads it) holds the catalog and the symbol cache; snapshots go
+to its ``snapshots/`` folder unless ``--dir`` says otherwise.
+
+Cores hold the whole memory of a process, secrets included, and so does
+everything derived from them (indexes, reports, the catalog's paths):
+
+- a directory is created 0700, must belong to the user, and is never reached
+  through a symlink (someone else could point it at their folder);
+- a file is created 0600, never through a symlink, and written whole or not
+  at all: a temporary file beside it, then a rename (write_private).
 """
 
 from __future__ import annotations
@@ -12,16 +19,16 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO, Callable
+
+import platformdirs
 
 from forensics.errors import InputError
 
 
 def state_dir() -> Path:
     """``$XDG_STATE_HOME/forensics``; a relative XDG_STATE_HOME is ignored, as the XDG spec says."""
-    base = os.environ.get("XDG_STATE_HOME", "")
-    if not base or not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "forensics"
+    return Path(platformdirs.user_state_dir("forensics", appauthor=False))
 
 
 def default_snapshot_dir() -> Path:
@@ -78,3 +85,35 @@ def _check_existing(target: Path) -> None:
             f"snapshot directory {target} belongs to uid {st.st_uid}, not to you "
             f"(uid {os.geteuid()}); give a directory of your own with --dir"
         )
+
+
+def write_private(path: str | os.PathLike[str], fill: Callable[[BinaryIO], object], *,
+                  durable: bool = False) -> None:
+    """Write *path* 0600 and atomically: fill(f) writes a temporary file
+    beside it (created O_EXCL|O_NOFOLLOW, so a planted file or link is never
+    written through), which then replaces *path*.  durable: fsync before the
+    rename, for a file the user keeps (a cache that is lost is rebuilt).
+    Raises OSError; the temporary file is gone then."""
+    path = os.path.abspath(os.fspath(path))
+    tmp = os.path.join(os.path.dirname(path),
+                       f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def create_private(path: str | os.PathLike[str]) -> None:
+    """Create *path* empty and 0600 if it does not exist (never through a
+    symlink), before a library (sqlite) opens it with the umask's mode."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))

@@ -12,7 +12,7 @@ What the page shows, and where each part comes from:
   bytes of the newest snapshot, by allocation stack;
 - the anomaly or crash of every core that has one, with all its stacks
   (detecting / faulting, and the block's allocation and free stacks);
-- the leak groups of the newest snapshot, when forensics.answers.leaks exists;
+- the leak groups of the newest snapshot;
 - a sortable, filterable table of the newest snapshot's allocation stacks.
 
 Nothing in the page is per block: the heap is aggregated by allocation stack
@@ -21,26 +21,19 @@ symbolised, and the hierarchy is the trie of their frames, outermost first.
 So a core with a million blocks gives the same few hundred KB page as one
 with a thousand.
 
-Every string from a core (function names, file paths, the executable) reaches
-the page only as JSON inside ``<script type="application/json">`` with ``<``,
-``>`` and ``&`` escaped, and the page's script puts it in the DOM with
-textContent, never as markup.  A Content-Security-Policy allows no network
-and only the page's own script and style (by hash), so the page works offline
-and a string that got through anyway could not run.
+How the page is drawn, and why strings from a core cannot run in it:
+forensics.output.html.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
-import hashlib
-import html
-import json
 import os
-from importlib import resources
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from forensics.errors import InputError
+from forensics.answers.inspect import inspect_doc
+from forensics.answers.leaks import leaks_json
+from forensics.errors import ForensicsError, InputError
 
 DATA_VERSION = 1
 STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "other" node
@@ -49,13 +42,16 @@ STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "
 # ------------------------------------------------------------------ data --
 
 
-def snapshot_time(dump: Any) -> tuple[float | None, str]:
+CatalogTime = Callable[[str], "float | None"]  # absolute core path -> the catalog's time
+
+
+def snapshot_time(dump: Any, catalog_time: CatalogTime | None = None) -> tuple[float | None, str]:
     """(seconds since the epoch when the core was taken, where that came from).
 
     libtag's control block has the wall clock at start-up and the milliseconds
     since then at the snapshot (or at the crash / anomaly, for cores written
-    without a snapshot time); without those, the catalog's time, then the
-    core file's mtime."""
+    without a snapshot time); without those, catalog_time's answer for the
+    core, then the core file's mtime."""
     c = dump.heap.control
     ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
     start_ns = int(c.start_realtime_ns)
@@ -63,15 +59,9 @@ def snapshot_time(dump: Any) -> tuple[float | None, str]:
         return start_ns / 1e9 + ms / 1e3, "control block"
     path = dump.core.path if dump.core is not None else None
     if path:
-        try:
-            from forensics.snapshots.catalog import Catalog
-
-            with Catalog() as cat:
-                for e in cat.entries():
-                    if e.core == os.path.abspath(path) and e.time:
-                        return float(e.time), "catalog"
-        except Exception:  # noqa: BLE001 - an unreadable catalog only loses the fallback
-            pass
+        when = catalog_time(os.path.abspath(path)) if catalog_time is not None else None
+        if when:
+            return float(when), "catalog"
         try:
             return os.stat(path).st_mtime, "core file mtime"
         except OSError:
@@ -216,13 +206,7 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
 
 
 def _leaks(dump: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None:
-    """The leak groups (forensics.answers.leaks), or None when this version has no leak scan."""
-    try:
-        from forensics.answers.leaks import leaks_json
-    except ImportError:
-        return None
-    from forensics.errors import ForensicsError
-
+    """The leak groups, or None (and a warning) when the leak scan failed."""
     try:
         groups = leaks_json(dump)
     except ForensicsError as e:
@@ -236,9 +220,9 @@ def _leaks(dump: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None
     return out
 
 
-def snapshot_point(dump: Any) -> dict:
+def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
     """One point of the curve: a core's time, reason and live/freed totals."""
-    t, source = snapshot_time(dump)
+    t, source = snapshot_time(dump, catalog_time)
     totals = dump.heap.totals
     return {
         "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
@@ -262,8 +246,9 @@ class ReportBuilder:
     hierarchy and the table: add() says when the caller must keep a core
     open for finish()."""
 
-    def __init__(self, *, stack_limit: int = STACK_LIMIT) -> None:
+    def __init__(self, *, stack_limit: int = STACK_LIMIT, catalog_time: CatalogTime | None = None) -> None:
         self.stack_limit = stack_limit
+        self.catalog_time = catalog_time
         self.frames = _Frames()
         self.points: list[dict] = []
         self.events: list[dict] = []
@@ -273,9 +258,7 @@ class ReportBuilder:
     def add(self, dump: Any) -> bool:
         """Take what the page needs from dump.  True if dump is the newest so
         far: the caller keeps it open until finish() (or a newer one)."""
-        from forensics.answers.inspect import inspect_doc
-
-        point = snapshot_point(dump)
+        point = snapshot_point(dump, self.catalog_time)
         point["index"] = len(self.points)
         self.points.append(point)
         heap = dump.heap
@@ -292,8 +275,6 @@ class ReportBuilder:
 
     def finish(self) -> dict:
         """The page's data, from every core added; the newest must still be open."""
-        from forensics.answers.inspect import inspect_doc
-
         if self._newest is None:
             raise InputError("report needs at least one core")
         _, primary, dump = self._newest
@@ -327,74 +308,3 @@ class ReportBuilder:
             "leaks": leaks,
             "warnings": self.warnings,
         }
-
-
-# ------------------------------------------------------------------ page --
-
-
-def _asset(name: str) -> str:
-    return resources.files("forensics.output").joinpath("report_assets", name).read_text("utf-8")
-
-
-def _csp_hash(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
-
-
-def json_for_script(data: Any) -> str:
-    """JSON that is inert inside a <script> element: no '<', '>' or '&' at all
-    (so no '</script>' and no '<!--'), non-ASCII as \\u escapes."""
-    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def render_page(data: dict) -> str:
-    """The whole page: markup, the style and script inline, the data as JSON."""
-    css = _asset("report.css")
-    js = _asset("report.js")
-    csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; "
-           "img-src data:; base-uri 'none'; form-action 'none'")
-    title = html.escape(data.get("title") or "forensics report", quote=True)
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{html.escape(csp, quote=False)}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        '<meta name="generator" content="forensics report">\n'
-        f"<title>{title}</title>\n"
-        f"<style>{css}</style>\n</head>\n<body>\n"
-        '<div id="fx-status" data-errors="0" data-ready="0"><ol id="fx-errors"></ol></div>\n'
-        '<main id="fx-app"><noscript>This report needs JavaScript to draw its charts.</noscript></main>\n'
-        f'<script type="application/json" id="fx-data">{json_for_script(data)}</script>\n'
-        f"<script>{js}</script>\n"
-        "</body>\n</html>\n"
-    )
-
-
-def write_private(path: str | os.PathLike[str], text: str) -> str:
-    """Write text to path atomically (a 0600 temporary beside it, then rename):
-    a report names functions, files and paths of the program, so only its owner
-    may read it.  Returns the absolute path."""
-    path = os.path.abspath(os.fspath(path))
-    folder = os.path.dirname(path)
-    if os.path.isdir(path):
-        raise InputError(f"cannot write the report: {path} is a directory; give a file name")
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        raise InputError(f"cannot write the report: no such folder {folder}") from None
-    except OSError as e:
-        raise InputError(f"cannot write the report {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise InputError(f"cannot write the report {path}: {e.strerror}") from None
-    return path

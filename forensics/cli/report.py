@@ -29,17 +29,18 @@ def main(args: argparse.Namespace) -> int:
     import os
     from contextlib import ExitStack
 
-    from forensics.answers.report import ReportBuilder, render_page, write_private
+    from forensics.answers.report import ReportBuilder
     from forensics.cli._open import open_dump
     from forensics.errors import InputError
     from forensics.output import text
+    from forensics.output.html import render_page, write_page
 
     out = os.path.abspath(args.output)
     if os.path.isdir(out):
         raise InputError(f"cannot write the report: {args.output} is a directory; give a file name")
     if not os.path.isdir(os.path.dirname(out)):
         raise InputError(f"cannot write the report: no such folder {os.path.dirname(out)}")
-    builder = ReportBuilder()
+    builder = ReportBuilder(catalog_time=_catalog_time)
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:
@@ -48,9 +49,25 @@ def main(args: argparse.Namespace) -> int:
                     newest.close()
                     newest.push(this.pop_all())
         data = builder.finish()
-    path = write_private(out, render_page(data))
+    path = write_page(out, render_page(data))
     text.out_console().print(
         f"wrote {path}: {len(data['snapshots'])} snapshot(s), "
         f"{len(data['stacks'])} allocation stack(s), {len(data['events'])} anomaly/crash(es)",
         markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _catalog_time(core: str) -> float | None:
+    """The time the catalog has for a core: the report's fallback for a core
+    whose control block has no start time.  An unreadable catalog only loses
+    the fallback."""
+    from forensics.snapshots.catalog import Catalog
+
+    try:
+        with Catalog() as cat:
+            for e in cat.entries():
+                if e.core == core and e.time:
+                    return float(e.time)
+    except Exception:  # noqa: BLE001 - any failure here only loses the fallback
+        pass
+    return None

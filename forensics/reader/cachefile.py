@@ -10,10 +10,10 @@ Layout: ``FXCACHE1``, a little-endian u32 header length, a JSON header
 (``meta``: the caller's identity values as strings; ``arrays``: name, dtype,
 shape, offset), then each array at a 64-byte aligned offset.
 
-Cores hold secrets, and so do their indexes: files are written 0600 through
-a temporary file opened O_EXCL|O_NOFOLLOW and renamed into place; a cache
-that is not a regular file of ours, or whose meta differs, or that does not
-parse, is ignored (the caller rebuilds it).
+Cores hold secrets, and so do their indexes: files are written 0600 and
+atomically (forensics.files.write_private); a cache that is not a regular
+file of ours, or whose meta differs, or that does not parse, is ignored (the
+caller rebuilds it).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import struct
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from forensics.files import write_private
 
 MAGIC = b"FXCACHE1"
 _ALIGN = 64
@@ -41,27 +43,19 @@ def save(path: str, meta: Sequence[int], arrays: Mapping[str, np.ndarray]) -> st
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
     header = json.dumps({"meta": [str(int(m)) for m in meta], "arrays": entries}).encode()
     start = -(-(len(MAGIC) + 4 + len(header)) // _ALIGN) * _ALIGN
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+    def fill(f) -> None:
+        f.write(MAGIC + struct.pack("<I", len(header)) + header)
+        f.write(b"\0" * (start - f.tell()))
+        for e, a in zip(entries, arrays.values()):
+            f.seek(start + e["offset"])
+            f.write(np.ascontiguousarray(a).tobytes())
+
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        write_private(path, fill)
     except OSError as exc:
         return exc.strerror or str(exc)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.write(b"\0" * (start - f.tell()))
-            for e, a in zip(entries, arrays.values()):
-                f.seek(start + e["offset"])
-                f.write(np.ascontiguousarray(a).tobytes())
-        os.replace(tmp, path)
-        return None
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return exc.strerror or str(exc)
+    return None
 
 
 def load(path: str, meta: Sequence[int]) -> dict[str, np.ndarray] | None:

@@ -396,13 +396,12 @@ class Symbolizer:
         """The on-disk cache, or None (memory only) when it cannot be used: an
         unwritable state dir, a damaged or locked file must not stop an answer."""
         from forensics.errors import ForensicsError
-        from forensics.files import ensure_private_dir
+        from forensics.files import create_private, ensure_private_dir
 
         try:
             ensure_private_dir(cache_dir)
             path = cache_dir / "symbols.sqlite"
-            # Create it 0600 before sqlite does (sqlite would honour the umask).
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            create_private(path)
             db = sqlite3.connect(path, timeout=1.0)
             db.execute(
                 "CREATE TABLE IF NOT EXISTS sym (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.errors import InputError
-from forensics.files import ensure_private_dir, state_dir
+from forensics.files import create_private, ensure_private_dir, state_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -72,9 +72,7 @@ class Catalog:
         if self._db is None:
             ensure_private_dir(self.path.parent)
             try:
-                # Create it 0600 before sqlite does, whatever the umask.
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                os.close(fd)
+                create_private(self.path)
                 db = sqlite3.connect(self.path, timeout=30)
                 db.executescript(_SCHEMA)
             except (OSError, sqlite3.Error) as e:

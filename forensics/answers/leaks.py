@@ -63,9 +63,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
+from forensics.core import elf
 from forensics.reader import abi
 from forensics.reader.dump import Dump
 from forensics.reader.pointers import hits
+from forensics.reader.symbols import open_regular
 
 KINDS = ("reachable", "possible", "indirect", "definite")
 _UNSET, _REACHABLE, _POSSIBLE, _INDIRECT, _DEFINITE = 0, 1, 2, 3, 4
@@ -596,28 +598,21 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
 
 def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
     """(offset of _tag_tls in libtag's TLS block, size of the block) from
-    libtag.so's PT_TLS segment and symbol table; None if unreadable."""
+    libtag.so's PT_TLS program header and symbol table; None if unreadable."""
+    from elftools.elf.elffile import ELFFile
+
+    f = open_regular(path)
+    if f is None:
+        return None
     try:
-        from elftools.elf.elffile import ELFFile
-
-        from forensics.reader.symbols import open_regular
-
-        f = open_regular(path)
-        if f is None:
-            return None
         with f:
-            elf = ELFFile(f)
-            memsz = next((int(seg["p_memsz"]) for seg in elf.iter_segments()
-                          if seg["p_type"] == "PT_TLS"), None)
-            if memsz is None:
+            tls = [p for p in elf.file_program_headers(f) or () if p.p_type == elf.PT_TLS]
+            if not tls:
                 return None
-            off = 0
-            tab = elf.get_section_by_name(".symtab")
+            tab = ELFFile(f).get_section_by_name(".symtab")
             syms = tab.get_symbol_by_name("_tag_tls") if tab is not None else None
-            if syms:
-                off = int(syms[0]["st_value"])
-            return off, memsz
-    except Exception:  # noqa: BLE001 - pyelftools raises its own errors on a bad file
+            return (int(syms[0]["st_value"]) if syms else 0), int(tls[0].p_memsz)
+    except Exception:  # noqa: BLE001 - pyelftools raises its own errors on a damaged file
         return None
 
 

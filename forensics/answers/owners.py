@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.answers.shapes import block_json, hexaddr
+from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
 from forensics.reader.memory import Region
 from forensics.reader.model import Block
@@ -80,6 +81,16 @@ def classify(dump: Dump, addr: int) -> Owner:
     name = region.path or "anonymous mapping"
     return Owner(addr, "mapping", region=region, near=near, region_name=name,
                  note=near_note(near) if near else "")
+
+
+def block_of(dump: Dump, addr: int) -> Block:
+    """The tagged block holding addr; NotFoundError saying what addr is instead."""
+    where = classify(dump, addr)
+    if where.block is None:
+        what = where.region_name or where.owner
+        note = where.note or (near_note(where.near) if where.near else "")
+        raise NotFoundError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
+    return where.block
 
 
 def near_note(near: tuple[Block, int]) -> str:

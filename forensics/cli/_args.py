@@ -1,4 +1,5 @@
-"""argparse types shared by the verbs: addresses, pids, counts, seconds."""
+"""What the verbs (and the gdb commands) share in their arguments: the types
+(addresses, pids, counts, seconds) and the --json flag."""
 
 from __future__ import annotations
 
@@ -47,3 +48,8 @@ def seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
     return value
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """--json: one JSON document on stdout (docs/json.md), nothing else there."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document")

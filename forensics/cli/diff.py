@@ -32,7 +32,7 @@ def _non_negative(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD", help="the earlier core")
     parser.add_argument("new", metavar="NEW", help="the later core")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    _args.json_flag(parser)
     parser.add_argument("--filter", metavar="PATTERN", action="append", default=[],
                         help="keep only stacks with a frame whose function or module matches")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=[],

@@ -18,9 +18,12 @@ import argparse
 from forensics.cli import _args
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
+    """The verb's arguments; gdb: the ``tag inspect`` form, which reads the
+    core or process gdb has open instead of a CORE argument."""
+    if not gdb:
+        parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
+    _args.json_flag(parser)
     parser.add_argument("--leaks", action="store_true",
                         help="also find leaked blocks (reachability scan from the roots)")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=10,
@@ -28,20 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.answers.inspect import inspect_doc
     from forensics.cli._open import open_dump
-    from forensics.output import text
 
     with open_dump(args.core) as dump:
-        doc = inspect_doc(dump, top=args.top)
-        if args.leaks:
-            try:
-                from forensics.answers.leaks import leaks_json
-            except ImportError:
-                from forensics.errors import UsageError
+        return answer(dump, args)
 
-                raise UsageError("--leaks is not available in this version yet") from None
-            doc["leaks"] = leaks_json(dump)
+
+def answer(dump, args: argparse.Namespace) -> int:
+    """Print the inspect document of dump (with its leaks if asked), as text or --json."""
+    from forensics.answers.inspect import inspect_doc
+    from forensics.answers.leaks import leaks_json
+    from forensics.output import text
+
+    doc = inspect_doc(dump, top=args.top)
+    if args.leaks:
+        doc["leaks"] = leaks_json(dump)
     if args.json:
         text.print_json(doc)
     else:

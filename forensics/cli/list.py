@@ -15,9 +15,11 @@ import argparse
 import datetime as _dt
 import os
 
+from forensics.cli import _args
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    _args.json_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -27,15 +27,21 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # -v is accepted before or after the verb; SUPPRESS keeps the verb's
-    # parser from resetting a -v given before it.
+def verbose_parent() -> argparse.ArgumentParser:
+    """The -v flag every command accepts (the verbs here, the gdb commands):
+    a traceback as well as the one line when something fails."""
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument(
         "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
         help="show a traceback when something fails",
     )
+    return verbose
 
+
+def build_parser() -> argparse.ArgumentParser:
+    # -v is accepted before or after the verb; SUPPRESS keeps the verb's
+    # parser from resetting a -v given before it.
+    verbose = verbose_parent()
     parser = _Parser(
         prog=PROG,
         description="Who allocated, freed and owns any address in a C/C++ "
@@ -58,33 +64,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def failure(exc: BaseException, *, rerun: str) -> tuple[str, int, bool]:
+    """What a command that ended in exc says, and its exit status:
+    (one line, status, is it a bug).
+
+    An expected failure (ForensicsError) says its message; an interrupt says
+    so (130); anything else is a bug, said as one, with *rerun* - how to see
+    its traceback.  The command line and the gdb commands both word their
+    failures here; only the prefix differs ("forensics: error: ",
+    "tag whoowns: ")."""
+    if isinstance(exc, ForensicsError):
+        return " ".join(exc.message.split("\n")).strip(), exc.exit_code, False
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", 130, False
+    what = " ".join(str(exc).split("\n")).strip()
+    return (f"internal error: {type(exc).__name__}: {what} ({rerun} for the traceback and report it)",
+            3, True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbose = getattr(args, "verbose", False)
     try:
         return int(args._main(args) or 0)
-    except ForensicsError as e:
-        if verbose:
-            traceback.print_exc()
-        sys.stderr.write(f"{PROG}: error: {e.message}\n")
-        return e.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: interrupted\n")
-        return 130
     except BrokenPipeError:
         # stdout closed early (| head): not an error worth a message.
         _silence_stdout()
         return 0
-    except Exception as e:  # a bug: say so in one line unless -v
-        if verbose:
+    except (Exception, KeyboardInterrupt) as e:
+        line, status, bug = failure(e, rerun=f"run '{PROG} -v ...'")
+        if verbose and not isinstance(e, KeyboardInterrupt):
             traceback.print_exc()
+            if bug:
+                return status  # the traceback says it all
+        if isinstance(e, KeyboardInterrupt):
+            sys.stderr.write(f"{PROG}: {line}\n")
         else:
-            sys.stderr.write(
-                f"{PROG}: error: internal error: {type(e).__name__}: {e} "
-                f"(run 'forensics -v ...' for the traceback and report it)\n"
-            )
-        return 3
+            sys.stderr.write(f"{PROG}: error: {line}\n")
+        return status
 
 
 def _silence_stdout() -> None:

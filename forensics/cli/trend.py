@@ -18,7 +18,7 @@ from forensics.cli import _args
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cores", metavar="CORE", nargs="+",
                         help="snapshots of one process (or of runs of one program)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    _args.json_flag(parser)
     parser.add_argument("--growing", action="store_true",
                         help="only the stacks that grow monotonically")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=None,

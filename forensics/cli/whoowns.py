@@ -17,14 +17,20 @@ import argparse
 from forensics.cli import _args
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("address", metavar="ADDR", type=_args.address,
-                        help="the address, 0x... hex or decimal")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--core", metavar="CORE", help="a core taken under libtag")
-    source.add_argument("--pid", metavar="PID", type=_args.pid,
-                        help="snapshot this running libtag process and look there")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
+    """The verb's arguments; gdb: the ``tag whoowns`` form, where the address
+    is a gdb expression (its words joined again) and the memory is gdb's."""
+    if gdb:
+        parser.add_argument("address", metavar="EXPR", nargs="*",
+                            help="a gdb expression: 0x55d0c0a012a0, ptr, $rdi, s->name + 4")
+    else:
+        parser.add_argument("address", metavar="ADDR", type=_args.address,
+                            help="the address, 0x... hex or decimal")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--core", metavar="CORE", help="a core taken under libtag")
+        source.add_argument("--pid", metavar="PID", type=_args.pid,
+                            help="snapshot this running libtag process and look there")
+    _args.json_flag(parser)
 
 
 def _core_path(args: argparse.Namespace) -> str:
@@ -33,9 +39,7 @@ def _core_path(args: argparse.Namespace) -> str:
     if args.core:
         return args.core
     if args.pid is not None:
-        # forensics.snapshots.snapdir has no take_snapshot: the snapshot verb's take()
-        # signals the process, waits for a complete core and catalogs it.
-        from forensics.cli.snapshot import take
+        from forensics.snapshots.take import take
 
         return take(args.pid, timeout=30.0)["core"]
     from forensics.snapshots import catalog
@@ -48,15 +52,21 @@ def _core_path(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.answers import owners
     from forensics.cli._open import open_dump
-    from forensics.output import text
 
     with open_dump(_core_path(args)) as dump:
-        answer = owners.whoowns(dump, args.address)
-        doc = owners.to_json(dump, answer)
+        return answer(dump, args)
+
+
+def answer(dump, args: argparse.Namespace) -> int:
+    """Print who owns args.address in dump, as text or --json; the exit status."""
+    from forensics.answers import owners
+    from forensics.output import text
+
+    owner = owners.whoowns(dump, args.address)
+    doc = owners.to_json(dump, owner)
     if args.json:
         text.print_json(doc)
     else:
         text.show_whoowns(doc)
-    return 0 if answer.in_block else 1
+    return 0 if owner.in_block else 1

@@ -1,59 +1,63 @@
-"""The ``tag`` commands inside gdb: a memory reader backed by gdb, and nothing else.
+"""The ``tag`` commands inside gdb: the verbs, with memory and registers read
+through gdb.
 
 Loaded by ``forensics/gdb/forensics_gdb.py`` (the file a user ``source``s),
 which puts this package on gdb's ``sys.path`` and calls :func:`register`::
 
-    tag whoowns [--json] EXPR   the block, state, threads, stacks and referrers
+    tag whoowns [--json] EXPR   the verb whoowns: block, state, threads, stacks, referrers
     tag block [--json] EXPR     the tagged block holding EXPR (no referrer scan)
-    tag inspect [--json] [--top N]
-                                the heap, the anomaly or crash, the top stacks
+    tag inspect [--json] [--leaks] [--top N]
+                                the verb inspect: heap, anomaly or crash, top stacks
     tag leaks [--json]          blocks nothing reachable points to
 
 EXPR is any gdb expression (``0x55..``, ``ptr``, ``$rdi``, ``s->name + 4``).
 
-Where the answers come from (STYLE: "the gdb scripts are a thin adapter that
-gives heap.py a memory reader backed by gdb; no logic lives there"):
+Everything but reading memory and registers is the command line's own: the
+arguments are parsed by the verbs' ``add_arguments`` (their gdb form) over
+``gdb.string_to_argv``, the answers and their output are the verbs'
+``answer``, failures are worded by forensics.cli.main.failure (``-v`` shows
+the traceback), and a live process's maps and region loading are
+forensics.reader.live's.  What gdb adds:
 
 - gdb has a core open (``core-file CORE``, ``gdb EXE CORE``): the core file is
-  opened with ``forensics.reader.dump.Dump.open`` exactly as the command line
-  does, so both answer from the same bytes with the same index cache beside
-  the core - and say the same thing.
-- gdb runs or is attached to a live process: :class:`GdbMemory` implements
-  ``forensics.reader.memory.Memory`` over ``Inferior.read_memory`` and ``info proc
-  mappings``; the process is stopped while gdb shows its prompt, so the heap
-  read is consistent.  Its dump is kept until the process runs again.
+  opened with ``Dump.open`` exactly as the command line does, so both answer
+  from the same bytes with the same index cache beside the core - and say the
+  same thing.
+- gdb runs or is attached to a live process: :class:`GdbMemory` reads its
+  memory with ``Inferior.read_memory`` and the threads' stack pointers from
+  gdb's registers; the process is stopped while gdb shows its prompt, so the
+  heap read is consistent.  Its dump is kept until the process runs again.
 
-Every expected failure becomes a ``gdb.GdbError`` with one line (gdb prints it
-as ``tag whoowns: ...`` and a batch run exits non-zero); set the environment
-variable ``FORENSICS_GDB_DEBUG=1`` before starting gdb for Python tracebacks.
+Every failure becomes a ``gdb.GdbError`` with one line (gdb prints it as
+``tag whoowns: ...`` and a batch run exits non-zero).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import dataclasses
 import os
 import re
-from functools import cached_property
+import traceback
+from typing import Callable, NoReturn
 
 import gdb  # gdb's embedded module: this file is only imported inside gdb
-import numpy as np
 
+from forensics.cli import _args
+from forensics.cli import inspect as inspect_verb
+from forensics.cli import whoowns as whoowns_verb
+from forensics.cli.main import failure, verbose_parent
 from forensics.core.errors import UnmappedError
-from forensics.errors import ForensicsError
-from forensics.reader.dump import Dump, ThreadStack
+from forensics.errors import ForensicsError, UsageError
+from forensics.reader.dump import Dump
+from forensics.reader.live import MapsLine, load_region, maps_of, maps_regions
 from forensics.reader.memory import Region
-
-_CHUNK = 1 << 20  # bytes per read_memory call when loading a region
-_PAGE = 4096
-_DEBUG = os.environ.get("FORENSICS_GDB_DEBUG") == "1"
-
 
 # ------------------------------------------------------------------ memory --
 
 
 class GdbMemory:
-    """forensics.reader.memory.Memory of gdb's selected (live, stopped) inferior."""
+    """forensics.reader.memory.Memory of gdb's selected (live, stopped, native) inferior."""
 
     def __init__(self, inferior: gdb.Inferior) -> None:
         self.inferior = inferior
@@ -76,32 +80,20 @@ class GdbMemory:
         except (gdb.MemoryError, OverflowError, ValueError):
             raise UnmappedError(addr, f"{addr:#x} is not readable in {self.name}") from None
 
+    def maps(self) -> list[MapsLine]:
+        return maps_of(self.pid)
+
     def regions(self) -> list[Region]:
         if self._regions is None:
-            self._regions = _proc_mappings(self)
+            self._regions = maps_regions(self.maps(), lambda start, end: load_region(start, end, self._read_into))
         return self._regions
 
-    def load(self, start: int, end: int) -> np.ndarray:
-        """[start, end) as a uint8 array; pages gdb cannot read stay zero."""
-        buf = np.zeros(end - start, dtype=np.uint8)
-        cur = start
-        while cur < end:
-            n = min(_CHUNK, end - cur)
-            try:
-                buf[cur - start:cur - start + n] = np.frombuffer(
-                    self.inferior.read_memory(cur, n), dtype=np.uint8)
-                cur += n
-            except gdb.MemoryError:
-                if n > _PAGE:  # retry this chunk a page at a time
-                    for page in range(cur, cur + n, _PAGE):
-                        m = min(_PAGE, end - page)
-                        try:
-                            buf[page - start:page - start + m] = np.frombuffer(
-                                self.inferior.read_memory(page, m), dtype=np.uint8)
-                        except gdb.MemoryError:
-                            pass
-                cur += n
-        return buf
+    def _read_into(self, view: memoryview, addr: int) -> int:
+        try:
+            view[:] = self.inferior.read_memory(addr, len(view)).tobytes()
+        except gdb.MemoryError:
+            return 0
+        return len(view)
 
     def thread_sps(self) -> dict[int, int]:
         """{kernel tid: stack pointer} of every thread gdb knows, now."""
@@ -128,50 +120,15 @@ class GdbMemory:
         return out
 
 
-_MAP_LINE = re.compile(
-    r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+0x[0-9a-f]+\s+([rwxsp-]{4})\s*(.*)$")
-
-
-def _proc_mappings(mem: GdbMemory) -> list[Region]:
-    """The readable mappings, from ``info proc mappings`` (gdb >= 12 prints Perms)."""
-    try:
-        text = gdb.execute("info proc mappings", to_string=True)
-    except gdb.error as exc:
-        raise ForensicsError(f"gdb cannot list the mappings of {mem.name}: {exc}") from None
-    out = []
-    for line in text.splitlines():
-        m = _MAP_LINE.match(line)
-        if m is None:
-            continue
-        start, end, perms, path = int(m[1], 16), int(m[2], 16), m[3], m[4].strip() or None
-        if not perms.startswith("r") or (path and path.startswith(("[vvar", "[vsyscall"))):
-            continue
-        out.append(Region(start, end, perms[1] == "w", path,
-                          load=(lambda s=start, e=end: mem.load(s, e))))
-    if not out:
-        raise ForensicsError(f"gdb listed no readable mappings of {mem.name} "
-                             f"(gdb 12 or newer is needed: 'info proc mappings' must show Perms)")
-    out.sort(key=lambda r: r.start)
-    return out
-
-
 class GdbDump(Dump):
-    """A Dump of a live inferior: the threads' stack pointers come from gdb's
-    registers (a core gives them in its notes; libtag's saved ones are older)."""
+    """A Dump of a live inferior: the threads' stack pointers are gdb's
+    registers now (a core has them in its notes; libtag's saved ones are older)."""
 
-    @cached_property
-    def threads(self) -> list[ThreadStack]:
-        sps = self.mem.thread_sps()
-        regions = self.mem.regions()
-        out = []
-        for t in Dump.threads.func(self):
-            sp = sps.get(t.tid, t.sp)
-            region = next((r for r in regions if sp is not None and sp in r), t.stack_region)
-            out.append(dataclasses.replace(t, sp=sp, stack_region=region))
-        return out
+    def live_stack_pointers(self) -> dict[int, int]:
+        return self.mem.thread_sps()
 
 
-# ---------------------------------------------------------------- sources --
+# ------------------------------------------------------------------- dumps --
 
 _dump: Dump | None = None
 _dump_key: tuple | None = None
@@ -219,10 +176,7 @@ def current_dump() -> Dump:
     if _dump is not None and _dump_key == key:
         return _dump
     _forget()
-    if kind == "core":
-        dump = Dump.open(path)
-    else:
-        dump = GdbDump(GdbMemory(inferior))
+    dump = Dump.open(path) if kind == "core" else GdbDump(GdbMemory(inferior))
     _dump, _dump_key = dump, key
     return dump
 
@@ -230,73 +184,73 @@ def current_dump() -> Dump:
 # --------------------------------------------------------------- commands --
 
 
-def _address(expr: str) -> int:
+def _address(words: list[str]) -> int:
     """An address from a gdb expression: 0x.., decimal, a pointer, $reg, ..."""
+    expr = " ".join(words)
     if not expr.strip():
-        raise ForensicsError("an address is needed: an expression such as 0x55d0c0a012a0, ptr or $rdi")
+        raise UsageError("an address is needed: an expression such as 0x55d0c0a012a0, ptr or $rdi")
     try:
         value = gdb.parse_and_eval(expr)
         if value.type.strip_typedefs().code == gdb.TYPE_CODE_ARRAY:
             value = value.address
         return int(value) & 0xFFFFFFFFFFFFFFFF
     except gdb.error as exc:
-        raise ForensicsError(f"not an address: {expr}: {exc}") from None
+        raise UsageError(f"not an address: {expr}: {exc}") from None
 
 
-def _options(arg: str, flags: tuple[str, ...], valued: tuple[str, ...] = ()) -> tuple[dict, str]:
-    """Leading --options of arg, and the rest of it (an expression, kept whole)."""
-    opts: dict = {}
-    rest = arg.strip()
-    while rest.startswith("--"):
-        word, _, after = rest.partition(" ")
-        name, eq, value = word.partition("=")
-        if name in flags and not eq:
-            opts[name] = True
-        elif name in valued:
-            if not eq:
-                value, _, after = after.strip().partition(" ")
-            if not value:
-                raise ForensicsError(f"{name} needs a value")
-            opts[name] = value
-        else:
-            known = " ".join(flags + tuple(f"{v} N" for v in valued))
-            raise ForensicsError(f"unknown option {word} (options: {known})")
-        rest = after.strip()
-    return opts, rest
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are ForensicsErrors (gdb must not exit)."""
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return " ".join(text.split())
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 class _TagCommand(gdb.Command):
-    """Runs ``self.run(arg)``; turns every failure into a one-line gdb.GdbError."""
+    """Parses the arguments with ``add_arguments`` and runs ``run(args)``;
+    every failure becomes a one-line gdb.GdbError."""
 
     name = ""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
 
     def __init__(self) -> None:
         super().__init__(self.name, gdb.COMMAND_DATA)
+        self.parser = _Parser(prog=self.name, add_help=False, parents=[verbose_parent()])
+        type(self).add_arguments(self.parser)
 
     def invoke(self, arg: str, from_tty: bool) -> None:
         self.dont_repeat()
+        verbose = False
         try:
-            self.run(arg)
+            args = self._parse(gdb.string_to_argv(arg))
+            verbose = getattr(args, "verbose", False)
+            self.run(args)
         except gdb.GdbError:
             raise
-        except ForensicsError as exc:
-            raise gdb.GdbError(f"{self.name}: {_one_line(exc)}") from None
-        except gdb.error as exc:
-            raise gdb.GdbError(f"{self.name}: {_one_line(exc)}") from None
-        except KeyboardInterrupt:
-            raise gdb.GdbError(f"{self.name}: interrupted") from None
-        except Exception as exc:  # never a traceback at the gdb prompt
-            if _DEBUG:
-                raise
-            raise gdb.GdbError(f"{self.name}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-                               f"(FORENSICS_GDB_DEBUG=1 shows the traceback)") from None
+        except gdb.error as exc:  # gdb's own failures are expected ones, as ForensicsErrors are
+            self._fail(ForensicsError(str(exc)), verbose)
+        except (Exception, KeyboardInterrupt) as exc:
+            self._fail(exc, verbose)
 
-    def run(self, arg: str) -> None:
+    def _fail(self, exc: BaseException, verbose: bool) -> NoReturn:
+        line, _, _ = failure(exc, rerun=f"run '{self.name} -v ...'")
+        if verbose and not isinstance(exc, KeyboardInterrupt):
+            traceback.print_exception(exc)
+        raise gdb.GdbError(f"{self.name}: {line}") from None
+
+    def _parse(self, argv: list[str]) -> argparse.Namespace:
+        args, rest = self.parser.parse_known_args(argv)
+        if rest:
+            if rest[0].startswith("-"):
+                known = " ".join(
+                    a.option_strings[-1] + (f" {a.metavar}" if a.nargs != 0 and a.metavar else "")
+                    for a in self.parser._actions
+                    if a.option_strings and a.dest != "verbose")
+                raise UsageError(f"unknown option {rest[0]} (options: {known})")
+            raise UsageError(f"unexpected argument: {' '.join(rest)} "
+                             f"(usage: {self.parser.format_usage().strip()[len('usage: '):]})")
+        return args
+
+    def run(self, args: argparse.Namespace) -> None:
         raise NotImplementedError
 
 
@@ -305,7 +259,8 @@ class TagPrefix(gdb.Command):
 
 The program must run with libtag (forensics run, or LD_PRELOAD=$(forensics lib-path)).
 Works on a core (gdb EXE CORE) and on a live process (run, attach PID).
-Same answers as the forensics command on the same core."""
+Same answers as the forensics command on the same core; -v on any of them
+shows the traceback of a failure."""
 
     def __init__(self) -> None:
         super().__init__("tag", gdb.COMMAND_DATA, prefix=True)
@@ -322,18 +277,13 @@ as forensics whoowns --json."""
 
     name = "tag whoowns"
 
-    def run(self, arg: str) -> None:
-        from forensics.answers import owners
-        from forensics.output import text
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        whoowns_verb.add_arguments(parser, gdb=True)
 
-        opts, expr = _options(arg, ("--json",))
-        addr = _address(expr)
-        dump = current_dump()
-        doc = owners.to_json(dump, owners.whoowns(dump, addr))
-        if opts.get("--json"):
-            text.print_json(doc)
-        else:
-            text.show_whoowns(doc)
+    def run(self, args: argparse.Namespace) -> None:
+        args.address = _address(args.address)
+        whoowns_verb.answer(current_dump(), args)
 
 
 class TagBlock(_TagCommand):
@@ -345,54 +295,39 @@ block holds the address.  --json prints the block as forensics' JSON does."""
 
     name = "tag block"
 
-    def run(self, arg: str) -> None:
-        from forensics.answers import owners
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        whoowns_verb.add_arguments(parser, gdb=True)
+
+    def run(self, args: argparse.Namespace) -> None:
+        from forensics.answers.owners import block_of
         from forensics.answers.shapes import block_json
         from forensics.output import text
 
-        opts, expr = _options(arg, ("--json",))
-        addr = _address(expr)
+        addr = _address(args.address)
         dump = current_dump()
-        where = owners.classify(dump, addr)
-        if where.block is None:
-            what = where.region_name or where.owner
-            note = where.note or (owners.near_note(where.near) if where.near else "")
-            raise ForensicsError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
-        doc = block_json(where.block, dump.stack, offset=addr - where.block.start)
-        if opts.get("--json"):
+        block = block_of(dump, addr)
+        doc = block_json(block, dump.stack, offset=addr - block.start)
+        if args.json:
             text.print_json(doc)
-            return
-        con = text.out_console()
-        con.print(f"[bold]block[/bold] {doc['start']}  {doc['size']} bytes  "
-                  f"[bold]{doc['state']}[/bold]  offset {doc['offset']}")
-        con.print(text.stack_tree(f"allocated by thread {doc['thread']}", doc["alloc_stack"]))
-        if doc["state"] == "freed":
-            con.print(text.stack_tree(f"freed by thread {doc['free_thread']}", doc["free_stack"] or []))
+        else:
+            text.show_block(doc)
 
 
 class TagInspect(_TagCommand):
     """The heap, the anomaly or crash that caused the core, the top stacks, the threads.
 
-Usage: tag inspect [--json] [--top N]
+Usage: tag inspect [--json] [--leaks] [--top N]
 The same answer as forensics inspect CORE (on a live process: as it is now)."""
 
     name = "tag inspect"
 
-    def run(self, arg: str) -> None:
-        from forensics.answers.inspect import inspect_doc
-        from forensics.output import text
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        inspect_verb.add_arguments(parser, gdb=True)
 
-        opts, rest = _options(arg, ("--json",), ("--top",))
-        if rest:
-            raise ForensicsError(f"unexpected argument: {rest} (usage: tag inspect [--json] [--top N])")
-        top = opts.get("--top", "10")
-        if not top.isdigit() or int(top) < 1:
-            raise ForensicsError(f"--top needs a positive number, not {top}")
-        doc = inspect_doc(current_dump(), top=int(top))
-        if opts.get("--json"):
-            text.print_json(doc)
-        else:
-            text.show_inspect(doc)
+    def run(self, args: argparse.Namespace) -> None:
+        inspect_verb.answer(current_dump(), args)
 
 
 class TagLeaks(_TagCommand):
@@ -402,22 +337,17 @@ Usage: tag leaks [--json]
 The same answer as the leaks of forensics inspect --leaks CORE."""
 
     name = "tag leaks"
+    add_arguments = staticmethod(_args.json_flag)
 
-    def run(self, arg: str) -> None:
+    def run(self, args: argparse.Namespace) -> None:
+        from forensics.answers.leaks import leaks_json
         from forensics.output import text
 
-        opts, rest = _options(arg, ("--json",))
-        if rest:
-            raise ForensicsError(f"unexpected argument: {rest} (usage: tag leaks [--json])")
-        try:
-            from forensics.answers.leaks import leaks_json
-        except ImportError:
-            raise ForensicsError("leaks needs forensics.answers.leaks (not installed)") from None
         leaks = leaks_json(current_dump())
-        if opts.get("--json"):
+        if args.json:
             text.print_json({"leaks": leaks})
-            return
-        text.show_leaks(leaks)
+        else:
+            text.show_leaks(leaks)
 
 
 _registered = False
@@ -438,4 +368,4 @@ def register() -> None:
     _registered = True
 
 
-__all__ = ["GdbMemory", "GdbDump", "current_dump", "register"]
+__all__ = ["GdbDump", "GdbMemory", "current_dump", "register"]

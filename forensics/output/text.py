@@ -139,6 +139,13 @@ def _block_lines(block: dict, *, label: str = "block") -> list:
     return out
 
 
+def show_block(block: dict) -> None:
+    """A block document (docs/json.md, "block"): its line and its stacks."""
+    con = out_console()
+    for item in _block_lines(block):
+        con.print(item)
+
+
 def show_whoowns(doc: dict) -> None:
     con = out_console()
     region = doc.get("region") or {}

@@ -92,12 +92,12 @@ class Dump:
     @cached_property
     def symbolizer(self):
         from forensics.files import state_dir
-        from forensics.reader.symbols import Symbolizer, modules_from_mappings, proc_mappings
+        from forensics.reader.symbols import Symbolizer, modules_from_mappings
 
         if self.core is not None:
             mappings = self.core.mappings
-        else:
-            mappings = proc_mappings(self.mem.pid)
+        else:  # a live memory (LiveMemory, the gdb adapter's) offers its maps
+            mappings = self.mem.maps()
         cache = state_dir() / "symbols"
         try:
             return Symbolizer(modules_from_mappings(mappings), cache_dir=cache)
@@ -139,9 +139,11 @@ class Dump:
     @cached_property
     def threads(self) -> list[ThreadStack]:
         """Every thread libtag knew that had not exited, with its stack pointer:
-        from the core's own notes where the kernel recorded the thread, else
-        from the registers libtag saved before the snapshot's fork."""
+        a live process's registers now (live_stack_pointers), else from the
+        core's own notes where the kernel recorded the thread, else from the
+        registers libtag saved before the snapshot's fork."""
         regions = self.mem.regions()
+        live_sp = self.live_stack_pointers()
         core_sp: dict[int, int] = {}
         if self.core is not None:
             snap_tid = int(self.heap.control.snapshot_tid)
@@ -163,10 +165,16 @@ class Dump:
                 continue
             saved = t.regs.get("rsp") if t.regs else None
             sp = saved if prefer_saved and saved else core_sp.get(t.tid, saved)
+            sp = live_sp.get(t.tid, sp)
             probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
             region = next((r for r in regions if probe is not None and probe in r), None)
             out.append(ThreadStack(t.tid, sp, region, t.shadow))
         return out
+
+    def live_stack_pointers(self) -> dict[int, int]:
+        """{tid: stack pointer} read now from a live process's registers; a
+        core has none (the gdb adapter's dump of a live process has them)."""
+        return {}
 
     def thread_of_stack(self, addr: int) -> ThreadStack | None:
         for t in self.threads:

@@ -5,12 +5,18 @@ from a process that keeps running.  Reading another process's memory needs
 ptrace access to it (same user, and Yama's ptrace_scope permitting: a parent
 may always read its child).  The bytes are read as they are at that moment;
 nothing stops the process.
+
+This module also holds what every reader of a live process shares: the one
+/proc/PID/maps parser (read_maps) and the chunked region loader
+(load_region), which the gdb adapter uses with gdb's memory reads.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -18,8 +24,100 @@ from forensics.core.errors import UnmappedError
 from forensics.errors import InputError
 from forensics.reader.memory import Region
 
-_CHUNK = 1 << 20  # bytes per pread when loading a region
+_CHUNK = 1 << 20  # bytes per read when loading a region
 _PAGE = 4096
+# Readable in the maps but not through /proc/PID/mem (or a debugger's reads).
+_UNREADABLE = ("[vvar", "[vsyscall]")
+
+
+# -------------------------------------------------------------- the maps --
+
+
+@dataclass(frozen=True)
+class MapsLine:
+    """One line of /proc/PID/maps: ``start-end perms offset dev inode [path]``."""
+
+    start: int
+    end: int
+    perms: str  # "rw-p"
+    offset: int  # file offset of start
+    path: str | None  # None: anonymous; "[heap]", "[stack]"...; may end " (deleted)"
+
+    @property
+    def readable(self) -> bool:
+        return self.perms.startswith("r")
+
+    @property
+    def writable(self) -> bool:
+        return self.perms[1:2] == "w"
+
+
+def parse_maps(text: str) -> list[MapsLine]:
+    """The lines of a /proc/PID/maps text; a path may hold spaces."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        lo, _, hi = parts[0].partition("-")
+        try:
+            start, end, offset = int(lo, 16), int(hi, 16), int(parts[2], 16)
+        except ValueError:
+            continue
+        out.append(MapsLine(start, end, parts[1], offset, parts[5] if len(parts) > 5 else None))
+    return out
+
+
+def read_maps(pid: int) -> list[MapsLine]:
+    """/proc/PID/maps parsed; raises OSError (FileNotFoundError: no such
+    process, PermissionError: not ours) for the caller to word."""
+    with open(f"/proc/{int(pid)}/maps", encoding="utf-8", errors="surrogateescape") as f:
+        return parse_maps(f.read())
+
+
+def maps_of(pid: int) -> list[MapsLine]:
+    """read_maps(pid), its failures worded for the user (InputError)."""
+    try:
+        return read_maps(pid)
+    except FileNotFoundError:
+        raise InputError(f"no such process: {pid}") from None
+    except PermissionError:
+        raise InputError(f"permission denied reading /proc/{pid}/maps") from None
+    except OSError as exc:
+        raise InputError(f"cannot read /proc/{pid}/maps: {exc.strerror or exc}") from None
+
+
+def maps_regions(maps: list[MapsLine], load: Callable[[int, int], np.ndarray]) -> list[Region]:
+    """The readable mappings as Regions, sorted by address, whose bytes
+    load(start, end) reads on first use."""
+    out = [Region(m.start, m.end, m.writable, m.path, load=(lambda s=m.start, e=m.end: load(s, e)))
+           for m in maps if m.readable and not (m.path and m.path.startswith(_UNREADABLE))]
+    out.sort(key=lambda r: r.start)
+    return out
+
+
+def load_region(start: int, end: int, read_into: Callable[[memoryview, int], int]) -> np.ndarray:
+    """[start, end) as a uint8 array.  read_into(view, addr) fills view with
+    the bytes at addr and returns how many it read (0 when it cannot); a
+    chunk that fails is read again a page at a time, and the pages that
+    still cannot be read stay zero."""
+    buf = np.zeros(end - start, dtype=np.uint8)
+    view = memoryview(buf)
+    cur = start
+    while cur < end:
+        n = min(_CHUNK, end - cur)
+        got = read_into(view[cur - start:cur - start + n], cur)
+        if got > 0:
+            cur += got
+            continue
+        for page in range(cur, cur + n, _PAGE):
+            m = min(_PAGE, cur + n - page)
+            read_into(view[page - start:page - start + m], page)
+        cur += n
+    return buf
+
+
+# ---------------------------------------------------------- the process --
 
 
 class LiveMemory:
@@ -69,55 +167,24 @@ class LiveMemory:
     def regions(self) -> list[Region]:
         """The readable mappings of /proc/PID/maps (read once), sorted by address."""
         if self._regions is None:
-            self._regions = self._read_maps()
+            self._regions = maps_regions(self.maps(), self._load)
         return self._regions
+
+    def maps(self) -> list[MapsLine]:
+        """/proc/PID/maps as it is now."""
+        return maps_of(self.pid)
 
     # -- helpers -----------------------------------------------------------
 
-    def _read_maps(self) -> list[Region]:
+    def _read_into(self, view: memoryview, addr: int) -> int:
         try:
-            with open(f"/proc/{self.pid}/maps", encoding="utf-8", errors="surrogateescape") as f:
-                lines = f.read().splitlines()
-        except FileNotFoundError:
-            raise InputError(f"no such process: {self.pid}") from None
-        except PermissionError:
-            raise InputError(f"permission denied reading /proc/{self.pid}/maps") from None
-        out = []
-        for line in lines:
-            parts = line.split(None, 5)
-            if len(parts) < 5:
-                continue
-            lo, _, hi = parts[0].partition("-")
-            perms = parts[1]
-            if not perms.startswith("r"):
-                continue
-            path = parts[5].strip() if len(parts) > 5 else None
-            if path == "[vvar]" or path == "[vsyscall]" or (path and path.startswith("[vvar")):
-                continue  # not readable through /proc/PID/mem
-            start, end = int(lo, 16), int(hi, 16)
-            out.append(
-                Region(start, end, perms[1] == "w", path or None,
-                       load=(lambda s=start, e=end: self._load(s, e)))
-            )
-        out.sort(key=lambda r: r.start)
-        return out
+            return os.preadv(self._fd, [view], addr)
+        except OSError:
+            return 0
 
     def _load(self, start: int, end: int) -> np.ndarray:
         """[start, end) as a uint8 array; unreadable pages read as zeros."""
-        buf = np.zeros(end - start, dtype=np.uint8)
-        view = memoryview(buf)
-        cur = start
-        while cur < end:
-            n = min(_CHUNK, end - cur)
-            try:
-                got = os.preadv(self._fd, [view[cur - start : cur - start + n]], cur)
-            except OSError:
-                got = 0
-            if got <= 0:
-                cur += _PAGE if n >= _PAGE else n  # skip a page we cannot read
-                continue
-            cur += got
-        return buf
+        return load_region(start, end, self._read_into)
 
     def close(self) -> None:
         fd, self._fd = self._fd, -1
@@ -137,4 +204,4 @@ class LiveMemory:
             pass
 
 
-__all__ = ["LiveMemory"]
+__all__ = ["LiveMemory", "MapsLine", "load_region", "maps_of", "maps_regions", "parse_maps", "read_maps"]

@@ -2,7 +2,7 @@
 
 The modules are the ELF files mapped into the process: from a core's NT_FILE
 note (``Core.mappings``) or a live process's ``/proc/PID/maps``
-(:func:`proc_mappings`).  :func:`modules_from_mappings` groups the mappings
+(``forensics.reader.live.read_maps``).  :func:`modules_from_mappings` groups the mappings
 per loaded file and works out each file's load bias from its program headers.
 
 :class:`Symbolizer` resolves ``(pc, kind)`` pairs to :class:`SymbolFrame`
@@ -67,12 +67,12 @@ import re
 import shutil
 import sqlite3
 import stat
-import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
+from forensics.core import elf
 from forensics.errors import InputError
 from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
@@ -104,16 +104,6 @@ class MappingLike(Protocol):
 
 
 @dataclass(frozen=True)
-class ProcMapping:
-    """One file-backed line of /proc/PID/maps."""
-
-    start: int
-    end: int
-    offset: int
-    path: str
-
-
-@dataclass(frozen=True)
 class Module:
     """One loaded ELF file: the span of its mappings and its load bias.
 
@@ -132,28 +122,6 @@ class Module:
         return self.start <= addr < self.end
 
 
-def proc_mappings(pid: int) -> list[ProcMapping]:
-    """The file-backed mappings of a live process, from /proc/PID/maps."""
-    try:
-        text = Path(f"/proc/{pid}/maps").read_text(errors="surrogateescape")
-    except FileNotFoundError:
-        raise InputError(f"no such process: {pid}") from None
-    except PermissionError:
-        raise InputError(f"cannot read /proc/{pid}/maps: permission denied") from None
-    out = []
-    for line in text.splitlines():
-        # start-end perms offset dev inode [path]; the path may hold spaces
-        fields = line.split(None, 5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue  # anonymous, [heap], [stack], [vdso] ...
-        lo, hi = fields[0].split("-")
-        out.append(ProcMapping(int(lo, 16), int(hi, 16), int(fields[2], 16), fields[5]))
-    return out
-
-
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
-_PT_LOAD = 1
 _PAGE = 4096
 
 
@@ -181,23 +149,9 @@ def _load_segments(path: str) -> list[tuple[int, int, int]] | None:
     f = open_regular(path)
     if f is None:
         return None
-    try:
-        with f:
-            head = f.read(_EHDR.size)
-            if len(head) < _EHDR.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-                return None
-            _, _, _, _, _, phoff, _, _, _, phentsize, phnum, _, _, _ = _EHDR.unpack(head)
-            if phentsize < _PHDR.size or phnum == 0 or phentsize * phnum > 1 << 16:
-                return None
-            f.seek(phoff)
-            raw = f.read(phentsize * phnum)
-    except OSError:
-        return None
-    loads = []
-    for i in range(min(phnum, len(raw) // phentsize)):
-        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = _PHDR.unpack_from(raw, i * phentsize)
-        if p_type == _PT_LOAD:
-            loads.append((p_offset, p_vaddr, p_filesz))
+    with f:
+        phdrs = elf.file_program_headers(f)
+    loads = [(p.p_offset, p.p_vaddr, p.p_filesz) for p in phdrs or () if p.p_type == elf.PT_LOAD]
     return loads or None
 
 
@@ -222,7 +176,7 @@ def _load_bias(path: str, first: MappingLike) -> int | None:
 
 
 def modules_from_mappings(mappings: Iterable[MappingLike]) -> list[Module]:
-    """Group file mappings (Core.mappings, proc_mappings(pid)) into modules.
+    """Group file mappings (Core.mappings, live.read_maps(pid)) into modules.
 
     Consecutive mappings of one path form one module; a path mapped again from
     file offset 0 starts a new one (the same file loaded twice).  The bias comes
@@ -231,7 +185,8 @@ def modules_from_mappings(mappings: Iterable[MappingLike]) -> list[Module]:
     right for PIEs and shared libraries (first PT_LOAD at vaddr 0).
     """
     groups: list[list[MappingLike]] = []
-    for m in sorted((m for m in mappings if m.path), key=lambda m: m.start):
+    files = (m for m in mappings if m.path and m.path.startswith("/"))  # not [heap], [vdso] ...
+    for m in sorted(files, key=lambda m: m.start):
         last = groups[-1][-1] if groups else None
         if last is not None and last.path == m.path and m.offset != 0:
             groups[-1].append(m)

@@ -84,8 +84,6 @@ _TCB_BYTES = 0x900
 # register, never a memory word (the NULL page is never mapped).
 _REG_VIA_LIMIT = 1 << 12
 _NO_PARENT = -1
-# sizeof(struct libtag_shadow) (tag_abi.h): depth, valid, overflows, fn[], site[], id[]
-_SHADOW_BYTES = 16 + 2 * 8 * abi.TAG_SHADOW_MAX + 4 * (abi.TAG_SHADOW_MAX + 1)
 
 
 @dataclass(frozen=True)
@@ -636,7 +634,7 @@ def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
         if size:
             out.append((shadow - off, shadow - off + size))
         else:  # no ELF to read: at least the shadow stack the ABI describes
-            out.append((shadow, shadow + _SHADOW_BYTES))
+            out.append((shadow, shadow + abi.SHADOW_SIZE))
     return out
 
 

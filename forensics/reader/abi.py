@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from construct import Array, Bytes, Int32ul, Int64ul, Padding, Struct
+from construct import Array, Bytes, FormatField, Int32ul, Int64ul, Padding, Struct
 
 from forensics.errors import InputError
 
@@ -78,8 +78,11 @@ ANOMALY_NAMES = {
 REASON_NAMES = {
     TAG_REASON_NONE: "none",
     TAG_REASON_ON_DEMAND: "on-demand",
+    TAG_REASON_ANOMALY: "anomaly",  # a snapshot's name and JSON say the kind instead: reason_name()
     TAG_REASON_CRASH: "crash",
-}  # TAG_REASON_ANOMALY: the anomaly kind's name, see reason_name()
+}
+# ANOMALY_NAMES mirror anomaly.c's kind_names, REASON_NAMES snapshot.c's
+# reason_names (tests/unit/test_abi_mirror.py compares them).
 
 
 def reason_name(reason: int, anomaly_kind: int) -> str:
@@ -88,6 +91,12 @@ def reason_name(reason: int, anomaly_kind: int) -> str:
     if reason == TAG_REASON_ANOMALY:
         return ANOMALY_NAMES.get(anomaly_kind, f"anomaly-{anomaly_kind}")
     return REASON_NAMES.get(reason, f"reason-{reason}")
+
+
+def snapshot_dir_reasons() -> tuple[str, ...]:
+    """Every <reason> a snapshot directory's name can end in (snapshot.c
+    make_snapshot_dir): a reason's name, or for an anomaly the kind's."""
+    return tuple(dict.fromkeys([*REASON_NAMES.values(), *ANOMALY_NAMES.values()]))
 
 
 # ----------------------------------------------------------------- structs --
@@ -210,25 +219,36 @@ STRUCTS = {
     "libtag_control": Control,
 }
 
-# numpy mirrors for bulk reads (same layouts; checked against the construct ones)
-STACK_NODE_DTYPE = np.dtype([("pc", "<u8"), ("parent", "<u4"), ("kind", "<u4")])
-THREAD_RECORD_DTYPE = np.dtype(
-    [
-        ("tid", "<u4"),
-        ("flags", "<u4"),
-        ("shadow", "<u8"),
-        ("allocs", "<u8"),
-        ("frees", "<u8"),
-        ("alloc_bytes", "<u8"),
-        ("free_bytes", "<u8"),
-        ("stack_hi", "<u8"),
-        ("regs", "<u8", (TAG_NREGS,)),
-        ("quarantine", "<u8"),
-        ("reserved", "<u8"),
-    ]
-)
-assert STACK_NODE_DTYPE.itemsize == STACK_NODE_SIZE
-assert THREAD_RECORD_DTYPE.itemsize == THREAD_RECORD_SIZE
+
+
+def numpy_dtype(struct: Struct) -> np.dtype:
+    """The numpy dtype of a Struct above, for bulk reads: the same fields at
+    the same offsets (unnamed padding stays a gap), derived, never restated."""
+    names, formats, offsets, off = [], [], [], 0
+    for sub in struct.subcons:
+        if sub.name and not sub.name.startswith("_"):
+            names.append(sub.name)
+            formats.append(_numpy_format(sub.subcon))
+            offsets.append(off)
+        off += sub.sizeof()
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": off})
+
+
+def _numpy_format(con: Any) -> Any:
+    if isinstance(con, FormatField):  # "<L", "<Q": little-endian, unsigned when upper case
+        kind = "u" if con.fmtstr[1:].isupper() else "i"
+        return np.dtype(f"<{kind}{con.sizeof()}")
+    if isinstance(con, Array):
+        return (_numpy_format(con.subcon), (con.count,))
+    if isinstance(con, Bytes):
+        return np.dtype((np.void, con.length))
+    if isinstance(con, Struct):
+        return numpy_dtype(con)
+    raise TypeError(f"no numpy form for {con!r}")
+
+
+STACK_NODE_DTYPE = numpy_dtype(StackNode)
+THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
 
 
 def field_offsets(struct: Struct) -> dict[str, int]:
@@ -244,6 +264,9 @@ def field_offsets(struct: Struct) -> dict[str, int]:
                     out[f"{sub.name}.{k}"] = off + v
         off += sub.sizeof()
     return out
+
+
+SHADOW_OFFSETS = field_offsets(Shadow)
 
 
 # ------------------------------------------------------------ check values --

@@ -350,17 +350,18 @@ class Heap:
     def _read_shadow(self, addr: int, tid: int) -> tuple[list[RawFrame], int]:
         """A thread's shadow stack as shadow_stack.c's capture_shadow sees it:
         [fn[d-1] (ENTRY), site[d-1], ..., site[0]] innermost first."""
+        at = abi.SHADOW_OFFSETS
         try:
-            raw = self.mem.read(addr, 16 + 2 * 8 * abi.TAG_SHADOW_MAX)
+            raw = self.mem.read(addr, at["site"] + 8 * abi.TAG_SHADOW_MAX)
         except CoreReadError:
             self.warnings.append(f"the shadow stack of thread {tid} at {addr:#x} is not readable")
             return [], 0
-        depth = int.from_bytes(raw[0:4], "little")
+        depth = int.from_bytes(raw[at["depth"]:at["depth"] + 4], "little")
         d = min(depth, abi.TAG_SHADOW_MAX)
         if d == 0:
             return [], depth
-        fn = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, 16)
-        site = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, 16 + 8 * abi.TAG_SHADOW_MAX)
+        fn = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, at["fn"])
+        site = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, at["site"])
         frames = [(int(fn[d - 1]), abi.TAG_FRAME_ENTRY)]
         frames += [(int(pc), abi.TAG_FRAME_CALL) for pc in site[:d][::-1]]
         return frames, depth

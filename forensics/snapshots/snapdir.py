@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from forensics.errors import ForensicsError, InputError
+from forensics.reader.abi import snapshot_dir_reasons
 
-REASONS = ("on-demand", "double-free", "invalid-free", "heap-overflow",
-           "use-after-free", "crash", "anomaly", "none")
+REASONS = snapshot_dir_reasons()  # what libtag names a directory after
 
 _NAME = re.compile(
     r"^(?P<comm>.+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<reason>"

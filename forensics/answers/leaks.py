@@ -17,7 +17,7 @@ Roots (docs/leaks.md says why each, and what is left out):
   stack mapping (for a thread made by pthread that end holds its descriptor
   and its static TLS);
 - globals: every module's writable data (a writable file mapping) and .bss (the
-  anonymous writable mapping right after the module, owners._module_of_data),
+  anonymous writable mapping right after the module, owners.module_of_data),
   unless it holds tagged blocks (then it is the brk heap, not .bss) - but not
   libtag's own (it references no block of the program's; in a snapshot child
   its core writer's buffers hold copies of the threads' registers);
@@ -555,17 +555,9 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
     hold every thread as it died, and the records are from an older snapshot.
     """
     heap = dump.heap
-    regions = dump.mem.regions()
     reason = int(heap.control.reason)
     fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY)
-    notes: dict[int, dict[str, int]] = {}
-    if dump.core is not None:
-        snap_tid = int(heap.control.snapshot_tid)
-        for t in dump.core.threads:
-            tid = t.tid
-            if tid == dump.core.pid and snap_tid and not heap.thread(tid):
-                tid = snap_tid
-            notes.setdefault(tid, dict(t.regs))
+    notes = dump.core_registers
     out = []
     for t in heap.threads:
         if t.exited:
@@ -575,7 +567,7 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
         if fresh_records and t.regs:
             regs = dict(t.regs)
             sp = regs.get("rsp")
-            extra = notes.get(t.tid)  # the child's registers: conservative extra values
+            extra = notes.get(t.tid)
             if extra:  # the child's registers (a kernel core): extra values, conservatively
                 have = set(regs.values())
                 for name, v in extra.items():
@@ -584,8 +576,7 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
         elif t.tid in notes:
             regs = dict(notes[t.tid])
             sp = regs.get("rsp")
-        probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
-        region = next((r for r in regions if probe is not None and probe in r), None)
+        region = dump.stack_region(t, sp)
         stack = None
         if region is not None:
             lo = sp if sp and sp in region else region.start
@@ -622,7 +613,7 @@ def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
     heap = dump.heap
     region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
     layout = _libtag_tls_layout(region.path) if region is not None and region.path else None
-    recs = heap._thread_records()
+    recs = heap.thread_records()
     if recs is None:
         return []
     off, size = layout if layout is not None else (0, 0)
@@ -674,7 +665,7 @@ def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]
 def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
-    from forensics.answers.owners import _module_of_data
+    from forensics.answers.owners import module_of_data
 
     if contexts is None:
         contexts = thread_contexts(dump)
@@ -696,11 +687,11 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
         for a, b in _tls_ranges(dump, ctx, fs):
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
     ctl = next((r for r in regions if heap.control_addr in r), None)
-    libtag_module = _module_of_data(regions, ctl) if ctl is not None else None
+    libtag_module = module_of_data(regions, ctl) if ctl is not None else None
     for r in regions:
         if not r.writable:
             continue
-        module = _module_of_data(regions, r)
+        module = module_of_data(regions, r)
         if module is None or module == libtag_module:
             # libtag's own data holds no reference of the program's; in a
             # snapshot child it holds copies of registers (libtag's own core

@@ -74,7 +74,7 @@ def classify(dump: Dump, addr: int) -> Owner:
         return Owner(addr, "unmapped", near=near,
                      note="NULL page" if addr < 4096 else "in no mapping of the process")
     if region.writable:
-        module = _module_of_data(regions, region)
+        module = module_of_data(regions, region)
         if module is not None:
             return Owner(addr, "global", region=region, near=near,
                          region_name=f"globals of {_module_name(module)}", note=module)
@@ -100,7 +100,7 @@ def near_note(near: tuple[Block, int]) -> str:
 
 
 
-def _module_of_data(regions: list[Region], region: Region) -> str | None:
+def module_of_data(regions: list[Region], region: Region) -> str | None:
     """The module whose .data (a writable file mapping) or .bss (the anonymous
     writable mapping right after the module's last file mapping) this is."""
     if region.path:
@@ -138,7 +138,7 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
             out.append(Referrer(src, "stack", None, bool(interior), t.tid))
             continue
         region = next((r for r in regions if src in r), None)
-        module = _module_of_data(regions, region) if region is not None else None
+        module = module_of_data(regions, region) if region is not None else None
         if module is not None:
             out.append(Referrer(src, "global", None, bool(interior), module=module))
     return out[:MAX_REFERRERS], len(out)

@@ -19,35 +19,33 @@ def address(text: str) -> int:
     return value
 
 
+def _number(text: str, parse, ok, not_a: str, out_of_range: str):
+    """parse(text), refused with "<not_a>: 'text'" when it does not parse and
+    "<out_of_range>: 'text'" when ok(value) is false."""
+    try:
+        value = parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{not_a}: {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{out_of_range}: {text!r}")
+    return value
+
+
 def pid(text: str) -> int:
     """A process id: a positive decimal integer."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
-    return value
+    return _number(text, int, lambda v: v > 0, "not a process id", "not a process id")
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
+    return _number(text, int, lambda v: v > 0, "not a whole number", "must be at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "not a whole number", "must be 0 or more")
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds: {text!r}")
-    return value
+    return _number(text, float, lambda v: v > 0, "not a number of seconds", "must be more than 0 seconds")
 
 
 def json_flag(parser: argparse.ArgumentParser) -> None:

@@ -19,16 +19,6 @@ import argparse
 from forensics.cli import _args
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD", help="the earlier core")
     parser.add_argument("new", metavar="NEW", help="the later core")
@@ -37,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep only stacks with a frame whose function or module matches")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=[],
                         help="drop stacks with a frame whose function or module matches")
-    parser.add_argument("--min-bytes", metavar="N", type=_non_negative, default=0,
+    parser.add_argument("--min-bytes", metavar="N", type=_args.non_negative_int, default=0,
                         help="keep stacks whose live bytes changed by at least N")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=20,
                         help="stacks shown in the human output (default: 20; --json has all)")

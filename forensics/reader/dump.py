@@ -24,7 +24,7 @@ from typing import Callable
 
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
-from forensics.reader.model import Frame, RawFrame
+from forensics.reader.model import Frame, RawFrame, ThreadState
 from forensics.reader.pointers import Edges, build_edges
 
 Progress = Callable[[int, int], None]
@@ -142,18 +142,8 @@ class Dump:
         a live process's registers now (live_stack_pointers), else from the
         core's own notes where the kernel recorded the thread, else from the
         registers libtag saved before the snapshot's fork."""
-        regions = self.mem.regions()
         live_sp = self.live_stack_pointers()
-        core_sp: dict[int, int] = {}
-        if self.core is not None:
-            snap_tid = int(self.heap.control.snapshot_tid)
-            for t in self.core.threads:
-                tid = t.tid
-                # the kernel's core of a snapshot child names the child, whose
-                # one thread is the snapshotting thread
-                if tid == self.core.pid and snap_tid and not self.heap.thread(tid):
-                    tid = snap_tid
-                core_sp[tid] = t.sp
+        core_sp = {tid: regs["rsp"] for tid, regs in self.core_registers.items()}
         # A snapshot's registers were saved by libtag for every thread at one
         # instant, before the fork; the core's own note of the snapshotting
         # thread is the fork child's, deeper inside libtag.  A crash core is
@@ -166,10 +156,31 @@ class Dump:
             saved = t.regs.get("rsp") if t.regs else None
             sp = saved if prefer_saved and saved else core_sp.get(t.tid, saved)
             sp = live_sp.get(t.tid, sp)
-            probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
-            region = next((r for r in regions if probe is not None and probe in r), None)
-            out.append(ThreadStack(t.tid, sp, region, t.shadow))
+            out.append(ThreadStack(t.tid, sp, self.stack_region(t, sp), t.shadow))
         return out
+
+    @cached_property
+    def core_registers(self) -> dict[int, dict[str, int]]:
+        """{tid: registers} from the core's NT_PRSTATUS notes ({} without a
+        core).  The kernel's core of a snapshot child names the child, whose
+        one thread is the snapshotting thread: it is filed under that tid."""
+        out: dict[int, dict[str, int]] = {}
+        if self.core is not None:
+            snap_tid = int(self.heap.control.snapshot_tid)
+            for t in self.core.threads:
+                tid = t.tid
+                if tid == self.core.pid and snap_tid and not self.heap.thread(tid):
+                    tid = snap_tid
+                out.setdefault(tid, dict(t.regs))
+        return out
+
+    def stack_region(self, t: ThreadState, sp: int | None) -> Region | None:
+        """The mapping that holds thread t's stack: the one sp is in, else
+        the one just below the top of its stack libtag recorded."""
+        probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
+        if probe is None:
+            return None
+        return next((r for r in self.mem.regions() if probe in r), None)
 
     def live_stack_pointers(self) -> dict[int, int]:
         """{tid: stack pointer} read now from a live process's registers; a

@@ -307,10 +307,12 @@ class Heap:
     @property
     def _quarantines(self) -> list[int]:
         """Addresses of the threads' quarantine rings (0s left out)."""
-        recs = self._thread_records()
+        recs = self.thread_records()
         return [int(q) for q in recs["quarantine"] if q] if recs is not None else []
 
-    def _thread_records(self) -> np.ndarray | None:
+    def thread_records(self) -> np.ndarray | None:
+        """libtag's thread records as they are (abi.THREAD_RECORD_DTYPE, unused
+        slots included), read once; None if they cannot be read."""
         if not hasattr(self, "_recs"):
             c = self.control
             count = min(int(c.thread_count), int(c.thread_capacity), MAX_THREADS)

@@ -1,7 +1,7 @@
 """What grew between two snapshots: per allocation stack, and block by block.
 
     d = diff(old_snap, new_snap, filters=["leak_*"], min_bytes=1)
-    doc = diff_json(old_snap, new_snap, d)      # SPEC §5 diff document
+    doc = diff_json(old_dump, new_dump, d)      # the diff document (docs/json.md)
 
 Blocks are matched by identity, not by address: a live block of NEW is the
 same block as one of OLD when its start, allocation time, allocating thread and
@@ -263,7 +263,7 @@ def _entry(old: Dump, new: Dump, g: StackGrowth) -> dict:
 
 
 def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
-    """SPEC §5 diff document: "growth" (stacks that grew, most severe first),
+    """The diff document (docs/json.md, "diff"): "growth" (stacks that grew, most severe first),
     "new_blocks", "gone_blocks"; plus "no_growth" (stacks that changed without
     growing: churn, or shrinking), "survived_blocks" and both snapshots."""
     new.prefetch([g.new_stack for g in d.stacks if g.new_stack])

@@ -1,6 +1,6 @@
 """The answer of ``inspect``: what the core is, why it was taken, the anomaly or
 crash with its stacks, the heap totals, the top allocation stacks and every
-thread's logical stack - as SPEC §5's inspect JSON document."""
+thread's logical stack - as the inspect document (docs/json.md, "inspect")."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def crash_frames(dump: Dump, tid: int):
     return pc + shadow
 
 
-def spec_reason(heap) -> str:
-    """SPEC §5's reason: "on-demand", an anomaly kind, or "crash".  A core
+def inspect_reason(heap) -> str:
+    """inspect's reason: "on-demand", an anomaly kind, or "crash".  A core
     libtag did not trigger (gcore, a kill the crash hook did not see) has no
     recorded reason: it is a snapshot taken on demand by other means."""
     reason = heap.reason
@@ -90,7 +90,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
     return {
         "core": dump.core.path if dump.core is not None else dump.mem.name,
         "process": {"pid": dump.pid, "exe": dump.exe},
-        "reason": spec_reason(heap),
+        "reason": inspect_reason(heap),
         "payload": "omitted" if heap.payload_omitted else "kept",
         "crash": crash,
         "heap": {

@@ -5,7 +5,7 @@
     scan.how_reached(addr)              # [Step]: the root, then every block on the way
     scan.roots_of(addr)                 # every root word / register pointing straight at it
     scan.groups()                       # [LeakGroup] by (kind, allocation stack)
-    leaks_json(dump)                    # SPEC §5 inspect "leaks"
+    leaks_json(dump)                    # inspect's "leaks" (docs/json.md)
 
 Roots (docs/leaks.md says why each, and what is left out):
 
@@ -721,7 +721,7 @@ def find_leaks(dump: Dump) -> LeakScan:
 
 
 def leaks_json(dump: Dump) -> list[dict]:
-    """SPEC §5 inspect "leaks": one entry per (kind, allocation stack), with
+    """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
     snapshot) and, for definite groups, what is lost through them."""
     scan = find_leaks(dump)

@@ -1,8 +1,8 @@
 """What an address is: the tagged block that holds it, or else whose stack, which
 module's globals, which mapping - and who points at the block.
 
-The answer is plain data (``Owner``); ``to_json`` gives SPEC §5's whoowns shape
-and render.py the tables.
+The answer is plain data (``Owner``); ``to_json`` gives the whoowns document
+(docs/json.md) and forensics.output.text draws it.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def whoowns(dump: Dump, addr: int) -> Owner:
 
 
 def to_json(dump: Dump, o: Owner) -> dict:
-    """SPEC §5 whoowns document (plus "note", "near", "thread", "referrer_count")."""
+    """The whoowns document (docs/json.md, "whoowns")."""
     region = None
     if o.region is not None or o.region_name:
         r = o.region
@@ -175,8 +175,7 @@ def to_json(dump: Dump, o: Owner) -> dict:
     if o.near is not None:
         b, past = o.near
         doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
-    # Robustness fix: what the reader could not read or trust (a cut core, a
-    # corrupt table) was said by inspect but not by whoowns.  Last: reading
-    # the stacks above may add some.
+    # What the reader could not read or trust (a cut core, a corrupt table)
+    # is said by every answer.  Last: reading the stacks above may add some.
     doc["warnings"] = list(dump.heap.warnings)
     return doc

@@ -4,7 +4,8 @@ A verb module has:
 
 - a docstring: its first line is the one-line help in ``forensics --help``,
   the whole text is the description in ``forensics VERB --help``;
-- ``add_arguments(parser)``: its flags, exactly as SPEC.md section 5 spells them;
+- ``add_arguments(parser)``: its flags (docs/guide.md; --json's documents:
+  docs/json.md);
 - ``main(args) -> int``: the exit status.  Expected failures raise
   forensics.errors.ForensicsError subclasses; never print a traceback or
   call sys.exit here.

@@ -4,7 +4,7 @@
     block = heap.block_at(0x55d0c0a012a0)       # Block | None, binary search
     frames = heap.raw_stack(block.alloc_stack)  # [(pc, kind)], innermost first
 
-How the blocks are found (SPEC §4): every writable region but libtag's own
+How the blocks are found: every writable region but libtag's own
 tables is scanned for tags in bulk with numpy.  A tag is 16-aligned (the user
 pointer is, and the tag is the 32 bytes before it), so each region is viewed as
 uint32 at a 16-byte stride, the magic's hits are gathered as 64-bit words, and
@@ -81,9 +81,8 @@ class Heap:
                  cache_path: str | os.PathLike[str] | None = None) -> None:
         self.mem = mem
         self.warnings: list[str] = []
-        # Robustness fix: a core cut short (full disk, interrupted copy) was
-        # read as if whole - the scan saw only the dumped bytes of a cut
-        # segment and the answer said nothing about the blocks it lost.
+        # A core cut short (full disk, interrupted copy) is read as far as it
+        # goes, and the answer says which blocks it cannot see.
         cut = _truncation(mem)
         try:
             self.control_addr, self.control = abi.find_control(mem)
@@ -268,10 +267,10 @@ class Heap:
         """
         nodes, out = self._nodes, []
         i, n = int(stack_id), len(self._nodes)
-        # Robustness fix: a lying table used to give a silently short stack,
-        # and a node of an unknown kind reached the symbolizer, which raised
-        # ValueError (exit 3).  Each problem is now a warning, and the walk
-        # stops at the node that cannot be trusted.
+        # A lying table is a warning, never a silently short stack, and the
+        # walk stops at the first node that cannot be trusted: an id beyond
+        # the table, a frame kind the symbolizer does not know, a parent link
+        # that does not go down.
         if i >= n and n:
             self._warn_once(f"stack id {i} is beyond the stack table's {n} nodes: its frames are unknown")
         while 0 < i < n:
@@ -384,10 +383,9 @@ class Heap:
         ]
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
-        # Robustness fix: a corrupt capacity (0xffffffff) made these ranges
-        # terabytes long, and the scans skipped the program's heap and stacks
-        # after them without a word.  Each table lies in its own mapping, so
-        # a range never extends past the region its start is in.
+        # Each table lies in its own mapping, so a range never extends past
+        # the region its start is in: a corrupt capacity (0xffffffff) must not
+        # make the scans skip the program's heap and stacks after it.
         clipped = []
         for a, b in out:
             region = self._region_of(a) if a else None
@@ -494,12 +492,14 @@ class Heap:
         }
 
     def _smashed_canaries(self) -> np.ndarray:
-        """Robustness fix: an overflow that smashed the canary after a live
-        block - and the tag of the block after it, which then no longer
-        validates and drops out of every answer - went unsaid unless libtag
-        had caught it first.  Every live block's canary is checked in bulk
-        (vectorised per region, in chunks); the smashed ones are a warning
-        naming the overflowing blocks."""
+        """Indexes of the live blocks whose canary is smashed.
+
+        An overflow past a live block smashes its canary - and maybe the tag
+        of the block after it, which then no longer validates and drops out
+        of every answer - so it must be said even when libtag did not catch
+        it.  Every live block's canary is checked in bulk (vectorised per
+        region, in chunks); the smashed ones become a warning naming the
+        overflowing blocks."""
         x = self._index
         live = np.flatnonzero(x["state"] == abi.TAG_STATE_LIVE)
         if not len(live):

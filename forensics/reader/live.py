@@ -1,6 +1,6 @@
 """A running process's memory through /proc/PID/maps and /proc/PID/mem.
 
-LiveMemory(pid) implements forensics.reader.memory.Memory, so heap.py reads tags back
+LiveMemory(pid) implements forensics.reader.memory.Memory, so the heap reader reads tags back
 from a process that keeps running.  Reading another process's memory needs
 ptrace access to it (same user, and Yama's ptrace_scope permitting: a parent
 may always read its child).  The bytes are read as they are at that moment;

@@ -1,6 +1,6 @@
 """The one interface every reader of a process's memory offers.
 
-heap.py and the answer modules read memory only through ``Memory``:
+The heap reader and the answers read memory only through ``Memory``:
 
     read(addr, n) -> bytes        n bytes at a virtual address, or a
                                   forensics.core.CoreReadError (UnmappedError ...)

@@ -1,4 +1,4 @@
-"""Code addresses to function, file and line (SPEC §4: "Symbolise frames").
+"""Code addresses to function, file and line: symbolised frames.
 
 The modules are the ELF files mapped into the process: from a core's NT_FILE
 note (``Core.mappings``) or a live process's ``/proc/PID/maps``
@@ -87,7 +87,7 @@ _DELETED = " (deleted)"
 
 @dataclass(frozen=True)
 class SymbolFrame(Frame):
-    """A forensics.reader.model.Frame (SPEC §5 fields) plus the two offsets."""
+    """A forensics.reader.model.Frame (the JSON frame's fields) plus the two offsets."""
 
     offset: int | None = None  # address - start of `function`'s symbol
     module_offset: int | None = None  # address - the module's load bias

@@ -188,7 +188,7 @@ def test_inspect_leaks_json_lists_the_lost_groups(taken, run_cli, tmp_path):
     got = sorted((first_own_function([f["function"] for f in g["stack"]]), g["kind"], g["blocks"], g["bytes"])
                  for g in doc["leaks"] if g["stack"] and g["stack"][0]["function"] in EXPECTED
                  or first_own_function([f["function"] for f in g["stack"]]) in EXPECTED)
-    # THEN the definite/indirect/possible groups of the shapes are there, with SPEC's fields
+    # THEN the definite/indirect/possible groups of the shapes are there, with the fields of docs/json.md
     assert got == sorted([
         ("alloc_interior_only", "possible", 1, 100),
         ("new_list_node", "definite", 1, 48),

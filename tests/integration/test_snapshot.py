@@ -57,7 +57,7 @@ def test_snapshot_of_a_running_multithreaded_victim(core_path, build_victim, run
     finally:
         out, err = S.finish(proc)
 
-    # THEN one JSON document with SPEC's fields and types
+    # THEN one JSON document with the fields and types of docs/json.md
     assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
     doc = json.loads(result.stdout)
     assert {"pid", "core", "reason", "pause_ms", "core_bytes"} <= set(doc), f"fields: {doc}"

@@ -6,6 +6,13 @@ whole on every open (a million-block index is ~40 MB); this format is mapped
 with ``mmap`` and each array is a zero-copy view, so a binary search touches
 only the pages it reads.
 
+One ``.npy`` per array opened with ``np.load(mmap_mode="r")`` plus a JSON
+sidecar for the meta would map the same way, but it is eleven files beside
+every core (and four more for the edges) to open, check and keep in step,
+and it measured slower: opening a 1M-block index and doing one lookup took
+1.8 ms against this file's 0.21 ms (median of 30, same machine, page cache
+warm; writing: 64 ms against 54 ms).
+
 Layout: ``FXCACHE1``, a little-endian u32 header length, a JSON header
 (``meta``: the caller's identity values as strings; ``arrays``: name, dtype,
 shape, offset), then each array at a 64-byte aligned offset.

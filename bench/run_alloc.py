@@ -2,7 +2,7 @@
 """Allocation overhead of libtag on bench/allocbench, against the same binary
 without it, with heaptrack and valgrind on the same run for reference.
 
-SPEC §6: allocbench built with -finstrument-functions under libtag (full
+The target (docs/benchmarks.md): allocbench built with -finstrument-functions under libtag (full
 shadow stacks on every allocation, no sampling) <= 1.5x the same binary
 without libtag; the plain binary under libtag (frame-pointer fallback
 stacks) <= 3x the plain binary.
@@ -234,7 +234,7 @@ def run(args, lib: Path, tmp: Path) -> int:
         verdict.append([b, f"{lt / base:.2f}x", f"≤ {targets[b]}x", "meets" if ok else "MISSES"])
     table("Time (wall seconds, median; ± = half the min-max range; ratio vs base of the same binary)",
           ["run", "n", "seconds", "spread", "ns/op", "extra ns/op", "ratio"], rows, args.markdown)
-    table("SPEC §6 allocation overhead", ["binary", "libtag / base", "target", ""], verdict, args.markdown)
+    table("allocation overhead against the targets", ["binary", "libtag / base", "target", ""], verdict, args.markdown)
 
     # -------------------------------------------------------------- memory
     live = THREADS * WINDOW

@@ -25,10 +25,11 @@ from forensics import libpath
 from forensics.core.core import Core
 
 MAGIC = b"LIBTAG-CONTROL-1"
-CONTROL_SIZE = 272
+CONTROL_SIZE = 312
 
 REASON_ON_DEMAND, REASON_ANOMALY, REASON_CRASH = 1, 2, 3
-ANOMALY_KINDS = {"double-free": 1, "invalid-free": 2, "heap-overflow": 3, "use-after-free": 4}
+ANOMALY_KINDS = {"double-free": 1, "invalid-free": 2, "heap-overflow": 3, "use-after-free": 4,
+                 "heap-underflow": 5, "alloc-dealloc-mismatch": 6}
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Control:
     crash_signal: int
     crash_tid: int
     crash_address: int
+    latent_uaf: int
+    damaged_leaked: int
 
 
 def read_control(core_path: os.PathLike | str) -> Control:
@@ -69,9 +72,10 @@ def read_control(core_path: os.PathLike | str) -> Control:
     reason, seq = struct.unpack_from("<II", raw, 136)
     anomaly_count, = struct.unpack_from("<I", raw, 156)
     a_kind, a_tid, a_addr, a_block = struct.unpack_from("<IIQQ", raw, 160)
-    c_sig, c_tid, c_addr = struct.unpack_from("<IIQ", raw, 240)
+    c_sig, c_tid, c_addr = struct.unpack_from("<IIQ", raw, 256)
+    _tls, latent, leaked = struct.unpack_from("<IIQ", raw, 288)
     return Control(vaddr, pid, reason, seq, anomaly_count, a_kind, a_tid, a_addr, a_block,
-                   c_sig, c_tid, c_addr)
+                   c_sig, c_tid, c_addr, latent, leaked)
 
 
 def core_pattern() -> str:

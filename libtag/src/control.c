@@ -103,6 +103,7 @@ void _tag_init(void)
     _tag_ctl.pid = (uint32_t)getpid();
     _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
+    _tag_ctl.tls_bytes = sizeof(struct tag_tls);
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
     /* The magic last: a reader that finds it finds a complete block. */
@@ -121,10 +122,22 @@ __attribute__((constructor(101))) static void libtag_constructor(void)
     _tag_crash_init();
 }
 
-/* LIBTAG_STATS=1: one line of counters when the process exits. */
+/* At exit: the exiting thread's recent blocks and quarantine are checked
+ * (a short run's write after free or overflow is reported before it ends:
+ * the thread-exit hook does the same for other threads, but never runs for
+ * the one that calls exit()), then with LIBTAG_STATS=1 one line of
+ * counters.  The ring stays: a later destructor may still free. */
 __attribute__((destructor)) static void libtag_destructor(void)
 {
-    if (!_tag_opt.stats || !_tag_ready)
+    if (!_tag_ready)
+        return;
+    struct tag_tls *t = &_tag_tls;
+    if (t->rec && !t->exiting) {
+        if (_tag_opt.sweep_every)
+            _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
+        _tag_quarantine_flush(t);
+    }
+    if (!_tag_opt.stats)
         return;
     struct libtag_stats s;
     libtag_stats(&s);

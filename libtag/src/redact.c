@@ -3,8 +3,10 @@
  * A core holds everything the process had in memory: keys, tokens, customer
  * records.  With this option the snapshot child, before it dumps, blanks
  * the payload of every tagged block in its own copy of memory, so the core
- * keeps the tags, free records, stacks and thread state - every answer
- * forensics gives - but not what the blocks held.
+ * keeps the tags, free records (in the quarantine rings), stacks and thread
+ * state - every answer forensics gives - but not what the blocks held, nor
+ * what a dangling pointer wrote into a freed one (the snapshot checked the
+ * freed blocks first: see _tag_quarantine_check_all).
  *
  * Only the child's copy changes (the mappings are private; the parent never
  * sees it).  Whole pages inside a payload are dropped with
@@ -50,10 +52,8 @@ static void redact_region(uintptr_t lo, uintptr_t hi)
         uint64_t size = _tag_size(t);
         if ((state != TAG_STATE_LIVE && state != TAG_STATE_FREED) || size > hi - user)
             continue;
-        /* a freed block keeps its free record: who freed it is metadata */
-        uintptr_t from = state == TAG_STATE_FREED ? user + TAG_MIN_PAYLOAD : user;
-        if (from < user + size)
-            blank(from, user + size);
+        if (size)
+            blank(user, user + size);
         a = ((user + size) & ~15ul) - 16;  /* go on after the payload */
     }
 }

@@ -36,10 +36,15 @@ void _tag_threads_init(void)
     _tag_ctl.thread_capacity = THREAD_CAPACITY;
 }
 
+/* Last checks of the thread's blocks: the damage of its recent allocations
+ * and of every block in its quarantine is reported now, before its ring
+ * goes away. */
 static void thread_exit(void *arg)
 {
     struct tag_tls *t = &_tag_tls;
     (void)arg;
+    if (_tag_opt.sweep_every)
+        _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
     t->exiting = 1;
     if (t->rec) {

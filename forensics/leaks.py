@@ -82,8 +82,6 @@ _TCB_BYTES = 0x900
 # register, never a memory word (the NULL page is never mapped).
 _REG_VIA_LIMIT = 1 << 12
 _NO_PARENT = -1
-# sizeof(struct libtag_shadow) (tag_abi.h): depth, valid, overflows, fn[], site[], id[]
-_SHADOW_BYTES = 16 + 2 * 8 * abi.TAG_SHADOW_MAX + 4 * (abi.TAG_SHADOW_MAX + 1)
 
 
 @dataclass(frozen=True)
@@ -594,55 +592,11 @@ def thread_contexts(snap: Snapshot) -> list[ThreadContext]:
     return out
 
 
-def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
-    """(offset of _tag_tls in libtag's TLS block, size of the block) from
-    libtag.so's PT_TLS segment and symbol table; None if unreadable."""
-    try:
-        from elftools.elf.elffile import ELFFile
-
-        from forensics.symbols import open_regular
-
-        f = open_regular(path)
-        if f is None:
-            return None
-        with f:
-            elf = ELFFile(f)
-            memsz = next((int(seg["p_memsz"]) for seg in elf.iter_segments()
-                          if seg["p_type"] == "PT_TLS"), None)
-            if memsz is None:
-                return None
-            off = 0
-            tab = elf.get_section_by_name(".symtab")
-            syms = tab.get_symbol_by_name("_tag_tls") if tab is not None else None
-            if syms:
-                off = int(syms[0]["st_value"])
-            return off, memsz
-    except Exception:  # noqa: BLE001 - pyelftools raises its own errors on a bad file
-        return None
-
-
 def libtag_tls_ranges(snap: Snapshot) -> list[tuple[int, int]]:
-    """[start, end) of libtag's static TLS block in every thread: its struct
-    tag_tls holds shadow stacks, caches and the thread's last allocations
-    (for the overflow sweep) - libtag's references, not the program's.  The
-    thread record's shadow field is the address of that struct."""
-    heap = snap.heap
-    region = next((r for r in snap.mem.regions() if heap.control_addr in r), None)
-    layout = _libtag_tls_layout(region.path) if region is not None and region.path else None
-    recs = heap._thread_records()
-    if recs is None:
-        return []
-    off, size = layout if layout is not None else (0, 0)
-    out = []
-    for r in recs:
-        shadow = int(r["shadow"])
-        if not shadow or not int(r["tid"]):
-            continue
-        if size:
-            out.append((shadow - off, shadow - off + size))
-        else:  # no ELF to read: at least the shadow stack the ABI describes
-            out.append((shadow, shadow + _SHADOW_BYTES))
-    return out
+    """[start, end) of libtag's per-thread block in every thread (struct
+    tag_tls: shadow stacks, caches, the last allocations for the overflow
+    sweep): libtag's references, not the program's (Heap.libtag_tls_ranges)."""
+    return snap.heap.libtag_tls_ranges()
 
 
 def _u64(mem, addr: int) -> int | None:

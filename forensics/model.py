@@ -41,6 +41,7 @@ class Block:
     free_time_ms: int | None = None
     free_stack: int | None = None
     tag_addr: int = 0
+    alloc_kind: str = "malloc"  # "malloc" | "new" | "new[]" | "new-aligned" | "new[]-aligned"
 
     @property
     def end(self) -> int:
@@ -55,11 +56,18 @@ class Anomaly:
     """The anomaly recorded in the control block."""
 
     kind: str  # "double-free" | "invalid-free" | "heap-overflow" | "use-after-free"
-    address: int  # the pointer concerned
-    thread: int  # detecting thread
+    #            | "heap-underflow" | "alloc-dealloc-mismatch"
+    address: int  # the pointer concerned, or the first damaged byte (see docs/format.md)
+    thread: int  # detecting thread (for a bad release: the releasing one)
     stack: int  # stack id of the detecting stack
     time_ms: int
-    block: Block | None = None  # from the tag copy libtag took, None if none
+    block: Block | None = None  # from the tag copy libtag took, None if none or unknown
+    block_address: int | None = None  # the block libtag named, even when its tag is unknown
+    written: bytes | None = None  # what was written at address, where known
+    dealloc: str | None = None  # mismatch: how it was released ("free", "delete", ...)
+    access: str | None = None  # "read" | "write" for a fault on a guarded block
+    pc: int | None = None  # faulting instruction
+    time_ns: int = 0  # wall clock (CLOCK_REALTIME ns) when libtag detected it
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,16 @@ def block_json(
             frames_json(frames_fn(block.free_stack)) if freed and block.free_stack is not None else None
         ),
         "free_thread": block.free_thread if freed else None,
+        "alloc_kind": block.alloc_kind,
     }
+
+
+def iso_time(ns: int) -> str:
+    """A wall-clock time (ns since the epoch) as ISO-8601 UTC with milliseconds."""
+    from datetime import datetime, timezone
+
+    t = datetime.fromtimestamp(ns // 1_000_000 / 1000, timezone.utc)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 __all__ = [
@@ -157,4 +174,5 @@ __all__ = [
     "frame_json",
     "frames_json",
     "hexaddr",
+    "iso_time",
 ]

@@ -8,7 +8,7 @@ import signal as _signal
 
 from forensics import abi
 from forensics.analysis import Snapshot
-from forensics.model import block_json, frames_json, hexaddr
+from forensics.model import block_json, frames_json, hexaddr, iso_time
 
 
 def _signal_name(num: int) -> str:
@@ -69,6 +69,15 @@ def inspect_doc(snap: Snapshot, *, top: int = 10) -> dict:
             "block": block_json(block, snap.stack, offset=a.address - block.start) if block else None,
             "stack": frames_json(snap.stack(a.stack)),
             "thread": a.thread,
+            "time": iso_time(a.time_ns),
+            "time_ms": a.time_ms,
+            # address - block start (negative: below it, -1 for p[-1]);
+            # None when the block is unknown (its tag damaged beyond repair)
+            "offset": a.address - block.start if block else None,
+            "written": a.written.hex() if a.written is not None else None,
+            "dealloc": a.dealloc,
+            "access": a.access,
+            "pc": hexaddr(a.pc),
         })
 
     crash = None

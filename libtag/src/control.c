@@ -145,12 +145,13 @@ __attribute__((destructor)) static void libtag_destructor(void)
     _tag_opt.quiet = 0;
     _tag_log("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
-             "stack_full=%lu anomalies=%u snapshots=%u",
+             "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
              (unsigned long)s.shadow_overflows, (unsigned long)s.stack_full, s.anomalies,
-             s.snapshots);
+             s.snapshots, (unsigned long)_tag_ctl.damaged_leaked,
+             (unsigned long)_tag_ctl.damaged_bytes);
     _tag_opt.quiet = q;
 }
 

@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from forensics.abi import ANOMALY_NAMES
 from forensics.errors import ForensicsError, InputError
 
-REASONS = ("on-demand", "double-free", "invalid-free", "heap-overflow",
-           "use-after-free", "crash", "anomaly", "none")
+# the reason part of a directory name: snapshot.c names an anomaly snapshot
+# for its kind (anomaly.c's names, mirrored in abi.ANOMALY_NAMES)
+REASONS = ("on-demand", *ANOMALY_NAMES.values(), "crash", "anomaly", "none")
 
 _NAME = re.compile(
     r"^(?P<comm>.+)-(?P<pid>\d+)-(?P<seq>\d+)-(?P<reason>"

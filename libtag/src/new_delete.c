@@ -92,74 +92,42 @@ static TAG_COLD void *new_aligned_nothrow_failed(const char *name, size_t size, 
 
 /* ------------------------------------------------------------------ new */
 
-/* operator new(size_t) */
-TAG_EXPORT void *_Znwm(size_t size)
-{
-    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_NEW, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p : new_failed("_Znwm", size, TAG_ALLOC_NEW);
-}
+/* Each form allocates as its kind; on failure it hands over to the next
+ * definition of the same name (see the top of this file). */
+#define NEW(name, kind)                                                       \
+    TAG_EXPORT void *name(size_t size)                                        \
+    {                                                                         \
+        void *p = _tag_alloc(size, 16, 0, kind, RET, FRAME);                  \
+        return TAG_LIKELY(p != NULL) ? p : new_failed(#name, size, kind);     \
+    }
+#define NEW_NOTHROW(name, kind)                                               \
+    TAG_EXPORT void *name(size_t size, const void *nt)                        \
+    {                                                                         \
+        void *p = _tag_alloc(size, 16, 0, kind, RET, FRAME);                  \
+        return TAG_LIKELY(p != NULL) ? p : new_nothrow_failed(#name, size, nt, kind); \
+    }
+#define NEW_ALIGNED(name, kind)                                               \
+    TAG_EXPORT void *name(size_t size, size_t align)                          \
+    {                                                                         \
+        void *p = _tag_memalign(align, size, kind, RET, FRAME);               \
+        return TAG_LIKELY(p != NULL) ? p : new_aligned_failed(#name, size, align, kind); \
+    }
+#define NEW_ALIGNED_NOTHROW(name, kind)                                       \
+    TAG_EXPORT void *name(size_t size, size_t align, const void *nt)          \
+    {                                                                         \
+        void *p = _tag_memalign(align, size, kind, RET, FRAME);               \
+        return TAG_LIKELY(p != NULL) ? p                                      \
+                                     : new_aligned_nothrow_failed(#name, size, align, nt, kind); \
+    }
 
-/* operator new[](size_t) */
-TAG_EXPORT void *_Znam(size_t size)
-{
-    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_NEW_ARRAY, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p : new_failed("_Znam", size, TAG_ALLOC_NEW_ARRAY);
-}
-
-/* operator new(size_t, const std::nothrow_t &) */
-TAG_EXPORT void *_ZnwmRKSt9nothrow_t(size_t size, const void *nt)
-{
-    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_NEW, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_nothrow_failed("_ZnwmRKSt9nothrow_t", size, nt, TAG_ALLOC_NEW);
-}
-
-/* operator new[](size_t, const std::nothrow_t &) */
-TAG_EXPORT void *_ZnamRKSt9nothrow_t(size_t size, const void *nt)
-{
-    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_NEW_ARRAY, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_nothrow_failed("_ZnamRKSt9nothrow_t", size, nt,
-                                                      TAG_ALLOC_NEW_ARRAY);
-}
-
-/* operator new(size_t, std::align_val_t) */
-TAG_EXPORT void *_ZnwmSt11align_val_t(size_t size, size_t align)
-{
-    void *p = _tag_memalign(align, size, TAG_ALLOC_NEW_ALIGNED, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_aligned_failed("_ZnwmSt11align_val_t", size, align,
-                                                      TAG_ALLOC_NEW_ALIGNED);
-}
-
-/* operator new[](size_t, std::align_val_t) */
-TAG_EXPORT void *_ZnamSt11align_val_t(size_t size, size_t align)
-{
-    void *p = _tag_memalign(align, size, TAG_ALLOC_NEW_ARRAY_ALIGNED, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_aligned_failed("_ZnamSt11align_val_t", size, align,
-                                                      TAG_ALLOC_NEW_ARRAY_ALIGNED);
-}
-
-/* operator new(size_t, std::align_val_t, const std::nothrow_t &) */
-TAG_EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t size, size_t align, const void *nt)
-{
-    void *p = _tag_memalign(align, size, TAG_ALLOC_NEW_ALIGNED, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_aligned_nothrow_failed("_ZnwmSt11align_val_tRKSt9nothrow_t",
-                                                              size, align, nt,
-                                                              TAG_ALLOC_NEW_ALIGNED);
-}
-
-/* operator new[](size_t, std::align_val_t, const std::nothrow_t &) */
-TAG_EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t size, size_t align, const void *nt)
-{
-    void *p = _tag_memalign(align, size, TAG_ALLOC_NEW_ARRAY_ALIGNED, RET, FRAME);
-    return TAG_LIKELY(p != NULL) ? p
-                                 : new_aligned_nothrow_failed("_ZnamSt11align_val_tRKSt9nothrow_t",
-                                                              size, align, nt,
-                                                              TAG_ALLOC_NEW_ARRAY_ALIGNED);
-}
+NEW(_Znwm, TAG_ALLOC_NEW)                        /* operator new(size_t) */
+NEW(_Znam, TAG_ALLOC_NEW_ARRAY)                  /* operator new[](size_t) */
+NEW_NOTHROW(_ZnwmRKSt9nothrow_t, TAG_ALLOC_NEW)  /* (size_t, const std::nothrow_t &) */
+NEW_NOTHROW(_ZnamRKSt9nothrow_t, TAG_ALLOC_NEW_ARRAY)
+NEW_ALIGNED(_ZnwmSt11align_val_t, TAG_ALLOC_NEW_ALIGNED)        /* (size_t, std::align_val_t) */
+NEW_ALIGNED(_ZnamSt11align_val_t, TAG_ALLOC_NEW_ARRAY_ALIGNED)
+NEW_ALIGNED_NOTHROW(_ZnwmSt11align_val_tRKSt9nothrow_t, TAG_ALLOC_NEW_ALIGNED)
+NEW_ALIGNED_NOTHROW(_ZnamSt11align_val_tRKSt9nothrow_t, TAG_ALLOC_NEW_ARRAY_ALIGNED)
 
 /* --------------------------------------------------------------- delete */
 /* delete of a null pointer does nothing ([expr.delete]); the sized and

@@ -53,8 +53,9 @@ const char *_tag_anomaly_name(uint32_t kind)
     return kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "unknown";
 }
 
-TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
+void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 {
+    TAG_ASSERT(r->kind > TAG_ANOMALY_NONE && r->kind <= TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH);
     struct tag_tls *t = _tag_self();
     uint32_t stack = _tag_capture(t, ret, frame);
     __atomic_fetch_add(&_tag_ctl.anomaly_count, 1, __ATOMIC_RELAXED);

@@ -171,6 +171,7 @@ enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec, void
         return TAG_DAMAGE_KNOWN;
     /* put it back, marked: the block can be freed (and is then kept from
      * glibc), and no later check reports it again */
+    TAG_ASSERT(_tag_valid_at(tag_addr, &t));
     memcpy((void *)(uintptr_t)tag_addr, &t, sizeof t);
     _tag_set_bits(user, 0, TAG_FLAG_REPORTED);
     return TAG_DAMAGE_REPAIRED;

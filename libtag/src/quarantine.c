@@ -27,6 +27,7 @@
 void _tag_real_release(void *user)
 {
     struct libtag_tag *t = _tag_of(user);
+    TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
     if (TAG_UNLIKELY(_tag_reported(t))) {
         /* Its canary or its tag was damaged: so may be glibc's chunk
          * headers around it, and glibc would abort on them.  Keep it. */
@@ -86,6 +87,7 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
 
 static void evict_one(struct libtag_quarantine_ring *q)
 {
+    TAG_ASSERT(q->count > 0 && q->count <= RING_SLOTS && q->head < RING_SLOTS);
     struct libtag_qentry e = q->e[q->head];
     void *user = (void *)(uintptr_t)e.user;
     /* count first: in between, the range lacks the newest entry (still
@@ -129,6 +131,8 @@ void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uin
     }
     while (q->count == RING_SLOTS || (q->count && q->bytes + size > _tag_opt.quarantine_bytes))
         evict_one(q);
+    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= _tag_opt.quarantine_bytes);
+    TAG_ASSERT(_tag_state(tag) == TAG_STATE_FREED);
     struct libtag_qentry *e = &q->e[(q->head + q->count) % RING_SLOTS];
     e->user = (uint64_t)(uintptr_t)user;
     e->rec.free_stack = free_stack;

@@ -71,6 +71,8 @@ void _tag_thread_register(void)
         r = &overflow_record;
         t->overflow_rec = 1;
     }
+    /* records are never reused: a counter or a reader would mix threads */
+    TAG_ASSERT(t->overflow_rec || __atomic_load_n(&r->tid, __ATOMIC_RELAXED) == 0);
     r->shadow = (uint64_t)(uintptr_t)&t->shadow;
     /* glibc puts a thread's descriptor at the top of its stack block, so
      * pthread_self() bounds the stack of every thread but the main one,

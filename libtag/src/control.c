@@ -36,7 +36,7 @@ static uint64_t clock_ns(clockid_t id)
  * CONFIG_ANON_VMA_NAME. */
 void *_tag_map(size_t bytes, int noreserve)
 {
-    size_t page = 4096, len = (bytes + page - 1) & ~(page - 1);
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
     char *p = mmap(NULL, len + 2 * page, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
@@ -54,13 +54,8 @@ void *_tag_map(size_t bytes, int noreserve)
 
 void _tag_unmap(void *addr, size_t bytes)
 {
-    size_t page = 4096, len = (bytes + page - 1) & ~(page - 1);
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
     munmap((char *)addr - page, len + 2 * page);
-}
-
-uint32_t _tag_now_ms(void)
-{
-    return (uint32_t)((clock_ns(CLOCK_MONOTONIC_COARSE) - _tag_ctl.start_mono_ns) / 1000000u);
 }
 
 static uint64_t random_secret(void)

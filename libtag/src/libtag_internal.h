@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
 #include "tag_abi.h"
 
 #define TAG_EXPORT  __attribute__((visibility("default")))
@@ -25,6 +27,9 @@
 #define TAG_PAGE_SIZE 4096u
 /* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
 #define TAG_NSIG 65
+/* The real-time signal libtag stops threads with for a snapshot (each saves
+ * its registers), and which takes forensics' reap requests (snapshot.c). */
+#define TAG_REGS_SIGNAL (SIGRTMAX - 1)
 
 /* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
  * which CI runs once); compiled out otherwise.  A failure writes one line
@@ -57,7 +62,7 @@ struct tag_options {
 extern struct tag_options _tag_opt;
 /* Parse LIBTAG_* from the environment; a bad value is reported once and
  * libtag refuses to start (the process exits 2). No malloc. */
-void _tag_options_init(void);
+TAG_COLD void _tag_options_init(void);
 
 /* ------------------------------------------------------------- log.c */
 /* Format into a stack buffer and write(2) to stderr: %s %d %u %x %p %lu %lx.
@@ -70,18 +75,26 @@ size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
 
 /* ---------------------------------------------------------- control.c */
 extern struct libtag_control _tag_ctl;
-void _tag_init(void);            /* idempotent, thread-safe */
+TAG_COLD void _tag_init(void);   /* idempotent, thread-safe */
 extern int _tag_ready;           /* 1 once _tag_init finished */
 static inline void _tag_ensure_init(void)
 {
     if (TAG_UNLIKELY(!__atomic_load_n(&_tag_ready, __ATOMIC_ACQUIRE)))
         _tag_init();
 }
-uint32_t _tag_now_ms(void);      /* ms since start_mono_ns */
+/* ms since start_mono_ns: on every allocation and free, so inline (the
+ * clock is the vDSO's, no system call). */
+TAG_INLINE uint32_t _tag_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
+}
 /* Memory of libtag's own (tables, rings), fenced by guard pages; NULL on
  * failure.  No malloc. */
-void *_tag_map(size_t bytes, int noreserve);
-void _tag_unmap(void *addr, size_t bytes);
+TAG_COLD void *_tag_map(size_t bytes, int noreserve);
+TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
 /* ----------------------------------------------------------- thread.c */
 struct tag_tls {
@@ -106,9 +119,9 @@ struct tag_tls {
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
-void _tag_thread_register(void);     /* first libtag use in a thread */
-void _tag_threads_init(void);        /* reserve records; no malloc */
-void _tag_threads_late_init(void);   /* pthread key, atfork: after libc init */
+TAG_COLD void _tag_thread_register(void);    /* first libtag use in a thread */
+TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
+TAG_COLD void _tag_threads_late_init(void);  /* pthread key, atfork: after libc init */
 static inline struct tag_tls *_tag_self(void)
 {
     struct tag_tls *t = &_tag_tls;
@@ -129,15 +142,15 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame);
 /* Is a release of a block made as alloc_kind by a function expecting
  * dealloc one libtag can call a mismatch?  (Not when the program replaces
  * operator new or delete itself.) */
-int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
+TAG_COLD int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
 
 /* ------------------------------------------------------ stack_table.c */
 void _tag_stack_table_init(uint32_t capacity);
 /* Intern (parent, kind, pc) and return its id.  Lock-free on hits; inserts
  * take the table lock.  Returns 0 (the root) and counts stack_full when the
  * table is full.  The caller has missed the per-thread cache entry c. */
-uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
-                          uint64_t pc, unsigned c);
+TAG_COLD uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+                                   uint64_t pc, unsigned c);
 
 /* The per-thread cache in front of the table: a capture does several of
  * these per allocation, so the hit path is a few shifts and compares,
@@ -168,7 +181,7 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
 void _tag_sweep_remember(struct tag_tls *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
-void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
 /* Copy n iovecs of the process's own memory with process_vm_readv, so an
  * unmapped or unreadable address shortens the copy instead of faulting.
  * Returns the iovecs handled; one that faulted gets local iov_len 0.
@@ -204,13 +217,47 @@ static inline int _tag_reported(const struct libtag_tag *t)
 {
     return (t->size_state & TAG_FLAG_REPORTED) != 0;
 }
-/* Is user a live/freed block of ours?  Reads only memory on user's page
- * or, when the tag straddles a page, checks the page is mapped first. */
-enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
-enum tag_lookup _tag_lookup(const void *user);
 /* Does a tag at tag_addr validate (magic, check, a known state)? */
-int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t);
-int _tag_canary_ok(const void *user);
+TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
+{
+    uint32_t state = _tag_state(t);
+    return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
+           t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
+}
+/* Is the page holding addr mapped (mincore)?  errno is kept. */
+int _tag_page_mapped(const void *addr);
+/* Is user a live/freed block of ours?  Reads only memory on user's page
+ * or, when the tag may lie on another page or in a chunk free() may have
+ * unmapped, checks that page is mapped first:
+ * - the tag starts on the page before user (user in a page's first 32
+ *   bytes): user may not be ours at all;
+ * - user is in a page's first 64 bytes: that is where glibc puts an
+ *   mmap'ed chunk (a large block), which free() munmaps - a second free()
+ *   of it must be reported, not fault.
+ * A system call for 1 in 64 pointers; none for the rest.  Inline: every
+ * free() and realloc() starts here. */
+enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
+TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    uintptr_t u = (uintptr_t)user;
+    if ((u & 15) != 0 || u < TAG_PAGE_SIZE + sizeof *t)
+        return TAG_NOT_OURS;
+    if (TAG_UNLIKELY((u & (TAG_PAGE_SIZE - 1)) < 64) && !_tag_page_mapped(t))
+        return TAG_NOT_OURS;
+    if (!_tag_valid_at((uint64_t)u - sizeof *t, t))
+        return TAG_NOT_OURS;
+    return _tag_state(t) == TAG_STATE_LIVE ? TAG_IS_LIVE : TAG_IS_FREED;
+}
+/* Does a live block's canary hold its value?  Inline, as _tag_lookup. */
+TAG_INLINE int _tag_canary_ok(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    uint64_t want = tag_canary_value((uint64_t)(uintptr_t)t, _tag_ctl.secret);
+    uint64_t have;
+    memcpy(&have, (const char *)user + _tag_size(t), sizeof have);
+    return have == want;
+}
 /* The first damaged byte of a live block's canary, as an offset from the
  * canary's start (0..7); the canary must be known to be bad. */
 unsigned _tag_canary_damage(const void *user);
@@ -227,7 +274,7 @@ size_t _tag_freed_damage(const void *user);
 /* Undo damage to the last bytes of a tag (an underflow of up to 4 bytes hits
  * only pad, which is 0 or an alignment minus 32): on success *t is the
  * original tag and 1 is returned; otherwise *t is unchanged. */
-int _tag_recover(uint64_t tag_addr, struct libtag_tag *t);
+TAG_COLD int _tag_recover(uint64_t tag_addr, struct libtag_tag *t);
 /* A pointer whose tag does not validate reached free(), realloc(), or the
  * end of the quarantine: find what damaged the tag and report it - an
  * overflow of the block before (once: not again if it was reported), or an
@@ -242,10 +289,10 @@ enum tag_damage {
                                  TAG_FLAG_REPORTED, in its state (live or
                                  freed): go on with it */
 };
-enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec,
-                             void *ret, void *frame);
+TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec,
+                                      void *ret, void *frame);
 /* Count a chunk deliberately never handed back to the real allocator. */
-void _tag_leak_damaged(uint64_t bytes);
+TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 
 /* -------------------------------------------------------- quarantine.c */
 /* Put a freed block (freed by this thread, now, from free_stack) and its
@@ -258,10 +305,10 @@ void _tag_quarantine_flush(struct tag_tls *t);
 void _tag_quarantine_drain(struct tag_tls *t);
 /* The free record of a quarantined block, from whichever thread's ring
  * holds it; 0 if none does.  Rare path (reads rings with _tag_copy_own). */
-int _tag_quarantine_find(const void *user, struct libtag_free_rec *out);
+TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out);
 /* In the snapshot child: check every quarantined block's pattern, record
  * what is found in the control block.  No locks, no malloc. */
-void _tag_quarantine_check_all(void);
+TAG_COLD void _tag_quarantine_check_all(void);
 /* Hand a block back to the real allocator, or leak it when its tag says it
  * was damaged (TAG_FLAG_REPORTED). */
 void _tag_real_release(void *user);
@@ -278,24 +325,31 @@ struct tag_report {
 };
 /* Record an anomaly and act on LIBTAG_ON_ANOMALY.  Returns when the faulty
  * operation should be skipped; does not return with abort. */
-void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
+TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
 /* "double-free", ... as in the snapshot directory names and the JSON. */
 const char *_tag_anomaly_name(uint32_t kind);
 
 /* -------------------------------------------------------- snapshot.c */
-int _tag_snapshot(uint32_t reason);
-void _tag_snapshot_init(void);       /* signal handler; after libc init */
-void _tag_snapshot_reap(void);       /* collect exited snapshot children */
-extern int _tag_snapshot_pending;    /* children not collected yet */
-void _tag_die(int sig);              /* default action of sig, now */
+TAG_COLD int _tag_snapshot(uint32_t reason);
+TAG_COLD void _tag_snapshot_init(void);   /* signal handler; after libc init */
+TAG_COLD void _tag_snapshot_reap(void);   /* collect exited snapshot children */
+extern int _tag_snapshot_pending;         /* children not collected yet */
+void _tag_die(int sig);                   /* default action of sig, now */
+/* Save the registers of a signal context into a thread record (the order
+ * of struct user_regs_struct).  Async-signal-safe. */
+struct ucontext_t;
+void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc);
+/* The crash hook, with LIBTAG_DIR set: make the crash core land in a new
+ * snapshot directory.  Async-signal-safe; 0 or -errno. */
+TAG_COLD int _tag_crash_dir(void);
 
 /* ---------------------------------------------------------- redact.c */
 /* In the snapshot child: blank every tagged block's payload (its own copy
  * of memory) so the core keeps only tags and metadata. */
-void _tag_redact_payloads(void);
+TAG_COLD void _tag_redact_payloads(void);
 
 /* ----------------------------------------------------------- crash.c */
-void _tag_crash_init(void);
+TAG_COLD void _tag_crash_init(void);
 
 /* The real allocator (glibc exports these; no dlsym bootstrap needed). */
 extern void *__libc_malloc(size_t);

@@ -40,7 +40,6 @@
 #include "corewrite.h"
 #include "libtag_internal.h"
 
-#define REGS_SIGNAL (SIGRTMAX - 1)
 #define MAX_PENDING 64
 
 static int busy;                    /* a snapshot is being taken */
@@ -75,7 +74,7 @@ static uint64_t mono_ns(void)
 /* ---------------------------------------------------------------------
  * Registers.  The order is struct user_regs_struct, as in a core's
  * NT_PRSTATUS note. */
-void _tag_save_regs(struct libtag_thread *r, const ucontext_t *uc)
+void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
 {
     const greg_t *g = uc->uc_mcontext.gregs;
     uint64_t *o = r->regs;
@@ -145,7 +144,7 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
                 tid = tid * 10 + (uint32_t)(*p - '0');
             if (tid == 0 || tid == self)
                 continue;
-            if (syscall(SYS_tgkill, pid, tid, REGS_SIGNAL) == 0)
+            if (syscall(SYS_tgkill, pid, tid, TAG_REGS_SIGNAL) == 0)
                 sent++;
         }
     }
@@ -634,7 +633,7 @@ void _tag_snapshot_init(void)
     sa.sa_sigaction = regs_handler;
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigfillset(&sa.sa_mask);
-    __sigaction(REGS_SIGNAL, &sa, NULL);
+    __sigaction(TAG_REGS_SIGNAL, &sa, NULL);
     if (_tag_opt.signal) {
         sa.sa_sigaction = snapshot_handler;
         __sigaction(_tag_opt.signal, &sa, NULL);

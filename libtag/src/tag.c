@@ -26,22 +26,11 @@ void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
     t->magic = TAG_MAGIC;
 }
 
-/* Before touching a tag, make sure its page is mapped (mincore fails with
- * ENOMEM on unmapped memory) when it may not be:
- * - the tag starts on the page before user (user in a page's first 32
- *   bytes): user may not be ours at all;
- * - user is in a page's first 64 bytes: that is where glibc puts an
- *   mmap'ed chunk (a large block), which free() munmaps - a second free()
- *   of it must be reported, not fault.
- * A system call for 1 in 64 pointers; none for the rest. */
-static int tag_readable(const struct libtag_tag *t, const void *user)
+int _tag_page_mapped(const void *addr)
 {
-    uintptr_t u = (uintptr_t)user;
-    if ((u & 4095) >= 64)
-        return 1;
     unsigned char vec;
     int saved = errno;
-    int ok = mincore((void *)(((uintptr_t)t) & ~(uintptr_t)4095), 1, &vec) == 0;
+    int ok = mincore((void *)((uintptr_t)addr & ~(uintptr_t)(TAG_PAGE_SIZE - 1)), 1, &vec) == 0;
     errno = saved;
     return ok;
 }
@@ -51,42 +40,6 @@ void _tag_set_bits(void *user, uint64_t clear, uint64_t set)
     struct libtag_tag *t = _tag_of(user);
     t->size_state = (t->size_state & ~clear) | set;
     t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
-}
-
-int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
-{
-    uint32_t state = _tag_state(t);
-    return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
-           t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
-}
-
-enum tag_lookup _tag_lookup(const void *user)
-{
-    const struct libtag_tag *t = _tag_of(user);
-    if (((uintptr_t)user & 15) != 0 || (uintptr_t)user < 4096 + sizeof *t)
-        return TAG_NOT_OURS;
-    if (!tag_readable(t, user))
-        return TAG_NOT_OURS;
-    if (t->magic != TAG_MAGIC ||
-        t->check != tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t))
-        return TAG_NOT_OURS;
-    switch (_tag_state(t)) {
-    case TAG_STATE_LIVE:
-        return TAG_IS_LIVE;
-    case TAG_STATE_FREED:
-        return TAG_IS_FREED;
-    default:
-        return TAG_NOT_OURS;
-    }
-}
-
-int _tag_canary_ok(const void *user)
-{
-    const struct libtag_tag *t = _tag_of(user);
-    uint64_t want = tag_canary_value((uint64_t)(uintptr_t)t, _tag_ctl.secret);
-    uint64_t have;
-    memcpy(&have, (const char *)user + _tag_size(t), sizeof have);
-    return have == want;
 }
 
 /* The first damaged canary byte (0..7) of a block whose canary is bad. */
@@ -122,20 +75,21 @@ void _tag_write_freed(void *user)
     t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
 }
 
+/* What the fill must still hold: one page of it, compared with glibc's
+ * memcmp (vectorised; async-signal-safe, so the snapshot child may too). */
+static const unsigned char free_pattern[TAG_PAGE_SIZE] = {[0 ... TAG_PAGE_SIZE - 1] = TAG_FREE_PATTERN};
+
 size_t _tag_freed_damage(const void *user)
 {
     const unsigned char *p = user;
-    size_t n = _tag_fill_len(_tag_of(user)), i = 0;
-    const uint64_t pat = 0x0101010101010101ull * TAG_FREE_PATTERN;
-    /* 32 bytes a step, one branch per step: this runs at every eviction */
-    for (; i + 32 <= n; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, sizeof w);
-        if (((w[0] ^ pat) | (w[1] ^ pat) | (w[2] ^ pat) | (w[3] ^ pat)) != 0)
-            break;
-    }
-    for (; i < n; i++)
-        if (p[i] != TAG_FREE_PATTERN)
+    size_t n = _tag_fill_len(_tag_of(user));
+    for (size_t i = 0; i < n; i += sizeof free_pattern) {
+        size_t k = n - i < sizeof free_pattern ? n - i : sizeof free_pattern;
+        if (TAG_UNLIKELY(memcmp(p + i, free_pattern, k) != 0)) {
+            while (p[i] == TAG_FREE_PATTERN)
+                i++;
             return i;
+        }
+    }
     return TAG_INTACT;
 }

@@ -31,6 +31,8 @@ MAIN_TID = 4242
 LIBTAG_DATA = 0x7F0000000000  # libtag's .data/.bss: the control block
 STACK_TABLE = 0x7F0000100000
 THREAD_RECORDS = 0x7F0000200000
+QUARANTINE = 0x7F0000300000  # the main thread's quarantine ring
+FILL = 256  # control.quarantine_fill: freed payload bytes patterned
 HEAP = 0x555500100000
 GLOBALS = 0x555500000000  # the program's writable data
 STACK = 0x7FFF00000000
@@ -81,6 +83,7 @@ class FakeProcess:
         self.start_realtime_ns = start_realtime_ns
         self.pid = pid
         self.anomaly: dict | None = None
+        self.ring: list[dict] = []  # the main thread's quarantine entries, oldest first
         self.thread(MAIN_TID)
 
     # -- the heap --------------------------------------------------------
@@ -88,7 +91,8 @@ class FakeProcess:
     def block(self, offset: int, size: int, *, tid: int = MAIN_TID, stack: int = 0, time: int = 0,
               freed: tuple[int, int, int] | None = None, canary: bool = True) -> int:
         """A block whose tag starts at heap offset `offset` (16-aligned);
-        freed = (free_stack, free_tid, free_time) for one in quarantine.
+        freed = (free_stack, free_tid, free_time) for one in quarantine: its
+        payload patterned, its free record in the quarantine ring.
         Returns the user pointer."""
         tag_addr = HEAP + offset
         state = abi.TAG_STATE_FREED if freed else abi.TAG_STATE_LIVE
@@ -100,8 +104,9 @@ class FakeProcess:
         if freed:
             rec = dict(free_stack=freed[0], free_tid=freed[1], free_time=freed[2], check=0)
             rec["check"] = abi.free_rec_check_value(tag_addr, SECRET, abi.FreeRec.parse(abi.FreeRec.build(rec)))
-            self.put(user, abi.FreeRec.build(rec))
-        elif canary:
+            self.put(user, bytes([abi.TAG_FREE_PATTERN]) * min(size, FILL))
+            self.ring.append(dict(user=HEAP + user, rec=rec))
+        if canary:
             self.put(user + size, abi.tag_canary_value(tag_addr, SECRET).to_bytes(8, "little"))
         return HEAP + user
 
@@ -139,7 +144,8 @@ class FakeProcess:
         regs[19] = STACK + sp_offset  # rsp (user_regs_struct order)
         self.threads.append(dict(tid=tid, flags=abi.TAG_THREAD_REGS, shadow=0, allocs=0, frees=0,
                                  alloc_bytes=0, free_bytes=0, stack_hi=STACK + len(self.stack),
-                                 regs=regs, quarantine=0, reserved=0))
+                                 regs=regs, quarantine=QUARANTINE if tid == MAIN_TID else 0,
+                                 reserved=0))
 
     # -- the image ---------------------------------------------------------
 
@@ -152,6 +158,7 @@ class FakeProcess:
             secret=SECRET, start_realtime_ns=self.start_realtime_ns, pid=self.pid,
             stack_nodes=STACK_TABLE, stack_capacity=len(self.nodes), stack_count=len(self.nodes),
             threads=THREAD_RECORDS, thread_capacity=len(self.threads), thread_count=len(self.threads),
+            quarantine_fill=FILL,
             reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID)
         if self.anomaly:
             control["anomaly"].update(self.anomaly)
@@ -161,10 +168,15 @@ class FakeProcess:
         nodes = b"".join(abi.StackNode.build(dict(pc=pc, parent=parent, kind=kind))
                          for pc, parent, kind in self.nodes)
         records = b"".join(abi.ThreadRecord.build(t) for t in self.threads)
+        ring = _zero(abi.QuarantineRing)
+        ring["count"] = len(self.ring)
+        for i, e in enumerate(self.ring):
+            ring["e"][i] = e
         return FakeMemory([
             (LIBTAG_DATA, libtag, True, "/fake/libtag.so"),
             (STACK_TABLE, nodes, True, None),
             (THREAD_RECORDS, records, True, None),
+            (QUARANTINE, abi.QuarantineRing.build(ring), True, None),
             (GLOBALS, self.globals, True, "/fake/program"),
             (HEAP, self.heap, True, "[heap]"),
             (STACK, self.stack, True, "[stack]"),
@@ -183,7 +195,8 @@ def _zero(struct) -> dict:
         if isinstance(con, Struct):
             out[sub.name] = _zero(con)
         elif isinstance(con, Array):
-            out[sub.name] = [0] * con.count
+            out[sub.name] = [_zero(con.subcon) if isinstance(con.subcon, Struct) else 0
+                             for _ in range(con.count)]
         elif isinstance(con, Bytes):
             out[sub.name] = bytes(con.length)
         else:

@@ -43,6 +43,8 @@ class Control:
     crash_signal: int
     crash_tid: int
     crash_address: int
+    latent_uaf: int
+    damaged_leaked: int
 
 
 def read_control(core_path: os.PathLike | str) -> Control:
@@ -66,7 +68,8 @@ def read_control(core_path: os.PathLike | str) -> Control:
     assert len(hits) == 1, f"expected exactly 1 control block in {core_path}, found {len(hits)}"
     vaddr, c = hits[0]
     return Control(vaddr, c.pid, c.reason, c.snapshot_seq, c.anomaly_count, c.anomaly.kind, c.anomaly.tid,
-                   c.anomaly.address, c.anomaly.block, c.crash.signal, c.crash.tid, c.crash.address)
+                   c.anomaly.address, c.anomaly.block, c.crash.signal, c.crash.tid, c.crash.address,
+                   c.latent_uaf, c.damaged_leaked)
 
 
 def core_pattern() -> str:

@@ -4,7 +4,7 @@ thread's logical stack - as the inspect document (docs/json.md, "inspect")."""
 
 from __future__ import annotations
 
-from forensics.answers.shapes import block_json, frames_json, hexaddr
+from forensics.answers.shapes import block_json, frames_json, hexaddr, iso_time
 from forensics.reader import abi
 from forensics.reader.dump import Dump
 
@@ -60,6 +60,15 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
             "block": block_json(block, dump.stack, offset=a.address - block.start) if block else None,
             "stack": frames_json(dump.stack(a.stack)),
             "thread": a.thread,
+            "time": iso_time(a.time_ns),
+            "time_ms": a.time_ms,
+            # address - block start (negative: below it, -1 for p[-1]);
+            # None when the block is unknown (its tag damaged beyond repair)
+            "offset": a.address - block.start if block else None,
+            "written": a.written.hex() if a.written is not None else None,
+            "dealloc": a.dealloc,
+            "access": a.access,
+            "pc": hexaddr(a.pc),
         })
 
     crash = None

@@ -585,48 +585,11 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
     return out
 
 
-def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
-    """(offset of _tag_tls in libtag's TLS block, size of the block) from
-    libtag.so's PT_TLS program header and symbol table; None if unreadable."""
-    from elftools.elf.elffile import ELFFile
-
-    f = open_regular(path)
-    if f is None:
-        return None
-    try:
-        with f:
-            tls = [p for p in elf.file_program_headers(f) or () if p.p_type == elf.PT_TLS]
-            if not tls:
-                return None
-            tab = ELFFile(f).get_section_by_name(".symtab")
-            syms = tab.get_symbol_by_name("_tag_tls") if tab is not None else None
-            return (int(syms[0]["st_value"]) if syms else 0), int(tls[0].p_memsz)
-    except Exception:  # noqa: BLE001 - pyelftools raises its own errors on a damaged file
-        return None
-
-
 def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
-    """[start, end) of libtag's static TLS block in every thread: its struct
-    tag_tls holds shadow stacks, caches and the thread's last allocations
-    (for the overflow sweep) - libtag's references, not the program's.  The
-    thread record's shadow field is the address of that struct."""
-    heap = dump.heap
-    region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
-    layout = _libtag_tls_layout(region.path) if region is not None and region.path else None
-    recs = heap.thread_records()
-    if recs is None:
-        return []
-    off, size = layout if layout is not None else (0, 0)
-    out = []
-    for r in recs:
-        shadow = int(r["shadow"])
-        if not shadow or not int(r["tid"]):
-            continue
-        if size:
-            out.append((shadow - off, shadow - off + size))
-        else:  # no ELF to read: at least the shadow stack the ABI describes
-            out.append((shadow, shadow + abi.SHADOW_SIZE))
-    return out
+    """[start, end) of libtag's per-thread block in every thread (struct
+    tag_tls: shadow stacks, caches, the last allocations for the overflow
+    sweep): libtag's references, not the program's (Heap.libtag_tls_ranges)."""
+    return dump.heap.libtag_tls_ranges()
 
 
 def _u64(mem, addr: int) -> int | None:

@@ -52,7 +52,16 @@ def block_json(
             frames_json(frames_fn(block.free_stack)) if freed and block.free_stack is not None else None
         ),
         "free_thread": block.free_thread if freed else None,
+        "alloc_kind": block.alloc_kind,
     }
 
 
-__all__ = ["block_json", "frame_json", "frames_json", "hexaddr"]
+def iso_time(ns: int) -> str:
+    """A wall-clock time (ns since the epoch) as ISO-8601 UTC with milliseconds."""
+    from datetime import datetime, timezone
+
+    t = datetime.fromtimestamp(ns // 1_000_000 / 1000, timezone.utc)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+__all__ = ["block_json", "frame_json", "frames_json", "hexaddr", "iso_time"]

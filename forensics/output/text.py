@@ -193,7 +193,17 @@ def show_inspect(doc: dict) -> None:
         con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
     for a in doc.get("anomalies", []):
         con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} in thread {a.get('thread')}")
-        con.print(stack_tree("detected at", a["stack"]))
+        facts = [f"at {a['time']}"] if a.get("time") else []
+        if a.get("offset") is not None:
+            facts.append(f"offset {a['offset']} in the block")
+        if a.get("written"):
+            facts.append(f"bytes written {a['written']}")
+        if a.get("dealloc"):
+            facts.append(f"allocated as {a['block']['alloc_kind'] if a.get('block') else '?'}, "
+                         f"released with {a['dealloc']}")
+        if facts:
+            con.print("  " + "; ".join(facts))
+        con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
         if a.get("block"):
             for item in _block_lines(a["block"]):
                 con.print(item)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --------------------------------------------------------------- constants --
 
-TAG_ABI_VERSION = 1
+TAG_ABI_VERSION = 2
 
 TAG_MAGIC = 0x6754614C  # bytes "LaTg"
 TAG_MIN_PAYLOAD = 16
@@ -32,7 +32,31 @@ TAG_CANARY_SIZE = 8
 TAG_FREE_PATTERN = 0xFD
 TAG_SIZE_MASK = 0x0000FFFFFFFFFFFF
 TAG_STATE_SHIFT = 48
-TAG_FLAG_REPORTED = 1 << 56  # an overflow of this block was reported already
+TAG_FLAG_REPORTED = 1 << 56  # damage to this block was reported; libtag keeps it from glibc
+TAG_ALLOC_SHIFT = 57  # size_state bits 57..59: how the block was allocated
+TAG_ALLOC_MASK = 7
+TAG_FLAG_BITS = 0x1F << 56  # bits 56..60 are flags and the alloc kind; 61..63 are zero
+
+TAG_ALLOC_MALLOC = 0
+TAG_ALLOC_NEW = 1
+TAG_ALLOC_NEW_ARRAY = 2
+TAG_ALLOC_NEW_ALIGNED = 3
+TAG_ALLOC_NEW_ARRAY_ALIGNED = 4
+ALLOC_KIND_NAMES = {
+    TAG_ALLOC_MALLOC: "malloc",
+    TAG_ALLOC_NEW: "new",
+    TAG_ALLOC_NEW_ARRAY: "new[]",
+    TAG_ALLOC_NEW_ALIGNED: "new-aligned",
+    TAG_ALLOC_NEW_ARRAY_ALIGNED: "new[]-aligned",
+}
+# how a block of each kind must be released (the function an anomaly's dealloc names)
+DEALLOC_NAMES = {
+    TAG_ALLOC_MALLOC: "free",
+    TAG_ALLOC_NEW: "delete",
+    TAG_ALLOC_NEW_ARRAY: "delete[]",
+    TAG_ALLOC_NEW_ALIGNED: "delete-aligned",
+    TAG_ALLOC_NEW_ARRAY_ALIGNED: "delete[]-aligned",
+}
 
 TAG_STATE_LIVE = 1
 TAG_STATE_FREED = 2
@@ -54,7 +78,7 @@ TAG_NREGS = 27
 TAG_QUARANTINE_SLOTS = 4096
 TAG_REAP_REQUEST = 0x52454150  # sigqueue value: reap finished snapshot children
 TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
-TAG_QUARANTINE_BYTES = 16 + 8 * TAG_QUARANTINE_SLOTS
+TAG_QUARANTINE_BYTES = 16 + 24 * TAG_QUARANTINE_SLOTS  # struct libtag_quarantine_ring
 
 TAG_CONTROL_MAGIC = b"LIBTAG-CONTROL-1"  # 16 bytes, no NUL stored
 
@@ -68,12 +92,21 @@ TAG_ANOMALY_DOUBLE_FREE = 1
 TAG_ANOMALY_INVALID_FREE = 2
 TAG_ANOMALY_HEAP_OVERFLOW = 3
 TAG_ANOMALY_USE_AFTER_FREE = 4
+TAG_ANOMALY_HEAP_UNDERFLOW = 5
+TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH = 6
+
+TAG_ACCESS_NONE = 0
+TAG_ACCESS_READ = 1
+TAG_ACCESS_WRITE = 2
+ACCESS_NAMES = {TAG_ACCESS_READ: "read", TAG_ACCESS_WRITE: "write"}
 
 ANOMALY_NAMES = {
     TAG_ANOMALY_DOUBLE_FREE: "double-free",
     TAG_ANOMALY_INVALID_FREE: "invalid-free",
     TAG_ANOMALY_HEAP_OVERFLOW: "heap-overflow",
     TAG_ANOMALY_USE_AFTER_FREE: "use-after-free",
+    TAG_ANOMALY_HEAP_UNDERFLOW: "heap-underflow",
+    TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH: "alloc-dealloc-mismatch",
 }
 REASON_NAMES = {
     TAG_REASON_NONE: "none",
@@ -104,7 +137,7 @@ def snapshot_dir_reasons() -> tuple[str, ...]:
 Tag = Struct(
     "magic" / Int32ul,  # TAG_MAGIC
     "check" / Int32ul,  # tag_check_value()
-    "size_state" / Int64ul,  # bits 0..47 size, 48..55 state
+    "size_state" / Int64ul,  # bits 0..47 size, 48..55 state, 56..60 flags and alloc kind
     "alloc_stack" / Int32ul,  # stack id, 0 = none
     "alloc_tid" / Int32ul,  # kernel tid
     "alloc_time" / Int32ul,  # ms since start_mono_ns
@@ -116,6 +149,18 @@ FreeRec = Struct(
     "free_tid" / Int32ul,
     "free_time" / Int32ul,
     "check" / Int32ul,  # free_rec_check_value()
+)
+
+QEntry = Struct(
+    "user" / Int64ul,  # user pointer of the freed block
+    "rec" / FreeRec,  # who freed it
+)
+
+QuarantineRing = Struct(
+    "head" / Int32ul,  # index of the oldest entry
+    "count" / Int32ul,  # entries held: e[(head + i) % TAG_QUARANTINE_SLOTS], i < count
+    "bytes" / Int64ul,
+    "e" / Array(TAG_QUARANTINE_SLOTS, QEntry),
 )
 
 StackNode = Struct(
@@ -157,6 +202,9 @@ Anomaly = Struct(
     "time" / Int32ul,
     "tag" / Tag,
     "free_rec" / FreeRec,
+    "access" / Int32ul,  # TAG_ACCESS_*
+    "dealloc" / Int32ul,  # alloc-dealloc-mismatch: the TAG_ALLOC_* the releasing function expects
+    "pc" / Int64ul,  # faulting instruction, 0 = none
 )
 
 Crash = Struct(
@@ -199,6 +247,10 @@ Control = Struct(
     "anomaly_count" / Int32ul,
     "anomaly" / Anomaly,
     "crash" / Crash,
+    "tls_bytes" / Int32ul,  # libtag's per-thread block from each record's shadow address
+    "latent_uaf" / Int32ul,  # snapshot core: quarantined blocks found written after free
+    "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
+    "damaged_bytes" / Int64ul,
 )
 
 TAG_SIZE = Tag.sizeof()  # 32
@@ -206,7 +258,8 @@ FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
 SHADOW_SIZE = Shadow.sizeof()  # 5144
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
-CONTROL_SIZE = Control.sizeof()  # 272
+QENTRY_SIZE = QEntry.sizeof()  # 24
+CONTROL_SIZE = Control.sizeof()  # 312
 
 STRUCTS = {
     "libtag_tag": Tag,
@@ -214,6 +267,8 @@ STRUCTS = {
     "libtag_stack_node": StackNode,
     "libtag_shadow": Shadow,
     "libtag_thread": ThreadRecord,
+    "libtag_qentry": QEntry,
+    "libtag_quarantine_ring": QuarantineRing,
     "libtag_anomaly": Anomaly,
     "libtag_crash": Crash,
     "libtag_control": Control,
@@ -221,15 +276,25 @@ STRUCTS = {
 
 
 
-def numpy_dtype(struct: Struct) -> np.dtype:
+def numpy_dtype(struct: Struct, *, flat: bool = False) -> np.dtype:
     """The numpy dtype of a Struct above, for bulk reads: the same fields at
-    the same offsets (unnamed padding stays a gap), derived, never restated."""
+    the same offsets (unnamed padding stays a gap), derived, never restated.
+    flat: the fields of a nested Struct become fields of their own (a ring
+    entry's "rec" gives free_stack, free_tid, free_time, check)."""
     names, formats, offsets, off = [], [], [], 0
     for sub in struct.subcons:
         if sub.name and not sub.name.startswith("_"):
-            names.append(sub.name)
-            formats.append(_numpy_format(sub.subcon))
-            offsets.append(off)
+            if flat and isinstance(sub.subcon, Struct):
+                inner = numpy_dtype(sub.subcon, flat=True)
+                for name in inner.names:
+                    fmt, inner_off = inner.fields[name][:2]
+                    names.append(name)
+                    formats.append(fmt)
+                    offsets.append(off + inner_off)
+            else:
+                names.append(sub.name)
+                formats.append(_numpy_format(sub.subcon))
+                offsets.append(off)
         off += sub.sizeof()
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": off})
 
@@ -249,6 +314,8 @@ def _numpy_format(con: Any) -> Any:
 
 STACK_NODE_DTYPE = numpy_dtype(StackNode)
 THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
+QENTRY_DTYPE = numpy_dtype(QEntry, flat=True)  # user, free_stack, free_tid, free_time, check
+assert TAG_QUARANTINE_BYTES == QuarantineRing.sizeof()
 
 
 def field_offsets(struct: Struct) -> dict[str, int]:

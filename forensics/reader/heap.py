@@ -38,7 +38,7 @@ from forensics.errors import InputError
 from forensics.reader.memory import Memory, Region, clip_regions
 from forensics.reader.model import Anomaly, Block, Crash, RawFrame, ThreadState
 
-CACHE_VERSION = 3  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile
+CACHE_VERSION = 4  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2
 MAX_STACK_NODES = 1 << 28  # options.c's bound on LIBTAG_STACK_NODES
 MAX_THREADS = 1 << 16  # far above thread.c's THREAD_CAPACITY (16384)
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
@@ -55,7 +55,8 @@ _INDEX_FIELDS = {  # name -> dtype of the index arrays (and of the cache)
     "free_stack": np.uint32,
     "free_tid": np.uint32,
     "free_time": np.uint32,
-    "free_ok": np.bool_,  # the free record validated
+    "free_ok": np.bool_,  # a free record (from a quarantine ring) validated
+    "alloc_kind": np.uint8,  # abi.TAG_ALLOC_*
 }
 
 
@@ -152,22 +153,70 @@ class Heap:
         a = self.control.anomaly
         if a.kind == abi.TAG_ANOMALY_NONE:
             return None
+        kind = abi.ANOMALY_NAMES.get(a.kind, f"anomaly-{a.kind}")
         block = None
         if a.tag.magic == abi.TAG_MAGIC and a.block:
-            block = self._block_from_copy(int(a.block), a.tag, a.free_rec)
+            block = self._block_from_copy(int(a.block), a.tag, a.free_rec, kind)
+        c = self.control
         return Anomaly(
-            kind=abi.ANOMALY_NAMES.get(a.kind, f"anomaly-{a.kind}"),
+            kind=kind,
             address=int(a.address),
             thread=int(a.tid),
             stack=int(a.stack),
             time_ms=int(a.time),
             block=block,
+            block_address=int(a.block) or None,
+            written=self._written(kind, int(a.address), block, a.tag),
+            dealloc=abi.DEALLOC_NAMES.get(int(a.dealloc)) if a.kind == abi.TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH
+            else None,
+            access=abi.ACCESS_NAMES.get(int(a.access)),
+            pc=int(a.pc) or None,
+            time_ns=int(c.start_realtime_ns) + int(a.time) * 1_000_000,
         )
 
-    def _block_from_copy(self, user: int, tag: Any, rec: Any) -> Block:
+    _WRITTEN_MAX = 16  # bytes of a damaged run shown
+
+    def _written(self, kind: str, address: int, block: Block | None, tag: Any) -> bytes | None:
+        """The bytes the program wrote where it must not, from the first
+        damaged byte (address) on, as this memory holds them: the run that
+        differs from what libtag left there (the free pattern, the canary,
+        the tag as it was), up to _WRITTEN_MAX bytes.  None when unknown (payload omitted, the memory
+        not in the core, the original not known)."""
+        if block is None or self.payload_omitted and kind == "use-after-free":
+            return None
+        if kind == "use-after-free":
+            lo = block.start
+            want = bytes([abi.TAG_FREE_PATTERN]) * min(block.size, int(self.control.quarantine_fill))
+        elif kind == "heap-overflow":
+            lo = block.end
+            want = abi.tag_canary_value(block.tag_addr, self.secret).to_bytes(8, "little")
+        elif kind == "heap-underflow":
+            lo = block.tag_addr
+            want = abi.Tag.build(tag)
+        else:
+            return None
+        off = address - lo
+        if not 0 <= off < len(want):
+            return None
+        try:
+            have = self.mem.read(lo, len(want))
+        except InputError:
+            return None
+        end = off
+        while end < min(len(want), off + self._WRITTEN_MAX) and have[end] != want[end]:
+            end += 1
+        return have[off:end] or None
+
+    def _block_from_copy(self, user: int, tag: Any, rec: Any, kind: str) -> Block | None:
+        """The block an anomaly's tag copy describes; None (with a warning)
+        when the copy does not validate - libtag found the tag damaged beyond
+        repair, and its size, stacks and thread are unknown."""
         tag_addr = user - abi.TAG_SIZE
         if abi.tag_check_value(tag_addr, self.secret, tag) != tag.check:
-            self.warnings.append(f"the anomaly's copy of the tag of {user:#x} does not validate")
+            self.warnings.append(
+                f"{kind} at {user:#x}: the block's tag was damaged beyond repair; "
+                f"its size, stacks and thread are unknown")
+            return None
         state = (tag.size_state >> abi.TAG_STATE_SHIFT) & 0xFF
         freed = state == abi.TAG_STATE_FREED
         rec_ok = freed and abi.free_rec_check_value(tag_addr, self.secret, rec) == rec.check
@@ -182,6 +231,8 @@ class Heap:
             free_time_ms=int(rec.free_time) if rec_ok else None,
             free_stack=int(rec.free_stack) if rec_ok else None,
             tag_addr=tag_addr,
+            alloc_kind=abi.ALLOC_KIND_NAMES.get(
+                (tag.size_state >> abi.TAG_ALLOC_SHIFT) & abi.TAG_ALLOC_MASK, "unknown"),
         )
 
     @property
@@ -208,6 +259,9 @@ class Heap:
             "stack_full": int(c.stack_full),
             "shadow_overflows": int(c.shadow_overflows),
             "snapshot_seq": int(c.snapshot_seq),
+            "latent_uaf": int(c.latent_uaf),
+            "damaged_leaked": int(c.damaged_leaked),
+            "damaged_bytes": int(c.damaged_bytes),
         }
 
     # -------------------------------------------------------------- reading --
@@ -309,6 +363,15 @@ class Heap:
         recs = self.thread_records()
         return [int(q) for q in recs["quarantine"] if q] if recs is not None else []
 
+    def libtag_tls_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) of libtag's per-thread block (control.tls_bytes from
+        each thread record's shadow address) in every thread that has one."""
+        recs = self.thread_records()
+        size = int(self.control.tls_bytes)
+        if recs is None or not size:
+            return []
+        return [(int(a), int(a) + size) for a, tid in zip(recs["shadow"], recs["tid"]) if a and tid]
+
     def thread_records(self) -> np.ndarray | None:
         """libtag's thread records as they are (abi.THREAD_RECORD_DTYPE, unused
         slots included), read once; None if they cannot be read."""
@@ -371,9 +434,10 @@ class Heap:
 
     def own_ranges(self) -> list[tuple[int, int]]:
         """[start, end) of libtag's own memory: the stack table, the thread
-        records, the control block and every thread's quarantine ring.  They
-        hold ids, counters and pointers to freed blocks - never the program's
-        blocks or references - so scans leave them out, byte-exactly (libtag
+        records, the control block, every thread's quarantine ring and
+        libtag's per-thread TLS block.  They hold ids, counters and pointers
+        to freed blocks - never the program's blocks or references - so scans
+        (and whoowns' referrers) leave them out, byte-exactly (libtag
         fences them with guard pages, but an older core may have merged VMAs)."""
         c = self.control
         out = [
@@ -383,6 +447,7 @@ class Heap:
         ]
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
+        out += self.libtag_tls_ranges()
         # Each table lies in its own mapping, so a range never extends past
         # the region its start is in: a corrupt capacity (0xffffffff) must not
         # make the scans skip the program's heap and stacks after it.
@@ -423,6 +488,48 @@ class Heap:
             index = {k: v[order] for k, v in index.items()}
         return index
 
+    def _ring_entries(self) -> np.ndarray:
+        """Every current entry of every thread's quarantine ring (abi.QENTRY_DTYPE):
+        the freed blocks libtag still holds and who freed each."""
+        out = []
+        for q in self._quarantines:
+            raw = self._read_array(q, 1, abi.TAG_QUARANTINE_BYTES, "a quarantine ring")
+            if len(raw) < abi.TAG_QUARANTINE_BYTES:
+                continue
+            head, count = int.from_bytes(raw[0:4], "little"), int.from_bytes(raw[4:8], "little")
+            if head >= abi.TAG_QUARANTINE_SLOTS or count > abi.TAG_QUARANTINE_SLOTS:
+                self._warn_once(f"corrupt quarantine ring at {q:#x} (head {head}, count {count}): "
+                                f"the free records it holds are not read")
+                continue
+            e = np.frombuffer(raw, abi.QENTRY_DTYPE, abi.TAG_QUARANTINE_SLOTS, 16)
+            out.append(e[(head + np.arange(count)) % abi.TAG_QUARANTINE_SLOTS])
+        return np.concatenate(out) if out else np.empty(0, abi.QENTRY_DTYPE)
+
+    def _attach_free_records(self, index: dict[str, np.ndarray]) -> None:
+        """Fill the free_* fields of the freed blocks from the rings' entries
+        whose record validates for that block (libtag keeps a free record
+        outside the block, so no write into the freed payload can erase it)."""
+        if not hasattr(self, "_ring"):
+            self._ring = self._ring_entries()
+        e = self._ring
+        if not len(e) or not len(index["start"]):
+            return
+        user = e["user"]
+        stack_tid = (e["free_tid"].astype(np.uint64) << np.uint64(32)) | e["free_stack"].astype(np.uint64)
+        ok = e["check"] == abi.np_free_rec_check(user - np.uint64(abi.TAG_SIZE), self.secret, stack_tid,
+                                                 e["free_time"])
+        e = e[ok]
+        i = np.searchsorted(index["start"], e["user"])
+        hit = i < len(index["start"])
+        hit[hit] &= index["start"][i[hit]] == e["user"][hit]
+        i, e = i[hit], e[hit]
+        freed = index["state"][i] == abi.TAG_STATE_FREED
+        i, e = i[freed], e[freed]
+        index["free_stack"][i] = e["free_stack"]
+        index["free_tid"][i] = e["free_tid"]
+        index["free_time"][i] = e["free_time"]
+        index["free_ok"][i] = True
+
     def _scan_region(self, region: Region) -> dict[str, np.ndarray] | None:
         arr = region.array
         n16 = len(arr) // 16
@@ -430,12 +537,12 @@ class Heap:
             return None
         u64 = arr[: n16 * 16].view("<u8")
         words32 = u64.view("<u4")
-        # rows[k] = the 48 bytes from slot k: the tag (32) and a free record (16).
-        # Overlapping rows: one fancy index gathers every candidate at once.
-        rows = np.lib.stride_tricks.as_strided(u64, shape=(n16 - 2, 6), strides=(16, 8), writeable=False)
+        # rows[k] = the 32 bytes of a tag at slot k.  Overlapping rows: one
+        # fancy index gathers every candidate at once.
+        rows = np.lib.stride_tricks.as_strided(u64, shape=(n16 - 1, 4), strides=(16, 8), writeable=False)
         parts = []
-        for lo in range(0, n16 - 2, _GATHER_SLOTS):
-            hi = min(lo + _GATHER_SLOTS, n16 - 2)
+        for lo in range(0, n16 - 1, _GATHER_SLOTS):
+            hi = min(lo + _GATHER_SLOTS, n16 - 1)
             ks = [
                 np.flatnonzero(words32[c * 4 : min(c + _MAGIC_SLOTS, hi) * 4 : 4] == abi.TAG_MAGIC) + c
                 for c in range(lo, hi, _MAGIC_SLOTS)
@@ -448,6 +555,7 @@ class Heap:
         if not parts:
             return None
         index = {key: np.concatenate([p[key] for p in parts]) for key in _INDEX_FIELDS}
+        self._attach_free_records(index)  # before overlaps: the newer freed tag wins
         keep = _resolve_overlaps(index)
         if keep is not None:
             index = {key: v[keep] for key, v in index.items()}
@@ -455,14 +563,15 @@ class Heap:
 
     def _validate(self, base: int, length: int, k: np.ndarray, g: np.ndarray) -> dict[str, np.ndarray] | None:
         """The index entries of the candidates at 16-byte slots k of a region at
-        base (length bytes), whose 48 bytes from the tag on are g (m x 6 words)."""
+        base (length bytes), whose tags are g (m x 4 words).  Free records
+        are filled in later, from the quarantine rings."""
         off = k.astype(np.uint64) << np.uint64(4)
         tag_addr = off + np.uint64(base)
-        g32 = g.view("<u4")  # m x 12: magic, check, size_state (2), stack, tid, time, pad, free rec (4)
+        g32 = g.view("<u4")  # m x 8: magic, check, size_state (2), stack, tid, time, pad
         size_state = g[:, 1]
         ok = g32[:, 1] == abi.np_tag_check(tag_addr, self.secret, size_state, g[:, 2], g[:, 3])
-        # bits 48..55 the state, bit 56 TAG_FLAG_REPORTED, 57..63 must be 0
-        state64 = (size_state & ~np.uint64(abi.TAG_FLAG_REPORTED)) >> np.uint64(abi.TAG_STATE_SHIFT)
+        # bits 48..55 the state; 56..60 flags and the alloc kind; 61..63 must be 0
+        state64 = (size_state & ~np.uint64(abi.TAG_FLAG_BITS)) >> np.uint64(abi.TAG_STATE_SHIFT)
         ok &= (state64 == abi.TAG_STATE_LIVE) | (state64 == abi.TAG_STATE_FREED)
         size = size_state & np.uint64(abi.TAG_SIZE_MASK)
         room = np.uint64(length - abi.TAG_SIZE) - off  # payload bytes left in the region
@@ -471,24 +580,23 @@ class Heap:
         if not len(sel):
             return None
         if len(sel) < len(ok):  # usually every candidate is a tag: no second copy then
-            g, g32, tag_addr, size, state64 = g[sel], g32[sel], tag_addr[sel], size[sel], state64[sel]
-        state = state64.astype(np.uint8)
-        free_time = g32[:, 10]
-        free_ok = (state == abi.TAG_STATE_FREED) & (
-            g32[:, 11] == abi.np_free_rec_check(tag_addr, self.secret, g[:, 4], free_time)
-        )
-        zero = np.uint32(0)
+            g32, tag_addr, size, state64, size_state = (
+                g32[sel], tag_addr[sel], size[sel], state64[sel], size_state[sel])
+        n = len(size)
+        zero32 = np.zeros(n, np.uint32)
         return {
             "start": tag_addr + np.uint64(abi.TAG_SIZE),
             "size": size,
-            "state": state,
+            "state": state64.astype(np.uint8),
             "tid": g32[:, 5].copy(),
             "alloc_time": g32[:, 6].copy(),
             "alloc_stack": g32[:, 4].copy(),
-            "free_stack": np.where(free_ok, g32[:, 8], zero),
-            "free_tid": np.where(free_ok, g32[:, 9], zero),
-            "free_time": np.where(free_ok, free_time, zero),
-            "free_ok": free_ok,
+            "free_stack": zero32,
+            "free_tid": zero32.copy(),
+            "free_time": zero32.copy(),
+            "free_ok": np.zeros(n, np.bool_),
+            "alloc_kind": ((size_state >> np.uint64(abi.TAG_ALLOC_SHIFT)) & np.uint64(abi.TAG_ALLOC_MASK)
+                           ).astype(np.uint8),
         }
 
     def _smashed_canaries(self) -> np.ndarray:
@@ -582,7 +690,8 @@ class Heap:
     @property
     def index(self) -> dict[str, np.ndarray]:
         """The sorted index arrays (read-only use): start, size, state, tid,
-        alloc_time, alloc_stack, free_stack, free_tid, free_time, free_ok."""
+        alloc_time, alloc_stack, free_stack, free_tid, free_time, free_ok,
+        alloc_kind."""
         return self._index
 
     def block(self, i: int) -> Block:
@@ -602,6 +711,7 @@ class Heap:
             free_time_ms=int(x["free_time"][i]) if fok else None,
             free_stack=int(x["free_stack"][i]) if fok else None,
             tag_addr=start - abi.TAG_SIZE,
+            alloc_kind=abi.ALLOC_KIND_NAMES.get(int(x["alloc_kind"][i]), "unknown"),
         )
 
     def blocks(self, state: str | None = None) -> Iterator[Block]:

@@ -38,6 +38,7 @@ class Block:
     free_time_ms: int | None = None
     free_stack: int | None = None
     tag_addr: int = 0
+    alloc_kind: str = "malloc"  # "malloc" | "new" | "new[]" | "new-aligned" | "new[]-aligned"
 
     @property
     def end(self) -> int:
@@ -52,11 +53,18 @@ class Anomaly:
     """The anomaly recorded in the control block."""
 
     kind: str  # "double-free" | "invalid-free" | "heap-overflow" | "use-after-free"
-    address: int  # the pointer concerned
-    thread: int  # detecting thread
+    #            | "heap-underflow" | "alloc-dealloc-mismatch"
+    address: int  # the pointer concerned, or the first damaged byte (see docs/format.md)
+    thread: int  # detecting thread (for a bad release: the releasing one)
     stack: int  # stack id of the detecting stack
     time_ms: int
-    block: Block | None = None  # from the tag copy libtag took, None if none
+    block: Block | None = None  # from the tag copy libtag took, None if none or unknown
+    block_address: int | None = None  # the block libtag named, even when its tag is unknown
+    written: bytes | None = None  # what was written at address, where known
+    dealloc: str | None = None  # mismatch: how it was released ("free", "delete", ...)
+    access: str | None = None  # "read" | "write" for a fault on a guarded block
+    pc: int | None = None  # faulting instruction
+    time_ns: int = 0  # wall clock (CLOCK_REALTIME ns) when libtag detected it
 
 
 @dataclass(frozen=True)

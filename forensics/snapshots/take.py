@@ -140,10 +140,7 @@ def snapshot_root(environ: dict[str, str]) -> Path:
 def as_seen(pid: int, root: Path) -> Path:
     """*root* as this process can reach it: itself, or through /proc/PID/root when
     the target runs in another mount namespace (a container, a private mount)."""
-    try:
-        if os.stat("/proc/self/ns/mnt").st_ino == os.stat(f"/proc/{pid}/ns/mnt").st_ino:
-            return root
-    except OSError:
+    if _same_namespace(pid, "mnt"):
         return root
     return Path(f"/proc/{pid}/root") / str(root).lstrip("/")
 
@@ -207,6 +204,32 @@ def ask_to_reap(pid: int) -> None:
         pass
 
 
+def _same_namespace(pid: int, kind: str) -> bool:
+    try:
+        return os.stat(f"/proc/self/ns/{kind}").st_ino == os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return True  # no such namespace kind here: one clock for all
+
+
+def _ours(fresh: list, sent_ns: int | None):
+    """The snapshot that answers a request sent at sent_ns: of the on-demand
+    snapshots that appeared since, oldest first, the first whose request_ns
+    is not before it.  One that started earlier answers another request (two
+    `forensics snapshot` runs may signal in either order).  None while that
+    cannot be told yet: a snapshot's info comes right after its directory,
+    and one still without info when a later one has it has failed."""
+    for i, d in enumerate(fresh):
+        info = d.read_info()
+        if not info:
+            if any(later.read_info() for later in fresh[i + 1:]):
+                continue
+            return None
+        asked = info.get("request_ns", "")
+        if sent_ns is None or not asked.isdigit() or int(asked) >= sent_ns:
+            return d
+    return None
+
+
 def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
          note=lambda msg: None, status=None) -> dict:
     """Signal *pid* for an on-demand snapshot, wait for its core, record it.
@@ -253,6 +276,11 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         exe = None
 
     before = {d.name for d in snapdir.list_dirs(seen_root, pid)}
+    # libtag writes in each on-demand snapshot's info when the oldest request
+    # it serves arrived (request_ns, CLOCK_MONOTONIC): ours is the first that
+    # started after this moment.  A monotonic clock is only comparable in
+    # one time namespace.
+    sent_ns = time.monotonic_ns() if _same_namespace(pid, "time") else None
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
@@ -266,8 +294,8 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     while snap is None:
         fresh = [d for d in snapdir.list_dirs(seen_root, pid)
                  if d.name not in before and d.reason == "on-demand"]
-        if fresh:
-            snap = fresh[0]
+        snap = _ours(fresh, sent_ns)
+        if snap is not None:
             break
         if snapdir.process_exited(pid):
             raise InputError(f"process {pid} exited before it took the snapshot")

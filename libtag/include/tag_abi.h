@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TAG_ABI_VERSION 1u
+#define TAG_ABI_VERSION 2u
 
 #ifdef __cplusplus
 #define _Static_assert static_assert  /* C++ readers include this header too */
@@ -31,14 +31,20 @@
  *
  * The user pointer is the address just after the tag and is 16-aligned (or
  * aligned as memalign & co. asked).  The payload region is never smaller than
- * TAG_MIN_PAYLOAD bytes, so a freed block always has room for its free record.
+ * TAG_MIN_PAYLOAD bytes.
  *
- * While a block is freed and waits in the quarantine, its first 16 payload
- * bytes hold a struct libtag_free_rec and the next bytes (up to the
- * quarantine fill limit) hold TAG_FREE_PATTERN.  Once the block leaves the
- * quarantine libtag hands it back to the real allocator, which overwrites the
- * tag's first 16 bytes with its own free-list links: the tag stops validating
- * and the block no longer exists for a reader.
+ * While a block is freed and waits in the quarantine, its payload from
+ * offset 0 holds TAG_FREE_PATTERN, min(size, control.quarantine_fill) bytes
+ * of it, and its free record (who freed it, when) lives outside the block,
+ * in the freeing thread's quarantine ring (struct libtag_quarantine_ring
+ * below), so no write into the freed payload can erase it.  Once the block
+ * leaves the quarantine libtag clears the tag's magic and hands the block
+ * back to the real allocator: it no longer exists for a reader.
+ *
+ * A block whose header or canary was found damaged (TAG_FLAG_REPORTED) is
+ * never handed back: glibc checks its own chunk headers, which the same
+ * write may have hit, and would abort the program.  It stays, tag and all,
+ * and control.damaged_leaked counts it.
  */
 #define TAG_MAGIC        0x6754614cu          /* bytes "LaTg" */
 #define TAG_MIN_PAYLOAD  16u
@@ -46,8 +52,23 @@
 #define TAG_FREE_PATTERN 0xfdu
 #define TAG_SIZE_MASK    0x0000ffffffffffffull /* size_state bits 0..47 */
 #define TAG_STATE_SHIFT  48
-#define TAG_FLAG_REPORTED (1ull << 56)         /* an overflow of this block
-                                                  was reported already */
+#define TAG_FLAG_REPORTED (1ull << 56)         /* damage to this block (its
+                                                  canary or its tag) was
+                                                  reported: never report it
+                                                  again, never hand it back
+                                                  to the real allocator */
+#define TAG_ALLOC_SHIFT  57                    /* size_state bits 57..59: */
+#define TAG_ALLOC_MASK   7u                    /* how it was allocated */
+/* Bit 60 is TAG_FLAG_GUARDED (guard pages); bits 61..63 are zero. */
+
+/* How a block was allocated, and so how it must be released. */
+enum libtag_alloc_kind {
+    TAG_ALLOC_MALLOC            = 0,  /* malloc family: free()/realloc() */
+    TAG_ALLOC_NEW               = 1,  /* operator new: delete */
+    TAG_ALLOC_NEW_ARRAY         = 2,  /* operator new[]: delete[] */
+    TAG_ALLOC_NEW_ALIGNED       = 3,  /* operator new(align_val_t): delete(align_val_t) */
+    TAG_ALLOC_NEW_ARRAY_ALIGNED = 4,  /* operator new[](align_val_t): delete[](align_val_t) */
+};
 
 enum libtag_state {
     TAG_STATE_LIVE  = 1,  /* handed to the program, not freed */
@@ -60,7 +81,9 @@ struct libtag_tag {
                              mismatch means user bytes or a smashed tag */
     uint64_t size_state;  /* bits 0..47: requested size in bytes (0 allowed);
                              bits 48..55: enum libtag_state; bit 56:
-                             TAG_FLAG_REPORTED; 57..63: zero */
+                             TAG_FLAG_REPORTED; 57..59: enum
+                             libtag_alloc_kind; 60: TAG_FLAG_GUARDED;
+                             61..63: zero */
     uint32_t alloc_stack; /* stack table id of the allocating stack; 0 = none */
     uint32_t alloc_tid;   /* kernel thread id that allocated the block */
     uint32_t alloc_time;  /* ms since start_mono_ns when it was allocated */
@@ -68,11 +91,13 @@ struct libtag_tag {
                              tag (aligned allocations); 0 for plain ones */
 };
 
+/* Who freed a block: in its quarantine ring entry, not in the block. */
 struct libtag_free_rec {
     uint32_t free_stack;  /* stack table id of the freeing stack; 0 = none */
     uint32_t free_tid;    /* kernel thread id that freed the block */
     uint32_t free_time;   /* ms since start_mono_ns when it was freed */
-    uint32_t check;       /* free_rec_check_value(); mismatch = overwritten */
+    uint32_t check;       /* free_rec_check_value() of the block's tag
+                             address; a mismatch = not this block's record */
 };
 
 /* The check values.  Python computes the same with numpy uint64 arithmetic
@@ -153,10 +178,25 @@ struct libtag_shadow {
 #define TAG_THREAD_REGS     2u  /* regs/regs_sp hold its state at the last
                                    snapshot */
 
-/* A thread's quarantine ring: 16 bytes of header, then this many pointers
- * to freed blocks (libtag/src/quarantine.c). */
+/* A thread's quarantine ring (libtag/src/quarantine.c): the blocks it freed
+ * that have not been handed back yet, oldest first, and who freed each.
+ * Entries e[(head + i) % TAG_QUARANTINE_SLOTS] for i < count are current;
+ * libtag updates head and count so that this range never names a block
+ * that was handed back, at any instant a snapshot may stop the thread. */
 #define TAG_QUARANTINE_SLOTS 4096u
-#define TAG_QUARANTINE_BYTES (16u + 8u * TAG_QUARANTINE_SLOTS)
+
+struct libtag_qentry {
+    uint64_t user;                /* user pointer of the freed block */
+    struct libtag_free_rec rec;   /* who freed it */
+};
+
+struct libtag_quarantine_ring {
+    uint32_t head;                /* index of the oldest entry */
+    uint32_t count;               /* entries held */
+    uint64_t bytes;               /* requested bytes of the blocks held */
+    struct libtag_qentry e[TAG_QUARANTINE_SLOTS];
+};
+#define TAG_QUARANTINE_BYTES (16u + 24u * TAG_QUARANTINE_SLOTS)
 
 /* General registers in the kernel's struct user_regs_struct order (x86_64),
  * the same order as the prstatus note of a core. */
@@ -172,9 +212,10 @@ struct libtag_thread {
     uint64_t free_bytes;      /* requested bytes of the blocks it freed */
     uint64_t stack_hi;        /* highest address of its stack; 0 = unknown */
     uint64_t regs[TAG_NREGS]; /* see TAG_THREAD_REGS */
-    uint64_t quarantine;      /* address of its quarantine ring: libtag's own
-                                 memory, which holds pointers to freed blocks
-                                 (not the program's references); 0 = none */
+    uint64_t quarantine;      /* address of its struct libtag_quarantine_ring:
+                                 libtag's own memory, which holds pointers to
+                                 freed blocks (not the program's references)
+                                 and their free records; 0 = none */
     uint64_t reserved;        /* zero */
 };
 
@@ -197,17 +238,48 @@ enum libtag_anomaly_kind {
     TAG_ANOMALY_INVALID_FREE   = 2,
     TAG_ANOMALY_HEAP_OVERFLOW  = 3,
     TAG_ANOMALY_USE_AFTER_FREE = 4,
+    TAG_ANOMALY_HEAP_UNDERFLOW = 5,
+    TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH = 6,
 };
 
+/* libtag_anomaly.access */
+#define TAG_ACCESS_NONE  0u
+#define TAG_ACCESS_READ  1u
+#define TAG_ACCESS_WRITE 2u
+
+/* What address and block mean for each kind:
+ *   double-free, invalid-free: address = the pointer passed to free();
+ *     block = that block (double free), 0 (invalid free)
+ *   heap-overflow: address = the first damaged byte after the payload
+ *     (its canary); block = the block that overflowed
+ *   use-after-free: address = the first byte of the freed payload that no
+ *     longer holds TAG_FREE_PATTERN; block = the freed block; free_rec =
+ *     its free record
+ *   heap-underflow: the block's tag was damaged from below.  When libtag
+ *     could undo the damage, tag is the tag as it was (it validates) and
+ *     address the first damaged byte of the tag; when it could not, tag is
+ *     the damaged tag as found (it does not validate: size, stacks and
+ *     thread are unknown) and address is the pointer passed to free()
+ *   alloc-dealloc-mismatch: address = block = the pointer released; tag
+ *     says how it was allocated, dealloc how it was released
+ */
 struct libtag_anomaly {
     uint32_t kind;            /* enum libtag_anomaly_kind */
     uint32_t tid;             /* thread that detected it */
-    uint64_t address;         /* the pointer concerned (user pointer) */
+    uint64_t address;         /* see above */
     uint64_t block;           /* user pointer of the block involved; 0 = none */
-    uint32_t stack;           /* stack table id of the detecting stack */
+    uint32_t stack;           /* stack table id of the detecting stack (for a
+                                 bad release: the releasing stack); 0 = none */
     uint32_t time;            /* ms since start_mono_ns */
     struct libtag_tag tag;    /* copy of the block's tag; magic 0 if none */
-    struct libtag_free_rec free_rec; /* copy of its free record, if freed */
+    struct libtag_free_rec free_rec; /* copy of its free record, if freed;
+                                 all zero if none */
+    uint32_t access;          /* TAG_ACCESS_*: the faulting access of a
+                                 guarded block; 0 = not a fault */
+    uint32_t dealloc;         /* alloc-dealloc-mismatch: the enum
+                                 libtag_alloc_kind the releasing function
+                                 expects; 0 otherwise */
+    uint64_t pc;              /* faulting instruction; 0 = not a fault */
 };
 
 struct libtag_crash {
@@ -258,7 +330,8 @@ struct libtag_control {
 
     /* quarantine */
     uint64_t quarantine_bytes;/* byte budget per thread */
-    uint32_t quarantine_fill; /* payload bytes filled with TAG_FREE_PATTERN */
+    uint32_t quarantine_fill; /* cap: a freed block's first min(size, this)
+                                 payload bytes hold TAG_FREE_PATTERN */
     uint32_t reserved0;
 
     /* the snapshot this memory is (in a snapshot core) */
@@ -267,23 +340,44 @@ struct libtag_control {
     uint64_t snapshot_time_ms;/* ms since start_mono_ns */
     uint32_t snapshot_tid;    /* thread that took it */
     uint32_t anomaly_count;   /* anomalies detected so far */
-    struct libtag_anomaly anomaly; /* the one that caused this snapshot */
+    struct libtag_anomaly anomaly; /* the latest anomaly recorded: the one
+                                 that caused this snapshot when reason is
+                                 TAG_REASON_ANOMALY; kind 0 = none yet */
     struct libtag_crash   crash;
+
+    uint32_t tls_bytes;       /* size of libtag's per-thread block, which
+                                 starts at each thread record's shadow
+                                 address: libtag's own memory, never the
+                                 program's references */
+    uint32_t latent_uaf;      /* in a snapshot core: quarantined blocks the
+                                 snapshot found written after free (the
+                                 first is in anomaly when no anomaly was
+                                 recorded before); 0 in a live process */
+    uint64_t damaged_leaked;  /* blocks never handed back to the real
+                                 allocator because their tag or canary was
+                                 damaged (TAG_FLAG_REPORTED) */
+    uint64_t damaged_bytes;   /* their requested bytes (of those whose size
+                                 is known) */
 };
 
 /* The layout is the contract: pin it. */
 _Static_assert(sizeof(struct libtag_tag) == 32, "tag is 32 bytes");
 _Static_assert(offsetof(struct libtag_tag, size_state) == 8, "tag layout");
 _Static_assert(offsetof(struct libtag_tag, pad) == 28, "tag layout");
-_Static_assert(sizeof(struct libtag_free_rec) == TAG_MIN_PAYLOAD, "free rec");
+_Static_assert(sizeof(struct libtag_free_rec) == 16, "free rec");
 _Static_assert(sizeof(struct libtag_stack_node) == 16, "stack node");
 _Static_assert(offsetof(struct libtag_shadow, fn) == 16, "shadow layout");
 _Static_assert(sizeof(struct libtag_thread) == 8 * 36, "thread record");
 _Static_assert(offsetof(struct libtag_thread, regs) == 56, "thread layout");
-_Static_assert(sizeof(struct libtag_anomaly) == 80, "anomaly record");
+_Static_assert(sizeof(struct libtag_qentry) == 24, "quarantine entry");
+_Static_assert(sizeof(struct libtag_quarantine_ring) == TAG_QUARANTINE_BYTES,
+               "quarantine ring");
+_Static_assert(sizeof(struct libtag_anomaly) == 96, "anomaly record");
 _Static_assert(sizeof(struct libtag_crash) == 32, "crash record");
 _Static_assert(offsetof(struct libtag_control, stack_nodes) == 72, "control");
 _Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
-_Static_assert(sizeof(struct libtag_control) == 272, "control block");
+_Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
+_Static_assert(offsetof(struct libtag_control, tls_bytes) == 288, "control");
+_Static_assert(sizeof(struct libtag_control) == 312, "control block");
 
 #endif /* TAG_ABI_H */

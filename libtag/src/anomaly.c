@@ -27,6 +27,8 @@ static const char *const kind_names[] = {
     [TAG_ANOMALY_INVALID_FREE] = "invalid-free",
     [TAG_ANOMALY_HEAP_OVERFLOW] = "heap-overflow",
     [TAG_ANOMALY_USE_AFTER_FREE] = "use-after-free",
+    [TAG_ANOMALY_HEAP_UNDERFLOW] = "heap-underflow",
+    [TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH] = "alloc-dealloc-mismatch",
 };
 
 /* Another snapshot in progress (an on-demand one): wait for it rather than
@@ -39,14 +41,21 @@ static void snapshot_now(void)
     }
 }
 
+static const char *on_anomaly_name(void)
+{
+    return _tag_opt.on_anomaly == TAG_ON_ABORT    ? "abort"
+           : _tag_opt.on_anomaly == TAG_ON_IGNORE ? "ignore"
+                                                   : "snapshot";
+}
+
 const char *_tag_anomaly_name(uint32_t kind)
 {
     return kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "unknown";
 }
 
-void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
-                  void *ret, void *frame)
+void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 {
+    TAG_ASSERT(r->kind > TAG_ANOMALY_NONE && r->kind <= TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH);
     struct tag_tls *t = _tag_self();
     uint32_t stack = _tag_capture(t, ret, frame);
     __atomic_fetch_add(&_tag_ctl.anomaly_count, 1, __ATOMIC_RELAXED);
@@ -57,23 +66,26 @@ void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
     if (owner) {
         struct libtag_anomaly *a = &_tag_ctl.anomaly;
         memset(a, 0, sizeof *a);
-        a->kind = kind;
+        a->kind = r->kind;
         a->tid = t->tid;
-        a->address = (uint64_t)(uintptr_t)ptr;
-        a->block = (uint64_t)(uintptr_t)block;
+        a->address = (uint64_t)(uintptr_t)r->address;
+        a->block = (uint64_t)(uintptr_t)r->block;
         a->stack = stack;
         a->time = _tag_now_ms();
-        if (block) {
-            memcpy(&a->tag, _tag_of(block), sizeof a->tag);
-            if (_tag_state(_tag_of(block)) == TAG_STATE_FREED)
-                memcpy(&a->free_rec, block, sizeof a->free_rec);
-        }
+        a->dealloc = r->dealloc;
+        if (r->tag)
+            a->tag = *r->tag;
+        else if (r->block)
+            a->tag = *_tag_of(r->block);
+        if (r->rec)
+            a->free_rec = *r->rec;
     }
-    _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
-             _tag_anomaly_name(kind), ptr, t->tid,
-             _tag_opt.on_anomaly == TAG_ON_ABORT    ? "abort"
-             : _tag_opt.on_anomaly == TAG_ON_IGNORE ? "ignore"
-                                                     : "snapshot");
+    if (r->block && r->block != r->address)
+        _tag_log("libtag: %s at %p (block %p) in thread %u (LIBTAG_ON_ANOMALY=%s)",
+                 _tag_anomaly_name(r->kind), r->address, r->block, t->tid, on_anomaly_name());
+    else
+        _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
+                 _tag_anomaly_name(r->kind), r->address, t->tid, on_anomaly_name());
     switch (_tag_opt.on_anomaly) {
     case TAG_ON_IGNORE:
         break;

@@ -36,7 +36,7 @@ static uint64_t clock_ns(clockid_t id)
  * CONFIG_ANON_VMA_NAME. */
 void *_tag_map(size_t bytes, int noreserve)
 {
-    size_t page = 4096, len = (bytes + page - 1) & ~(page - 1);
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
     char *p = mmap(NULL, len + 2 * page, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
@@ -54,13 +54,8 @@ void *_tag_map(size_t bytes, int noreserve)
 
 void _tag_unmap(void *addr, size_t bytes)
 {
-    size_t page = 4096, len = (bytes + page - 1) & ~(page - 1);
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
     munmap((char *)addr - page, len + 2 * page);
-}
-
-uint32_t _tag_now_ms(void)
-{
-    return (uint32_t)((clock_ns(CLOCK_MONOTONIC_COARSE) - _tag_ctl.start_mono_ns) / 1000000u);
 }
 
 static uint64_t random_secret(void)
@@ -103,6 +98,7 @@ void _tag_init(void)
     _tag_ctl.pid = (uint32_t)getpid();
     _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
+    _tag_ctl.tls_bytes = sizeof(struct tag_tls);
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
     /* The magic last: a reader that finds it finds a complete block. */
@@ -121,10 +117,22 @@ __attribute__((constructor(101))) static void libtag_constructor(void)
     _tag_crash_init();
 }
 
-/* LIBTAG_STATS=1: one line of counters when the process exits. */
+/* At exit: the exiting thread's recent blocks and quarantine are checked
+ * (a short run's write after free or overflow is reported before it ends:
+ * the thread-exit hook does the same for other threads, but never runs for
+ * the one that calls exit()), then with LIBTAG_STATS=1 one line of
+ * counters.  The ring stays: a later destructor may still free. */
 __attribute__((destructor)) static void libtag_destructor(void)
 {
-    if (!_tag_opt.stats || !_tag_ready)
+    if (!_tag_ready)
+        return;
+    struct tag_tls *t = &_tag_tls;
+    if (t->rec && !t->exiting) {
+        if (_tag_opt.sweep_every)
+            _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
+        _tag_quarantine_flush(t);
+    }
+    if (!_tag_opt.stats)
         return;
     struct libtag_stats s;
     libtag_stats(&s);
@@ -132,12 +140,13 @@ __attribute__((destructor)) static void libtag_destructor(void)
     _tag_opt.quiet = 0;
     _tag_log("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
-             "stack_full=%lu anomalies=%u snapshots=%u",
+             "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
              (unsigned long)s.shadow_overflows, (unsigned long)s.stack_full, s.anomalies,
-             s.snapshots);
+             s.snapshots, (unsigned long)_tag_ctl.damaged_leaked,
+             (unsigned long)_tag_ctl.damaged_bytes);
     _tag_opt.quiet = q;
 }
 

@@ -1,4 +1,4 @@
-/* corewrite.c - the second core path (SPEC §3 "Snapshot"): where the kernel
+/* corewrite.c - the second core path: where the kernel
  * will not write a plain core file (core_pattern pipes to systemd-coredump or
  * apport, or RLIMIT_CORE is 0 and may not be raised), the snapshot fork child
  * writes an ELF core of its own memory itself.
@@ -55,8 +55,8 @@
 #include <unistd.h>
 #include <asm/prctl.h>
 
-#include "tag_abi.h"
 #include "corewrite.h"
+#include "libtag_internal.h"
 
 #if !defined(__x86_64__)
 #error "corewrite.c writes x86_64 cores only"
@@ -67,7 +67,7 @@ _Static_assert(sizeof(struct elf_prstatus) == 336, "elf_prstatus is 336 bytes");
 _Static_assert(sizeof(struct elf_prpsinfo) == 136, "elf_prpsinfo is 136 bytes");
 _Static_assert(sizeof(elf_gregset_t) == TAG_NREGS * 8, "pr_reg is user_regs_struct");
 
-#define CW_PAGE          4096u
+#define CW_PAGE          TAG_PAGE_SIZE
 #ifndef CW_MAX_MAPS                  /* -D only to test the truncation */
 #define CW_MAX_MAPS      65533u      /* 1 + maps <= 0xfffe program headers;
                                         the default vm.max_map_count is 65530 */
@@ -324,37 +324,89 @@ static int equals(const char *p, size_t len, const char *lit)
 }
 
 /* One line of /proc/self/maps (no newline):
- *   start-end perms offset dev inode [spaces path] */
-static void parse_map_line(const char *p, size_t len)
+ *   start-end perms offset dev inode [spaces path]
+ * Returns 0, or -1 for a line that does not parse. */
+static int parse_map_line(const char *p, size_t len, struct tag_maps_line *l)
 {
     const char *end = p + len;
+
+    p = parse_hex(p, end, &l->start);
+    if (p >= end || *p != '-')
+        return -1;
+    p = parse_hex(p + 1, end, &l->end);
+    if (p + 5 > end || *p != ' ' || l->end <= l->start)
+        return -1;
+    p++;
+    memcpy(l->perms, p, sizeof l->perms);
+    p = skip_field(p, end);
+    p = parse_hex(p, end, &l->offset);
+    p = skip_field(p, end);     /* past offset's trailing space */
+    p = skip_field(p, end);     /* dev */
+    for (l->inode = 0; p < end && *p >= '0' && *p <= '9'; p++)
+        l->inode = l->inode * 10 + (uint64_t)(*p - '0');
+    p = skip_field(p, end);     /* the padding after the inode */
+    l->path = p;
+    l->plen = (size_t)(end - p);
+    return 0;
+}
+
+int _tag_maps_each(void (*fn)(const struct tag_maps_line *, void *), void *ctx)
+{
+    size_t have = 0;
+    int skipping = 0;
+    int fd = open_ro("/proc/self/maps");
+    struct tag_maps_line line;
+
+    if (fd < 0)
+        return err_or(EIO);
+    for (;;) {
+        ssize_t r = read(fd, rbuf + have, sizeof rbuf - have);
+        char *p, *end, *nl;
+
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            /* A read error ends the list early: the lines so far stand. */
+            if (have && !skipping && parse_map_line(rbuf, have, &line) == 0)
+                fn(&line, ctx);
+            break;
+        }
+        have += (size_t)r;
+        p = rbuf;
+        end = rbuf + have;
+        while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+            if (!skipping && parse_map_line(p, (size_t)(nl - p), &line) == 0)
+                fn(&line, ctx);
+            skipping = 0;
+            p = nl + 1;
+        }
+        have = (size_t)(end - p);
+        memmove(rbuf, p, have);
+        if (have == sizeof rbuf) {      /* one line fills the window */
+            skipping = 1;
+            have = 0;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+/* A mapping for the core: its flags, and its path in the NT_FILE pool. */
+static void add_map(const struct tag_maps_line *l, void *ctx)
+{
+    const char *path = l->path;
+    size_t plen = l->plen;
     struct cw_map *m;
-    uint64_t start, stop, offset;
-    const char *path;
-    size_t plen;
     uint8_t flags = 0;
     int keep = 0;
 
+    (void)ctx;
     if (nmaps >= CW_MAX_MAPS)
         return;     /* truncated: see the bounds in the header comment */
-    p = parse_hex(p, end, &start);
-    if (p >= end || *p != '-')
-        return;
-    p = parse_hex(p + 1, end, &stop);
-    if (p + 5 > end || *p != ' ' || stop <= start)
-        return;
-    p++;
-    if (p[0] == 'r') flags |= M_R;
-    if (p[1] == 'w') flags |= M_W;
-    if (p[2] == 'x') flags |= M_X;
-    if (p[3] == 's') flags |= M_SHARED;
-    p = skip_field(p, end);
-    p = parse_hex(p, end, &offset);
-    p = skip_field(p, end);     /* past offset's trailing space */
-    p = skip_field(p, end);     /* dev */
-    p = skip_field(p, end);     /* inode and the padding */
-    path = p;
-    plen = (size_t)(end - p);
+    if (l->perms[0] == 'r') flags |= M_R;
+    if (l->perms[1] == 'w') flags |= M_W;
+    if (l->perms[2] == 'x') flags |= M_X;
+    if (l->perms[3] == 's') flags |= M_SHARED;
 
     if (plen == 0) {
         flags |= M_ANON;
@@ -378,9 +430,9 @@ static void parse_map_line(const char *p, size_t len)
         return;
 
     m = &maps[nmaps++];
-    m->start = start;
-    m->end = stop;
-    m->offset = offset;
+    m->start = l->start;
+    m->end = l->end;
+    m->offset = l->offset;
     m->flags = flags;
     m->dump = DUMP_NONE;
     m->plen = 0;
@@ -404,44 +456,9 @@ static void parse_map_line(const char *p, size_t len)
 /* Returns 0 or -errno. */
 static int read_maps(void)
 {
-    size_t have = 0;
-    int skipping = 0;
-    int fd = open_ro("/proc/self/maps");
-
-    if (fd < 0)
-        return err_or(EIO);
     nmaps = 0;
     pool_used = 0;
-    for (;;) {
-        ssize_t r = read(fd, rbuf + have, sizeof rbuf - have);
-        char *p, *end, *nl;
-
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            /* A read error ends the list early: still a valid core. */
-            if (have && !skipping)
-                parse_map_line(rbuf, have);
-            break;
-        }
-        have += (size_t)r;
-        p = rbuf;
-        end = rbuf + have;
-        while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
-            if (!skipping)
-                parse_map_line(p, (size_t)(nl - p));
-            skipping = 0;
-            p = nl + 1;
-        }
-        have = (size_t)(end - p);
-        memmove(rbuf, p, have);
-        if (have == sizeof rbuf) {      /* one line fills the window */
-            skipping = 1;
-            have = 0;
-        }
-    }
-    close(fd);
-    return 0;
+    return _tag_maps_each(add_map, NULL);
 }
 
 /* The kernel's vma_dump_size() with filter 0x33, from what maps shows. */

@@ -29,18 +29,15 @@
 
 #include "libtag_internal.h"
 
-void _tag_save_regs(struct libtag_thread *r, const ucontext_t *uc);
-int _tag_crash_dir(void);  /* snapshot.c */
-
 static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
-static struct sigaction program_act[65];  /* what the program asked for */
-static int hooked[65];
+static struct sigaction program_act[TAG_NSIG];  /* what the program asked for */
+static int hooked[TAG_NSIG];
 static int in_crash;
 
 
 static int is_crash_signal(int sig)
 {
-    return sig > 0 && sig < 65 && hooked[sig];
+    return sig > 0 && sig < TAG_NSIG && hooked[sig];
 }
 
 static void crash_handler(int sig, siginfo_t *si, void *ucv)
@@ -131,14 +128,14 @@ void _tag_crash_init(void)
 /* The program asks for a crash signal: remember its wish, keep ours. */
 static void warn_taken(int sig, const struct sigaction *act)
 {
-    static int warned[65];
-    if (!act || sig <= 0 || sig >= 65 || warned[sig])
+    static int warned[TAG_NSIG];
+    if (!act || sig <= 0 || sig >= TAG_NSIG || warned[sig])
         return;
     if (sig == _tag_opt.signal && act->sa_handler != SIG_DFL) {
         warned[sig] = 1;
         _tag_log("libtag: the program installed its own handler for signal %d: "
                  "snapshots on that signal are off (set LIBTAG_SIGNAL to a free one)", sig);
-    } else if (sig == SIGRTMAX - 1 && act->sa_handler != SIG_DFL) {
+    } else if (sig == TAG_REGS_SIGNAL && act->sa_handler != SIG_DFL) {
         warned[sig] = 1;
         _tag_log("libtag: the program installed its own handler for signal %d: "
                  "snapshots will not have other threads' registers", sig);

@@ -20,8 +20,8 @@
 #define OVERHEAD (sizeof(struct libtag_tag) + TAG_CANARY_SIZE)
 
 /* Allocate size bytes aligned to align (a power of two >= 16), tag them
- * with the stack seen from ret/frame. */
-static void *tag_alloc(size_t size, size_t align, int zero, void *ret, void *frame)
+ * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
+void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
@@ -54,7 +54,7 @@ static void *tag_alloc(size_t size, size_t align, int zero, void *ret, void *fra
             memset(user, 0, payload);
     }
     uint32_t stack = _tag_capture(t, ret, frame);
-    _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms());
+    _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms(), kind);
     if (_tag_opt.sweep_every)
         _tag_sweep_remember(t, user);
     struct libtag_thread *r = t->rec;
@@ -68,36 +68,100 @@ static void *tag_alloc(size_t size, size_t align, int zero, void *ret, void *fra
     return user;
 }
 
-/* Validate ptr as a block we handed out; on failure report the anomaly and
- * return 0 so the caller skips the operation. */
-static int check_block(void *ptr, void *ret, void *frame)
+/* ------------------------------------------------------------ rare cases */
+
+static TAG_COLD void report_overflow(void *ptr, void *ret, void *frame)
 {
-    switch (_tag_lookup(ptr)) {
-    case TAG_IS_LIVE:
-        if (TAG_UNLIKELY(!_tag_canary_ok(ptr)) && !_tag_reported(_tag_of(ptr))) {
-            _tag_mark_reported(ptr);
-            _tag_anomaly(TAG_ANOMALY_HEAP_OVERFLOW, ptr, ptr, ret, frame);
-            /* the block itself is sound: go on and free it */
-        }
-        return 1;
-    case TAG_IS_FREED:
-        _tag_anomaly(TAG_ANOMALY_DOUBLE_FREE, ptr, ptr, ret, frame);
+    struct libtag_tag copy = *_tag_of(ptr);
+    /* marked first: a sweep racing this free reports it no second time */
+    _tag_set_bits(ptr, 0, TAG_FLAG_REPORTED);
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_HEAP_OVERFLOW,
+        .address = (char *)ptr + _tag_size(&copy) + _tag_canary_damage(ptr),
+        .block = ptr,
+        .tag = &copy,
+    };
+    _tag_anomaly(&r, ret, frame);
+}
+
+static TAG_COLD void report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
+        return;
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
+        .dealloc = dealloc,
+        .address = ptr,
+        .block = ptr,
+    };
+    _tag_anomaly(&r, ret, frame);
+}
+
+static TAG_COLD void report_double_free(void *ptr, void *ret, void *frame)
+{
+    struct libtag_free_rec rec;
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_DOUBLE_FREE,
+        .address = ptr,
+        .block = ptr,
+        .rec = _tag_quarantine_find(ptr, &rec) ? &rec : NULL,
+    };
+    _tag_anomaly(&r, ret, frame);
+}
+
+/* The tag in front of ptr does not validate: a smashed header (see
+ * damage.c) or not a block of ours.  Returns what check_block returns. */
+static TAG_COLD int damaged_or_invalid(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    switch (_tag_damaged(ptr, NULL, ret, frame)) {
+    case TAG_DAMAGE_REPAIRED:
+        if (_tag_lookup(ptr) != TAG_IS_LIVE)
+            return 0;  /* a freed block: still in the quarantine */
+        if (_tag_alloc_kind(_tag_of(ptr)) != dealloc)
+            report_mismatch(ptr, dealloc, ret, frame);
+        return 1;      /* restored, marked: freed now, leaked later */
+    case TAG_DAMAGE_KNOWN:
+        _tag_leak_damaged(0);
         return 0;
-    default:
-        _tag_anomaly(TAG_ANOMALY_INVALID_FREE, ptr, NULL, ret, frame);
+    default: {
+        struct tag_report r = {.kind = TAG_ANOMALY_INVALID_FREE, .address = ptr};
+        _tag_anomaly(&r, ret, frame);
         return 0;
+    }
     }
 }
 
-static void tag_free(void *ptr, void *ret, void *frame)
+/* Validate ptr as a block we handed out, released as dealloc expects; on
+ * a failure that leaves the block unusable, report it and return 0 so the
+ * caller skips the operation. */
+static inline int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    switch (_tag_lookup(ptr)) {
+    case TAG_IS_LIVE: {
+        const struct libtag_tag *t = _tag_of(ptr);
+        if (TAG_UNLIKELY(!_tag_canary_ok(ptr)) && !_tag_reported(t))
+            report_overflow(ptr, ret, frame);  /* then free it: leaked later */
+        if (TAG_UNLIKELY(_tag_alloc_kind(t) != dealloc))
+            report_mismatch(ptr, dealloc, ret, frame);  /* then release it */
+        return 1;
+    }
+    case TAG_IS_FREED:
+        report_double_free(ptr, ret, frame);
+        return 0;
+    default:
+        return damaged_or_invalid(ptr, dealloc, ret, frame);
+    }
+}
+
+void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
-    if (!check_block(ptr, ret, frame))
+    if (!check_block(ptr, dealloc, ret, frame))
         return;
     uint64_t size = _tag_size(_tag_of(ptr));
     uint32_t stack = _tag_capture(t, ret, frame);
-    _tag_write_freed(ptr, stack, t->tid, _tag_now_ms());
+    _tag_write_freed(ptr);
     struct libtag_thread *r = t->rec;
     if (TAG_LIKELY(!t->overflow_rec)) {
         r->frees++;
@@ -106,7 +170,7 @@ static void tag_free(void *ptr, void *ret, void *frame)
         __atomic_fetch_add(&r->frees, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
     }
-    _tag_quarantine_put(t, ptr);
+    _tag_quarantine_put(t, ptr, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)
         _tag_snapshot_reap();
@@ -117,7 +181,7 @@ static void tag_free(void *ptr, void *ret, void *frame)
 
 TAG_EXPORT void *malloc(size_t size)
 {
-    return tag_alloc(size, 16, 0, RET, FRAME);
+    return _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 TAG_EXPORT void free(void *ptr)
@@ -125,7 +189,7 @@ TAG_EXPORT void free(void *ptr)
     if (!ptr)
         return;
     int saved = errno;  /* POSIX.1-2024: free() does not change errno */
-    tag_free(ptr, RET, FRAME);
+    _tag_free(ptr, TAG_ALLOC_MALLOC, RET, FRAME);
     errno = saved;
 }
 
@@ -136,34 +200,36 @@ TAG_EXPORT void *calloc(size_t nmemb, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    return tag_alloc(total, 16, 1, RET, FRAME);
+    return _tag_alloc(total, 16, 1, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
 {
     if (!ptr)
-        return tag_alloc(size, 16, 0, ret, frame);
+        return _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
     if (size == 0) {
         /* glibc (REALLOC_ZERO_BYTES_FREES): free and return NULL */
         int saved = errno;
-        tag_free(ptr, ret, frame);
+        _tag_free(ptr, TAG_ALLOC_MALLOC, ret, frame);
         errno = saved;
         return NULL;
     }
     _tag_ensure_init();
-    if (!check_block(ptr, ret, frame)) {
+    if (!check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
         errno = ENOMEM;
         return NULL;
     }
     /* Always move: the old block goes through free() and the quarantine, so
      * a stale pointer to it is caught like any other dangling pointer. */
     size_t old_size = (size_t)_tag_size(_tag_of(ptr));
-    void *p = tag_alloc(size, 16, 0, ret, frame);
+    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
     if (!p)
         return NULL;  /* the old block is left untouched */
     memcpy(p, ptr, old_size < size ? old_size : size);
+    /* reported once, by check_block above: the old block's kind no longer
+     * matters (a realloc of a new'd block is released as it was made) */
     int saved = errno;
-    tag_free(ptr, ret, frame);
+    _tag_free(ptr, _tag_alloc_kind(_tag_of(ptr)), ret, frame);
     errno = saved;
     return p;
 }
@@ -185,10 +251,10 @@ TAG_EXPORT void *reallocarray(void *ptr, size_t nmemb, size_t size)
 
 /* glibc's memalign: an alignment that is not a power of two is rounded up
  * to one; one above SIZE_MAX/2 + 1 fails with EINVAL. */
-static void *tag_memalign(size_t align, size_t size, void *ret, void *frame)
+void *_tag_memalign(size_t align, size_t size, uint32_t kind, void *ret, void *frame)
 {
     if (align <= 16)
-        return tag_alloc(size, 16, 0, ret, frame);
+        return _tag_alloc(size, 16, 0, kind, ret, frame);
     if (align > SIZE_MAX / 2 + 1) {
         errno = EINVAL;
         return NULL;
@@ -199,26 +265,26 @@ static void *tag_memalign(size_t align, size_t size, void *ret, void *frame)
             a <<= 1;
         align = a;
     }
-    return tag_alloc(size, align, 0, ret, frame);
+    return _tag_alloc(size, align, 0, kind, ret, frame);
 }
 
 TAG_EXPORT void *memalign(size_t align, size_t size)
 {
-    return tag_memalign(align, size, RET, FRAME);
+    return _tag_memalign(align, size, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 /* glibc 2.36 aligned_alloc is memalign (C17's stricter checks came with
  * glibc 2.38); behave as the glibc we run on. */
 TAG_EXPORT void *aligned_alloc(size_t align, size_t size)
 {
-    return tag_memalign(align, size, RET, FRAME);
+    return _tag_memalign(align, size, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 TAG_EXPORT int posix_memalign(void **memptr, size_t align, size_t size)
 {
     if (align % sizeof(void *) != 0 || (align & (align - 1)) != 0 || align == 0)
         return EINVAL;
-    void *p = tag_memalign(align, size, RET, FRAME);
+    void *p = _tag_memalign(align, size, TAG_ALLOC_MALLOC, RET, FRAME);
     if (!p)
         return errno ? errno : ENOMEM;  /* glibc leaves errno set too */
     *memptr = p;
@@ -227,7 +293,7 @@ TAG_EXPORT int posix_memalign(void **memptr, size_t align, size_t size)
 
 TAG_EXPORT void *valloc(size_t size)
 {
-    return tag_memalign((size_t)sysconf(_SC_PAGESIZE), size, RET, FRAME);
+    return _tag_memalign((size_t)sysconf(_SC_PAGESIZE), size, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 TAG_EXPORT void *pvalloc(size_t size)
@@ -237,7 +303,7 @@ TAG_EXPORT void *pvalloc(size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    return tag_memalign(page, (size + page - 1) & ~(page - 1), RET, FRAME);
+    return _tag_memalign(page, (size + page - 1) & ~(page - 1), TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
 /* The user's view: the bytes the program asked for.  Writing past them is

@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <time.h>
 #include "tag_abi.h"
 
 #define TAG_EXPORT  __attribute__((visibility("default")))
@@ -25,6 +27,9 @@
 #define TAG_PAGE_SIZE 4096u
 /* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
 #define TAG_NSIG 65
+/* The real-time signal libtag stops threads with for a snapshot (each saves
+ * its registers), and which takes forensics' reap requests (snapshot.c). */
+#define TAG_REGS_SIGNAL (SIGRTMAX - 1)
 
 /* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
  * which CI runs once); compiled out otherwise.  A failure writes one line
@@ -57,7 +62,7 @@ struct tag_options {
 extern struct tag_options _tag_opt;
 /* Parse LIBTAG_* from the environment; a bad value is reported once and
  * libtag refuses to start (the process exits 2). No malloc. */
-void _tag_options_init(void);
+TAG_COLD void _tag_options_init(void);
 
 /* ------------------------------------------------------------- log.c */
 /* Format into a stack buffer and write(2) to stderr: %s %d %u %x %p %lu %lx.
@@ -70,21 +75,28 @@ size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
 
 /* ---------------------------------------------------------- control.c */
 extern struct libtag_control _tag_ctl;
-void _tag_init(void);            /* idempotent, thread-safe */
+TAG_COLD void _tag_init(void);   /* idempotent, thread-safe */
 extern int _tag_ready;           /* 1 once _tag_init finished */
 static inline void _tag_ensure_init(void)
 {
     if (TAG_UNLIKELY(!__atomic_load_n(&_tag_ready, __ATOMIC_ACQUIRE)))
         _tag_init();
 }
-uint32_t _tag_now_ms(void);      /* ms since start_mono_ns */
+/* ms since start_mono_ns: on every allocation and free, so inline (the
+ * clock is the vDSO's, no system call). */
+TAG_INLINE uint32_t _tag_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
+}
 /* Memory of libtag's own (tables, rings), fenced by guard pages; NULL on
  * failure.  No malloc. */
-void *_tag_map(size_t bytes, int noreserve);
-void _tag_unmap(void *addr, size_t bytes);
+TAG_COLD void *_tag_map(size_t bytes, int noreserve);
+TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
 /* ----------------------------------------------------------- thread.c */
-struct tag_quarantine;
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
@@ -103,13 +115,13 @@ struct tag_tls {
     uint32_t hook_calls;             /* enters since the last sweep */
     uint32_t recent_next;
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
-    struct tag_quarantine *quarantine;
+    struct libtag_quarantine_ring *quarantine;
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
-void _tag_thread_register(void);     /* first libtag use in a thread */
-void _tag_threads_init(void);        /* reserve records; no malloc */
-void _tag_threads_late_init(void);   /* pthread key, atfork: after libc init */
+TAG_COLD void _tag_thread_register(void);    /* first libtag use in a thread */
+TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
+TAG_COLD void _tag_threads_late_init(void);  /* pthread key, atfork: after libc init */
 static inline struct tag_tls *_tag_self(void)
 {
     struct tag_tls *t = &_tag_tls;
@@ -118,13 +130,27 @@ static inline struct tag_tls *_tag_self(void)
     return t;
 }
 
+/* -------------------------------------------------------- interpose.c */
+/* The malloc family's bodies, shared with the C++ operators (new_delete.c):
+ * allocate as kind (enum libtag_alloc_kind); release a block the way
+ * dealloc (the same numbers) expects; align as glibc's memalign. */
+void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame);
+void *_tag_memalign(size_t align, size_t size, uint32_t kind, void *ret, void *frame);
+void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame);
+
+/* ------------------------------------------------------- new_delete.c */
+/* Is a release of a block made as alloc_kind by a function expecting
+ * dealloc one libtag can call a mismatch?  (Not when the program replaces
+ * operator new or delete itself.) */
+TAG_COLD int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
+
 /* ------------------------------------------------------ stack_table.c */
 void _tag_stack_table_init(uint32_t capacity);
 /* Intern (parent, kind, pc) and return its id.  Lock-free on hits; inserts
  * take the table lock.  Returns 0 (the root) and counts stack_full when the
  * table is full.  The caller has missed the per-thread cache entry c. */
-uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
-                          uint64_t pc, unsigned c);
+TAG_COLD uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+                                   uint64_t pc, unsigned c);
 
 /* The per-thread cache in front of the table: a capture does several of
  * these per allocation, so the hit path is a few shifts and compares,
@@ -153,8 +179,15 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
 /* ------------------------------------------------------------ sweep.c */
 #define TAG_SWEEP_RECENT 64
 void _tag_sweep_remember(struct tag_tls *t, void *user);
-/* Check the recent blocks' canaries; reports heap-overflow anomalies. */
-void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+/* Check the recent blocks' tags and canaries; reports heap-overflow and
+ * heap-underflow anomalies. */
+TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+/* Copy n iovecs of the process's own memory with process_vm_readv, so an
+ * unmapped or unreadable address shortens the copy instead of faulting.
+ * Returns the iovecs handled; one that faulted gets local iov_len 0.
+ * Returns 0 where the kernel refuses the call (a seccomp filter). */
+struct iovec;
+unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n);
 
 /* -------------------------------------------------------------- tag.c */
 static inline struct libtag_tag *_tag_of(const void *user)
@@ -169,57 +202,154 @@ static inline uint32_t _tag_state(const struct libtag_tag *t)
 {
     return (uint32_t)(t->size_state >> TAG_STATE_SHIFT) & 0xff;
 }
-/* Write a live tag and canary for a block of size bytes at user. */
+static inline uint32_t _tag_alloc_kind(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
+}
+/* Write a live tag and canary for a block of size bytes at user, allocated
+ * as kind (enum libtag_alloc_kind). */
 void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
-                     uint32_t tid, uint32_t now);
-/* Mark a live block's overflow as reported, so free() does not report it
- * a second time. */
-void _tag_mark_reported(void *user);
+                     uint32_t tid, uint32_t now, uint32_t kind);
+/* Set bits of size_state (TAG_FLAG_REPORTED, an alloc kind) and keep the
+ * check value in step. */
+void _tag_set_bits(void *user, uint64_t clear, uint64_t set);
 static inline int _tag_reported(const struct libtag_tag *t)
 {
     return (t->size_state & TAG_FLAG_REPORTED) != 0;
 }
+/* Does a tag at tag_addr validate (magic, check, a known state)? */
+TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
+{
+    uint32_t state = _tag_state(t);
+    return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
+           t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
+}
+/* Is the page holding addr mapped (mincore)?  errno is kept. */
+int _tag_page_mapped(const void *addr);
 /* Is user a live/freed block of ours?  Reads only memory on user's page
- * or, when the tag straddles a page, checks the page is mapped first. */
+ * or, when the tag may lie on another page or in a chunk free() may have
+ * unmapped, checks that page is mapped first:
+ * - the tag starts on the page before user (user in a page's first 32
+ *   bytes): user may not be ours at all;
+ * - user is in a page's first 64 bytes: that is where glibc puts an
+ *   mmap'ed chunk (a large block), which free() munmaps - a second free()
+ *   of it must be reported, not fault.
+ * A system call for 1 in 64 pointers; none for the rest.  Inline: every
+ * free() and realloc() starts here. */
 enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
-enum tag_lookup _tag_lookup(const void *user);
-int _tag_canary_ok(const void *user);
-/* Mark freed and write the free record + fill pattern. */
-void _tag_write_freed(void *user, uint32_t stack, uint32_t tid, uint32_t now);
-/* Does the freed block still hold its free record and pattern? */
-int _tag_freed_intact(const void *user);
+TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    uintptr_t u = (uintptr_t)user;
+    if ((u & 15) != 0 || u < TAG_PAGE_SIZE + sizeof *t)
+        return TAG_NOT_OURS;
+    if (TAG_UNLIKELY((u & (TAG_PAGE_SIZE - 1)) < 64) && !_tag_page_mapped(t))
+        return TAG_NOT_OURS;
+    if (!_tag_valid_at((uint64_t)u - sizeof *t, t))
+        return TAG_NOT_OURS;
+    return _tag_state(t) == TAG_STATE_LIVE ? TAG_IS_LIVE : TAG_IS_FREED;
+}
+/* Does a live block's canary hold its value?  Inline, as _tag_lookup. */
+TAG_INLINE int _tag_canary_ok(const void *user)
+{
+    const struct libtag_tag *t = _tag_of(user);
+    uint64_t want = tag_canary_value((uint64_t)(uintptr_t)t, _tag_ctl.secret);
+    uint64_t have;
+    memcpy(&have, (const char *)user + _tag_size(t), sizeof have);
+    return have == want;
+}
+/* The first damaged byte of a live block's canary, as an offset from the
+ * canary's start (0..7); the canary must be known to be bad. */
+unsigned _tag_canary_damage(const void *user);
+/* Mark freed and pattern the payload (the free record goes to the ring). */
+void _tag_write_freed(void *user);
+/* Bytes of a freed block's payload that hold TAG_FREE_PATTERN. */
+size_t _tag_fill_len(const struct libtag_tag *t);
+/* The offset of the first byte of a freed block's patterned payload that
+ * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid. */
+#define TAG_INTACT ((size_t)-1)
+size_t _tag_freed_damage(const void *user);
+
+/* ---------------------------------------------------------- damage.c */
+/* Undo damage to the last bytes of a tag (an underflow of up to 4 bytes hits
+ * only pad, which is 0 or an alignment minus 32): on success *t is the
+ * original tag and 1 is returned; otherwise *t is unchanged. */
+TAG_COLD int _tag_recover(uint64_t tag_addr, struct libtag_tag *t);
+/* A pointer whose tag does not validate reached free(), realloc(), or the
+ * end of the quarantine: find what damaged the tag and report it - an
+ * overflow of the block before (once: not again if it was reported), or an
+ * underflow of this one - or say nothing explains it.  rec: its free record
+ * when it is known to be a quarantined block, else NULL.  Reports, never
+ * leaks: the caller keeps the chunk from glibc.  Rare path. */
+enum tag_damage {
+    TAG_DAMAGE_NONE     = 0,  /* nothing explains it; nothing reported */
+    TAG_DAMAGE_KNOWN    = 1,  /* explained and reported; the tag stays
+                                 damaged (size unknown): leak the chunk */
+    TAG_DAMAGE_REPAIRED = 2,  /* reported; the tag is restored, marked
+                                 TAG_FLAG_REPORTED, in its state (live or
+                                 freed): go on with it */
+};
+TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec,
+                                      void *ret, void *frame);
+/* Count a chunk deliberately never handed back to the real allocator. */
+TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 
 /* -------------------------------------------------------- quarantine.c */
-/* Put a freed block in the calling thread's quarantine; evicts (and
- * really frees) the oldest blocks beyond the budget. */
-void _tag_quarantine_put(struct tag_tls *t, void *user);
+/* Put a freed block (freed by this thread, now, from free_stack) and its
+ * free record in the calling thread's quarantine;
+ * evicts (checks, then really frees) the oldest blocks beyond the budget. */
+void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uint32_t now);
+/* Check and hand back every block of the thread's quarantine; drain also
+ * unmaps the ring (thread exit), flush keeps it (process exit). */
+void _tag_quarantine_flush(struct tag_tls *t);
 void _tag_quarantine_drain(struct tag_tls *t);
-/* Hand a block back to the real allocator. */
+/* The free record of a quarantined block, from whichever thread's ring
+ * holds it; 0 if none does.  Rare path (reads rings with _tag_copy_own). */
+TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out);
+/* In the snapshot child: check every quarantined block's pattern, record
+ * what is found in the control block.  No locks, no malloc. */
+TAG_COLD void _tag_quarantine_check_all(void);
+/* Hand a block back to the real allocator, or leak it when its tag says it
+ * was damaged (TAG_FLAG_REPORTED). */
 void _tag_real_release(void *user);
 
 /* --------------------------------------------------------- anomaly.c */
-/* Record an anomaly about ptr (block = the block concerned, or NULL) and act
- * on LIBTAG_ON_ANOMALY.  Returns when the faulty operation should be
- * skipped; does not return with abort. */
-void _tag_anomaly(uint32_t kind, const void *ptr, const void *block,
-                  void *ret, void *frame);
+/* What an anomaly is about (see struct libtag_anomaly for each kind). */
+struct tag_report {
+    uint32_t kind;                      /* enum libtag_anomaly_kind */
+    uint32_t dealloc;                   /* mismatch: the expected alloc kind */
+    const void *address;
+    const void *block;                  /* NULL = none */
+    const struct libtag_tag *tag;       /* copied; NULL = block's own tag */
+    const struct libtag_free_rec *rec;  /* copied; NULL = none */
+};
+/* Record an anomaly and act on LIBTAG_ON_ANOMALY.  Returns when the faulty
+ * operation should be skipped; does not return with abort. */
+TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
 /* "double-free", ... as in the snapshot directory names and the JSON. */
 const char *_tag_anomaly_name(uint32_t kind);
 
 /* -------------------------------------------------------- snapshot.c */
-int _tag_snapshot(uint32_t reason);
-void _tag_snapshot_init(void);       /* signal handler; after libc init */
-void _tag_snapshot_reap(void);       /* collect exited snapshot children */
-extern int _tag_snapshot_pending;    /* children not collected yet */
-void _tag_die(int sig);              /* default action of sig, now */
+TAG_COLD int _tag_snapshot(uint32_t reason);
+TAG_COLD void _tag_snapshot_init(void);   /* signal handler; after libc init */
+TAG_COLD void _tag_snapshot_reap(void);   /* collect exited snapshot children */
+extern int _tag_snapshot_pending;         /* children not collected yet */
+void _tag_die(int sig);                   /* default action of sig, now */
+/* Save the registers of a signal context into a thread record (the order
+ * of struct user_regs_struct).  Async-signal-safe. */
+struct ucontext_t;
+void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc);
+/* The crash hook, with LIBTAG_DIR set: make the crash core land in a new
+ * snapshot directory.  Async-signal-safe; 0 or -errno. */
+TAG_COLD int _tag_crash_dir(void);
 
 /* ---------------------------------------------------------- redact.c */
 /* In the snapshot child: blank every tagged block's payload (its own copy
  * of memory) so the core keeps only tags and metadata. */
-void _tag_redact_payloads(void);
+TAG_COLD void _tag_redact_payloads(void);
 
 /* ----------------------------------------------------------- crash.c */
-void _tag_crash_init(void);
+TAG_COLD void _tag_crash_init(void);
 
 /* The real allocator (glibc exports these; no dlsym bootstrap needed). */
 extern void *__libc_malloc(size_t);

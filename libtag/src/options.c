@@ -20,7 +20,7 @@ struct tag_options _tag_opt = {
     .fp_depth = 32,
     .stack_nodes = 1u << 20,
     .quarantine_bytes = 1u << 20,
-    .quarantine_fill = 64,
+    .quarantine_fill = 256,
     .sweep_every = 4096,
     .dir = "",
 };

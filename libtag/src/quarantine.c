@@ -1,30 +1,39 @@
 /* quarantine.c - freed blocks wait here before the real allocator gets them.
  *
- * While a block waits, its tag says "freed", its free record says who freed
- * it, and its payload holds a pattern: a reader can answer "freed by whom"
+ * While a block waits, its tag says "freed", its payload holds a pattern,
+ * and its free record (who freed it, when) sits in the ring entry beside
+ * the pointer - in libtag's own guard-fenced memory, out of reach of a
+ * write through a dangling pointer.  So a reader can answer "freed by whom"
  * for a dangling pointer, a second free() is a certain double free, and a
- * changed pattern at eviction is a write after free.  Each thread has its
- * own ring (mapped by libtag, not malloc'd) with a byte budget
- * (LIBTAG_QUARANTINE per thread), so free() takes no shared lock.
+ * changed pattern is a write after free.  The pattern is checked when the
+ * block leaves (eviction), when its thread exits, when the process exits
+ * (libtag's destructor flushes the exiting thread's ring) and in every
+ * snapshot (the fork child checks every ring and records what it finds).
+ *
+ * Each thread has its own ring (struct libtag_quarantine_ring, tag_abi.h),
+ * mapped by libtag, not malloc'd, with a byte budget (LIBTAG_QUARANTINE per
+ * thread), so free() takes no shared lock.  Only the owning thread writes
+ * its ring; head and count change in an order that keeps the range
+ * [head, head + count) naming blocks still held at every instant, because
+ * a snapshot may stop the thread anywhere and readers trust that range.
  */
-#include <sys/mman.h>
+#include <string.h>
+#include <sys/uio.h>
 
 #include "libtag_internal.h"
 
 #define RING_SLOTS TAG_QUARANTINE_SLOTS
 
-struct tag_quarantine {
-    uint32_t head, count;     /* oldest entry, entries held */
-    uint64_t bytes;           /* requested bytes held */
-    void *ring[RING_SLOTS];
-};
-
-_Static_assert(sizeof(struct tag_quarantine) == TAG_QUARANTINE_BYTES,
-               "readers skip TAG_QUARANTINE_BYTES at each ring");
-
 void _tag_real_release(void *user)
 {
     struct libtag_tag *t = _tag_of(user);
+    TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
+    if (TAG_UNLIKELY(_tag_reported(t))) {
+        /* Its canary or its tag was damaged: so may be glibc's chunk
+         * headers around it, and glibc would abort on them.  Keep it. */
+        _tag_leak_damaged(_tag_size(t));
+        return;
+    }
     /* glibc overwrites the first 16 bytes of the chunk with its free-list
      * links, which kills the tag of a plain block - but an aligned block's
      * tag sits pad bytes further in and would survive in free memory as a
@@ -34,23 +43,75 @@ void _tag_real_release(void *user)
     __libc_free(raw);
 }
 
-static void evict_one(struct tag_tls *t, struct tag_quarantine *q)
+static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)
 {
-    void *user = q->ring[q->head];
-    q->head = (q->head + 1) % RING_SLOTS;
-    q->count--;
-    q->bytes -= _tag_size(_tag_of(user));
-    if (TAG_UNLIKELY(!_tag_freed_intact(user)))
-        _tag_anomaly(TAG_ANOMALY_USE_AFTER_FREE, user, user,
-                     __builtin_return_address(0), __builtin_frame_address(0));
-    (void)t;
-    _tag_real_release(user);
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_USE_AFTER_FREE,
+        .address = (char *)user + off,
+        .block = user,
+        .rec = rec,
+    };
+    _tag_anomaly(&r, __builtin_return_address(0), __builtin_frame_address(0));
 }
 
-static struct tag_quarantine *ring_of(struct tag_tls *t)
+/* A quarantined block whose tag no longer validates: written from below
+ * (an underflow through a dangling pointer) or by an overflow of the block
+ * before.  Reported and leaked; returns the bytes to take off the budget
+ * (0 when its size is lost with its tag). */
+static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec *rec)
+{
+    void *ret = __builtin_return_address(0), *frame = __builtin_frame_address(0);
+    enum tag_damage d = _tag_damaged(user, rec, ret, frame);
+    if (d == TAG_DAMAGE_REPAIRED) {
+        /* restored with TAG_FLAG_REPORTED: its size is known again, and
+         * _tag_real_release keeps it from glibc */
+        uint64_t size = _tag_size(_tag_of(user));
+        _tag_real_release(user);
+        return size;
+    }
+    if (d == TAG_DAMAGE_NONE) {
+        /* nothing before it overflowed and its tag cannot be restored: it
+         * was written below its start after it was freed */
+        struct tag_report r = {
+            .kind = TAG_ANOMALY_HEAP_UNDERFLOW,
+            .address = user,
+            .block = user,
+            .tag = _tag_of(user),
+            .rec = rec,
+        };
+        _tag_anomaly(&r, ret, frame);
+    }
+    _tag_leak_damaged(0);
+    return 0;
+}
+
+static void evict_one(struct libtag_quarantine_ring *q)
+{
+    TAG_ASSERT(q->count > 0 && q->count <= RING_SLOTS && q->head < RING_SLOTS);
+    struct libtag_qentry e = q->e[q->head];
+    void *user = (void *)(uintptr_t)e.user;
+    /* count first: in between, the range lacks the newest entry (still
+     * held, so harmless); never does it include a block handed back */
+    __atomic_store_n(&q->count, q->count - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&q->head, (q->head + 1) % RING_SLOTS, __ATOMIC_RELEASE);
+    struct libtag_tag *t = _tag_of(user);
+    uint64_t size;
+    if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED)) {
+        size = _tag_size(t);
+        size_t off = _tag_freed_damage(user);
+        if (TAG_UNLIKELY(off != TAG_INTACT))
+            report_uaf(user, off, &e.rec);
+        _tag_real_release(user);
+    } else {
+        size = evict_damaged(user, &e.rec);
+    }
+    q->bytes -= size < q->bytes ? size : q->bytes;
+}
+
+static struct libtag_quarantine_ring *ring_of(struct tag_tls *t)
 {
     if (TAG_UNLIKELY(t->quarantine == NULL)) {
-        void *p = _tag_map(sizeof(struct tag_quarantine), 0);
+        void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
         if (p == NULL)
             return NULL;
         t->quarantine = p;
@@ -59,34 +120,124 @@ static struct tag_quarantine *ring_of(struct tag_tls *t)
     return t->quarantine;
 }
 
-void _tag_quarantine_put(struct tag_tls *t, void *user)
+void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uint32_t now)
 {
-    uint64_t size = _tag_size(_tag_of(user));
-    struct tag_quarantine *q;
+    struct libtag_tag *tag = _tag_of(user);
+    uint64_t size = _tag_size(tag);
+    struct libtag_quarantine_ring *q;
     if (t->exiting || size > _tag_opt.quarantine_bytes || !(q = ring_of(t))) {
         _tag_real_release(user);
         return;
     }
     while (q->count == RING_SLOTS || (q->count && q->bytes + size > _tag_opt.quarantine_bytes))
-        evict_one(t, q);
-    q->ring[(q->head + q->count) % RING_SLOTS] = user;
-    q->count++;
+        evict_one(q);
+    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= _tag_opt.quarantine_bytes);
+    TAG_ASSERT(_tag_state(tag) == TAG_STATE_FREED);
+    struct libtag_qentry *e = &q->e[(q->head + q->count) % RING_SLOTS];
+    e->user = (uint64_t)(uintptr_t)user;
+    e->rec.free_stack = free_stack;
+    e->rec.free_tid = t->tid;
+    e->rec.free_time = now;
+    e->rec.check = free_rec_check_value((uint64_t)(uintptr_t)tag, _tag_ctl.secret, &e->rec);
     q->bytes += size;
+    /* the entry is complete before the range includes it */
+    __atomic_store_n(&q->count, q->count + 1, __ATOMIC_RELEASE);
+}
+
+void _tag_quarantine_flush(struct tag_tls *t)
+{
+    struct libtag_quarantine_ring *q = t->quarantine;
+    while (q && q->count)
+        evict_one(q);
 }
 
 /* Called once, when the thread exits (thread.c sets t->exiting right after,
  * so later frees of this thread bypass the quarantine).  The ring is mapped
  * per thread: unmap it too, or every thread that ever freed a block leaks
- * its 36 KiB ring and a program that runs many short threads grows without
- * bound. */
+ * its ring and a program that runs many short threads grows without bound.
+ * Another thread reading this ring (_tag_quarantine_find) copies it with
+ * process_vm_readv, so the unmap cannot fault it. */
 void _tag_quarantine_drain(struct tag_tls *t)
 {
-    struct tag_quarantine *q = t->quarantine;
-    while (q && q->count)
-        evict_one(t, q);
+    struct libtag_quarantine_ring *q = t->quarantine;
+    _tag_quarantine_flush(t);
     if (q) {
         t->quarantine = NULL;
         t->rec->quarantine = 0;
         _tag_unmap(q, sizeof *q);
+    }
+}
+
+/* The threads' rings, as the thread records name them. */
+static const struct libtag_thread *records(uint32_t *n)
+{
+    *n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    if (*n > _tag_ctl.thread_capacity)
+        *n = _tag_ctl.thread_capacity;
+    return (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+}
+
+int _tag_quarantine_find(const void *user, struct libtag_free_rec *out)
+{
+    uint32_t n;
+    const struct libtag_thread *r = records(&n);
+    struct libtag_qentry buf[170];  /* 4 KiB of entries a copy */
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t ring = __atomic_load_n(&r[i].quarantine, __ATOMIC_ACQUIRE);
+        if (!ring)
+            continue;
+        struct libtag_quarantine_ring *q = (struct libtag_quarantine_ring *)(uintptr_t)ring;
+        for (uint32_t k = 0; k < RING_SLOTS; k += 170) {
+            uint32_t m = RING_SLOTS - k < 170 ? RING_SLOTS - k : 170;
+            struct iovec local = {buf, m * sizeof buf[0]}, remote = {&q->e[k], m * sizeof buf[0]};
+            if (_tag_copy_own(&local, &remote, 1) != 1 || local.iov_len == 0)
+                break;  /* unmapped under us (the thread exited) */
+            for (uint32_t j = 0; j < m; j++)
+                if (buf[j].user == (uint64_t)(uintptr_t)user) {
+                    *out = buf[j].rec;
+                    return 1;
+                }
+        }
+    }
+    return 0;
+}
+
+/* In the snapshot child: one thread, every other thread frozen where it
+ * was, so every ring's [head, head + count) names blocks still held (see
+ * the top of this file).  What a dangling pointer wrote since a block was
+ * freed is recorded in this copy of the control block: the count in
+ * latent_uaf, and the first one as the anomaly when none was recorded
+ * before (the snapshot then shows it as a use-after-free). */
+void _tag_quarantine_check_all(void)
+{
+    uint32_t n;
+    const struct libtag_thread *r = records(&n);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct libtag_quarantine_ring *q =
+            (const struct libtag_quarantine_ring *)(uintptr_t)r[i].quarantine;
+        if (!q)
+            continue;
+        for (uint32_t k = 0; k < q->count && k < RING_SLOTS; k++) {
+            const struct libtag_qentry *e = &q->e[(q->head + k) % RING_SLOTS];
+            const void *user = (const void *)(uintptr_t)e->user;
+            const struct libtag_tag *t = _tag_of(user);
+            if (!_tag_valid_at((uint64_t)(uintptr_t)t, t) || _tag_state(t) != TAG_STATE_FREED)
+                continue;  /* a damaged tag: its thread reports it at eviction */
+            size_t off = _tag_freed_damage(user);
+            if (off == TAG_INTACT)
+                continue;
+            if (_tag_ctl.latent_uaf++ == 0 && _tag_ctl.anomaly.kind == TAG_ANOMALY_NONE) {
+                struct libtag_anomaly *a = &_tag_ctl.anomaly;
+                memset(a, 0, sizeof *a);
+                a->kind = TAG_ANOMALY_USE_AFTER_FREE;
+                a->tid = _tag_ctl.snapshot_tid;
+                a->address = e->user + off;
+                a->block = e->user;
+                a->time = (uint32_t)_tag_ctl.snapshot_time_ms;
+                a->tag = *t;
+                a->free_rec = e->rec;
+                _tag_ctl.anomaly_count++;
+            }
+        }
     }
 }

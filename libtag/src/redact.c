@@ -3,8 +3,10 @@
  * A core holds everything the process had in memory: keys, tokens, customer
  * records.  With this option the snapshot child, before it dumps, blanks
  * the payload of every tagged block in its own copy of memory, so the core
- * keeps the tags, free records, stacks and thread state - every answer
- * forensics gives - but not what the blocks held.
+ * keeps the tags, free records (in the quarantine rings), stacks and thread
+ * state - every answer forensics gives - but not what the blocks held, nor
+ * what a dangling pointer wrote into a freed one (the snapshot checked the
+ * freed blocks first: see _tag_quarantine_check_all).
  *
  * Only the child's copy changes (the mappings are private; the parent never
  * sees it).  Whole pages inside a payload are dropped with
@@ -15,18 +17,16 @@
  * Runs in the fork child: single-threaded, async-signal-safe calls only, no
  * malloc, static buffers.
  */
-#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
+#include "corewrite.h"
 #include "libtag_internal.h"
-
-#define PAGE 4096ul
 
 static void blank(uintptr_t lo, uintptr_t hi)
 {
-    uintptr_t first = (lo + PAGE - 1) & ~(PAGE - 1), last = hi & ~(PAGE - 1);
+    const uintptr_t page = TAG_PAGE_SIZE;
+    uintptr_t first = (lo + page - 1) & ~(page - 1), last = hi & ~(page - 1);
     if (first >= last) {
         memset((void *)lo, 0, hi - lo);
         return;
@@ -50,85 +50,42 @@ static void redact_region(uintptr_t lo, uintptr_t hi)
         uint64_t size = _tag_size(t);
         if ((state != TAG_STATE_LIVE && state != TAG_STATE_FREED) || size > hi - user)
             continue;
-        /* a freed block keeps its free record: who freed it is metadata */
-        uintptr_t from = state == TAG_STATE_FREED ? user + TAG_MIN_PAYLOAD : user;
-        if (from < user + size)
-            blank(from, user + size);
+        if (size)
+            blank(user, user + size);
         a = ((user + size) & ~15ul) - 16;  /* go on after the payload */
     }
 }
 
-static int hexval(char c)
+/* The ranges to walk: anonymous private writable memory (inode 0), where
+ * blocks live; a private file mapping can fault (SIGBUS past the file's
+ * end) and holds no heap anyway.  Collected first: blanking does not change
+ * the mappings, but reading maps while walking them costs nothing to avoid. */
+static uintptr_t ranges[8192][2];
+static unsigned nranges;
+
+static void note_range(const struct tag_maps_line *l, void *ctx)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    (void)ctx;
+    if (l->perms[0] == 'r' && l->perms[1] == 'w' && l->perms[3] == 'p' && l->inode == 0 &&
+        nranges < sizeof ranges / sizeof ranges[0]) {
+        ranges[nranges][0] = (uintptr_t)l->start;
+        ranges[nranges][1] = (uintptr_t)l->end;
+        nranges++;
+    }
 }
 
 void _tag_redact_payloads(void)
 {
-    static char buf[65536];
-    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    nranges = 0;
+    if (_tag_maps_each(note_range, NULL) < 0)
         return;
-    /* Read it all first: blanking does not change the mappings, but reading
-     * maps while walking them costs nothing to avoid. */
-    static uintptr_t ranges[8192][2];
-    unsigned n = 0;
-    size_t have = 0;
-    for (;;) {
-        ssize_t got = read(fd, buf + have, sizeof buf - 1 - have);
-        if (got <= 0 && have == 0)
-            break;
-        if (got > 0)
-            have += (size_t)got;
-        buf[have] = '\0';
-        char *line = buf, *nl;
-        while ((nl = memchr(line, '\n', have - (size_t)(line - buf))) != NULL) {
-            /* "start-end perms offset dev inode path" */
-            uintptr_t lo = 0, hi = 0;
-            char *p = line;
-            int v;
-            while ((v = hexval(*p)) >= 0)
-                lo = lo << 4 | (uintptr_t)v, p++;
-            if (*p == '-')
-                p++;
-            while ((v = hexval(*p)) >= 0)
-                hi = hi << 4 | (uintptr_t)v, p++;
-            /* perms, then offset, device, inode: blocks live in anonymous
-             * private memory (inode 0); a private file mapping can fault
-             * (SIGBUS past the file's end) and holds no heap anyway */
-            int rw_private = *p == ' ' && p[1] == 'r' && p[2] == 'w' && p[4] == 'p';
-            int field = 0;
-            unsigned long inode = 0;
-            for (p++; *p && *p != '\n' && field < 4; p++) {
-                if (*p == ' ') {
-                    while (p[1] == ' ')
-                        p++;
-                    field++;
-                } else if (field == 3 && *p >= '0' && *p <= '9') {
-                    inode = inode * 10 + (unsigned long)(*p - '0');
-                }
-            }
-            if (rw_private && inode == 0 && n < 8192) {
-                ranges[n][0] = lo;
-                ranges[n][1] = hi;
-                n++;
-            }
-            line = nl + 1;
-        }
-        size_t rest = have - (size_t)(line - buf);
-        memmove(buf, line, rest);
-        have = rest;
-        if (got <= 0)
-            break;
-    }
-    close(fd);
     uintptr_t own[2][2] = {
         {(uintptr_t)_tag_ctl.stack_nodes,
          (uintptr_t)_tag_ctl.stack_nodes + (uintptr_t)_tag_ctl.stack_capacity * 16u},
         {(uintptr_t)_tag_ctl.threads,
          (uintptr_t)_tag_ctl.threads + (uintptr_t)_tag_ctl.thread_capacity * sizeof(struct libtag_thread)},
     };
-    for (unsigned i = 0; i < n; i++) {
+    for (unsigned i = 0; i < nranges; i++) {
         int mine = 0;
         for (int k = 0; k < 2; k++)
             mine |= ranges[i][0] < own[k][1] && own[k][0] < ranges[i][1];

@@ -6,7 +6,7 @@
  * 2. The process forks with the raw clone system call: glibc's fork() would
  *    run atfork handlers and take every malloc arena lock, which deadlocks
  *    when the snapshot comes from a signal handler that interrupted a thread
- *    holding one (SPEC §7).  The child's exit signal is 0, so the program's
+ *    holding one (seen in GWP-ASan's handler, Crashlytics, httrack).  The child's exit signal is 0, so the program's
  *    SIGCHLD handler and wait() calls never see it; libtag reaps it.
  * 3. The threads are released; the parent has paused only for 1 and 2.
  * 4. The child - one thread, async-signal-safe calls only, no malloc, no
@@ -40,7 +40,6 @@
 #include "corewrite.h"
 #include "libtag_internal.h"
 
-#define REGS_SIGNAL (SIGRTMAX - 1)
 #define MAX_PENDING 64
 
 static int busy;                    /* a snapshot is being taken */
@@ -75,7 +74,7 @@ static uint64_t mono_ns(void)
 /* ---------------------------------------------------------------------
  * Registers.  The order is struct user_regs_struct, as in a core's
  * NT_PRSTATUS note. */
-void _tag_save_regs(struct libtag_thread *r, const ucontext_t *uc)
+void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
 {
     const greg_t *g = uc->uc_mcontext.gregs;
     uint64_t *o = r->regs;
@@ -145,7 +144,7 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
                 tid = tid * 10 + (uint32_t)(*p - '0');
             if (tid == 0 || tid == self)
                 continue;
-            if (syscall(SYS_tgkill, pid, tid, REGS_SIGNAL) == 0)
+            if (syscall(SYS_tgkill, pid, tid, TAG_REGS_SIGNAL) == 0)
                 sent++;
         }
     }
@@ -363,6 +362,7 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     _tag_ctl.snapshot_seq = seq;
     _tag_ctl.snapshot_tid = tid;
     _tag_ctl.snapshot_time_ms = _tag_now_ms();
+    _tag_quarantine_check_all();  /* before the payloads may be blanked */
     if (_tag_opt.omit_payload)
         _tag_redact_payloads();
 
@@ -437,8 +437,43 @@ void _tag_snapshot_reap(void)
 }
 
 /* ---------------------------------------------------------------------
- * Take a snapshot.  Async-signal-safe; returns 0 or -errno. */
+ * On-demand requests.  One that arrives while a snapshot is being taken is
+ * not dropped: its time stays in asked_ns, and whoever holds busy looks at
+ * asked_ns after letting busy go and takes the snapshot it asks for (a
+ * request publishes itself before it tries busy, so either the holder sees
+ * it or the request gets busy itself).  Each on-demand snapshot serves every
+ * request made up to its start and says since when in its info file
+ * (request_ns): forensics snapshot takes the first snapshot that started
+ * after it asked, never one that was already under way. */
+static uint64_t asked_ns;  /* CLOCK_MONOTONIC of the oldest request not served; 0 = none */
+
+static void ask(uint64_t t)
+{
+    uint64_t cur = __atomic_load_n(&asked_ns, __ATOMIC_RELAXED);
+    while ((cur == 0 || t < cur) &&
+           !__atomic_compare_exchange_n(&asked_ns, &cur, t, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
+static int take(uint32_t reason);
+
+/* Take a snapshot, then the on-demand ones asked for meanwhile.
+ * Async-signal-safe; returns 0 or -errno (of the first).  An on-demand
+ * request that finds another snapshot in progress returns 0: the thread
+ * taking that one takes this one next. */
 int _tag_snapshot(uint32_t reason)
+{
+    if (reason == TAG_REASON_ON_DEMAND)
+        ask(mono_ns());
+    int rc = take(reason);
+    if (rc == -EBUSY)
+        return reason == TAG_REASON_ON_DEMAND ? 0 : rc;
+    while (__atomic_load_n(&asked_ns, __ATOMIC_ACQUIRE) && take(TAG_REASON_ON_DEMAND) != -EBUSY)
+        ;
+    return rc;
+}
+
+static int take(uint32_t reason)
 {
     int saved = errno;
     _tag_ensure_init();
@@ -446,6 +481,9 @@ int _tag_snapshot(uint32_t reason)
         errno = saved;
         return -EBUSY;
     }
+    /* the requests this snapshot serves: all those made until now */
+    uint64_t asked = reason == TAG_REASON_ON_DEMAND ? __atomic_exchange_n(&asked_ns, 0, __ATOMIC_ACQ_REL)
+                                                    : 0;
     reap();
     struct tag_tls *t = _tag_self();
     uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
@@ -486,10 +524,11 @@ int _tag_snapshot(uint32_t reason)
         clock_gettime(CLOCK_REALTIME, &now);
         size_t n = _tag_format(info, sizeof info,
             "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
-            "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\n",
+            "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\nrequest_ns=%lu\n",
             (int)getpid(), child, seq, rname, t->tid, stopped,
             (unsigned long)(t2 - t0), (unsigned long)(t2 - t1),
-            (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul);
+            (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul,
+            (unsigned long)(asked ? asked : t0));
         write_file(dir, "info", info, n);
         _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname,
                  _tag_opt.dir[0] ? _tag_opt.dir : "$XDG_STATE_HOME/forensics/snapshots", name);
@@ -594,7 +633,7 @@ void _tag_snapshot_init(void)
     sa.sa_sigaction = regs_handler;
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigfillset(&sa.sa_mask);
-    __sigaction(REGS_SIGNAL, &sa, NULL);
+    __sigaction(TAG_REGS_SIGNAL, &sa, NULL);
     if (_tag_opt.signal) {
         sa.sa_sigaction = snapshot_handler;
         __sigaction(_tag_opt.signal, &sa, NULL);

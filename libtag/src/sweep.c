@@ -1,10 +1,10 @@
-/* sweep.c - catch a heap overflow before the block is freed.
+/* sweep.c - catch a heap overflow or underflow before the block is freed.
  *
- * free() and realloc() check a block's canary, but a block that is never
- * freed (or freed much later) would hide its overflow until then.  So each
- * thread remembers its last TAG_SWEEP_RECENT allocations, and every
- * LIBTAG_SWEEP instrumented function entries it checks their tags and
- * canaries.
+ * free() and realloc() check a block's tag and canary, but a block that is
+ * never freed (or freed much later) would hide its damage until then.  So
+ * each thread remembers its last TAG_SWEEP_RECENT allocations, and every
+ * LIBTAG_SWEEP instrumented function entries - and once more when the
+ * thread or the process exits - it checks their tags and canaries.
  *
  * The blocks may have been freed and handed back to glibc since - even
  * unmapped (large chunks are munmap'ed on free).  So the sweep never touches
@@ -30,8 +30,14 @@ void _tag_sweep_remember(struct tag_tls *t, void *user)
     t->recent[t->recent_next++ % TAG_SWEEP_RECENT] = user;
 }
 
-/* Copy n iovecs of our own memory; returns the iovecs fully copied. */
-static unsigned copy_own(struct iovec *local, struct iovec *remote, unsigned n)
+static void forget(struct tag_tls *t, const void *user)
+{
+    for (unsigned k = 0; k < TAG_SWEEP_RECENT; k++)
+        if (t->recent[k] == user)
+            t->recent[k] = NULL;
+}
+
+unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n)
 {
     unsigned done = 0;
     pid_t pid = getpid();
@@ -77,19 +83,22 @@ void _tag_sweep(struct tag_tls *t, void *ret, void *frame)
         remote[n] = (struct iovec){_tag_of(user), sizeof tags[n]};
         n++;
     }
-    copy_own(local, remote, n);
+    _tag_copy_own(local, remote, n);
     /* pass 2: the canaries of blocks whose tag is live and sound */
     unsigned m = 0;
     unsigned idx[TAG_SWEEP_RECENT];
     for (unsigned i = 0; i < n; i++) {
-        const struct libtag_tag *tag = &tags[i];
+        struct libtag_tag *tag = &tags[i];
         uint64_t addr = (uint64_t)(uintptr_t)_tag_of(which[i]);
-        if (local[i].iov_len == 0 || tag->magic != TAG_MAGIC || _tag_state(tag) != TAG_STATE_LIVE ||
-            tag->check != tag_check_value(addr, _tag_ctl.secret, tag)) {
-            /* freed, recycled or gone: forget it */
-            for (unsigned k = 0; k < TAG_SWEEP_RECENT; k++)
-                if (t->recent[k] == which[i])
-                    t->recent[k] = NULL;
+        int sound = local[i].iov_len != 0 && _tag_valid_at(addr, tag);
+        if (!sound || _tag_state(tag) != TAG_STATE_LIVE) {
+            /* freed, recycled or gone: forget it - unless its magic
+             * survived a write from below (or an overflow of the block
+             * before it), which is reported now, while it lives */
+            if (!sound && local[i].iov_len != 0 && tag->magic == TAG_MAGIC &&
+                _tag_recover(addr, tag) && _tag_state(tag) == TAG_STATE_LIVE)
+                _tag_damaged(which[i], NULL, ret, frame);
+            forget(t, which[i]);
             continue;
         }
         idx[m] = i;
@@ -97,18 +106,29 @@ void _tag_sweep(struct tag_tls *t, void *ret, void *frame)
         remote[m] = (struct iovec){(char *)which[i] + _tag_size(tag), sizeof canaries[m]};
         m++;
     }
-    copy_own(local, remote, m);
+    _tag_copy_own(local, remote, m);
     for (unsigned j = 0; j < m; j++) {
         void *user = which[idx[j]];
         uint64_t want = tag_canary_value((uint64_t)(uintptr_t)_tag_of(user), _tag_ctl.secret);
         if (local[j].iov_len != 0 && canaries[j] != want) {
-            for (unsigned k = 0; k < TAG_SWEEP_RECENT; k++)
-                if (t->recent[k] == user)
-                    t->recent[k] = NULL;
-            if (_tag_reported(_tag_of(user)))
+            forget(t, user);
+            struct libtag_tag *tag = &tags[idx[j]];
+            if (_tag_reported(tag))
                 continue;
-            _tag_mark_reported(user);  /* report it once, not again at free */
-            _tag_anomaly(TAG_ANOMALY_HEAP_OVERFLOW, user, user, ret, frame);
+            /* marked first: report it once, not again at free; and keep it
+             * from glibc when freed (its next chunk's header may be hit) */
+            _tag_set_bits(user, 0, TAG_FLAG_REPORTED);
+            unsigned first = 0;
+            while (first < TAG_CANARY_SIZE - 1 &&
+                   (unsigned char)(canaries[j] >> (8 * first)) == (unsigned char)(want >> (8 * first)))
+                first++;
+            struct tag_report r = {
+                .kind = TAG_ANOMALY_HEAP_OVERFLOW,
+                .address = (char *)user + _tag_size(tag) + first,
+                .block = user,
+                .tag = tag,
+            };
+            _tag_anomaly(&r, ret, frame);
         }
     }
     errno = saved;

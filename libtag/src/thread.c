@@ -36,10 +36,15 @@ void _tag_threads_init(void)
     _tag_ctl.thread_capacity = THREAD_CAPACITY;
 }
 
+/* Last checks of the thread's blocks: the damage of its recent allocations
+ * and of every block in its quarantine is reported now, before its ring
+ * goes away. */
 static void thread_exit(void *arg)
 {
     struct tag_tls *t = &_tag_tls;
     (void)arg;
+    if (_tag_opt.sweep_every)
+        _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
     t->exiting = 1;
     if (t->rec) {
@@ -66,6 +71,8 @@ void _tag_thread_register(void)
         r = &overflow_record;
         t->overflow_rec = 1;
     }
+    /* records are never reused: a counter or a reader would mix threads */
+    TAG_ASSERT(t->overflow_rec || __atomic_load_n(&r->tid, __ATOMIC_RELAXED) == 0);
     r->shadow = (uint64_t)(uintptr_t)&t->shadow;
     /* glibc puts a thread's descriptor at the top of its stack block, so
      * pthread_self() bounds the stack of every thread but the main one,

@@ -1,8 +1,9 @@
 """Anomalies: each kind of heap misuse leaves exactly one snapshot directory
 named for it, and the core's control block names the kind and the address.
 
-snap_anomaly prints the pointer concerned ("address=0x...") before the
-misuse.  With LIBTAG_ON_ANOMALY=snapshot it runs on ("survived", exit 0);
+snap_anomaly prints the address concerned ("address=0x...": the pointer
+passed to free(), or the first byte written where it must not be) and the
+block involved ("block=0x...") before the misuse.  With LIBTAG_ON_ANOMALY=snapshot it runs on ("survived", exit 0);
 with abort it dies of SIGABRT and still leaves exactly one snapshot.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 
 import forensics_test_support as S
-# victim argument -> (the reason / kind name, does the block record name the pointer?)
+# victim argument -> (the reason / kind name, does the anomaly name a block?)
 CASES = {
     "double-free": ("double-free", True),
     "invalid-free-stack": ("invalid-free", False),
@@ -46,9 +47,9 @@ def _the_one_snapshot(snaps: Path, pid: int, reason: str):
     return core
 
 
-def _address(stdout: str) -> int:
-    line = next((ln for ln in stdout.splitlines() if ln.startswith("address=")), None)
-    assert line is not None, f"expected an address= line, got {stdout!r}"
+def _address(stdout: str, key: str = "address") -> int:
+    line = next((ln for ln in stdout.splitlines() if ln.startswith(f"{key}=")), None)
+    assert line is not None, f"expected a {key}= line, got {stdout!r}"
     return int(line.split("=", 1)[1], 16)
 
 
@@ -76,8 +77,8 @@ def test_anomaly_snapshot_and_run_on(case, core_path, build_victim, tmp_path):
         f"expected kind {S.ANOMALY_KINDS[reason]} ({reason}), got {ctl.anomaly_kind}")
     assert ctl.anomaly_address == address, (
         f"expected address {address:#x}, got {ctl.anomaly_address:#x}")
-    assert ctl.anomaly_block == (address if names_block else 0), (
-        f"expected block {address if names_block else 0:#x}, got {ctl.anomaly_block:#x}")
+    block = _address(result.stdout, "block") if names_block else 0
+    assert ctl.anomaly_block == block, f"expected block {block:#x}, got {ctl.anomaly_block:#x}"
     assert (ctl.pid, ctl.anomaly_tid, ctl.anomaly_count) == (pid, pid, 1), (
         f"expected pid/tid {pid} and 1 anomaly, got {ctl}")
 

@@ -142,7 +142,9 @@ def stack_names(heap: Heap, exe: Path, base: int, stack_id: int) -> list[str]:
 # ---------------------------------------------------------------------- tests --
 
 
-def check_blocks(heap: Heap, report: Report, exe: Path, base: int) -> None:
+def check_blocks(heap: Heap, report: Report, exe: Path, base: int, free_records: bool = True) -> None:
+    """free_records=False: the thread records (which name the quarantine rings
+    that hold the free records) are unreadable, so who freed a block is unknown."""
     for p in report.blocks:
         b = heap.block_at(p.addr)
         assert b is not None, f"block {p.addr:#x} ({p.size} bytes from {p.who}) not found"
@@ -152,7 +154,7 @@ def check_blocks(heap: Heap, report: Report, exe: Path, base: int) -> None:
         assert inner is not None and inner.start == p.addr
         assert block_json(inner, lambda s: [], offset=p.size // 2)["offset"] == p.size // 2
         assert stack_names(heap, exe, base, b.alloc_stack) == ["alloc_node", "make_record", p.who]
-        if p.state == "freed":
+        if p.state == "freed" and free_records:
             assert b.free_thread == p.tid
             assert stack_names(heap, exe, base, b.free_stack) == ["release_record", p.who]
         else:
@@ -178,7 +180,7 @@ def test_block_json_has_spec_shape(case: Case):
     b = case.heap.block_at(p.addr + 5)
     j = block_json(b, lambda sid: [], offset=5)
     assert j == {"start": f"{p.addr:#x}", "size": p.size, "offset": 5, "state": "freed", "thread": p.tid,
-                 "alloc_stack": [], "free_stack": [], "free_thread": p.tid}
+                 "alloc_stack": [], "free_stack": [], "free_thread": p.tid, "alloc_kind": "malloc"}
 
 
 def test_bytes_past_the_end_are_near_the_block(case: Case):
@@ -368,8 +370,10 @@ def test_wild_control_pointers_give_warnings_not_tracebacks(case: Case, tmp_path
     # GIVEN a core whose control block claims 2^32-1 stack nodes and threads at a wild address
     path = _patched_core(case, tmp_path, {"stack_count": 0xFFFFFFFF, "threads": 0x10, "thread_count": 9})
     heap = Heap(CoreMemory(Core(path)))
-    # THEN the blocks are still all there, and what could not be read is a warning
-    check_blocks(heap, case.report, case.exe, case.base)
+    # THEN the blocks are still all there (who freed them is unknown: the
+    # quarantine rings are found through the thread records), and what could
+    # not be read is a warning
+    check_blocks(heap, case.report, case.exe, case.base, free_records=False)
     assert heap.threads == []
     assert any("the thread records at 0x10" in w for w in heap.warnings), heap.warnings
     assert any("stack table count 4294967295 exceeds" in w for w in heap.warnings), heap.warnings
@@ -380,4 +384,4 @@ def test_another_abi_version_is_named(case: Case, tmp_path):
     path = _patched_core(case, tmp_path, {"abi_version": 99})
     with pytest.raises(abi.AbiVersionError) as err:
         Heap(CoreMemory(Core(path)))
-    assert "has ABI version 99, this forensics reads version 1" in str(err.value)
+    assert "has ABI version 99, this forensics reads version 2" in str(err.value)

@@ -57,8 +57,10 @@ def inspect(run_cli, core: Path, state: Path, *extra: str) -> dict:
 
 # ---------------------------------------------------------------- anomalies --
 
-# kind -> (block start relative to the printed address or None, size, offset,
-#          state, alloc stack, free stack or None, detecting stack)
+# kind -> (block start relative to the printed address or None, size, offset
+#          of the anomaly's address in the block (the first damaged byte for an
+#          overflow or a write after free), state, alloc stack, free stack or
+#          None, detecting stack)
 ANOMALIES = {
     "double-free": (0, 48, 0, "freed", ["make_block", "do_double_free", "main"],
                     ["first_release", "do_double_free", "main"],
@@ -67,12 +69,14 @@ ANOMALIES = {
                               None, ["bad_release", "do_invalid_interior", "main"]),
     "invalid-free-stack": (None, None, None, None, None, None,
                            ["bad_release", "do_invalid_stack", "main"]),
-    "heap-overflow": (0, 40, 0, "live", ["make_block", "do_overflow", "main"], None,
+    "heap-overflow": (0, 40, 40, "live", ["make_block", "do_overflow", "main"], None,
                       ["overflow_release", "do_overflow", "main"]),
-    "use-after-free": (0, 64, 0, "freed", ["make_block", "do_use_after_free", "main"],
+    "use-after-free": (0, 64, 40, "freed", ["make_block", "do_use_after_free", "main"],
                        ["first_release", "do_use_after_free", "main"],
                        ["churn", "do_use_after_free", "main"]),
 }
+# what the victim wrote where it must not (hex), for the kinds that write
+WRITTEN = {"heap-overflow": "41" * 8, "use-after-free": "42"}
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
@@ -97,7 +101,9 @@ def test_anomaly_core(case, core_path, build_victim, run_victim, run_cli, tmp_pa
     assert doc["process"] == {"pid": tid, "exe": str(exe)}, doc["process"]
     assert len(doc["anomalies"]) == 1, doc["anomalies"]
     a = doc["anomalies"][0]
-    assert (a["kind"], a["address"], a["thread"]) == (kind, hex(address), tid), a
+    at = address + rel + offset if rel is not None else address
+    assert (a["kind"], a["address"], a["thread"]) == (kind, hex(at), tid), a
+    assert (a["offset"], a["written"]) == (offset, WRITTEN.get(kind)), a
     # ... detected where the victim misused the heap
     assert functions(a["stack"], exe) == detect, a["stack"]
     # ... with the block, its state and both stacks

@@ -10,16 +10,17 @@ import pytest
 
 LIVE = "tag ok=1 size={size} state=1 tid_self=1 stack_set=1 canary=1"
 
-# form: requested size libtag recorded
+# form: (requested size libtag recorded, how it recorded the allocation:
+# enum libtag_alloc_kind, 1 new, 2 new[], 3 aligned new, 4 aligned new[])
 FORMS = {
-    "new": 4,                       # new int
-    "new[]": 100,                   # new char[100]
-    "new[]cookie": 3 * 20 + 8,      # new WithDtor[3]: 8-byte array cookie first
-    "new-aligned": 64,              # new of an alignas(64) type -> aligned_alloc
-    "new[]-aligned": 3 * 64,
-    "operator-new-align256": 256,   # libstdc++ rounds 100 up to the alignment
-    "new-nothrow": 50,
-    "new-nothrow-aligned": 64,
+    "new": (4, 1),                       # new int
+    "new[]": (100, 2),                   # new char[100]
+    "new[]cookie": (3 * 20 + 8, 2),      # new WithDtor[3]: 8-byte array cookie first
+    "new-aligned": (64, 3),              # new of an alignas(64) type
+    "new[]-aligned": (3 * 64, 4),
+    "operator-new-align256": (100, 3),   # the size asked for, not rounded up
+    "new-nothrow": (50, 2),              # new (std::nothrow) char[50]
+    "new-nothrow-aligned": (64, 3),
 }
 
 
@@ -31,9 +32,11 @@ def test_every_new_is_tagged_and_every_delete_frees(build_victim, run_victim, tm
     proc = run_victim(exe, snap_dir=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    for form, size in FORMS.items():
-        # THEN the block behind each new carries a live tag of that size
+    for form, (size, kind) in FORMS.items():
+        # THEN the block behind each new carries a live tag of that size,
+        # made by that form of new
         assert f"{form} {LIVE.format(size=size)}" in lines, form
+        assert f"{form} kind={kind}" in lines, form
         # AND after the matching delete the tag says freed, by this thread
         assert f"{form} deleted tag_ok=1 state=2 free_tid_self=1" in lines, form
     for form in ("new-aligned", "new[]-aligned", "operator-new-align256"):
@@ -54,8 +57,9 @@ def test_statically_linked_cxx_victim_gets_tags(build_victim, run_victim, tmp_pa
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     # THEN every form of new is tagged as under LD_PRELOAD
-    for form, size in FORMS.items():
+    for form, (size, kind) in FORMS.items():
         assert f"{form} {LIVE.format(size=size)}" in lines, form
+        assert f"{form} kind={kind}" in lines, form
         assert f"{form} deleted tag_ok=1 state=2 free_tid_self=1" in lines, form
     assert "stats live_blocks=0 anomalies=0" in lines
 
@@ -71,6 +75,13 @@ def test_failed_new_keeps_cxx_semantics(build_victim, run_victim, tmp_path):
     assert "new-nothrow-huge null=1" in lines
     assert "new-huge bad_alloc" in lines
     assert "new-aligned-huge bad_alloc" in lines
+    # AND a new that succeeds only after its new_handler freed memory (the
+    # retry runs in libstdc++ over libtag's malloc) is still a new[] block,
+    # and delete[] of it is no mismatch
+    assert "new[]-after-handler handler_calls=1" in lines
+    assert f"new[]-after-handler {LIVE.format(size=40 << 20)}" in lines
+    assert "new[]-after-handler kind=2" in lines
+    assert "new[]-after-handler anomalies=0" in lines
 
 
 def test_cxx_victim_runs_without_libtag(build_victim, run_victim):

@@ -32,14 +32,24 @@ def test_snapshots_every_second_under_16_churning_threads(tmp_path, capsys):
     # THEN the victim finished (no deadlock) with its own result correct
     assert (report["victim_exit"], report["victim_result"], report["victim_stderr"]) == (0, "result ok", [])
     assert len(report["victim_threads"]) == 16
-    # AND every snapshot asked for was taken (exit 0), in sequence, none lost
+    # AND every snapshot asked for was taken (exit 0) and none was lost:
+    # snapshots 1..N all exist, complete.  The requests are separate
+    # `forensics snapshot` processes started a second apart, and their
+    # start-up takes seconds under CPU contention, so a later one may signal
+    # first: the seqs need not follow the order the requests were made, and
+    # two racing requests may both get the first snapshot that started after
+    # they asked, leaving the next one to nobody (an extra snapshot, which
+    # must be complete too).
     assert [(s["exit"], s["error"]) for s in snaps] == [(0, "")] * len(snaps)
+    assert snaps != [], "no snapshot was taken"
+    seqs = [s["seq"] for s in snaps]
+    extra = report["unclaimed"]
+    assert [(u["reason"], u["complete"]) for u in extra] == [("on-demand", True)] * len(extra), extra
+    every = sorted(set(seqs) | {u["seq"] for u in extra})
+    assert every == list(range(1, max(every) + 1)), (seqs, extra)
     # (two requests whose signals arrive together are served by one snapshot:
     # a pending standard signal is delivered once, and both get that core)
-    seqs = [s["seq"] for s in snaps]
-    assert seqs == sorted(seqs) and sorted(set(seqs)) == list(range(1, max(seqs) + 1)), seqs
-    assert [s["shared"] for s in snaps] == [i > 0 and seqs[i - 1] == q for i, q in enumerate(seqs)]
-    assert snaps != [], "no snapshot was taken"
+    assert [s["shared"] for s in snaps] == [q in seqs[:i] for i, q in enumerate(seqs)]
     # AND every core is readable, with every thread stopped for it, no
     # warnings, no anomalies, and every published block's tag consistent
     # with the block's own header

@@ -5,7 +5,8 @@ GIVEN snap_sweep, which writes 8 bytes past a 40-byte block and then makes
 20000 instrumented calls before freeing it
 WHEN it runs under libtag with LIBTAG_SWEEP=1000
 THEN exactly one heap-overflow snapshot exists, taken before the free (its
-     detecting stack is busy_step, not free's caller), naming the block
+     detecting stack is busy_step, not free's caller), naming the block and
+     the first byte written past its end
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim,
     with Dump.open(snapdir.find_core(snap_dir.path)) as dump:
         a = dump.heap.anomaly
         assert a.kind == "heap-overflow"
-        assert a.address == address
+        # the address is the first byte written past the end; the block is b
+        assert (a.address, a.block.start, a.written) == (address + 40, address, b"x" * 8)
         assert a.block.size == 40 and a.block.state == "live"
         functions = [f.function for f in dump.stack(a.stack)]
         assert functions[:2] == ["busy_step", "main"], functions

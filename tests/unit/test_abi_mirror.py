@@ -97,11 +97,14 @@ def _offset_by_building(struct, dotted):
 
 CONSTANTS = [
     "TAG_ABI_VERSION", "TAG_MAGIC", "TAG_MIN_PAYLOAD", "TAG_CANARY_SIZE", "TAG_FREE_PATTERN",
-    "TAG_SIZE_MASK", "TAG_STATE_SHIFT", "TAG_FLAG_REPORTED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
+    "TAG_SIZE_MASK", "TAG_STATE_SHIFT", "TAG_FLAG_REPORTED", "TAG_ALLOC_SHIFT", "TAG_ALLOC_MASK",
+    "TAG_ALLOC_MALLOC", "TAG_ALLOC_NEW", "TAG_ALLOC_NEW_ARRAY", "TAG_ALLOC_NEW_ALIGNED",
+    "TAG_ALLOC_NEW_ARRAY_ALIGNED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
     "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
     "TAG_THREAD_REGS", "TAG_NREGS", "TAG_QUARANTINE_SLOTS", "TAG_QUARANTINE_BYTES", "TAG_OPTION_NO_PAYLOAD", "TAG_REAP_REQUEST", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
     "TAG_REASON_CRASH", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
-    "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE",
+    "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
+    "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
 ]  # fmt: skip
 
 # (tag_addr, secret, size_state, alloc_stack, alloc_tid, alloc_time, pad, free_stack, free_tid, free_time)
@@ -195,8 +198,10 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 272
-    assert probe["field"][("libtag_control", "anomaly")] == (160, 80)
+    assert probe["sizeof"]["libtag_control"] == 312
+    assert probe["field"][("libtag_control", "anomaly")] == (160, 96)
+    assert probe["field"][("libtag_control", "tls_bytes")] == (288, 4)
+    assert probe["sizeof"]["libtag_quarantine_ring"] == abi.TAG_QUARANTINE_BYTES
     assert probe["field"][("libtag_control", "stack_nodes")] == (72, 8)
     assert probe["field"][("libtag_thread", "regs")] == (56, 8 * 27)
 
@@ -209,6 +214,15 @@ def test_numpy_dtypes_match_c(probe, cname):
         assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][(cname, name)]
     assert abi.STACK_NODE_DTYPE == abi.numpy_dtype(abi.StackNode)
     assert abi.THREAD_RECORD_DTYPE == abi.numpy_dtype(abi.ThreadRecord)
+
+
+def test_flat_ring_entry_dtype_matches_c(probe):
+    # the ring entry's dtype flattens its free record: rec.free_stack -> free_stack
+    dtype = abi.QENTRY_DTYPE
+    assert dtype.itemsize == probe["sizeof"]["libtag_qentry"]
+    for name in dtype.names:
+        cfield = name if ("libtag_qentry", name) in probe["field"] else f"rec.{name}"
+        assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][("libtag_qentry", cfield)]
 
 
 def test_register_names_are_user_regs_struct_in_order(probe):
@@ -257,8 +271,11 @@ def test_libtag_signal_names_are_options_c_ones():
 
 
 def test_anomaly_and_reason_names():
-    assert [abi.ANOMALY_NAMES[k] for k in (1, 2, 3, 4)] == [
-        "double-free", "invalid-free", "heap-overflow", "use-after-free"]
+    assert [abi.ANOMALY_NAMES[k] for k in (1, 2, 3, 4, 5, 6)] == [
+        "double-free", "invalid-free", "heap-overflow", "use-after-free", "heap-underflow",
+        "alloc-dealloc-mismatch"]
+    assert [abi.ALLOC_KIND_NAMES[k] for k in (0, 1, 2, 3, 4)] == [
+        "malloc", "new", "new[]", "new-aligned", "new[]-aligned"]
     assert abi.reason_name(abi.TAG_REASON_ON_DEMAND, 0) == "on-demand"
     assert abi.reason_name(abi.TAG_REASON_CRASH, 0) == "crash"
     assert abi.reason_name(abi.TAG_REASON_ANOMALY, abi.TAG_ANOMALY_HEAP_OVERFLOW) == "heap-overflow"

@@ -6,6 +6,9 @@
 // the array cookie, 8 bytes before the pointer new[] returns) and
 // "<form> deleted ..." lines read from the quarantined block after delete.
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <sys/resource.h>
 #include <new>
 #include <string>
 #include <vector>
@@ -21,12 +24,46 @@ struct alignas(64) Aligned64 {
     char c[64];
 };
 
+/* The tag line, then "<label> kind=N": how libtag recorded the allocation
+ * (enum libtag_alloc_kind). */
+static void tagged(const char *label, const void *block)
+{
+    lt_print_tag(label, block);
+    const struct libtag_tag *t = lt_tag(block);
+    printf("%s kind=%u\n", label, t ? lt_kind(t) : 99u);
+}
+
 static void deleted(const char *label, const void *block)
 {
     const struct libtag_tag *t = lt_tag(block);
     const struct libtag_free_rec *f = lt_free_rec(block);
     printf("%s deleted tag_ok=%d state=%u free_tid_self=%d\n", label, t != nullptr,
            t ? lt_state(t) : 0u, f ? f->free_tid == lt_gettid() : 0);
+}
+
+/* A new_handler that gives the reserve back once, as C++ programs do to
+ * survive a failed new. */
+static void *reserve;
+static int handler_calls;
+static void give_back()
+{
+    handler_calls++;
+    free(reserve);
+    reserve = nullptr;
+    std::set_new_handler(nullptr);
+}
+
+static size_t vm_size()
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * 1024;
 }
 
 static size_t opaque(size_t x)
@@ -47,46 +84,46 @@ int main()
     libtag_stats(&s0);
 
     int *i = new int(42);
-    lt_print_tag("new", i);
+    tagged("new", i);
     delete i;
     deleted("new", i);
 
     char *a = new char[100];
-    lt_print_tag("new[]", a);
+    tagged("new[]", a);
     delete[] a;
     deleted("new[]", a);
 
     WithDtor *w = new WithDtor[3];
     const char *cookie = reinterpret_cast<const char *>(w) - sizeof(size_t);
-    lt_print_tag("new[]cookie", cookie);
+    tagged("new[]cookie", cookie);
     delete[] w;
     deleted("new[]cookie", cookie);
 
     Aligned64 *al = new Aligned64;
-    lt_print_tag("new-aligned", al);
+    tagged("new-aligned", al);
     printf("new-aligned aligned=%d\n", reinterpret_cast<uintptr_t>(al) % 64 == 0);
     delete al;
     deleted("new-aligned", al);
 
     Aligned64 *ala = new Aligned64[3];
-    lt_print_tag("new[]-aligned", ala);
+    tagged("new[]-aligned", ala);
     printf("new[]-aligned aligned=%d\n", reinterpret_cast<uintptr_t>(ala) % 64 == 0);
     delete[] ala;
     deleted("new[]-aligned", ala);
 
     void *raw = ::operator new(100, std::align_val_t(256));
-    lt_print_tag("operator-new-align256", raw);
+    tagged("operator-new-align256", raw);
     printf("operator-new-align256 aligned=%d\n", reinterpret_cast<uintptr_t>(raw) % 256 == 0);
     ::operator delete(raw, std::align_val_t(256));
     deleted("operator-new-align256", raw);
 
     char *nt = new (std::nothrow) char[50];
-    lt_print_tag("new-nothrow", nt);
+    tagged("new-nothrow", nt);
     delete[] nt;
     deleted("new-nothrow", nt);
 
     Aligned64 *ntal = new (std::nothrow) Aligned64;
-    lt_print_tag("new-nothrow-aligned", ntal);
+    tagged("new-nothrow-aligned", ntal);
     delete ntal;
     deleted("new-nothrow-aligned", ntal);
 
@@ -125,6 +162,26 @@ int main()
     } catch (const std::bad_alloc &) {
         printf("new-aligned-huge bad_alloc\n");
     }
+
+    // A new that fails until its new_handler frees memory: the retry runs
+    // in libstdc++'s operator new, over libtag's malloc, and the block it
+    // returns is still a new[] block (delete[] of it is no mismatch).
+    // With the 40 MiB reserve held, the address space is capped 24 MiB above
+    // what is used: the new fails until the handler frees the reserve (above
+    // the quarantine budget, so free() hands it straight back).
+    const size_t big = (size_t)40 << 20;
+    reserve = malloc(big);
+    struct rlimit as;
+    getrlimit(RLIMIT_AS, &as);
+    as.rlim_cur = vm_size() + ((size_t)24 << 20);
+    setrlimit(RLIMIT_AS, &as);
+    std::set_new_handler(give_back);
+    char *retried = new char[opaque(big)];
+    tagged("new[]-after-handler", retried);
+    printf("new[]-after-handler handler_calls=%d\n", handler_calls);
+    delete[] retried;
+    libtag_stats(&s1);
+    printf("new[]-after-handler anomalies=%u\n", s1.anomalies);
 
     return 0;
 }

@@ -52,7 +52,8 @@ __attribute__((unused)) static const struct libtag_tag *lt_tag(const void *user)
 }
 
 __attribute__((unused)) static uint64_t lt_size(const struct libtag_tag *t) { return t->size_state & TAG_SIZE_MASK; }
-__attribute__((unused)) static unsigned lt_state(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_STATE_SHIFT); }
+__attribute__((unused)) static unsigned lt_state(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_STATE_SHIFT) & 0xff; }
+__attribute__((unused)) static unsigned lt_kind(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK; }
 
 /* Does the canary after a live block's payload hold its value? */
 __attribute__((unused)) static int lt_canary_ok(const void *user)
@@ -66,17 +67,27 @@ __attribute__((unused)) static int lt_canary_ok(const void *user)
     return have == want;
 }
 
-/* The free record of a freed block (in the quarantine) if it validates. */
+/* The free record of a freed block if it validates: libtag keeps it in the
+ * freeing thread's quarantine ring, next to the pointer, not in the block. */
 __attribute__((unused)) static const struct libtag_free_rec *lt_free_rec(const void *user)
 {
     const struct libtag_control *c = lt_ctl();
     const struct libtag_tag *t = lt_tag(user);
     if (!t || lt_state(t) != TAG_STATE_FREED)
         return NULL;
-    const struct libtag_free_rec *f = (const struct libtag_free_rec *)user;
-    if (f->check != free_rec_check_value((uint64_t)(uintptr_t)t, c->secret, f))
-        return NULL;
-    return f;
+    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)c->threads;
+    uint32_t n = __atomic_load_n(&c->thread_count, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < n && i < c->thread_capacity; i++) {
+        const struct libtag_quarantine_ring *q =
+            (const struct libtag_quarantine_ring *)(uintptr_t)r[i].quarantine;
+        for (uint32_t k = 0; q && k < q->count; k++) {
+            const struct libtag_qentry *e = &q->e[(q->head + k) % TAG_QUARANTINE_SLOTS];
+            if (e->user == (uint64_t)(uintptr_t)user &&
+                e->rec.check == free_rec_check_value((uint64_t)(uintptr_t)t, c->secret, &e->rec))
+                return &e->rec;
+        }
+    }
+    return NULL;
 }
 
 /* The thread record whose tid is tid (latest one if several), or NULL. */

@@ -8,8 +8,10 @@
  *                          blocks to push p out of the quarantine (run it with
  *                          a small LIBTAG_QUARANTINE, e.g. 4096)
  *
- * Prints "address=0x..." (the pointer the anomaly is about) before the misuse
- * and "survived" after it, then exits 0.
+ * Prints "address=0x..." (the address the anomaly is about: the pointer
+ * passed to free(), or the first byte written where it must not be) and,
+ * when a block is involved, "block=0x..." before the misuse, and "survived"
+ * after it, then exits 0.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,12 +24,19 @@ static void say(void *p)
     fflush(stdout);
 }
 
+static void say_block(void *p)
+{
+    printf("block=%p\n", p);
+    fflush(stdout);
+}
+
 __attribute__((noinline)) static void do_double_free(void)
 {
     char *p = malloc(48);
     memset(p, 1, 48);
     free(p);
     say(p);
+    say_block(p);
     free(p);
 }
 
@@ -54,7 +63,8 @@ __attribute__((noinline)) static void do_heap_overflow(void)
 {
     char *p = malloc(40);
     char *volatile end = p + 40;
-    say(p);
+    say(end);
+    say_block(p);
     memset(end, 0x41, 8);
     free(p);
 }
@@ -64,9 +74,10 @@ __attribute__((noinline)) static void do_use_after_free(void)
     char *p = malloc(64);
     memset(p, 4, 64);
     free(p);
-    say(p);
+    say(p + 40);
+    say_block(p);
     char *volatile dangling = p;
-    dangling[40] = 0x42;   /* in the fill pattern, past the free record */
+    dangling[40] = 0x42;   /* in the fill pattern */
     for (int i = 0; i < 256; i++) {  /* 256 x 64 bytes > a small quarantine */
         char *volatile q = malloc(64);  /* volatile: gcc drops free(malloc()) */
         free(q);

@@ -103,7 +103,7 @@ __attribute__((noinline)) static void do_use_after_free(void)
     first_release(p);
     say(p);
     char *volatile dangling = p;
-    dangling[40] = 0x42;   /* in the fill pattern, past the free record */
+    dangling[40] = 0x42;   /* in the fill pattern */
     churn();
 }
 

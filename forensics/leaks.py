@@ -82,8 +82,8 @@ _TCB_BYTES = 0x900
 # register, never a memory word (the NULL page is never mapped).
 _REG_VIA_LIMIT = 1 << 12
 _NO_PARENT = -1
-# sizeof(struct libtag_shadow) (tag_abi.h): depth, valid, overflows, fn[], site[], id[]
-_SHADOW_BYTES = 16 + 2 * 8 * abi.TAG_SHADOW_MAX + 4 * (abi.TAG_SHADOW_MAX + 1)
+# sizeof(struct libtag_shadow) (tag_abi.h): depth, valid, overflows, fn[], site[], sp[], id[]
+_SHADOW_BYTES = abi.SHADOW_SIZE
 
 
 @dataclass(frozen=True)

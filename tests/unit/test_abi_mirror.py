@@ -85,7 +85,7 @@ def _offset_by_building(struct, dotted):
 CONSTANTS = [
     "TAG_ABI_VERSION", "TAG_MAGIC", "TAG_MIN_PAYLOAD", "TAG_CANARY_SIZE", "TAG_FREE_PATTERN",
     "TAG_SIZE_MASK", "TAG_STATE_SHIFT", "TAG_FLAG_REPORTED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
-    "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
+    "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_FRAME_SIGNAL", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
     "TAG_THREAD_REGS", "TAG_NREGS", "TAG_QUARANTINE_SLOTS", "TAG_QUARANTINE_BYTES", "TAG_OPTION_NO_PAYLOAD", "TAG_REAP_REQUEST", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
     "TAG_REASON_CRASH", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE",
@@ -250,4 +250,5 @@ def test_probe_source_is_self_contained():
     src = _probe_source()
     assert "F(libtag_control, anomaly.tag.size_state);" in src
     assert "F(libtag_shadow, id);" in src
+    assert "F(libtag_shadow, sp);" in src
     assert Path(libpath.include_dir(), "tag_abi.h").is_file()

@@ -108,18 +108,23 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
 {
-    (void)this_fn;
     (void)call_site;
     struct tag_tls *t = &_tag_tls;
     uint32_t d = t->shadow.depth;
     if (TAG_UNLIKELY(d == 0))
         return;
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
-        /* Entries recorded at or below the exiting function's stack
-         * pointer are frames it called that never exited (longjmp). */
+        /* Entries recorded below the exiting function's stack pointer are
+         * frames it called that never exited (longjmp).  At -O2 the hook
+         * may be reached by a tail jump after the epilogue: then sp is the
+         * exiting function's own CFA, and the entry there is itself. */
         uint64_t sp = (uint64_t)(uintptr_t)__builtin_frame_address(0) + 16;
-        while (d > 0 && (t->shadow.sp[d - 1] & ~1ull) <= sp)
-            d--;
+        uint64_t fn = (uint64_t)(uintptr_t)this_fn;
+        for (; d > 0; d--) {
+            uint64_t e = t->shadow.sp[d - 1] & ~1ull;
+            if (e > sp || (e == sp && t->shadow.fn[d - 1] == fn))
+                break;
+        }
         if (d > 0)
             d--;
     } else {

@@ -107,6 +107,8 @@ struct tag_walk_read {
 #define TAG_WF_SIGNAL   2u  /* pc is exact (TAG_FRAME_SIGNAL), not a return address */
 #define TAG_WF_DEP_BP   4u  /* the walk from here outward depends on bp */
 #define TAG_WALK_MAX 128    /* LIBTAG_FP_DEPTH's upper bound */
+#define TAG_WALK_KEEP 64    /* deeper walks are not kept for reuse */
+#define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
 #define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
 #define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
 struct tag_walk {
@@ -114,8 +116,8 @@ struct tag_walk {
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
     uint32_t unused;
-    struct tag_walk_frame f[TAG_WALK_MAX];
-    struct tag_walk_read rd[2 * TAG_WALK_MAX + 1];
+    struct tag_walk_frame f[TAG_WALK_KEEP];
+    struct tag_walk_read rd[2 * TAG_WALK_KEEP + 1];
 };
 /* A frame found by the walk in progress, innermost first. */
 struct tag_walk_new {
@@ -150,10 +152,16 @@ struct tag_tls {
     /* Shadow entries recorded at or above this address take the slow pop
      * path: stack_hi, or 0 while an alternate signal stack is set. */
     uint64_t pop_limit;
+    /* The CFA offset of instrumented functions at their enter hook call,
+     * by the hook's return address (what _tag_hook_cfa found from CFI);
+     * valid while hook_gen is _tag_code_gen. */
+    uint32_t hook_gen;
+    struct { uint64_t ra, off; } hook_cache[64];
     uint32_t in_walk;                /* a capture runs: a nested one (from a
-                                        signal handler) leaves walk alone */
+                                        signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
-    struct tag_walk walk;
+    uint32_t walk_lru;               /* the walk[] to replace next */
+    struct tag_walk walk[TAG_WALKS];
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
@@ -255,9 +263,22 @@ uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *uc,
 uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc);
 /* The CFA of the instrumented function whose enter hook returns to ra;
  * c: its stack pointer at the hook call, rbp: its rbp, site: its return
- * address (what the CFA - 8 slot holds), hi: its stack's top.  Bit 0 set:
- * a lower bound only (no rule, and site not found near c). */
-uint64_t _tag_hook_cfa(uintptr_t ra, uintptr_t c, uintptr_t rbp, uintptr_t site, uintptr_t hi);
+ * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
+ * (no rule, and site not found near c).  Fills t->hook_cache. */
+#define TAG_HOOK_RBP (1ull << 63)  /* hook_cache.off is from rbp, not c */
+uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                       uintptr_t site);
+TAG_INLINE uint64_t _tag_hook_cfa_fast(struct tag_tls *t, uintptr_t ra, uintptr_t c,
+                                       uintptr_t rbp, uintptr_t site)
+{
+    unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+    if (TAG_LIKELY(t->hook_cache[i].ra == ra &&
+                   t->hook_gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED))) {
+        uint64_t off = t->hook_cache[i].off;
+        return ((off & TAG_HOOK_RBP) ? rbp : c) + (uint32_t)off;
+    }
+    return _tag_hook_cfa(t, ra, c, rbp, site);
+}
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;

@@ -73,25 +73,27 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
         _tag_thread_register();    /* so a reader finds this thread's stack */
     const uint64_t *frame = __builtin_frame_address(0);
     uint64_t site = (uint64_t)(uintptr_t)call_site;
-    uint64_t cfa = _tag_hook_cfa((uintptr_t)__builtin_return_address(0), (uintptr_t)(frame + 2),
-                                 frame[0], site, t->rec->stack_hi);
+    uint64_t fn = (uint64_t)(uintptr_t)this_fn;
+    uint64_t cfa = _tag_hook_cfa_fast(t, (uintptr_t)__builtin_return_address(0),
+                                      (uintptr_t)(frame + 2), frame[0], site);
     uint32_t d = t->shadow.depth;
     if (d > 0) {
         /* Fast check that the innermost entry is alive: recorded above us
-         * on this stack, and its return address still in place.  Anything
-         * else (an inlined function entered at its host's CFA, too) takes
-         * the full check. */
+         * (or at our CFA, as the host of an inlined function) on this
+         * stack, and its return address still in place.  Anything else
+         * takes the full check. */
         uint64_t e = t->shadow.sp[d <= TAG_SHADOW_MAX ? d - 1 : 0];
-        if (TAG_UNLIKELY(d > TAG_SHADOW_MAX || e <= cfa || e >= t->pop_limit ||
+        if (TAG_UNLIKELY(d > TAG_SHADOW_MAX || e >= t->pop_limit ||
+                         !(e > cfa || (e == cfa && t->shadow.fn[d - 1] != fn)) ||
                          (!(e & 1) && ((const uint64_t *)e)[-1] != t->shadow.site[d - 1])))
-            d = _tag_shadow_pop(t, cfa, (uint64_t)(uintptr_t)this_fn, site);
+            d = _tag_shadow_pop(t, cfa, fn, site);
     }
     t->shadow.depth = d + 1;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
         /* Re-entering a depth the same way keeps the ids cached above it:
          * a loop that calls the same chain again captures for free. */
-        if (t->shadow.fn[d] != (uint64_t)(uintptr_t)this_fn || t->shadow.site[d] != site) {
-            t->shadow.fn[d] = (uint64_t)(uintptr_t)this_fn;
+        if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
+            t->shadow.fn[d] = fn;
             t->shadow.site[d] = site;
             if (t->shadow.valid > d)
                 t->shadow.valid = d;

@@ -353,9 +353,10 @@ static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, stru
     return id;
 }
 
-/* A walk from s that stops at the first frame it shares with the thread's
- * last walk (t->walk), then takes that frame's id and rewrites the record
- * from there inward. */
+/* A walk from s that stops at the first frame it shares with one of the
+ * thread's last walks, then takes that frame's id and rewrites the record
+ * from there inward.  Two walks are kept: allocations and frees usually
+ * come from two different places, and each finds its own. */
 static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *b)
 {
     if (TAG_UNLIKELY(t->in_walk))
@@ -363,7 +364,13 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     t->in_walk = 1;
     uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
     int fp_mode = _tag_opt.unwind == TAG_UNWIND_FP;
-    struct tag_walk *w = &t->walk;
+    struct tag_walk *w = &t->walk[0];
+    if (w->n == 0 || w->f[w->n - 1].pc != s.pc) {
+        w = &t->walk[1];
+        if (w->n == 0 || w->f[w->n - 1].pc != s.pc)
+            w = &t->walk[t->walk_lru];
+    }
+    t->walk_lru = w == &t->walk[0];  /* the other one goes next */
     struct tag_walk_new *nf = t->walk_new;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     int32_t cur = w->n && w->gen == gen ? (int32_t)w->n - 1 : -1;
@@ -432,6 +439,17 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
         /* w->stop stays: the outer part ends as it did */
     } else {
         w->stop = stop;
+    }
+    if (base + n > TAG_WALK_KEEP) {
+        /* too deep to keep: intern only */
+        for (uint32_t k = n; k-- > 0;)
+            parent = _tag_intern(t, parent, nf[k].flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
+                                 nf[k].pc);
+        w->n = 0;
+        t->in_walk = 0;
+        t->captures++;
+        t->capture_frames += base + n;
+        return parent;
     }
     /* New frames, outermost first, after the kept ones.  The reads of the
      * step out of nf[k] are those that gave the next-outer frame (nf[k+1],
@@ -528,6 +546,18 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
     return id;
 }
 
+/* The innermost shadow entry is alive, seen from stack pointer cur: the
+ * common case, without a call to the full check. */
+TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
+{
+    uint32_t d = t->shadow.depth;
+    if (d > TAG_SHADOW_MAX)
+        return 0;
+    uint64_t e = t->shadow.sp[d - 1];
+    return e > cur && e < t->pop_limit &&
+           ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
+}
+
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
@@ -535,7 +565,7 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
     struct ustate s = entry_state(ret, frame);
     int mode = _tag_opt.unwind;
     if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
-        if (t->shadow.depth > 0 && _tag_shadow_pop(t, s.sp, 0, 0) > 0) {
+        if (t->shadow.depth > 0 && (top_alive(t, s.sp) || _tag_shadow_pop(t, s.sp, 0, 0) > 0)) {
             struct bounds b;
             bounds_of(t, &b);
             if (mode == TAG_UNWIND_AUTO)
@@ -603,7 +633,7 @@ uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc)
 
 /* ------------------------------------------------------ shadow stacks -- */
 
-static TAG_NOINLINE uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
+static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
 {
     for (uintptr_t p = c; p < c + 64 * 8 && p + 8 <= hi; p += 8)
         if (*(const uint64_t *)p == site)
@@ -611,13 +641,27 @@ static TAG_NOINLINE uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_
     return (c + 8) | 1;
 }
 
-uint64_t _tag_hook_cfa(uintptr_t ra, uintptr_t c, uintptr_t rbp, uintptr_t site, uintptr_t hi)
+TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                                uintptr_t site)
 {
+    uint64_t hi = t->rec ? t->rec->stack_hi : 0;
+    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
+    if (t->hook_gen != gen) {
+        memset(t->hook_cache, 0, sizeof t->hook_cache);
+        t->hook_gen = gen;
+    }
     uint64_t rule = rule_for(ra, 0);
-    if (TAG_LIKELY((rule & TAG_RULE_TYPE) == TAG_RULE_CFA)) {
-        uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff);
-        if (TAG_LIKELY(cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site))
+    if ((rule & TAG_RULE_TYPE) == TAG_RULE_CFA) {
+        uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & 0xffffff;
+        uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
+        /* CFI describes the function; the slot must agree before the
+         * offset is trusted for every later entry through this hook */
+        if (cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site) {
+            unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+            t->hook_cache[i].ra = ra;
+            t->hook_cache[i].off = off | ((rule & TAG_RULE_CFA_RBP) ? TAG_HOOK_RBP : 0);
             return cfa;
+        }
     }
     return hook_cfa_scan(c, site, hi);
 }

@@ -130,6 +130,21 @@ static TAG_COLD void rescan(int force)
     __atomic_store_n(&write_lock, 0, __ATOMIC_RELEASE);
 }
 
+/* The child of the program's fork(): a thread that was rescanning or
+ * reading module memory in the parent does not exist here.  Free the locks
+ * and rebuild the table (it may be half written) at the next unknown pc. */
+void _tag_modules_atfork_child(void)
+{
+    __atomic_store_n(&write_lock, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&readers, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&unloading, 0, __ATOMIC_RELAXED);
+    if (seq & 1) {
+        count = 0;
+        seen_adds = seen_subs = 0;  /* the counters force the rescan */
+        __atomic_store_n(&seq, seq + 1, __ATOMIC_RELEASE);
+    }
+}
+
 void _tag_modules_init(void)
 {
     __atomic_store_n(&scan_allowed, 1, __ATOMIC_RELEASE);

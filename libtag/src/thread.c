@@ -104,6 +104,7 @@ static void atfork_child(void)
 {
     struct tag_tls *t = &_tag_tls;
     _tag_stack_table_atfork_child();
+    _tag_modules_atfork_child();
     _tag_ctl.pid = (uint32_t)getpid();
     t->rec = NULL;
     _tag_thread_register();

@@ -18,17 +18,23 @@ functions and tail calls it reconstructs from DWARF call-site records -
 which libtag, by design, records as the physical frames they are in (the
 reader expands inline frames).  One case (marker 6) documents that on the
 victim's own inlined helper.
+
+uw_dlopen.c loads tests/victims/uw_plugin.c (also -O2 without frame
+pointers) with dlopen() after libtag has scanned the modules, unloads it and
+loads it again: the stacks through it must equal gdb's too.
 """
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
 
+VICTIMS = Path(__file__).resolve().parents[1] / "victims"
 O2_NO_FP = ("-O2", "-fomit-frame-pointer")
 FRAME_SIGNAL = 3
 
@@ -45,7 +51,7 @@ set environment LD_PRELOAD={lib}
 set environment LIBTAG_QUIET=1
 set environment LIBTAG_UNWIND={mode}
 {breaks}
-run
+run {args}
 """
 
 BREAK = """\
@@ -62,10 +68,10 @@ end
 FRAME_RE = re.compile(r"^#(\d+)\s+(?:(0x[0-9a-f]+) in )?(.*)$")
 
 
-def _run_under_gdb(exe, tmp_path, libtag_so, mode: str, cxx: bool):
+def _run_under_gdb(exe, tmp_path, libtag_so, mode: str, cxx: bool, args: str = ""):
     wheres = ["malloc"] + (["'operator new(unsigned long)'"] if cxx else [])
     script = tmp_path / "bt.gdb"
-    script.write_text(GDB_SCRIPT.format(lib=libtag_so, mode=mode,
+    script.write_text(GDB_SCRIPT.format(lib=libtag_so, mode=mode, args=args,
                                         breaks="".join(BREAK.format(where=w) for w in wheres)))
     proc = subprocess.run(["gdb", "-q", "-batch", "-nx", "-x", str(script), str(exe)],
                           capture_output=True, text=True, timeout=180)
@@ -228,3 +234,22 @@ def test_fp_walk_on_a_frame_pointer_build(build_victim, libtag_so, tmp_path):
         assert got == want[:len(got)]
     # AND the fake frame of marker 7 stops the walk before "key"
     assert [pc for pc, _ in ours[7]] == _physical(gdb[7])[:1]
+
+
+def test_module_loaded_later_with_dlopen(build_victim, libtag_so, tmp_path):
+    # GIVEN a library built -O2 without frame pointers that the victim
+    # dlopen()s after libtag scanned the modules, unloads and loads again
+    plugin = tmp_path / "libuwplugin.so"
+    subprocess.run(["gcc", "-g", "-O2", "-fPIC", "-shared", "-o", str(plugin),
+                    str(VICTIMS / "uw_plugin.c")], check=True)
+    exe = build_victim("uw_dlopen", instrument=False, extra_flags=O2_NO_FP + ("-ldl",))
+    text = _run_under_gdb(exe, tmp_path, libtag_so, "auto", cxx=False, args=str(plugin))
+    gdb, ours = _gdb_stacks(text), _libtag_stacks(text)
+    for marker, where in ((1, "plugin_inner"), (2, "callback"), (3, "plugin_inner")):
+        assert marker in gdb and marker in ours, (marker, text[-3000:])
+        # THEN the stacks run through the plugin's frames as gdb's do
+        assert [pc for pc, _ in ours[marker]] == _physical(gdb[marker]), (
+            marker, "\n".join(r for _, r in gdb[marker]))
+        assert _name(gdb[marker][1][1]) == where
+    names = [_name(r) for _, r in gdb[2][1:]]
+    assert names[:4] == ["callback", "plugin_relay", "plugin_call", "main"]

@@ -554,6 +554,14 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
 {
     uint32_t top = t->shadow.depth <= TAG_SHADOW_MAX ? t->shadow.depth - 1 : TAG_SHADOW_MAX - 1;
     uint64_t target = t->shadow.sp[top];
+    t->captures++;
+    t->capture_frames += 1 + t->shadow.depth;
+    /* The usual case first: malloc's caller is the instrumented function
+     * itself (its CFA is the innermost entry's).  One rule, no walk. */
+    uint64_t rule = rule_for(s.pc, 1);
+    if (TAG_LIKELY((rule & (TAG_RULE_TYPE | TAG_RULE_CFA_RBP)) == TAG_RULE_CFA) &&
+        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target)
+        return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
     uint64_t pcs[32];
     uint32_t kinds[32];
     uint32_t n = 0;
@@ -565,9 +573,8 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
         kinds[0] = TAG_FRAME_CALL;
         n = 1;
     }
+    t->capture_frames += n - 1;
     uint32_t id = _tag_shadow_id(t);
-    t->captures++;
-    t->capture_frames += n + t->shadow.depth;
     while (n > 0) {
         n--;
         id = _tag_intern(t, id, kinds[n], pcs[n]);

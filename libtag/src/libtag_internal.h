@@ -157,6 +157,7 @@ struct tag_tls {
      * valid while hook_gen is _tag_code_gen. */
     uint32_t hook_gen;
     struct { uint64_t ra, off; } hook_cache[64];
+    uint32_t unknown_pcs;            /* code addresses in no known module */
     uint32_t in_walk;                /* a capture runs: a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */

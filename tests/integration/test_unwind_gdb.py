@@ -185,17 +185,21 @@ def test_no_junk_frame_from_a_fake_frame_pointer(c_run, mode):
 
 
 @pytest.mark.parametrize("mode", ["auto", "cfi"])
-def test_stack_continues_through_a_signal_frame(c_run, mode):
-    # GIVEN marker 8: malloc in a signal handler; raise() was interrupted
+@pytest.mark.parametrize("marker,handler", [(8, "handler"), (9, "alt_handler")],
+                         ids=["own-stack", "sigaltstack"])
+def test_stack_continues_through_a_signal_frame(c_run, mode, marker, handler):
+    # GIVEN malloc in a signal handler (on the thread's stack, or on a
+    # sigaltstack); raise() was interrupted
     gdb, ours, _ = c_run[mode]
-    frames = gdb[8][1:]
+    frames = gdb[marker][1:]
     assert any("<signal handler called>" in r for _, r in frames)
-    got = ours[8]
+    got = ours[marker]
     # THEN the handler, then the interrupted instruction (an exact pc,
     # TAG_FRAME_SIGNAL), then its callers - gdb's frames exactly
-    assert [pc for pc, _ in got] == _physical(gdb[8])
+    assert [pc for pc, _ in got] == _physical(gdb[marker])
     assert [k for _, k in got][:2] == [1, FRAME_SIGNAL]
-    assert _name(frames[0][1]) == "handler"
+    assert _name(frames[0][1]) == handler
+    assert "main" in [_name(r) for _, r in frames]
 
 
 def test_cxx_stacks_equal_gdb_bt(build_victim, libtag_so, tmp_path):

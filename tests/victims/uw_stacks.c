@@ -17,8 +17,10 @@
  *   6  an always_inline helper that allocates, inside a noinline function
  *   7  malloc from a function whose rbp holds a fake frame pointing at the
  *      bytes "key" (what a frame-pointer walk once took for a frame)
- *   8  after a signal handler ran, from inside the handler (the walk
- *      crosses the signal frame into the interrupted code)
+ *   8  malloc in a signal handler (the walk crosses the signal frame into
+ *      the interrupted code)
+ *   9  the same with the handler on a sigaltstack (the walk goes from the
+ *      alternate stack back to the thread's own)
  */
 #include <pthread.h>
 #include <signal.h>
@@ -29,7 +31,7 @@
 
 #include "lt_reader.c"
 
-#define MARKERS 9
+#define MARKERS 10
 volatile int marker;
 static void *blocks[MARKERS];
 
@@ -133,6 +135,14 @@ __attribute__((noipa)) static void handler(int sig)
     marker = 0;
 }
 
+__attribute__((noipa)) static void alt_handler(int sig)
+{
+    (void)sig;
+    marker = 9;
+    blocks[9] = malloc(909);
+    marker = 0;
+}
+
 __attribute__((noipa)) static void interrupted(void)
 {
     raise(SIGUSR1);
@@ -183,6 +193,15 @@ int main(int argc, char **argv)
     mark(6, host_of_inline, 600);
     mark(7, junk_rbp_alloc, 700);
     signal(SIGUSR1, handler);
+    interrupted();
+    static char altstack[64 * 1024];
+    stack_t ss = {.ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0};
+    sigaltstack(&ss, NULL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = alt_handler;
+    sa.sa_flags = SA_ONSTACK;
+    sigaction(SIGUSR1, &sa, NULL);
     interrupted();
     for (int m = 1; m < MARKERS; m++)
         print_stack(m);

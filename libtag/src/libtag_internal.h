@@ -116,6 +116,7 @@ struct tag_walk {
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
     uint32_t unused;
+    uint64_t hi;           /* top of the stack it read (bounds every rd[]) */
     struct tag_walk_frame f[TAG_WALK_KEEP];
     struct tag_walk_read rd[2 * TAG_WALK_KEEP + 1];
 };

@@ -373,7 +373,9 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     t->walk_lru = w == &t->walk[0];  /* the other one goes next */
     struct tag_walk_new *nf = t->walk_new;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
-    int32_t cur = w->n && w->gen == gen ? (int32_t)w->n - 1 : -1;
+    /* The words it read lie below the top of the stack it was on: reuse
+     * only on the same one (an alternate stack may have been set anew). */
+    int32_t cur = w->n && w->gen == gen && w->hi == b->hi ? (int32_t)w->n - 1 : -1;
     uint32_t n = 0, stop = TAG_WALK_STOP_FIXED;
     int32_t junction = -1;
     int keep = 1, stop_read = 0;
@@ -492,6 +494,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     uint32_t total = base + n;
     w->n = keep ? total : 0;
     w->gen = gen;
+    w->hi = b->hi;
     t->in_walk = 0;
     t->captures++;
     t->capture_frames += total;

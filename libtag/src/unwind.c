@@ -320,17 +320,28 @@ static uint32_t walk_plain(struct ustate s, struct bounds *b, uint64_t *pcs, uin
 
 /* Does the recorded walk, from its frame x outward, still hold on the
  * stack?  Every word it read from there on must read the same.  j: frames
- * the new walk has inside it. */
-TAG_INLINE int still_holds(const struct tag_walk *w, uint32_t x, uint32_t j, uint32_t max)
+ * the new walk has inside it.  The words are checked from the outermost
+ * inward and the result kept in *ok / *bad (words proven, first changed
+ * one): candidates come outward, each needing a prefix of the last one's
+ * words, so a capture reads each word at most once. */
+TAG_INLINE int still_holds(const struct tag_walk *w, uint32_t x, uint32_t j, uint32_t max,
+                           uint32_t *ok, uint32_t *bad)
 {
     uint32_t total = j + x + 1;
     if (w->stop == TAG_WALK_STOP_DEPTH ? total != max : total > max)
         return 0;
-    const struct tag_walk_read *r = w->rd, *end = r + w->f[x].reads;
-    uint64_t diff = 0;
-    for (; r < end; r++)
-        diff |= *(const uint64_t *)r->addr ^ r->value;
-    return diff == 0;
+    uint32_t need = w->f[x].reads;
+    if (need > *bad)
+        return 0;
+    for (uint32_t r = *ok; r < need; r++) {
+        if (*(const uint64_t *)w->rd[r].addr != w->rd[r].value) {
+            *bad = r;
+            return 0;
+        }
+    }
+    if (need > *ok)
+        *ok = need;
+    return 1;
 }
 
 TAG_INLINE int same_frame(const struct tag_walk_frame *f, const struct ustate *s)
@@ -376,7 +387,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     /* The words it read lie below the top of the stack it was on: reuse
      * only on the same one (an alternate stack may have been set anew). */
     int32_t cur = w->n && w->gen == gen && w->hi == b->hi ? (int32_t)w->n - 1 : -1;
-    uint32_t n = 0, stop = TAG_WALK_STOP_FIXED;
+    uint32_t n = 0, stop = TAG_WALK_STOP_FIXED, ok_reads = 0, bad_read = UINT32_MAX;
     int32_t junction = -1;
     int keep = 1, stop_read = 0;
 
@@ -385,7 +396,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
             while (cur >= 0 && w->f[cur].sp < s.sp)
                 cur--;
             if (cur >= 0 && w->f[cur].sp == s.sp && same_frame(&w->f[cur], &s) &&
-                still_holds(w, (uint32_t)cur, n, max)) {
+                still_holds(w, (uint32_t)cur, n, max, &ok_reads, &bad_read)) {
                 junction = cur;
                 break;
             }
@@ -465,7 +476,9 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
             uint64_t nbp = k + 1 < n ? nf[k + 1].bp : s.bp;
             w->rd[reads].addr = nsp - 8;
             w->rd[reads++].value = npc;
-            if (e->flags & TAG_WF_READ_BP) {
+            /* the rbp it read matters only if the walk outward uses it
+             * (dep: the next-outer frame depends on its rbp) */
+            if ((e->flags & TAG_WF_READ_BP) && dep) {
                 w->rd[reads].addr = e->sp + e->bp_off;
                 w->rd[reads++].value = nbp;
             }

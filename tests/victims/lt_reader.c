@@ -128,4 +128,26 @@ __attribute__((unused)) static void lt_print_stack(uint32_t id)
     printf("end %u\n", n);
 }
 
+/* The uw_* victims' form of the allocation stack of the block user, for a
+ * test to set beside gdb's bt: "stack <m> 0x<pc> ..." then "kinds <m> <kind>
+ * ...", innermost first; "stack <m> none" when user has no valid tag. */
+__attribute__((unused)) static void lt_print_marked_stack(int m, const void *user)
+{
+    const struct libtag_tag *t = lt_tag(user);
+    if (!t) {
+        printf("stack %d none\n", m);
+        return;
+    }
+    const struct libtag_control *c = lt_ctl();
+    const struct libtag_stack_node *nodes =
+        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
+    printf("stack %d", m);
+    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
+        printf(" 0x%llx", (unsigned long long)nodes[id].pc);
+    printf("\nkinds %d", m);
+    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
+        printf(" %u", nodes[id].kind);
+    printf("\n");
+}
+
 #endif /* LT_READER_C */

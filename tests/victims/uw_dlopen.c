@@ -27,25 +27,6 @@ __attribute__((noipa)) static void *callback(size_t n)
     return p;
 }
 
-static void print_stack(int m)
-{
-    const struct libtag_tag *t = lt_tag(blocks[m]);
-    if (!t) {
-        printf("stack %d none\n", m);
-        return;
-    }
-    const struct libtag_control *c = lt_ctl();
-    const struct libtag_stack_node *nodes =
-        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
-    printf("stack %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" 0x%llx", (unsigned long long)nodes[id].pc);
-    printf("\nkinds %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" %u", nodes[id].kind);
-    printf("\n");
-}
-
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -74,6 +55,6 @@ int main(int argc, char **argv)
     blocks[3] = alloc(300);
     marker = 0;
     for (int m = 1; m < MARKERS; m++)
-        print_stack(m);
+        lt_print_marked_stack(m, blocks[m]);
     return 0;
 }

@@ -149,25 +149,6 @@ __attribute__((noipa)) static void interrupted(void)
     KEEP();
 }
 
-static void print_stack(int m)
-{
-    const struct libtag_tag *t = lt_tag(blocks[m]);
-    if (!t) {
-        printf("stack %d none\n", m);
-        return;
-    }
-    const struct libtag_control *c = lt_ctl();
-    const struct libtag_stack_node *nodes =
-        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
-    printf("stack %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" 0x%llx", (unsigned long long)nodes[id].pc);
-    printf("\nkinds %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" %u", nodes[id].kind);
-    printf("\n");
-}
-
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -204,7 +185,7 @@ int main(int argc, char **argv)
     sigaction(SIGUSR1, &sa, NULL);
     interrupted();
     for (int m = 1; m < MARKERS; m++)
-        print_stack(m);
+        lt_print_marked_stack(m, blocks[m]);
     if (f)
         fclose(f);
     return 0;

@@ -82,25 +82,6 @@ static void *block_around(const void *p)
     return nullptr;
 }
 
-static void print_stack(int m)
-{
-    const struct libtag_tag *t = lt_tag(blocks[m]);
-    if (!t) {
-        printf("stack %d none\n", m);
-        return;
-    }
-    const struct libtag_control *c = lt_ctl();
-    const struct libtag_stack_node *nodes =
-        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
-    printf("stack %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" 0x%llx", (unsigned long long)nodes[id].pc);
-    printf("\nkinds %d", m);
-    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
-        printf(" %u", nodes[id].kind);
-    printf("\n");
-}
-
 int main()
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -119,7 +100,7 @@ int main()
         marker = 0;
         blocks[3] = block_around(&b);
         for (int m = 1; m < MARKERS; m++)
-            print_stack(m);
+            lt_print_marked_stack(m, blocks[m]);
     }
     delete static_cast<Node *>(blocks[1]);
     return 0;

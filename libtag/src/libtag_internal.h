@@ -158,7 +158,10 @@ struct tag_tls {
      * valid while hook_gen is _tag_code_gen. */
     uint32_t hook_gen;
     struct { uint64_t ra, off; } hook_cache[64];
-    uint32_t unknown_pcs;            /* code addresses in no known module */
+    /* Code pages found in no module since the module list last changed
+     * (unknown_gen): a capture asks the loader once per page. */
+    uint32_t unknown_gen, unknown_next;
+    uint64_t unknown_pages[16];
     uint32_t in_walk;                /* a capture runs: a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */

@@ -10,8 +10,7 @@
  * the fork child.  A snapshot of the list lives in a static table that
  * readers search without locks under a sequence counter.
  *
- * dlopen() is interposed to count loads (a capture then rescans at its
- * first unknown pc).  dlclose() is interposed because the objects it unmaps
+ * dlclose() is interposed because the objects it unmaps
  * may be mid-read by another thread's unwinder (code bytes, .eh_frame).
  * Those reads are bracketed by _tag_modules_enter/_leave, and dlclose waits
  * for them to finish before the real one runs; after it the table is
@@ -38,8 +37,6 @@ static int scan_allowed;
 static unsigned long long seen_adds, seen_subs;
 
 uint32_t _tag_code_gen;
-static uint32_t loads;     /* dlopen() calls that returned a handle */
-static uint32_t seen_loads;
 static uint32_t readers;   /* threads reading module memory now */
 static uint32_t unloading; /* a dlclose waits for readers to leave */
 
@@ -192,14 +189,23 @@ int _tag_module_find(uintptr_t pc, struct tag_module *out, int may_rescan)
         return 1;
     if (!may_rescan)
         return 0;
-    /* Asking the loader costs its lock: do it after each dlopen(), and
-     * otherwise for one unknown pc in 256 per thread (JIT code, junk that a
-     * frame-pointer walk tries, a module a library loaded without going
-     * through dlopen()). */
-    uint32_t l = __atomic_load_n(&loads, __ATOMIC_ACQUIRE);
-    if (l == __atomic_load_n(&seen_loads, __ATOMIC_RELAXED) && (_tag_tls.unknown_pcs++ & 255))
-        return 0;
-    __atomic_store_n(&seen_loads, l, __ATOMIC_RELAXED);
+    /* Asking the loader costs its lock: do it once per code page found in
+     * no module (JIT code and the junk a frame-pointer walk tries would
+     * otherwise ask at every capture), remembered per thread until the
+     * module list changes.  dlopen() is not interposed to know better:
+     * glibc resolves the caller's RUNPATH and namespace from its return
+     * address, which would then be libtag's. */
+    struct tag_tls *t = &_tag_tls;
+    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
+    if (t->unknown_gen != gen) {
+        memset(t->unknown_pages, 0, sizeof t->unknown_pages);
+        t->unknown_gen = gen;
+    }
+    uint64_t page = pc / TAG_PAGE_SIZE;
+    for (unsigned i = 0; i < sizeof t->unknown_pages / sizeof t->unknown_pages[0]; i++)
+        if (t->unknown_pages[i] == page)
+            return 0;
+    t->unknown_pages[t->unknown_next++ % (sizeof t->unknown_pages / sizeof t->unknown_pages[0])] = page;
     rescan(0);
     return lookup(pc, out);
 }
@@ -224,23 +230,6 @@ void _tag_modules_leave(void)
 }
 
 static int (*real_dlclose)(void *);
-static void *(*real_dlopen)(const char *, int);
-
-/* dlopen() is interposed only to know that the module list changed. */
-TAG_EXPORT void *dlopen(const char *file, int mode)
-{
-    if (!real_dlopen) {
-        void *(*f)(const char *, int) = (void *(*)(const char *, int))dlsym(RTLD_NEXT, "dlopen");
-        if (!f)
-            return NULL;
-        __atomic_store_n(&real_dlopen, f, __ATOMIC_RELEASE);
-    }
-    void *h = real_dlopen(file, mode);
-    if (h)
-        __atomic_add_fetch(&loads, 1, __ATOMIC_RELEASE);
-    return h;
-}
-
 TAG_EXPORT int dlclose(void *handle)
 {
     if (!real_dlclose) {

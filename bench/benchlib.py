@@ -40,6 +40,53 @@ def build(src: Path, out: Path, flags: list[str], libs: list[str] = ()) -> Path:
     return out
 
 
+# Peak RSS must come from a process that a small process forked: a child of
+# Python starts with Python's own resident set counted in ru_maxrss (it
+# survives exec), which would hide a small program's few MiB.  So each timed
+# run goes through this launcher, which also times the child without
+# Python's start-up in the figure.
+LAUNCHER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pid_t pid = fork();
+    if (pid == 0) { execvp(argv[2], argv + 2); _exit(127); }
+    int st; struct rusage ru;
+    if (wait4(pid, &st, 0, &ru) < 0) return 126;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    FILE *f = fopen(argv[1], "w");
+    fprintf(f, "%.6f %ld\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9, ru.ru_maxrss);
+    fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+"""
+
+
+class Launcher:
+    """Times commands through the C launcher above, built once into tmp."""
+
+    def __init__(self, tmp: Path) -> None:
+        (tmp / "launch.c").write_text(LAUNCHER)
+        self.exe = build(tmp / "launch.c", tmp / "launch", ["-O2"])
+        self.result = tmp / "launch.out"
+
+    def timed(self, cmd: list[str], env: dict) -> tuple[float, int]:
+        """Wall seconds and peak RSS (KiB) of cmd; exits the benchmark if cmd fails."""
+        p = subprocess.run([str(self.exe), str(self.result), *cmd], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if p.returncode != 0:
+            sys.exit(f"bench: {' '.join(cmd)} exited {p.returncode}: "
+                     f"{p.stderr.decode(errors='replace').strip()[-500:]}")
+        dt, rss = self.result.read_text().split()
+        return float(dt), int(rss)
+
+
 def med(xs):
     return statistics.median(xs) if xs else float("nan")
 

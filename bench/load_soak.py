@@ -41,10 +41,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from forensics import libpath
-from forensics.__main__ import main as forensics_main
+from forensics.cli.main import main as forensics_main
 from forensics.core import Core
-from forensics.heap import Heap
-from forensics.memory import CoreMemory
+from forensics.reader.heap import Heap
+from forensics.reader.memory import CoreMemory
 
 HERE = Path(__file__).resolve().parent
 VICTIM = HERE.parent / "tests" / "victims" / "rob_churn.c"

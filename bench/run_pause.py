@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Snapshot pause vs a bare fork() vs gcore, at 1 GiB and 4 GiB of live heap.
 
-SPEC §6: the time the parent is stopped by a snapshot must be <= 1.3x a
+The target (docs/benchmarks.md): the time the parent is stopped by a snapshot must be <= 1.3x a
 bare fork() of the same process.  For each heap size and each core path
 (LIBTAG_CORE=self: libtag's child writes the ELF core; kernel: the child
 aborts and the kernel dumps it) one pausebench process under libtag

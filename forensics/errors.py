@@ -1,6 +1,6 @@
 """The errors forensics raises on purpose.
 
-Library code raises these; only forensics.__main__ turns them into a one-line
+Library code raises these; only forensics.cli.main turns them into a one-line
 ``forensics: error: ...`` on stderr and the error's ``exit_code``.  The message
 says what is wrong and, where there is one, what to do about it.
 """

@@ -21,21 +21,22 @@ from forensics import libpath
 VICTIMS = Path(__file__).resolve().parent / "victims"
 
 
-def _register_support() -> None:
-    """Make tests/support.py importable as ``forensics_test_support``: pytest's
-    importlib mode puts no test folder on sys.path, and this conftest is
-    imported before any test module."""
+def _register_helpers() -> None:
+    """Make tests/support.py importable as ``forensics_test_support`` and
+    tests/fakes.py as ``forensics_test_fakes``: pytest's importlib mode puts
+    no test folder on sys.path, and this conftest is imported before any test
+    module."""
     import importlib.util
 
-    name = "forensics_test_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("support.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+    for name, file in (("forensics_test_support", "support.py"), ("forensics_test_fakes", "fakes.py")):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
 
 
-_register_support()
+_register_helpers()
 
 # A victim that hangs must fail its test, not the whole run.
 DEFAULT_TIMEOUT = 60

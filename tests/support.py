@@ -3,10 +3,11 @@
 mode puts no test folder on sys.path).
 
 read_control(core) finds libtag's control block in a core by its magic
-(TAG_CONTROL_MAGIC) and unpacks the fields these tests check at the offsets
-tag_abi.h pins with _Static_assert.  A hit counts only if its `self` field
-equals the virtual address it was found at (the magic string also sits in
-libtag's read-only data, and user memory could hold it).
+(TAG_CONTROL_MAGIC) and unpacks it with forensics.reader.abi's mirror of
+tag_abi.h (which tests/unit/test_abi_mirror.py checks against the header) -
+not with the heap reader, whose answers these tests check.  A hit counts only
+if its `self` field equals the virtual address it was found at (the magic
+string also sits in libtag's read-only data, and user memory could hold it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import mmap
 import os
 import select
 import shutil
-import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,12 +23,10 @@ from pathlib import Path
 
 from forensics import libpath
 from forensics.core.core import Core
+from forensics.reader import abi
 
-MAGIC = b"LIBTAG-CONTROL-1"
-CONTROL_SIZE = 272
-
-REASON_ON_DEMAND, REASON_ANOMALY, REASON_CRASH = 1, 2, 3
-ANOMALY_KINDS = {"double-free": 1, "invalid-free": 2, "heap-overflow": 3, "use-after-free": 4}
+REASON_ON_DEMAND, REASON_ANOMALY, REASON_CRASH = abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_REASON_CRASH
+ANOMALY_KINDS = {name: kind for kind, name in abi.ANOMALY_NAMES.items()}
 
 
 @dataclass
@@ -54,24 +52,21 @@ def read_control(core_path: os.PathLike | str) -> Control:
         try:
             for seg in core.segments:
                 start, end = seg.offset, seg.offset + seg.dumped
-                pos = mm.find(MAGIC, start, end)
+                pos = mm.find(abi.TAG_CONTROL_MAGIC, start, end)
                 while pos >= 0:
                     vaddr = seg.vaddr + (pos - seg.offset)
-                    raw = mm[pos:pos + CONTROL_SIZE]
-                    if len(raw) == CONTROL_SIZE and struct.unpack_from("<Q", raw, 16)[0] == vaddr:
-                        hits.append((vaddr, raw))
-                    pos = mm.find(MAGIC, pos + 1, end)
+                    raw = mm[pos:pos + abi.CONTROL_SIZE]
+                    if len(raw) == abi.CONTROL_SIZE:
+                        ctl = abi.Control.parse(raw)
+                        if ctl.self == vaddr:
+                            hits.append((vaddr, ctl))
+                    pos = mm.find(abi.TAG_CONTROL_MAGIC, pos + 1, end)
         finally:
             mm.close()
     assert len(hits) == 1, f"expected exactly 1 control block in {core_path}, found {len(hits)}"
-    vaddr, raw = hits[0]
-    pid, = struct.unpack_from("<I", raw, 64)
-    reason, seq = struct.unpack_from("<II", raw, 136)
-    anomaly_count, = struct.unpack_from("<I", raw, 156)
-    a_kind, a_tid, a_addr, a_block = struct.unpack_from("<IIQQ", raw, 160)
-    c_sig, c_tid, c_addr = struct.unpack_from("<IIQ", raw, 240)
-    return Control(vaddr, pid, reason, seq, anomaly_count, a_kind, a_tid, a_addr, a_block,
-                   c_sig, c_tid, c_addr)
+    vaddr, c = hits[0]
+    return Control(vaddr, c.pid, c.reason, c.snapshot_seq, c.anomaly_count, c.anomaly.kind, c.anomaly.tid,
+                   c.anomaly.address, c.anomaly.block, c.crash.signal, c.crash.tid, c.crash.address)
 
 
 def core_pattern() -> str:
@@ -205,9 +200,9 @@ def wait_until(pred, timeout: float, what: str) -> None:
 def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str = "on-demand",
               timeout: float = 60.0) -> Path:
     """The core of pid's seq-th snapshot for reason in snap_dir, once it is
-    complete (forensics.snapshots.wait_complete: its writer exited, its size
+    complete (forensics.snapshots.snapdir.wait_complete: its writer exited, its size
     settled, no error file)."""
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     snap_dir = Path(snap_dir)
     deadline = time.monotonic() + timeout
@@ -219,7 +214,7 @@ def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str =
         assert time.monotonic() < deadline, f"no snapshot {seq} ({reason}) of {pid} in {listing}"
         time.sleep(0.02)
     assert len(dirs) == 1, dirs
-    snap = snapshots.wait_complete(dirs[0], max(1.0, deadline - time.monotonic()))
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], max(1.0, deadline - time.monotonic()))
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
     return core

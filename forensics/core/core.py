@@ -139,9 +139,8 @@ class Core:
         for ph in phdrs:
             if ph.p_type != elf.PT_LOAD or ph.p_memsz == 0:
                 continue
-            # Robustness fix: a segment that runs past the end of the 64-bit
-            # address space (a corrupt p_vaddr/p_memsz) reached numpy as an
-            # address >= 2^64 and ended as an OverflowError (exit 3).
+            # A segment must end inside the 64-bit address space: a corrupt
+            # p_vaddr/p_memsz is a bad core, not an address numpy overflows on.
             if ph.p_vaddr + ph.p_memsz > 1 << 64:
                 raise CoreParseError(
                     f"bad core: {path} has a segment at {ph.p_vaddr:#x} of {ph.p_memsz:#x} bytes, "

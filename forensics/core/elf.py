@@ -3,12 +3,14 @@
 Only what a core file needs: the file header, program headers, section header 0
 (which holds the real program-header count when there are more than 0xfffe), and
 the note header.  Validation here is about the ELF container; what the notes say
-is forensics.core.notes.
+is forensics.core.notes.  The program headers of the executables and libraries
+a core names are read here too (file_program_headers): one parser for them.
+Symbol tables are pyelftools' job.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO
 
 from construct import Bytes, ConstructError, Int8ul, Int16ul, Int32ul, Int64ul, Struct
 
@@ -43,6 +45,7 @@ EM_NAMES = {
 
 PT_LOAD = 1
 PT_NOTE = 4
+PT_TLS = 7
 
 PF_X = 1
 PF_W = 2
@@ -197,3 +200,23 @@ def _extended_phnum(buf: Any, ehdr: Any, path: str, file_size: int) -> int:
             f"at offset {ehdr.e_shoff:#x} (file is {file_size} bytes)"
         )
     return parse_at(Elf64_Shdr, buf, ehdr.e_shoff, "section header 0").sh_info
+
+
+def file_program_headers(f: BinaryIO) -> list[Any] | None:
+    """The program headers of a 64-bit little-endian ELF file open for
+    reading (an executable or a shared library, not only a core), or None
+    when it is not one or they cannot be read."""
+    try:
+        f.seek(0)
+        head = f.read(EHDR_SIZE)
+        if len(head) < EHDR_SIZE or head[:4] != ELFMAG or head[4] != ELFCLASS64 or head[5] != ELFDATA2LSB:
+            return None
+        ehdr = parse_at(Elf64_Ehdr, head, 0, "ELF header")
+        size, count = ehdr.e_phentsize, ehdr.e_phnum
+        if size < PHDR_SIZE or count == 0 or size * count > 1 << 16:
+            return None
+        f.seek(ehdr.e_phoff)
+        raw = f.read(size * count)
+        return [parse_at(Elf64_Phdr, raw, i * size, f"program header {i}") for i in range(len(raw) // size)]
+    except (OSError, CoreParseError):
+        return None

@@ -7,7 +7,7 @@ with the offset that failed.
 
 Hierarchy::
 
-    ForensicsError
+    ForensicsError > InputError
       CoreParseError        the file is not a readable x86_64 ELF core
       CoreReadError         an address cannot be read out of an opened core
         UnmappedError       ... it is in no PT_LOAD segment
@@ -17,29 +17,13 @@ Hierarchy::
 
 from __future__ import annotations
 
-try:  # The package-wide base; forensics.__main__ turns it into an exit code.
-    from forensics.errors import ForensicsError
-except ImportError:  # pragma: no cover - only while forensics/errors.py is absent
-
-    class ForensicsError(Exception):  # type: ignore[no-redef]
-        """Fallback base: an expected failure with an exit code."""
-
-        exit_code: int = 2
-
-try:  # "An input ... address is missing or unusable" (forensics/errors.py).
-    from forensics.errors import InputError as _InputBase
-except ImportError:  # pragma: no cover
-    _InputBase = ForensicsError  # type: ignore[misc,assignment]
-
-try:  # One class for the whole package, if forensics/errors.py defines it.
-    from forensics.errors import CoreParseError
-except ImportError:  # pragma: no cover
-
-    class CoreParseError(_InputBase):  # type: ignore[no-redef]
-        """A core (or something in it) does not parse; says where it failed."""
+# ForensicsError is the package-wide base (forensics.cli.main turns it into
+# an exit code); CoreParseError is defined beside InputError for the whole
+# package and re-exported here.
+from forensics.errors import CoreParseError, ForensicsError, InputError
 
 
-class CoreReadError(_InputBase):
+class CoreReadError(InputError):
     """Memory at an address cannot be read from the core."""
 
     def __init__(self, message: str, addr: int) -> None:

@@ -107,6 +107,15 @@ SI_TKILL = -6
 _FAULT_SIGNALS = {_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE, _signal.SIGTRAP}
 
 
+def signal_name(num: int, unknown: str = "SIG{}") -> str:
+    """A signal's name ("SIGSEGV"); unknown.format(num) for a number Python
+    does not name."""
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return unknown.format(num)
+
+
 @dataclass(frozen=True)
 class RawNote:
     """A note as found: name, type, and the file offset and bytes of its desc."""
@@ -130,10 +139,7 @@ class SigInfo:
 
     @property
     def name(self) -> str:
-        try:
-            return _signal.Signals(self.signo).name
-        except ValueError:
-            return f"signal {self.signo}"
+        return signal_name(self.signo, unknown="signal {}")
 
 
 @dataclass

@@ -4,7 +4,7 @@
 
     python3 -m forensics.gdb >> ~/.gdbinit
 
-The commands themselves are in ``forensics.gdbcmd``; this package only ships
+The commands themselves are in ``forensics.gdb.commands``; this package only ships
 the loader inside the wheel so that it sits beside the installed package.
 """
 

@@ -23,7 +23,7 @@
 #
 # gdb_scripts/forensics_gdb.py in a source checkout is a link to this file;
 # the checkout's forensics/ is never imported (it has no built libtag): only
-# an installed package is.  All logic lives in forensics.gdbcmd and below.
+# an installed package is.  All logic lives in forensics.gdb.commands and below.
 
 
 def _forensics_gdb_load():
@@ -65,7 +65,7 @@ def _forensics_gdb_load():
 
     def try_import():
         try:
-            import forensics.gdbcmd  # noqa: F401
+            import forensics.gdb.commands  # noqa: F401
         except ImportError as exc:
             purge()
             return f"{exc}"
@@ -80,11 +80,11 @@ def _forensics_gdb_load():
         interpreters.append(os.environ["FORENSICS_PYTHON"])
     else:
         site = os.path.dirname(os.path.dirname(here))
-        if os.path.isfile(os.path.join(site, "forensics", "gdbcmd.py")):
+        if os.path.isfile(os.path.join(site, "forensics", "gdb", "commands.py")):
             add([site])
         err = try_import()
         if err is None:
-            return sys.modules["forensics.gdbcmd"]
+            return sys.modules["forensics.gdb.commands"]
         problems.append(f"gdb's Python {mine[0]}.{mine[1]}: {err}")
         python3 = shutil.which("python3")
         if python3:
@@ -106,7 +106,7 @@ def _forensics_gdb_load():
             + [os.path.dirname(info["pkg"])])
         err = try_import()
         if err is None:
-            return sys.modules["forensics.gdbcmd"]
+            return sys.modules["forensics.gdb.commands"]
         problems.append(f"{python}'s packages in gdb: {err}")
     raise ImportError("; ".join(problems) or "forensics is not installed")
 

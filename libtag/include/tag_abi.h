@@ -1,9 +1,9 @@
 /* tag_abi.h - the crash-time ABI of libtag: everything a reader of a core
- * (forensics/abi.py, the gdb scripts) needs to recover blocks, stacks and
+ * (forensics/reader/abi.py, the gdb commands) needs to recover blocks, stacks and
  * threads from raw memory, with no symbols and no allocator internals.
  *
  * This is a file format.  Every change to a layout bumps TAG_ABI_VERSION, and
- * forensics/abi.py mirrors each struct field for field with the same names;
+ * forensics/reader/abi.py mirrors each struct field for field with the same names;
  * tests/unit/test_abi_mirror.py checks the mirror against a compiled probe.
  *
  * All integers are little-endian x86_64 native.  "Address" fields hold virtual

@@ -34,13 +34,13 @@ def _run(exe, case, core_path, on_anomaly, snaps):
 
 
 def _the_one_snapshot(snaps: Path, pid: int, reason: str):
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     dirs = S.snapshot_dirs(snaps)
     expected = f"snap_anomaly-i-{pid}-1-{reason}"
     assert [d.name for d in dirs] == [expected], f"expected exactly [{expected}], got {dirs}"
-    snap = snapshots.wait_complete(dirs[0], 60)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"expected a core in {snap.path}"
     assert snap.info["reason"] == reason, f"expected info reason {reason}, got {snap.info}"
     return core

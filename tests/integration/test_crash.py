@@ -16,7 +16,7 @@ FAULT = 0xDEAD0000  # FAULT_ADDR in snap_segv.c
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_segfault_leaves_a_crash_core_with_the_fault(core_path, build_victim, run_cli, tmp_path):
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     # GIVEN snap_segv, which dereferences FAULT_ADDR, under forensics run --dir
     exe = build_victim("snap_segv")
@@ -32,8 +32,8 @@ def test_segfault_leaves_a_crash_core_with_the_fault(core_path, build_victim, ru
     # ... one snapshot dir, <comm>-<pid>-1-crash, with a complete core
     dirs = S.snapshot_dirs(snaps)
     assert len(dirs) == 1 and dirs[0].name.endswith("-1-crash"), f"expected one *-1-crash dir, got {dirs}"
-    snap = snapshots.wait_complete(dirs[0], 60)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"expected a core in {snap.path}"
     # ... whose control block records SIGSEGV at the address the victim dereferenced
     ctl = S.read_control(core)

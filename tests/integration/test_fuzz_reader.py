@@ -7,7 +7,7 @@ victim's blocks, the stack table, the thread records and a shadow stack -
 WHEN copies are truncated, bit-flipped (hypothesis) or spliced, and foreign
 files are given instead of a core,
 THEN the real CLI (``forensics inspect``, ``forensics whoowns ADDR --core``,
-run in-process through ``forensics.__main__.main``) exits 0, 1 or 2 - never
+run in-process through ``forensics.cli.main.main``) exits 0, 1 or 2 - never
 3, the internal-error code - an exit 2 prints exactly one line
 ``forensics: error: ...`` on stderr, and an answer from a core that lost bytes
 says so in its ``warnings``.
@@ -30,8 +30,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forensics import abi
-from forensics.__main__ import main as forensics_main
+from forensics.reader import abi
+from forensics.cli.main import main as forensics_main
 from forensics.core import Core
 import forensics_test_support as S
 

@@ -6,7 +6,6 @@ fail with one line.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -201,7 +200,7 @@ def test_errors_are_one_line_gdb_errors(snap, victim, tmp_path):
     assert errors == [
         f"tag block: {g:#x} is in no tagged block: globals of {exe}, {victim}",
         "tag block: 0x0 is in no tagged block: unmapped, NULL page",
-        "tag inspect: unknown option --bogus (options: --json --top N)",
+        "tag inspect: unknown option --bogus (options: --json --leaks --top N)",
         'tag whoowns: not an address: no_such_symbol: No symbol "no_such_symbol" in current context.',
     ], result.stderr
     # WHEN a batch gdb's last command is a failing tag command
@@ -224,26 +223,21 @@ def _symbol_address(tmp: Path, exe: Path, core: Path, name: str) -> int:
     return int(out.split("=", 1)[1], 16)
 
 
-def test_leaks_in_gdb_match_the_cli_or_say_what_is_missing(snap, victim):
+def test_leaks_in_gdb_match_the_cli(snap, victim):
     tmp, core = snap["tmp"], snap["core"]
-    # GIVEN the installed package, with or without its leaks module, and a core
-    # with one leaked block (leak_make drops its only pointer)
-    have_leaks = importlib.util.find_spec("forensics.leaks") is not None
+    # GIVEN a core with one leaked block (leak_make drops its only pointer)
     # WHEN gdb is asked for the leaks of the core
     result, (as_json, as_text) = gdb_batch(tmp, "tag leaks --json", "tag leaks", args=(victim, core))
-    if have_leaks:
-        # THEN they are the CLI's inspect --leaks ones: the 64 bytes of leak_make
-        want = cli_json(tmp, "inspect", "--leaks", core)["leaks"]
-        got = json.loads(as_json)
-        assert got == {"leaks": want}, f"gdb said {as_json}\nCLI said {want}"
-        assert [(g["kind"], g["blocks"], g["bytes"], frames(g, "stack")[:2]) for g in got["leaks"]] == [
-            ("definite", 1, 64, ["leak_make", "main"])], got
-        assert "leak_make" in as_text, as_text
-    else:
-        # THEN one line says what is missing
-        assert (as_json, as_text) == ("", ""), (as_json, as_text)
-        assert result.stderr.splitlines()[-1] == "tag leaks: leaks needs forensics.leaks (not installed)", (
-            result.stderr)
+    # THEN they are the CLI's inspect --leaks ones: the 64 bytes of leak_make
+    want = cli_json(tmp, "inspect", "--leaks", core)["leaks"]
+    got = json.loads(as_json)
+    assert got == {"leaks": want}, f"gdb said {as_json}\nCLI said {want}"
+    assert [(g["kind"], g["blocks"], g["bytes"], frames(g, "stack")[:2]) for g in got["leaks"]] == [
+        ("definite", 1, 64, ["leak_make", "main"])], got
+    assert "leak_make" in as_text, as_text
+    # ... and tag inspect --leaks is the CLI's inspect --leaks, the verb's own option
+    _, (both,) = gdb_batch(tmp, "tag inspect --json --leaks --top 3", args=(victim, core))
+    assert json.loads(both) == cli_json(tmp, "inspect", "--leaks", "--top", "3", core), both
 
 
 def test_the_loader_finds_the_package_through_the_users_python(snap, victim, tmp_path):

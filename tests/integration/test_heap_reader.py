@@ -1,4 +1,4 @@
-"""forensics.heap finds every block of a real libtag process, with its owner and stacks.
+"""forensics.reader.heap finds every block of a real libtag process, with its owner and stacks.
 
 tests/victims/heap_threads.c allocates through make_record -> alloc_node ->
 malloc from main and three worker threads, frees some blocks (they wait in
@@ -20,18 +20,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import forensics_test_support as S
 import numpy as np
 import pytest
 
-from forensics import abi
-from forensics.abi import NoLibtagError
+from forensics.answers.shapes import block_json
 from forensics.core import Core
-from forensics.core.live import LiveMemory
 from forensics.errors import InputError
-from forensics.heap import Heap
-from forensics.memory import CoreMemory
-from forensics.model import block_json
-import forensics_test_support as S
+from forensics.reader import abi
+from forensics.reader.abi import NoLibtagError
+from forensics.reader.heap import Heap
+from forensics.reader.live import LiveMemory
+from forensics.reader.memory import CoreMemory
 
 QUARANTINE = "1500"  # bytes per thread: the victim's small frees stay, 2000/5000 go to glibc
 WORKERS = 3

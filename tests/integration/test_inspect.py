@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics import snapshots
+from forensics.snapshots import snapdir
 import forensics_test_support as S
 
 
@@ -43,8 +43,8 @@ def the_core(snaps: Path, suffix: str) -> Path:
     dirs = [d for d in snaps.iterdir() if d.is_dir()]
     assert len(dirs) == 1 and dirs[0].name.endswith(suffix), (
         f"expected one *{suffix} snapshot dir, got {dirs}")
-    snap = snapshots.wait_complete(dirs[0], 60)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"expected a core in {snap.path}"
     return core
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analysis import Snapshot
-from forensics.leaks import KINDS, find_leaks
+from forensics.reader.dump import Dump
+from forensics.answers.leaks import KINDS, find_leaks
 import forensics_test_support as S
 
 ALLOCATORS = ("calloc", "malloc")
@@ -79,9 +79,9 @@ def taken(request, victim, run_victim, tmp_path_factory):
     assert done.returncode == 0, done.stderr
     shapes = parse(done.stdout)
     core = S.wait_core(snap_dir, shapes.pid)
-    snap = Snapshot.open(core)
-    yield shapes, core, snap
-    snap.close()
+    dump = Dump.open(core)
+    yield shapes, core, dump
+    dump.close()
 
 
 def first_own_function(functions: list[str | None]) -> str | None:
@@ -89,11 +89,11 @@ def first_own_function(functions: list[str | None]) -> str | None:
     return next((f for f in functions if f not in ALLOCATORS), None)
 
 
-def our_groups(snap: Snapshot) -> dict[str, list[tuple[str, int, int, int]]]:
-    scan = find_leaks(snap)
+def our_groups(dump: Dump) -> dict[str, list[tuple[str, int, int, int]]]:
+    scan = find_leaks(dump)
     out: dict[str, list] = {}
     for g in scan.groups(kinds=KINDS):
-        fn = first_own_function([f.function for f in snap.stack(g.stack_id)])
+        fn = first_own_function([f.function for f in dump.stack(g.stack_id)])
         out.setdefault(fn, []).append((g.kind, g.blocks, g.bytes, g.indirect_bytes))
     return {k: sorted(v) for k, v in out.items()}
 
@@ -103,8 +103,8 @@ def our_groups(snap: Snapshot) -> dict[str, list[tuple[str, int, int, int]]]:
 
 def test_orphaned_list_head_is_definite_and_the_rest_indirect(taken):
     # GIVEN a 5-node list whose head pointer was dropped
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     nodes = [a for a, _ in shapes.blocks["list"]]
     # WHEN each node is classified  THEN the head is definite, the others indirect
     assert scan.kind_of(shapes.head) == "definite"
@@ -113,16 +113,16 @@ def test_orphaned_list_head_is_definite_and_the_rest_indirect(taken):
 
 
 def test_unreachable_ring_has_one_definite_owner_and_two_indirect(taken):
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     ring = sorted(a for a, _ in shapes.blocks["ring"])
     # THEN the lowest-addressed node owns the cycle, as valgrind's clique leader
     assert [scan.kind_of(a) for a in ring] == ["definite", "indirect", "indirect"]
 
 
 def test_block_only_a_global_points_to_is_reachable_from_that_global(taken, victim):
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     (addr, size), = shapes.blocks["global"]
     assert scan.kind_of(addr) == "reachable"
     assert [(r.kind, r.module, r.interior) for r in scan.roots_of(addr)] == [("global", str(victim), False)]
@@ -132,8 +132,8 @@ def test_block_only_a_global_points_to_is_reachable_from_that_global(taken, vict
 
 
 def test_block_only_a_thread_stack_points_to_is_reachable_from_that_stack(taken):
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     (addr, _), = shapes.blocks["stack"]
     tid = shapes.threads["stack"]
     assert scan.kind_of(addr) == "reachable"
@@ -143,8 +143,8 @@ def test_block_only_a_thread_stack_points_to_is_reachable_from_that_stack(taken)
 
 
 def test_block_reached_only_through_an_interior_pointer_is_possible(taken, victim):
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     (addr, _), = shapes.blocks["interior"]
     assert scan.kind_of(addr) == "possible"
     assert [(r.kind, r.module, r.interior) for r in scan.roots_of(addr)] == [("global", str(victim), True)]
@@ -153,8 +153,8 @@ def test_block_reached_only_through_an_interior_pointer_is_possible(taken, victi
 def test_block_held_only_in_another_threads_register_is_reachable_from_it(taken):
     # GIVEN a worker blocked in read(2) holding the only pointer in r12: libtag
     # saved its registers in its thread record before the snapshot's fork
-    shapes, _, snap = taken
-    scan = find_leaks(snap)
+    shapes, _, dump = taken
+    scan = find_leaks(dump)
     (addr, _), = shapes.blocks["register"]
     tid = shapes.threads["register"]
     assert scan.kind_of(addr) == "reachable"
@@ -162,16 +162,16 @@ def test_block_held_only_in_another_threads_register_is_reachable_from_it(taken)
 
 
 def test_groups_by_allocation_stack_are_exactly_the_shapes(taken):
-    _, _, snap = taken
-    groups = our_groups(snap)
+    _, _, dump = taken
+    groups = our_groups(dump)
     for fn, want in EXPECTED.items():
         assert groups.get(fn) == sorted(want), fn
 
 
 def test_leak_groups_carry_the_allocation_times(taken):
-    _, _, snap = taken
-    scan = find_leaks(snap)
-    idx = snap.heap.index
+    _, _, dump = taken
+    scan = find_leaks(dump)
+    idx = dump.heap.index
     for g in scan.groups():
         sel = (idx["alloc_stack"] == g.stack_id) & (scan.kind == {"definite": 4, "indirect": 3,
                                                                    "possible": 2}[g.kind])
@@ -188,7 +188,7 @@ def test_inspect_leaks_json_lists_the_lost_groups(taken, run_cli, tmp_path):
     got = sorted((first_own_function([f["function"] for f in g["stack"]]), g["kind"], g["blocks"], g["bytes"])
                  for g in doc["leaks"] if g["stack"] and g["stack"][0]["function"] in EXPECTED
                  or first_own_function([f["function"] for f in g["stack"]]) in EXPECTED)
-    # THEN the definite/indirect/possible groups of the shapes are there, with SPEC's fields
+    # THEN the definite/indirect/possible groups of the shapes are there, with the fields of docs/json.md
     assert got == sorted([
         ("alloc_interior_only", "possible", 1, 100),
         ("new_list_node", "definite", 1, 48),
@@ -256,8 +256,8 @@ def memcheck(victim, tmp_path_factory):
 
 def test_memcheck_agrees_on_every_shape(memcheck, taken):
     # GIVEN the same victim under memcheck, checked at the same point
-    _, _, snap = taken
-    ours = our_groups(snap)
+    _, _, dump = taken
+    ours = our_groups(dump)
     for fn, want in EXPECTED.items():
         # THEN memcheck's kind, blocks and bytes (direct and indirect) are the victim's ...
         assert memcheck.get(fn) == sorted(want), fn
@@ -267,8 +267,8 @@ def test_memcheck_agrees_on_every_shape(memcheck, taken):
 
 def test_memcheck_agrees_on_libc_blocks(memcheck, taken):
     # stdout's buffer: reachable from libc's globals in both
-    _, _, snap = taken
-    ours = our_groups(snap)
+    _, _, dump = taken
+    ours = our_groups(dump)
     assert memcheck["_IO_file_doallocate"] == [("reachable", 1, 4096, 0)]
     assert ours["_IO_file_doallocate"] == [("reachable", 1, 4096, 0)]
 
@@ -278,12 +278,12 @@ def test_thread_dtvs_are_possible_in_both_and_ours_one_slot_larger(memcheck, tak
     # (dtv[-1] holds its length): possible in both.  Under libtag the process
     # has one more module with TLS (libtag.so itself), so each DTV has one more
     # 16-byte slot (docs/leaks.md).
-    _, _, snap = taken
+    _, _, dump = taken
     vg = memcheck["allocate_dtv"]
     assert [(k, n) for k, n, _, _ in vg] == [("possible", 1), ("possible", 1)]
-    scan = find_leaks(snap)
+    scan = find_leaks(dump)
     possible = [g for g in scan.groups(kinds=("possible",))
-                if first_own_function([f.function for f in snap.stack(g.stack_id)]) != "alloc_interior_only"]
+                if first_own_function([f.function for f in dump.stack(g.stack_id)]) != "alloc_interior_only"]
     # one group per creating stack, as memcheck's (full stacks tell the two
     # pthread_create calls apart)
     assert sorted((g.kind, g.blocks, g.bytes) for g in possible) == \

@@ -1,5 +1,5 @@
 """libtag's malloc family behaves as glibc's toward the program, and tags
-every block it hands out (SPEC §3).
+every block it hands out (docs/format.md).
 
 The probe tests/victims/lt_semantics.c runs WITH and WITHOUT libtag and the
 outputs must match line by line, except the "usable" lines: under libtag

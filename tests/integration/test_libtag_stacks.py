@@ -1,4 +1,4 @@
-"""Allocation and free stacks name the right functions, in order (SPEC §3).
+"""Allocation and free stacks name the right functions, in order (docs/architecture.md).
 
 tests/victims/lt_stack.c allocates three calls deep (level1 -> level2 ->
 level3 -> malloc) and frees two deep (free_level1 -> free_level2 -> free),

@@ -23,7 +23,7 @@ import forensics_test_support as S
 
 
 def _snapshot(build_victim, tmp_path, core_path, payload):
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     exe = build_victim("snap_secret")
     snaps = tmp_path / "snaps"
@@ -35,34 +35,34 @@ def _snapshot(build_victim, tmp_path, core_path, payload):
     address = int(lines[0].split("=")[1], 16)
     dirs = S.snapshot_dirs(snaps)
     assert len(dirs) == 1, dirs
-    snap = snapshots.wait_complete(dirs[0], 60)
-    return snapshots.find_core(snap.path), address
+    snap = snapdir.wait_complete(dirs[0], 60)
+    return snapdir.find_core(snap.path), address
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, tmp_path):
-    from forensics.analysis import Snapshot
-    from forensics.summary import inspect_doc
+    from forensics.reader.dump import Dump
+    from forensics.answers.inspect import inspect_doc
 
     core, address = _snapshot(build_victim, tmp_path, core_path, "omit")
     assert SECRET not in core.read_bytes()
-    with Snapshot.open(core) as snap:
-        assert snap.heap.payload_omitted is True
-        block = snap.heap.block_at(address)
+    with Dump.open(core) as dump:
+        assert dump.heap.payload_omitted is True
+        block = dump.heap.block_at(address)
         assert (block.start, block.size, block.state) == (address, 4096 * 3, "live")
-        assert [f.function for f in snap.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
-        assert inspect_doc(snap)["payload"] == "omitted"
+        assert [f.function for f in dump.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
+        assert inspect_doc(dump)["payload"] == "omitted"
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_keep_has_the_secret(core_path, build_victim, tmp_path):
-    from forensics.analysis import Snapshot
+    from forensics.reader.dump import Dump
 
     core, address = _snapshot(build_victim, tmp_path, core_path, "keep")
     assert SECRET in core.read_bytes()
-    with Snapshot.open(core) as snap:
-        assert snap.heap.payload_omitted is False
-        assert snap.heap.block_at(address).size == 4096 * 3
+    with Dump.open(core) as dump:
+        assert dump.heap.payload_omitted is False
+        assert dump.heap.block_at(address).size == 4096 * 3
 
 
 def test_crash_core_with_omit_has_no_secret(build_victim, run_cli, tmp_path):
@@ -80,8 +80,8 @@ def test_crash_core_with_omit_has_no_secret(build_victim, run_cli, tmp_path):
     assert proc.returncode == 139, proc.stderr
     crash_dirs = [d for d in S.snapshot_dirs(snaps) if d.name.endswith("-crash")]
     assert len(crash_dirs) == 1, S.snapshot_dirs(snaps)
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
-    core = snapshots.find_core(snapshots.wait_complete(crash_dirs[0], 60).path)
+    core = snapdir.find_core(snapdir.wait_complete(crash_dirs[0], 60).path)
     assert SECRET not in core.read_bytes()
     assert not [p for p in cwd.iterdir() if p.name.startswith("core")]  # no full core beside it

@@ -59,7 +59,8 @@ def inspect_json(state: Path, core: Path, cwd: Path, *extra: str) -> dict:
 
 def take_cores(exe: Path, workdir: Path, *args: str) -> list[Path]:
     """Run report_tree under libtag; its three cores, in snapshot order."""
-    from forensics import libpath, snapshots
+    from forensics import libpath
+    from forensics.snapshots import snapdir
 
     snaps = workdir / "snaps"
     env = _env(workdir / "state")
@@ -69,12 +70,12 @@ def take_cores(exe: Path, workdir: Path, *args: str) -> list[Path]:
     r = subprocess.run([str(exe), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, f"expected report_tree to exit 0, got {r.returncode}: {r.stderr}"
     assert r.stdout == "snapshot 1 rc=0\nsnapshot 2 rc=0\ndone\n", f"unexpected output {r.stdout!r}"
-    dirs = sorted(snapshots.list_dirs(snaps), key=lambda d: d.seq)
+    dirs = sorted(snapdir.list_dirs(snaps), key=lambda d: d.seq)
     assert [d.reason for d in dirs] == ["on-demand", "on-demand", "double-free"], dirs
     cores = []
     for d in dirs:
-        done = snapshots.wait_complete(d, 60)
-        core = snapshots.find_core(done.path)
+        done = snapdir.wait_complete(d, 60)
+        core = snapdir.find_core(done.path)
         assert core is not None, f"expected a core in {done.path}"
         cores.append(core)
     return cores

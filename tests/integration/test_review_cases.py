@@ -73,7 +73,7 @@ def test_a_later_snapshot_has_no_registers_of_an_exited_thread(exe, tmp_path):
 
     proc = _run(exe, "stale", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    from forensics.snapshots import parse_name
+    from forensics.snapshots.snapdir import parse_name
 
     pid = parse_name(S.snapshot_dirs(tmp_path / "snaps")[0].name)[1]
     first = S.wait_core(tmp_path / "snaps", pid, seq=1)
@@ -88,7 +88,7 @@ def _zero_core(exe, tmp_path):
     proc = _run(exe, "zero", tmp_path)
     assert proc.returncode == 0, proc.stderr
     address = int(proc.stdout.splitlines()[0].split("=")[1], 16)
-    from forensics.snapshots import parse_name
+    from forensics.snapshots.snapdir import parse_name
 
     pid = parse_name(S.snapshot_dirs(tmp_path / "snaps")[0].name)[1]
     return S.wait_core(tmp_path / "snaps", pid), address
@@ -135,6 +135,6 @@ def test_list_ignores_a_snapshot_dir_of_another_user(exe, tmp_path):
     (planted / "core").write_bytes(core.read_bytes()[:4096])
     for p in (planted, planted / "info", planted / "core"):
         os.chown(p, 65534, 65534)
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
-    assert [d.name for d in snapshots.list_dirs(ours.parent)] == [ours.name]
+    assert [d.name for d in snapdir.list_dirs(ours.parent)] == [ours.name]

@@ -86,10 +86,10 @@ def test_snapshot_files_are_private(build_victim, tmp_path):
     snaps = tmp_path / "snaps"
     proc = _snapshot_into(str(snaps), build_victim)
     assert proc.returncode == 0
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     (d,) = list(snaps.iterdir())
-    snapshots.wait_complete(d, 60)  # the child writes the core after the parent ran on
+    snapdir.wait_complete(d, 60)  # the child writes the core after the parent ran on
     assert d.stat().st_mode & 0o777 == 0o700
     assert snaps.stat().st_mode & 0o777 == 0o700
     assert sorted(p.name for p in d.iterdir()) == ["core", "info"]

@@ -57,7 +57,7 @@ def test_snapshot_of_a_running_multithreaded_victim(core_path, build_victim, run
     finally:
         out, err = S.finish(proc)
 
-    # THEN one JSON document with SPEC's fields and types
+    # THEN one JSON document with the fields and types of docs/json.md
     assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
     doc = json.loads(result.stdout)
     assert {"pid", "core", "reason", "pause_ms", "core_bytes"} <= set(doc), f"fields: {doc}"
@@ -146,8 +146,8 @@ def test_list_finds_snapshots_taken_without_forensics(build_victim, run_cli, sta
         os.kill(pid, signal.SIGUSR2)
         default = state / "forensics" / "snapshots"
         S.wait_until(lambda: any(default.glob(f"*-{pid}-1-on-demand/info")), 60, "the info file")
-        from forensics import snapshots
-        snap = snapshots.wait_complete(next(default.glob(f"*-{pid}-1-on-demand")), 60)
+        from forensics.snapshots import snapdir
+        snap = snapdir.wait_complete(next(default.glob(f"*-{pid}-1-on-demand")), 60)
     finally:
         S.finish(proc)
     # WHEN forensics list --json

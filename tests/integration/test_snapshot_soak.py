@@ -22,7 +22,7 @@ EACH_S = 120
 
 
 def test_200_snapshots_in_a_row_under_churn(build_victim, tmp_path):
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     # GIVEN snap_churn with 8 threads, snapshots to snaps/, self-written cores
     exe = build_victim("snap_churn")
@@ -38,9 +38,9 @@ def test_200_snapshots_in_a_row_under_churn(build_victim, tmp_path):
             S.wait_until(lambda: (snaps / name).is_dir() or proc.poll() is not None,
                          min(EACH_S, deadline - time.monotonic()), f"snapshot dir {name}")
             assert proc.poll() is None, f"victim died at snapshot {i}: {proc.returncode}"
-            snap = snapshots.wait_complete(snaps / name,
+            snap = snapdir.wait_complete(snaps / name,
                                            min(EACH_S, deadline - time.monotonic()))
-            core = snapshots.find_core(snap.path)
+            core = snapdir.find_core(snap.path)
             assert core is not None, f"snapshot {i}: no core in {snap.path}"
             seen.append((int(snap.info["seq"]), snap.info["reason"], core.stat().st_size))
             # the directory's job is done: free the disk

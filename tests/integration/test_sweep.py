@@ -17,8 +17,8 @@ import forensics_test_support as S
 
 
 def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim, tmp_path):
-    from forensics import snapshots
-    from forensics.analysis import Snapshot
+    from forensics.snapshots import snapdir
+    from forensics.reader.dump import Dump
 
     exe = build_victim("snap_sweep")
     snaps = tmp_path / "snaps"
@@ -30,11 +30,11 @@ def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim,
 
     dirs = S.snapshot_dirs(snaps)
     assert [d.name.split("-")[-2:] for d in dirs] == [["heap", "overflow"]], dirs
-    snap_dir = snapshots.wait_complete(dirs[0], 60)
-    with Snapshot.open(snapshots.find_core(snap_dir.path)) as snap:
-        a = snap.heap.anomaly
+    snap_dir = snapdir.wait_complete(dirs[0], 60)
+    with Dump.open(snapdir.find_core(snap_dir.path)) as dump:
+        a = dump.heap.anomaly
         assert a.kind == "heap-overflow"
         assert a.address == address
         assert a.block.size == 40 and a.block.state == "live"
-        functions = [f.function for f in snap.stack(a.stack)]
+        functions = [f.function for f in dump.stack(a.stack)]
         assert functions[:2] == ["busy_step", "main"], functions

@@ -1,4 +1,4 @@
-"""forensics.symbols names real code addresses of a live victim and of its core.
+"""forensics.reader.symbols names real code addresses of a live victim and of its core.
 
 tests/victims/sym_victim.c prints the entry addresses of sym_outer, sym_inner
 and main, a return address inside sym_outer with the line of its call, and the
@@ -24,8 +24,9 @@ from typing import Callable, Iterator
 import pytest
 
 from forensics.core import Core
-from forensics.model import Frame
-from forensics.symbols import (
+from forensics.reader.model import Frame
+from forensics.reader.live import read_maps
+from forensics.reader.symbols import (
     FRAME_CALL,
     FRAME_ENTRY,
     Module,
@@ -33,7 +34,6 @@ from forensics.symbols import (
     Symbolizer,
     merge_entry_frames,
     modules_from_mappings,
-    proc_mappings,
 )
 
 SOURCE = "sym_victim.c"
@@ -152,7 +152,7 @@ def module_named(modules: list[Module], path: Path) -> Module:
 def test_pie_bias_is_the_start_of_its_first_mapping(builds, victim_of):
     # GIVEN a running PIE victim
     v = victim_of(builds["pie"])
-    maps = proc_mappings(v.pid)
+    maps = read_maps(v.pid)
     # WHEN its modules are read from /proc/PID/maps
     modules = modules_from_mappings(maps)
     # THEN the victim is one module whose bias is where file offset 0 is mapped,
@@ -169,7 +169,7 @@ def test_non_pie_bias_is_zero(builds, victim_of):
     # GIVEN a running -no-pie victim (first PT_LOAD at vaddr 0x400000)
     v = victim_of(builds["nopie"])
     # WHEN its modules are read
-    mod = module_named(modules_from_mappings(proc_mappings(v.pid)), builds["nopie"])
+    mod = module_named(modules_from_mappings(read_maps(v.pid)), builds["nopie"])
     # THEN its bias is 0 and it starts at 0x400000
     assert mod.load_bias == 0
     assert mod.start == 0x400000
@@ -179,7 +179,7 @@ def test_non_pie_bias_is_zero(builds, victim_of):
 def test_libc_is_a_module_with_page_aligned_bias(builds, victim_of):
     # GIVEN a running victim WHEN its modules are read
     v = victim_of(builds["pie"])
-    modules = modules_from_mappings(proc_mappings(v.pid))
+    modules = modules_from_mappings(read_maps(v.pid))
     libc = [m for m in modules if os.path.basename(m.path) == "libc.so.6"]
     # THEN libc is one module holding qsort, and qsort - bias is its dynsym value
     assert len(libc) == 1
@@ -202,7 +202,7 @@ def test_debug_info_gives_function_file_line(builds, victim_of, build, tool):
     exe = builds[build]
     v = victim_of(exe)
     assert v.ret_line == CALL_LINE
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)), tool=tool)
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)), tool=tool)
     # WHEN its entries, a return address and libc's qsort are symbolised
     inner, outer, main, ret, qsort = sym.symbolize(victim_pcs(v))
     values = nm_values(exe)
@@ -226,7 +226,7 @@ def test_symbols_without_debug_info_give_symbol_plus_offset(builds, victim_of, t
     # GIVEN a running victim built with -g0 (symbol table, no DWARF)
     exe = builds["nodebug"]
     v = victim_of(exe)
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)), tool=tool)
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)), tool=tool)
     # WHEN the return address inside sym_outer is symbolised
     inner, outer, main, ret, _ = sym.symbolize(victim_pcs(v))
     # THEN it is sym_outer + (ret - entry) with no file or line
@@ -242,7 +242,7 @@ def test_symbols_without_debug_info_give_symbol_plus_offset(builds, victim_of, t
 def test_stripped_binary_gives_module_plus_offset(builds, victim_of, tool):
     # GIVEN a running stripped victim (no symbols at all in the executable)
     v = victim_of(builds["stripped"])
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)), tool=tool)
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)), tool=tool)
     # WHEN its addresses are symbolised
     inner, outer, main, ret, qsort = sym.symbolize(victim_pcs(v))
     # THEN its frames keep the module and the offset the unstripped file's nm gives
@@ -260,7 +260,7 @@ def test_stripped_binary_gives_module_plus_offset(builds, victim_of, tool):
 def test_pc_in_no_module_keeps_its_frame(builds, victim_of):
     # GIVEN the modules of a running victim
     v = victim_of(builds["pie"])
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)))
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)))
     # WHEN addresses in no module are symbolised among good ones
     frames = sym.symbolize([(0x1000, FRAME_CALL), (v.fn["main"], FRAME_ENTRY), (0x10, FRAME_ENTRY)])
     # THEN every frame is there, the strays with nothing but their address
@@ -276,7 +276,7 @@ def test_deleted_module_file_keeps_module_and_offset(builds, victim_of, tmp_path
     shutil.copy2(builds["pie"], exe)
     v = victim_of(exe)
     exe.unlink()
-    modules = modules_from_mappings(proc_mappings(v.pid))
+    modules = modules_from_mappings(read_maps(v.pid))
     mod = module_named(modules, exe)
     assert mod.deleted is True
     # WHEN its addresses are symbolised
@@ -302,7 +302,7 @@ def test_core_mappings_give_the_same_frames(builds, victim_of, tmp_path):
     frames = Symbolizer(modules).symbolize(victim_pcs(v))
     # THEN they are the live process's modules and give the same frames
     assert module_named(modules, builds["pie"]) == module_named(
-        modules_from_mappings(proc_mappings(v.pid)), builds["pie"])
+        modules_from_mappings(read_maps(v.pid)), builds["pie"])
     assert [(f.function, f.line) for f in frames[:4]] == [
         ("sym_inner", ENTRY_LINES["sym_inner"]), ("sym_outer", ENTRY_LINES["sym_outer"]),
         ("main", ENTRY_LINES["main"]), ("sym_outer", CALL_LINE)]
@@ -310,7 +310,7 @@ def test_core_mappings_give_the_same_frames(builds, victim_of, tmp_path):
 
 def test_unknown_kind_is_refused(builds, victim_of):
     v = victim_of(builds["pie"])
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)))
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)))
     with pytest.raises(ValueError, match="unknown frame kind 99"):
         sym.symbolize([(v.fn["main"], 99)])
 
@@ -323,7 +323,7 @@ def test_disk_cache_is_private_keyed_by_file_identity(builds, victim_of, tmp_pat
     exe = tmp_path / "sym_victim-copy"
     shutil.copy2(builds["pie"], exe)
     v = victim_of(exe)
-    modules = modules_from_mappings(proc_mappings(v.pid))
+    modules = modules_from_mappings(read_maps(v.pid))
     cache = tmp_path / "cache"
     # WHEN it is symbolised with a cache_dir
     with Symbolizer(modules, cache_dir=cache) as sym:
@@ -387,7 +387,7 @@ def test_merge_entry_frames(frames, kinds, expected):
 def test_merge_entry_frames_on_real_frames(builds, victim_of):
     # GIVEN a libtag-shaped stack: CALL ret in sym_outer, ENTRY sym_outer, ENTRY main
     v = victim_of(builds["pie"])
-    sym = Symbolizer(modules_from_mappings(proc_mappings(v.pid)))
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)))
     kinds = [FRAME_CALL, FRAME_ENTRY, FRAME_ENTRY]
     frames = sym.symbolize([(v.ret, FRAME_CALL), (v.fn["sym_outer"], FRAME_ENTRY), (v.fn["main"], FRAME_ENTRY)])
     # WHEN merged THEN the ENTRY of sym_outer goes, main (no CALL inside it) stays

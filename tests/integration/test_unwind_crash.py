@@ -20,10 +20,10 @@ import subprocess
 import pytest
 
 import forensics_test_support as S
-from forensics import abi
 from forensics.core import Core
-from forensics.heap import Heap
-from forensics.memory import CoreMemory
+from forensics.reader import abi
+from forensics.reader.heap import Heap
+from forensics.reader.memory import CoreMemory
 
 pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
 
@@ -54,7 +54,7 @@ def _gdb_frames(exe, core, tid: int) -> list[tuple[str | None, str]]:
 @pytest.mark.parametrize("how,sig,inner", [("thread", signal.SIGSEGV, "crash_here"),
                                            ("abort", signal.SIGABRT, "give_up")])
 def test_crash_stack_equals_gdb_bt(build_victim, run_cli, tmp_path, core_path, how, sig, inner):
-    from forensics import snapshots
+    from forensics.snapshots import snapdir
 
     # GIVEN the victim dying under forensics run
     exe = build_victim("uw_crash", instrument=False, extra_flags=("-O2", "-fomit-frame-pointer"))
@@ -64,8 +64,8 @@ def test_crash_stack_equals_gdb_bt(build_victim, run_cli, tmp_path, core_path, h
     assert result.returncode == 128 + sig, result.stderr
     dirs = S.snapshot_dirs(snaps)
     assert len(dirs) == 1 and dirs[0].name.endswith("-1-crash"), dirs
-    snap = snapshots.wait_complete(dirs[0], 60)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
     # WHEN the crash record's stack is read from the core
     with Core(core) as c:
         heap = Heap(CoreMemory(c))

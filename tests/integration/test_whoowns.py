@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from forensics import libpath, snapshots
+from forensics import libpath
+from forensics.snapshots import snapdir
 import forensics_test_support as S
 
 LIVE_SIZE, FREED_SIZE = 100, 72  # who_addrs.c
@@ -80,8 +81,8 @@ def case(request, exe, run_victim, tmp_path_factory) -> Case:
     facts = parse(done.stdout)
     dirs = list(snaps.glob(f"*-{facts['pid']}-1-on-demand"))
     assert len(dirs) == 1, f"expected one snapshot dir, got {sorted(snaps.iterdir())}"
-    snap = snapshots.wait_complete(dirs[0], 60)
-    core = snapshots.find_core(snap.path)
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
     assert core is not None, f"expected a core in {snap.path}"
     return Case(exe, facts, core, tmp_path_factory.mktemp("state"))
 

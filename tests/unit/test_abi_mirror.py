@@ -1,16 +1,23 @@
-"""forensics.abi mirrors libtag/include/tag_abi.h exactly.
+"""forensics.reader.abi mirrors libtag/include/tag_abi.h exactly.
 
 GIVEN a probe compiled against the packaged tag_abi.h that prints sizeof and
-offsetof of every field of every struct, the constants, and the check values
-of a few tags
-WHEN the construct mirrors are built field by field and the numpy check
-functions are run on the same inputs
-THEN every size, offset, constant and check value is the C one.
+offsetof of every field of every struct, the constants, the check values of a
+few tags and the offsets of struct user_regs_struct's registers
+WHEN the construct mirrors are built field by field, the numpy dtypes derived
+from them, and the numpy check functions are run on the same inputs
+THEN every size, offset, constant, register and check value is the C one.
+
+The name tables libtag writes into snapshot directory names and messages
+(anomaly.c's kind_names, snapshot.c's reason_names, options.c's signal names)
+are read from the C sources of this checkout and compared with Python's; that
+part needs no compiler.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -18,7 +25,13 @@ import numpy as np
 import pytest
 from construct import Array, Bytes, FormatField, Struct
 
-from forensics import abi, libpath
+from forensics import libpath
+from forensics.core.notes import REG_NAMES
+from forensics.reader import abi
+from forensics.snapshots.snapdir import REASONS
+from forensics.snapshots.take import LIBTAG_SIGNALS
+
+LIBTAG_SRC = Path(__file__).resolve().parents[2] / "libtag" / "src"
 
 # ------------------------------------------------------------------ mirror walk --
 
@@ -105,6 +118,7 @@ def _probe_source() -> str:
         "#include <stdio.h>",
         "#include <stddef.h>",
         "#include <string.h>",
+        "#include <sys/user.h>",
         '#include "tag_abi.h"',
         "#define F(s, f) printf(\"field %s %s %zu %zu\\n\", #s, #f, offsetof(struct s, f), "
         "sizeof(((struct s *)0)->f))",
@@ -117,6 +131,8 @@ def _probe_source() -> str:
     for c in CONSTANTS:
         lines.append(f'  printf("const {c} %llu\\n", (unsigned long long)({c}));')
     lines.append(f'  printf("const TAG_CONTROL_MAGIC %s\\n", TAG_CONTROL_MAGIC);')
+    for reg in REG_NAMES:
+        lines.append(f'  printf("reg {reg} %zu\\n", offsetof(struct user_regs_struct, {reg}));')
     for n, (addr, secret, ss, ast, atid, atime, pad, fst, ftid, ftime) in enumerate(CHECK_INPUTS):
         lines += [
             "  {",
@@ -146,7 +162,7 @@ def probe(tmp_path_factory) -> dict:
     )
     assert built.returncode == 0, f"the probe does not compile against tag_abi.h:\n{built.stderr}"
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
-    facts: dict = {"sizeof": {}, "field": {}, "const": {}, "check": {}}
+    facts: dict = {"sizeof": {}, "field": {}, "const": {}, "check": {}, "reg": {}}
     for line in out.splitlines():
         kind, *rest = line.split()
         if kind == "sizeof":
@@ -157,6 +173,8 @@ def probe(tmp_path_factory) -> dict:
             facts["const"][rest[0]] = rest[1]
         elif kind == "check":
             facts["check"][int(rest[0])] = tuple(int(x) for x in rest[1:])
+        elif kind == "reg":
+            facts["reg"][rest[0]] = int(rest[1])
     return facts
 
 
@@ -183,11 +201,20 @@ def test_control_has_every_field_the_header_pins(probe):
     assert probe["field"][("libtag_thread", "regs")] == (56, 8 * 27)
 
 
-def test_numpy_dtypes_match_c(probe):
-    for cname, dtype in (("libtag_stack_node", abi.STACK_NODE_DTYPE), ("libtag_thread", abi.THREAD_RECORD_DTYPE)):
-        assert dtype.itemsize == probe["sizeof"][cname]
-        for name in dtype.names:
-            assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][(cname, name)]
+@pytest.mark.parametrize("cname", list(abi.STRUCTS))
+def test_numpy_dtypes_match_c(probe, cname):
+    dtype = abi.numpy_dtype(abi.STRUCTS[cname])
+    assert dtype.itemsize == probe["sizeof"][cname]
+    for name in dtype.names:
+        assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][(cname, name)]
+    assert abi.STACK_NODE_DTYPE == abi.numpy_dtype(abi.StackNode)
+    assert abi.THREAD_RECORD_DTYPE == abi.numpy_dtype(abi.ThreadRecord)
+
+
+def test_register_names_are_user_regs_struct_in_order(probe):
+    # the order of the thread records' regs and of a core's NT_PRSTATUS
+    assert {name: probe["reg"][name] for name in REG_NAMES} == {name: 8 * i for i, name in enumerate(REG_NAMES)}
+    assert len(REG_NAMES) == abi.TAG_NREGS
 
 
 @pytest.mark.parametrize("name", CONSTANTS)
@@ -198,6 +225,35 @@ def test_constants_match_c(probe, name):
 def test_control_magic_matches_c(probe):
     assert abi.TAG_CONTROL_MAGIC == probe["const"]["TAG_CONTROL_MAGIC"].encode()
     assert len(abi.TAG_CONTROL_MAGIC) == 16
+
+
+def _c_table(source: str, array: str, entry: str) -> list[tuple[str, str]]:
+    """The entries of a C array initialiser in libtag/src/<source>."""
+    path = LIBTAG_SRC / source
+    if not path.is_file():
+        pytest.skip(f"no libtag sources beside the tests ({path})")
+    body = re.search(rf"{array}\[\]\s*=\s*\{{(.*?)\}};", path.read_text(), re.S)
+    assert body, f"no array {array} in {path}"
+    return re.findall(entry, body.group(1))
+
+
+def test_anomaly_names_are_anomaly_c_kind_names():
+    c = {getattr(abi, k): v for k, v in _c_table("anomaly.c", "kind_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
+    assert c.pop(abi.TAG_ANOMALY_NONE) == "none"
+    assert c == abi.ANOMALY_NAMES
+
+
+def test_reason_names_are_snapshot_c_reason_names():
+    c = {getattr(abi, k): v for k, v in _c_table("snapshot.c", "reason_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
+    assert c == abi.REASON_NAMES
+    # ... and a snapshot directory is named after one of them or an anomaly kind
+    assert set(REASONS) == set(c.values()) | set(abi.ANOMALY_NAMES.values())
+
+
+def test_libtag_signal_names_are_options_c_ones():
+    c = _c_table("options.c", "table", r'\{\s*"(\w+)"\s*,\s*(SIG\w+)\s*\}')
+    assert tuple(name for name, _ in c) == LIBTAG_SIGNALS
+    assert all(macro == f"SIG{name}" and hasattr(signal, macro) for name, macro in c), c
 
 
 def test_anomaly_and_reason_names():

@@ -1,15 +1,38 @@
-"""The forensics command line: lib-path, run, and argument errors.
+"""The forensics command line, in-process: lib-path, argument errors, and
+what `run` refuses before it starts anything.
 
-Runs the installed ``forensics`` as a real process (``python -m forensics``
-from a temporary cwd); needs no compiler and no gdb.
+Calls forensics.cli.main.main(argv) with stdout and stderr captured and the
+environment patched - the code the console script runs, without a process;
+tests/integration/test_run.py runs `forensics run` for real.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import stat
+import subprocess
 from pathlib import Path
+
+import pytest
+
+from forensics.cli.main import main
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch, tmp_path):
+    """cli(*args, env=None) -> CompletedProcess of main(args), in this process."""
+    def cli(*args, env=None) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(tmp_path)
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse: --help, usage errors
+            code = e.code if isinstance(e.code, int) else 2
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["forensics", *map(str, args)], code, out.out, out.err)
+
+    return cli
 
 
 def stderr_lines(result) -> list[str]:
@@ -104,7 +127,7 @@ def test_help_lists_every_verb(run_cli):
         assert verb in result.stdout, f"expected verb {verb!r} in --help, got {result.stdout!r}"
 
 
-# --------------------------------------------------------------------- run --
+# ------------------------------------------------- run: refused at once --
 
 def test_run_without_a_command_exits_2_with_one_line(run_cli, tmp_path):
     result = run_cli("run", "--dir", tmp_path / "snaps")
@@ -113,77 +136,6 @@ def test_run_without_a_command_exits_2_with_one_line(run_cli, tmp_path):
     assert len(lines) == 1, f"expected exactly 1 line on stderr, got {lines!r}"
     assert lines[0].startswith("forensics: error: run: no command"), (
         f"expected 'forensics: error: run: no command', got {lines[0]!r}")
-
-
-def test_run_of_a_missing_command_exits_127(run_cli, tmp_path):
-    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "/nonexistent")
-    assert result.returncode == 127, f"expected exit 127, got {result.returncode}"
-    lines = stderr_lines(result)
-    assert len(lines) == 1, f"expected exactly 1 line on stderr, got {lines!r}"
-    assert lines[0] == "forensics: error: run: command not found: /nonexistent", (
-        f"expected the not-found line, got {lines[0]!r}")
-
-
-def test_run_returns_the_command_status(run_cli, tmp_path):
-    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "exit 7")
-    assert result.returncode == 7, f"expected exit 7, got {result.returncode}: {result.stderr}"
-
-
-def test_run_maps_a_signal_death_to_128_plus_signal(run_cli, tmp_path):
-    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "kill -TERM $$")
-    expected = 128 + signal.SIGTERM
-    assert result.returncode == expected, f"expected exit {expected}, got {result.returncode}"
-
-
-def test_run_preloads_libtag_first_and_keeps_existing_preload(run_cli, libtag_so, tmp_path):
-    # GIVEN an LD_PRELOAD already set (ld.so warns about the missing file and runs on)
-    env = {"LD_PRELOAD": "/nonexistent/libother.so"}
-    # WHEN
-    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "echo $LD_PRELOAD",
-                     env=env)
-    # THEN
-    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
-    preload = result.stdout.split()
-    assert preload == [str(libtag_so), "/nonexistent/libother.so"], (
-        f"expected [{libtag_so}, /nonexistent/libother.so], got {preload!r}")
-    assert "libtag.so" in preload[0], f"expected libtag.so first, got {preload!r}"
-
-
-def test_run_sets_libtag_dir_and_on_anomaly(run_cli, tmp_path):
-    snaps = tmp_path / "snaps"
-    result = run_cli("run", "--dir", snaps, "--on-anomaly", "abort", "--",
-                     "sh", "-c", 'echo "$LIBTAG_DIR|$LIBTAG_ON_ANOMALY"')
-    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
-    assert result.stdout.strip() == f"{snaps}|abort", (
-        f"expected '{snaps}|abort', got {result.stdout!r}")
-
-
-def test_run_defaults_on_anomaly_to_snapshot(run_cli, tmp_path):
-    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "echo $LIBTAG_ON_ANOMALY")
-    assert result.stdout.strip() == "snapshot", f"expected 'snapshot', got {result.stdout!r}"
-
-
-def test_run_creates_the_dir_0700(run_cli, tmp_path):
-    # GIVEN a dir two levels below an existing folder
-    snaps = tmp_path / "a" / "snaps"
-    # WHEN
-    result = run_cli("run", "--dir", snaps, "--", "true")
-    # THEN
-    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
-    for d in (snaps, snaps.parent):
-        mode = stat.S_IMODE(os.lstat(d).st_mode)
-        assert mode == 0o700, f"expected {d} mode 0o700, got {oct(mode)}"
-
-
-def test_run_defaults_to_the_xdg_state_dir(run_cli, tmp_path):
-    state = tmp_path / "state"
-    result = run_cli("run", "--", "sh", "-c", "echo $LIBTAG_DIR",
-                     env={"XDG_STATE_HOME": str(state)})
-    expected = state / "forensics" / "snapshots"
-    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
-    assert result.stdout.strip() == str(expected), f"expected {expected}, got {result.stdout!r}"
-    mode = stat.S_IMODE(os.lstat(expected).st_mode)
-    assert mode == 0o700, f"expected {expected} mode 0o700, got {oct(mode)}"
 
 
 def test_run_refuses_a_symlinked_dir_and_creates_nothing(run_cli, tmp_path):
@@ -224,3 +176,38 @@ def test_run_refuses_a_dir_that_is_a_file(run_cli, tmp_path):
     result = run_cli("run", "--dir", f, "--", "true")
     assert result.returncode == 2, f"expected exit 2, got {result.returncode}"
     assert "not a directory" in result.stderr, f"expected 'not a directory', got {result.stderr!r}"
+
+
+# ----------------------------------------------- what the gdb commands share --
+
+
+def test_the_verbs_gdb_form_takes_an_expression_and_no_core():
+    # GIVEN the parsers the gdb tag commands build from the verbs' add_arguments
+    import argparse
+
+    from forensics.cli import inspect, whoowns
+
+    who = argparse.ArgumentParser(prog="tag whoowns")
+    whoowns.add_arguments(who, gdb=True)
+    insp = argparse.ArgumentParser(prog="tag inspect")
+    inspect.add_arguments(insp, gdb=True)
+    # THEN an expression keeps its words, options may come after it, and
+    # inspect needs no CORE but keeps the verb's --top check
+    args = who.parse_args(["(char", "*)s", "+", "4", "--json"])
+    assert (args.address, args.json) == (["(char", "*)s", "+", "4"], True)
+    assert not hasattr(args, "core") and not hasattr(args, "pid")
+    args = insp.parse_args(["--top", "3", "--leaks"])
+    assert (args.top, args.leaks, args.json) == (3, True, False)
+    with pytest.raises(SystemExit):
+        insp.parse_args(["--top", "0"])
+
+
+def test_failure_words_every_kind_of_failure_in_one_line():
+    from forensics.cli.main import failure
+    from forensics.errors import NotFoundError, UsageError
+
+    assert failure(UsageError("bad\nthing"), rerun="x") == ("bad thing", 2, False)
+    assert failure(NotFoundError("no block"), rerun="x") == ("no block", 1, False)
+    assert failure(KeyboardInterrupt(), rerun="x") == ("interrupted", 130, False)
+    assert failure(ValueError("oops"), rerun="run 'tag inspect -v ...'") == (
+        "internal error: ValueError: oops (run 'tag inspect -v ...' for the traceback and report it)", 3, True)

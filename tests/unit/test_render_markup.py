@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 
-from forensics import render
+from forensics.output import text
 
 WEIRD = "/srv/a[/x]b/[bold]c.c"
 
@@ -28,14 +28,14 @@ def _capture(monkeypatch) -> io.StringIO:
     buf = io.StringIO()
     from rich.console import Console
 
-    monkeypatch.setattr(render, "_out", Console(file=buf, width=300, color_system=None))
-    monkeypatch.setattr(render, "_err", Console(file=buf, width=300, color_system=None))
+    monkeypatch.setattr(text, "_out", Console(file=buf, width=300, color_system=None))
+    monkeypatch.setattr(text, "_err", Console(file=buf, width=300, color_system=None))
     return buf
 
 
 def test_whoowns_prints_markup_like_text_verbatim(monkeypatch):
     buf = _capture(monkeypatch)
-    render.show_whoowns({"address": "0x1000", "owner": "heap", "block": _block(),
+    text.show_whoowns({"address": "0x1000", "owner": "heap", "block": _block(),
                          "region": {"name": WEIRD, "start": "0x0", "end": "0x2000"},
                          "referrers": [{"address": "0x30", "in": "global", "block_start": None}],
                          "referrer_count": 1, "note": "[red]not red[/red]",
@@ -49,7 +49,7 @@ def test_whoowns_prints_markup_like_text_verbatim(monkeypatch):
 
 def test_inspect_prints_markup_like_paths_verbatim(monkeypatch):
     buf = _capture(monkeypatch)
-    render.show_inspect({"core": WEIRD, "process": {"pid": 1, "exe": WEIRD}, "reason": "crash",
+    text.show_inspect({"core": WEIRD, "process": {"pid": 1, "exe": WEIRD}, "reason": "crash",
                          "crash": {"signal": "SIGSEGV", "address": "0x0", "thread": 1,
                                    "stack": [_frame("0x40")],
                                    "address_owner": {"owner": "unmapped", "region": WEIRD,

@@ -1,0 +1,288 @@
+"""What grew between two snapshots: per allocation stack, and block by block.
+
+    d = diff(old_snap, new_snap, filters=["leak_*"], min_bytes=1)
+    doc = diff_json(old_dump, new_dump, d)      # the diff document (docs/json.md)
+
+Blocks are matched by identity, not by address: a live block of NEW is the
+same block as one of OLD when its start, allocation time, allocating thread and
+allocation stack are all equal.  An address that was freed and handed out
+again between the snapshots is a gone block plus a new block, never a
+survivor (two allocations at one address by one thread from one stack in the
+same millisecond tick would be indistinguishable; libtag's clock resolution
+is the kernel tick, so that is the limit of "identity").
+
+Two snapshots of the same process (same pid and libtag start time) share the
+stack table - it only ever grows - so stacks are compared by id.  Snapshots of
+different processes (two runs of a program) are compared by symbolised frames
+(function, file, line, module - not addresses, which ASLR moves), and no block
+can survive between them.
+
+Severity: stacks are ranked by bytes grown, then blocks grown, then the share
+of the new blocks that have the most common size (a leak repeats one
+allocation; churn varies).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from forensics.answers.shapes import frames_json, hexaddr
+from forensics.reader import abi
+from forensics.reader.dump import Dump
+from forensics.reader.model import Frame
+
+MAX_ADDRESSES = 8
+
+
+@dataclass
+class StackGrowth:
+    key: Hashable
+    old_stack: int  # stack id in OLD (0: none there)
+    new_stack: int  # stack id in NEW (0: none there)
+    old_blocks: int = 0
+    old_bytes: int = 0
+    new_blocks: int = 0
+    new_bytes: int = 0
+    survived: int = 0  # blocks live in both (same identity)
+    added: int = 0  # blocks live in NEW only
+    added_bytes: int = 0
+    gone: int = 0  # blocks live in OLD only
+    gone_bytes: int = 0
+    same_size_share: float = 0.0  # of the added blocks, the share with the most common size
+    common_size: int | None = None
+    addresses: list[int] = field(default_factory=list)  # added blocks, lowest first
+
+    @property
+    def blocks(self) -> int:
+        return self.new_blocks - self.old_blocks
+
+    @property
+    def bytes(self) -> int:
+        return self.new_bytes - self.old_bytes
+
+    def severity(self) -> tuple:
+        return (self.bytes, self.blocks, self.same_size_share)
+
+
+@dataclass
+class Diff:
+    same_process: bool
+    stacks: list[StackGrowth]  # every stack with a change, most severe first
+    new_blocks: int
+    gone_blocks: int
+    survived_blocks: int
+    new_bytes: int
+    gone_bytes: int
+
+
+def same_process(a: Dump, b: Dump) -> bool:
+    """Do the two snapshots come from one process (one libtag lifetime)?"""
+    ca, cb = a.heap.control, b.heap.control
+    return a.pid == b.pid and int(ca.start_realtime_ns) == int(cb.start_realtime_ns)
+
+
+def frame_key(frames: Sequence[Frame]) -> tuple:
+    """A stack's identity across processes: what each frame names, not where."""
+    return tuple((f.function, f.file, f.line, os.path.basename(f.module or "") or None,
+                  None if f.function or f.file else f.address) for f in frames)
+
+
+def _live(dump: Dump) -> dict[str, np.ndarray]:
+    idx = dump.heap.index
+    m = idx["state"] == abi.TAG_STATE_LIVE
+    return {k: idx[k][m] for k in ("start", "size", "tid", "alloc_time", "alloc_stack")}
+
+
+def match(old: dict[str, np.ndarray], new: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(survived mask over old, survived mask over new): same start, time, thread, stack."""
+    so, sn = old["start"], new["start"]
+    keep_old = np.zeros(len(so), bool)
+    if not len(so) or not len(sn):
+        return keep_old, np.zeros(len(sn), bool)
+    j = np.searchsorted(so, sn)
+    jj = np.minimum(j, len(so) - 1)
+    same = (j < len(so)) & (so[jj] == sn)
+    for k in ("alloc_time", "tid", "alloc_stack"):
+        same &= old[k][jj] == new[k]
+    keep_old[jj[same]] = True
+    return keep_old, same
+
+
+def _matches(patterns: Sequence[str], frames: Sequence[Frame]) -> bool:
+    for f in frames:
+        names = [f.function or "", os.path.basename(f.module or "")]
+        for p in patterns:
+            glob = any(c in p for c in "*?[")
+            for n in names:
+                if n and (fnmatch.fnmatchcase(n, p) if glob else p in n):
+                    return True
+    return False
+
+
+def diff(old: Dump, new: Dump, *, filters: Sequence[str] = (),
+         excludes: Sequence[str] = (), min_bytes: int = 0) -> Diff:
+    """Per-stack growth from old to new (see the module docstring).  filters /
+    excludes are patterns on frame function or module names (globs with * ? [],
+    else substrings): keep stacks with a frame matching a filter, drop those with
+    a frame matching an exclude.  min_bytes keeps stacks whose bytes changed by
+    at least that much (either way)."""
+    sp = same_process(old, new)
+    lo, ln = _live(old), _live(new)
+    if sp:
+        surv_old, surv_new = match(lo, ln)
+    else:
+        surv_old, surv_new = np.zeros(len(lo["start"]), bool), np.zeros(len(ln["start"]), bool)
+
+    # stack id -> key
+    if sp:
+        def keys_of(dump, ids):
+            return {int(s): int(s) for s in ids}
+    else:
+        def keys_of(dump, ids):
+            ids = [int(s) for s in ids]
+            dump.prefetch(ids)
+            return {s: frame_key(dump.stack(s)) for s in ids}
+    ko = keys_of(old, np.unique(lo["alloc_stack"]))
+    kn = keys_of(new, np.unique(ln["alloc_stack"]))
+
+    out: dict[Hashable, StackGrowth] = {}
+
+    def agg(d, mask):
+        ids, inv = np.unique(d["alloc_stack"][mask], return_inverse=True)
+        cnt = np.bincount(inv, minlength=len(ids))
+        nb = np.bincount(inv, weights=d["size"][mask].astype(np.float64), minlength=len(ids))
+        return ids, inv, cnt, nb
+
+    def get(key, old_id=0, new_id=0) -> StackGrowth:
+        g = out.get(key)
+        if g is None:
+            g = out[key] = StackGrowth(key, old_id, new_id)
+        if old_id and not g.old_stack:
+            g.old_stack = old_id
+        if new_id and not g.new_stack:
+            g.new_stack = new_id
+        return g
+
+    all_o = np.ones(len(lo["start"]), bool)
+    all_n = np.ones(len(ln["start"]), bool)
+    for d, mask, kmap, side in ((lo, all_o, ko, "old"), (ln, all_n, kn, "new")):
+        ids, _, cnt, nb = agg(d, mask)
+        for s, c, b in zip(ids.tolist(), cnt.tolist(), nb.tolist()):
+            g = get(kmap[s], s if side == "old" else 0, s if side == "new" else 0)
+            if side == "old":
+                g.old_blocks += c
+                g.old_bytes += int(b)
+            else:
+                g.new_blocks += c
+                g.new_bytes += int(b)
+    ids, _, cnt, _ = agg(ln, surv_new)
+    for s, c in zip(ids.tolist(), cnt.tolist()):
+        out[kn[s]].survived += c
+    ids, _, cnt, nb = agg(lo, ~surv_old)
+    for s, c, b in zip(ids.tolist(), cnt.tolist(), nb.tolist()):
+        g = out[ko[s]]
+        g.gone += c
+        g.gone_bytes += int(b)
+    # added blocks: counts, bytes, the most common size, a few addresses
+    add = ~surv_new
+    a_stack, a_size, a_start = ln["alloc_stack"][add], ln["size"][add], ln["start"][add]
+    if len(a_stack):
+        order = np.lexsort((a_start, a_size, a_stack))
+        a_stack, a_size, a_start = a_stack[order], a_size[order], a_start[order]
+        ids, first, cnt = np.unique(a_stack, return_index=True, return_counts=True)
+        for s, f, c in zip(ids.tolist(), first.tolist(), cnt.tolist()):
+            g = out[kn[s]]
+            sizes = a_size[f:f + c]
+            vals, vc = np.unique(sizes, return_counts=True)
+            top = int(np.argmax(vc))
+            g.added += c
+            g.added_bytes += int(sizes.sum())
+            g.same_size_share = float(vc[top]) / c
+            g.common_size = int(vals[top])
+            g.addresses = sorted(a_start[f:f + c].tolist())[:MAX_ADDRESSES]
+
+    changed = [g for g in out.values() if g.added or g.gone or g.blocks or g.bytes]
+    if filters or excludes:
+        new.prefetch([g.new_stack for g in changed if g.new_stack])
+        old.prefetch([g.old_stack for g in changed if g.old_stack and not g.new_stack])
+        kept = []
+        for g in changed:
+            frames = new.stack(g.new_stack) if g.new_stack else old.stack(g.old_stack)
+            if filters and not _matches(filters, frames):
+                continue
+            if excludes and _matches(excludes, frames):
+                continue
+            kept.append(g)
+        changed = kept
+    if min_bytes:
+        changed = [g for g in changed if abs(g.bytes) >= min_bytes]
+    changed.sort(key=lambda g: g.severity(), reverse=True)
+    return Diff(
+        same_process=sp,
+        stacks=changed,
+        new_blocks=int((~surv_new).sum()),
+        gone_blocks=int((~surv_old).sum()),
+        survived_blocks=int(surv_new.sum()),
+        new_bytes=int(ln["size"][~surv_new].sum()),
+        gone_bytes=int(lo["size"][~surv_old].sum()),
+    )
+
+
+def snapshot_json(dump: Dump) -> dict:
+    c = dump.heap.control
+    t = dump.heap.totals
+    return {"core": dump.core.path if dump.core is not None else dump.mem.name,
+            "pid": dump.pid, "snapshot_seq": int(c.snapshot_seq),
+            "time_ms": int(c.snapshot_time_ms), "reason": dump.heap.reason,
+            "live_blocks": t.live_blocks, "live_bytes": t.live_bytes}
+
+
+def _entry(old: Dump, new: Dump, g: StackGrowth) -> dict:
+    frames = new.stack(g.new_stack) if g.new_stack else old.stack(g.old_stack)
+    return {
+        "stack": frames_json(frames),
+        "blocks": g.blocks,
+        "bytes": g.bytes,
+        "stack_id": g.new_stack or g.old_stack,
+        "old": {"blocks": g.old_blocks, "bytes": g.old_bytes},
+        "new": {"blocks": g.new_blocks, "bytes": g.new_bytes},
+        "survived": g.survived,
+        "added": g.added,
+        "added_bytes": g.added_bytes,
+        "gone": g.gone,
+        "gone_bytes": g.gone_bytes,
+        "same_size_share": round(g.same_size_share, 4),
+        "common_size": g.common_size,
+        "addresses": [hexaddr(a) for a in g.addresses],
+    }
+
+
+def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
+    """The diff document (docs/json.md, "diff"): "growth" (stacks that grew, most severe first),
+    "new_blocks", "gone_blocks"; plus "no_growth" (stacks that changed without
+    growing: churn, or shrinking), "survived_blocks" and both snapshots."""
+    new.prefetch([g.new_stack for g in d.stacks if g.new_stack])
+    old.prefetch([g.old_stack for g in d.stacks if g.old_stack and not g.new_stack])
+    grew = [g for g in d.stacks if g.bytes > 0 or g.blocks > 0]
+    rest = [g for g in d.stacks if not (g.bytes > 0 or g.blocks > 0)]
+    rest.sort(key=lambda g: (g.bytes, g.blocks))
+    return {
+        "old": snapshot_json(old),
+        "new": snapshot_json(new),
+        "same_process": d.same_process,
+        "growth": [_entry(old, new, g) for g in grew],
+        "no_growth": [_entry(old, new, g) for g in rest],
+        "new_blocks": d.new_blocks,
+        "gone_blocks": d.gone_blocks,
+        "survived_blocks": d.survived_blocks,
+        "new_bytes": d.new_bytes,
+        "gone_bytes": d.gone_bytes,
+    }
+
+
+__all__ = ["Diff", "StackGrowth", "diff", "diff_json", "frame_key", "match", "same_process"]

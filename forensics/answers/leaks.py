@@ -1,0 +1,771 @@
+"""Leaks: a conservative reachability scan of the live heap from the roots.
+
+    scan = find_leaks(dump)             # LeakScan, computed once per Dump
+    scan.kind_of(addr)                  # "reachable" | "possible" | "indirect" | "definite" | None
+    scan.how_reached(addr)              # [Step]: the root, then every block on the way
+    scan.roots_of(addr)                 # every root word / register pointing straight at it
+    scan.groups()                       # [LeakGroup] by (kind, allocation stack)
+    leaks_json(dump)                    # inspect's "leaks" (docs/json.md)
+
+Roots (docs/leaks.md says why each, and what is left out):
+
+- registers: the x86_64 general registers of every live thread, as values -
+  from libtag's thread records (saved by each thread's own signal handler just
+  before the snapshot's fork) for a snapshot, from the core's NT_PRSTATUS notes
+  for a crash core (there the records are from an older snapshot, so stale);
+- stacks: every live thread's stack from its stack pointer to the end of its
+  stack mapping (for a thread made by pthread that end holds its descriptor
+  and its static TLS);
+- globals: every module's writable data (a writable file mapping) and .bss (the
+  anonymous writable mapping right after the module, owners.module_of_data),
+  unless it holds tagged blocks (then it is the brk heap, not .bss) - but not
+  libtag's own (it references no block of the program's; in a snapshot child
+  its core writer's buffers hold copies of the threads' registers);
+- TLS: for a thread whose thread pointer (fs_base) lies outside its stack
+  mapping - the main thread, whose static TLS ld.so allocates - the static TLS
+  block below fs_base (its lowest address from the DTV), the thread
+  descriptor above it, and the DTV array itself.
+
+libtag's own static TLS block in every thread (struct tag_tls: shadow stack,
+caches, the last 64 allocations for the overflow sweep) lies inside these
+ranges and is cut out of them.
+
+The words themselves come from the pointer edge index (forensics.reader.pointers,
+cached beside the core): every aligned word of writable memory, libtag's own
+left out, that points into a tagged block.  Here they are split by where the
+word lies: in a root range, in the payload of a live block (an edge of the heap
+graph), or elsewhere (free heap memory, freed blocks in the quarantine, dead
+stack below a stack pointer, anonymous mappings that are not roots): ignored.
+
+Classification, as valgrind's memcheck does it (tests/integration/test_leaks.py
+compares the two on the same victims):
+
+- reachable: a chain of pointers to block starts leads to it from a root;
+- possible: reached from a root only by chains with an interior pointer (a
+  word pointing inside the block, not at its start) or through a possible block;
+- indirect: not reached, and pointed to by another unreached block;
+- definite: not reached, and no other unreached block points to it - or it is
+  the lowest-addressed block of a group of unreached blocks that point to each
+  other in a cycle with nothing outside pointing in (somebody lost the last
+  pointer into that cycle: one definite record owns it, as valgrind's clique
+  leader does, so a leaked ring never shows zero definitely-lost bytes).
+
+Vectorised: the graph is numpy arrays; the walk goes breadth-first with one
+numpy step per level while the frontier is wide and finishes depth-first in
+plain Python when it is narrow (a long linked list would otherwise cost a
+numpy step per node).  Each block is visited once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forensics.answers.shapes import frames_json, hexaddr
+from forensics.core import elf
+from forensics.reader import abi
+from forensics.reader.dump import Dump
+from forensics.reader.pointers import hits
+from forensics.reader.symbols import open_regular
+
+KINDS = ("reachable", "possible", "indirect", "definite")
+_UNSET, _REACHABLE, _POSSIBLE, _INDIRECT, _DEFINITE = 0, 1, 2, 3, 4
+_KIND_NAME = {_REACHABLE: "reachable", _POSSIBLE: "possible",
+              _INDIRECT: "indirect", _DEFINITE: "definite"}
+
+# Below this frontier size the walk continues in plain Python (see above).
+_NARROW = 64
+# sizeof(struct pthread) on x86_64 glibc 2.3x is 2304 bytes: the descriptor
+# (thread pointer self-link, DTV pointer, pthread_setspecific slots ...) lies
+# at [fs_base, fs_base + this).
+_TCB_BYTES = 0x900
+# Register roots are numbered below this: a "via" address under it names a
+# register, never a memory word (the NULL page is never mapped).
+_REG_VIA_LIMIT = 1 << 12
+_NO_PARENT = -1
+
+
+@dataclass(frozen=True)
+class RootRange:
+    """A range of memory whose words are roots."""
+
+    start: int
+    end: int
+    kind: str  # "stack" | "global" | "tls"
+    thread: int | None = None
+    module: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "stack":
+            return f"stack of thread {self.thread}"
+        if self.kind == "tls":
+            return f"TLS of thread {self.thread}"
+        import os
+
+        return f"globals of {os.path.basename(self.module or '') or 'anonymous'}"
+
+
+@dataclass(frozen=True)
+class Root:
+    """One root word (or register) that points into a block."""
+
+    kind: str  # "register" | "stack" | "global" | "tls"
+    address: int | None  # the word's address; None for a register
+    thread: int | None = None
+    register: str | None = None
+    module: str | None = None
+    interior: bool = False
+
+    def json(self) -> dict:
+        return {"kind": self.kind, "address": hexaddr(self.address), "thread": self.thread,
+                "register": self.register, "module": self.module, "interior": self.interior}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One block on the way from a root: the word at ``via`` (in the previous
+    block, or the root) points into it."""
+
+    block_start: int
+    size: int
+    via: int | None  # address of the pointing word; None for a register root
+    interior: bool  # the word points inside the block, not at its start
+
+
+@dataclass
+class LeakGroup:
+    kind: str
+    stack_id: int
+    blocks: int
+    bytes: int
+    oldest_ms: int  # earliest allocation time (ms since libtag started)
+    newest_ms: int
+    examples: list[int] = field(default_factory=list)  # block starts, lowest first
+    indirect_blocks: int = 0  # definite groups: blocks lost through these
+    indirect_bytes: int = 0
+    cycle_leaders: int = 0  # definite blocks chosen as the owner of a cycle
+
+
+@dataclass(frozen=True)
+class ThreadContext:
+    tid: int
+    regs: dict[str, int]  # may be empty
+    sp: int | None
+    stack: tuple[int, int] | None  # [sp, end of its stack mapping)
+
+
+class LeakScan:
+    """The classification of every live block of a dump."""
+
+    MAX_EXAMPLES = 8
+
+    def __init__(self, dump: Dump) -> None:
+        self.dump = dump
+        heap = dump.heap
+        idx = heap.index
+        self._starts = idx["start"]
+        self._sizes = idx["size"]
+        n = len(self._starts)
+        self._live = idx["state"] == abi.TAG_STATE_LIVE
+        self.contexts = thread_contexts(dump)
+        self.root_ranges = root_ranges(dump, self.contexts)
+        self._reg_names: list[tuple[int, str]] = []  # via id -> (tid, register)
+
+        edges = dump.edges
+        live = self._live
+        src, dst, interior = edges.source, edges.target, edges.interior
+        keep = live[dst] if n else np.zeros(0, bool)
+        src, dst, interior = src[keep], dst[keep], interior[keep]
+
+        # words in the payload of a live block: the heap graph
+        holder = np.searchsorted(self._starts, src, side="right").astype(np.int64) - 1
+        okh = holder >= 0
+        hh = np.where(okh, holder, 0)
+        in_block = okh & (src < self._starts[hh] + self._sizes[hh]) & live[hh]
+        self._h_src = holder[in_block]
+        self._h_dst = dst[in_block]
+        self._h_via = src[in_block]
+        self._h_int = interior[in_block]
+
+        # words in a root range
+        r_lo, r_hi = _merge([(r.start, r.end) for r in self.root_ranges])
+        rest = ~in_block
+        s2, d2, i2 = src[rest], dst[rest], interior[rest]
+        k = np.searchsorted(r_lo, s2, side="right").astype(np.int64) - 1
+        okr = k >= 0
+        in_root = okr & (s2 < r_hi[np.where(okr, k, 0)])
+        # libtag's own TLS (the last allocations, for its overflow sweep) is
+        # not the program's: it lies inside stacks and static TLS, cut it out
+        self.excluded = libtag_tls_ranges(dump)
+        if self.excluded:
+            x_lo, x_hi = _merge(self.excluded)
+            kx = np.searchsorted(x_lo, s2, side="right").astype(np.int64) - 1
+            okx = kx >= 0
+            in_root &= ~(okx & (s2 < x_hi[np.where(okx, kx, 0)]))
+        root_via, root_dst, root_int = s2[in_root], d2[in_root], i2[in_root]
+
+        # register values
+        rv, rd, ri = self._register_hits()
+        self._root_via = np.concatenate([root_via, rv])
+        self._root_dst = np.concatenate([root_dst, rd])
+        self._root_int = np.concatenate([root_int, ri])
+        order = np.argsort(self._root_dst, kind="stable")
+        self._root_via, self._root_dst, self._root_int = (
+            self._root_via[order], self._root_dst[order], self._root_int[order])
+
+        self.kind = np.zeros(n, np.int8)
+        self.parent = np.full(n, _NO_PARENT, np.int64)
+        self.parent_via = np.zeros(n, np.uint64)
+        self.parent_int = np.zeros(n, bool)
+        self.leader = np.arange(n, dtype=np.int64)
+        self._walk()
+
+    # ------------------------------------------------------------- roots --
+
+    def _register_hits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        vals, vias = [], []
+        for ctx in self.contexts:
+            for name, value in ctx.regs.items():
+                if name.split(":")[-1] in ("fs_base", "gs_base", "orig_rax", "rip", "cs", "ss", "ds", "es", "fs",
+                            "gs", "eflags"):
+                    continue  # segment state and code: never a data pointer
+                if len(self._reg_names) + 1 >= _REG_VIA_LIMIT:
+                    break
+                self._reg_names.append((ctx.tid, name))
+                vals.append(value & ((1 << 64) - 1))
+                vias.append(len(self._reg_names))  # 1-based: 0 stays "no word"
+        if not vals or not len(self._starts):
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, bool)
+        words = np.array(vals, np.uint64)
+        lo = int(self._starts[0])
+        hi = int((self._starts + np.maximum(self._sizes, 1)).max())
+        pos, j, interior = hits(words, self._starts, self._sizes, lo, hi)
+        ok = self._live[j]
+        return (np.array(vias, np.uint64)[pos[ok]], j[ok], interior[ok])
+
+    # -------------------------------------------------------------- walk --
+
+    def _walk(self) -> None:
+        n = len(self._starts)
+        if n == 0:
+            return
+        live = self._live
+        # phase 1: start pointers only, from the roots' start pointers
+        exact = ~self._h_int
+        g1 = _Graph(n, self._h_src[exact], self._h_dst[exact], self._h_via[exact],
+                    np.zeros(int(exact.sum()), bool))
+        seeds = ~self._root_int
+        visited = np.zeros(n, bool)
+        _closure(g1, self._root_dst[seeds], self._root_via[seeds], self._root_int[seeds],
+                 visited, self.parent, self.parent_via, self.parent_int)
+        self.kind[visited] = _REACHABLE
+        # phase 2: any pointer, from every root and from every edge leaving a
+        # reachable block (its interior pointers are the new ways in)
+        g2 = _Graph(n, self._h_src, self._h_dst, self._h_via, self._h_int)
+        out1 = visited[self._h_src] & ~visited[self._h_dst]
+        seed_dst = np.concatenate([self._root_dst, self._h_dst[out1]])
+        seed_via = np.concatenate([self._root_via, self._h_via[out1]])
+        seed_int = np.concatenate([self._root_int, self._h_int[out1]])
+        seed_par = np.concatenate([np.full(len(self._root_dst), _NO_PARENT, np.int64),
+                                   self._h_src[out1]])
+        before = visited.copy()
+        _closure(g2, seed_dst, seed_via, seed_int, visited, self.parent, self.parent_via,
+                 self.parent_int, seed_parent=seed_par)
+        self.kind[visited & ~before] = _POSSIBLE
+        # unreached: definite / indirect
+        unreached = live & ~visited
+        self._classify_unreached(unreached, g2)
+
+    def _classify_unreached(self, unreached: np.ndarray, g: _Graph) -> None:
+        if not unreached.any():
+            return
+        e = unreached[g.src] & unreached[g.dst] & (g.src != g.dst)
+        src, dst = g.src[e], g.dst[e]
+        n = len(self._starts)
+        indeg = np.bincount(dst, minlength=n)
+        kind, leader = self.kind, self.leader
+        d0 = unreached & (indeg == 0)
+        kind[unreached] = _UNSET
+        if not len(src):
+            kind[unreached] = _DEFINITE
+            return
+        # CSR of the unreached subgraph, as lists for the depth-first walk
+        order = np.argsort(src, kind="stable")
+        nodes = np.flatnonzero(unreached)
+        local = np.full(n, -1, np.int64)
+        local[nodes] = np.arange(len(nodes))
+        ls, ld = local[src[order]], local[dst[order]]
+        indptr = np.zeros(len(nodes) + 1, np.int64)
+        np.cumsum(np.bincount(ls, minlength=len(nodes)), out=indptr[1:])
+        ip, ad = indptr.tolist(), ld.tolist()
+        state = bytearray(len(nodes))  # 0 unset, 1 indirect, 2 leader
+        lead = list(range(len(nodes)))
+        # leaders with nothing pointing at them first (order does not change
+        # the result: see the module docstring), then the rest by address
+        visit = np.concatenate([np.flatnonzero(d0[nodes]), np.flatnonzero(~d0[nodes])]).tolist()
+        for b in visit:
+            if state[b]:
+                continue
+            state[b] = 2
+            stack = [b]
+            while stack:
+                x = stack.pop()
+                for t in ad[ip[x]:ip[x + 1]]:
+                    if t == b:
+                        continue
+                    s = state[t]
+                    if s == 0:
+                        state[t] = 1
+                        lead[t] = b
+                        stack.append(t)
+                    elif s == 2:  # an earlier leader: its clique is lost through b
+                        state[t] = 1
+                        lead[t] = b
+        st = np.frombuffer(bytes(state), np.uint8)
+        kind[nodes[st == 2]] = _DEFINITE
+        kind[nodes[st == 1]] = _INDIRECT
+        ld_arr = np.array(lead, np.int64)
+        while True:  # follow demoted leaders to the final one
+            nxt = ld_arr[ld_arr]
+            if np.array_equal(nxt, ld_arr):
+                break
+            ld_arr = nxt
+        leader[nodes] = nodes[ld_arr]
+        self._cycle = d0  # leaders not in d0 own a cycle
+
+    # ----------------------------------------------------------- answers --
+
+    def _index_of(self, addr: int) -> int:
+        i = int(np.searchsorted(self._starts, np.uint64(addr), side="right")) - 1
+        if i < 0 or not addr < int(self._starts[i]) + max(int(self._sizes[i]), 1):
+            return -1
+        return i
+
+    def kind_of(self, addr: int) -> str | None:
+        """The kind of the live block holding addr; None if no live block does."""
+        i = self._index_of(addr)
+        if i < 0 or not self._live[i]:
+            return None
+        return _KIND_NAME.get(int(self.kind[i]))
+
+    def describe_via(self, via: int) -> Root:
+        if via < _REG_VIA_LIMIT:
+            tid, reg = self._reg_names[via - 1]
+            return Root("register", None, thread=tid, register=reg)
+        for r in self.root_ranges:
+            if r.start <= via < r.end:
+                return Root(r.kind, via, thread=r.thread, module=r.module)
+        return Root("unknown", via)
+
+    def roots_of(self, addr: int) -> list[Root]:
+        """Every root word or register that points straight into the block at addr."""
+        i = self._index_of(addr)
+        if i < 0:
+            return []
+        lo = int(np.searchsorted(self._root_dst, i, side="left"))
+        hi = int(np.searchsorted(self._root_dst, i, side="right"))
+        out = []
+        for via, inner in zip(self._root_via[lo:hi].tolist(), self._root_int[lo:hi].tolist()):
+            r = self.describe_via(int(via))
+            out.append(Root(r.kind, r.address, r.thread, r.register, r.module, bool(inner)))
+        return out
+
+    def how_reached(self, addr: int) -> tuple[Root, list[Step]] | None:
+        """How the block at addr is reached: the root, then each block from the
+        one the root points into down to this one.  None if it is not reached."""
+        i = self._index_of(addr)
+        if i < 0 or int(self.kind[i]) not in (_REACHABLE, _POSSIBLE):
+            return None
+        steps: list[Step] = []
+        seen = set()
+        while i != _NO_PARENT and i not in seen:
+            seen.add(i)
+            via = int(self.parent_via[i])
+            steps.append(Step(int(self._starts[i]), int(self._sizes[i]),
+                              None if via < _REG_VIA_LIMIT else via, bool(self.parent_int[i])))
+            last_via = via
+            i = int(self.parent[i])
+        steps.reverse()
+        root = self.describe_via(last_via)
+        return Root(root.kind, root.address, root.thread, root.register, root.module,
+                    steps[0].interior), steps
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        out = {}
+        sizes = self._sizes
+        for code, name in _KIND_NAME.items():
+            m = self._live & (self.kind == code)
+            out[name] = {"blocks": int(m.sum()), "bytes": int(sizes[m].sum())}
+        return out
+
+    def groups(self, kinds=("definite", "indirect", "possible")) -> list[LeakGroup]:
+        """Lost blocks by (kind, allocation stack): definite first, then most bytes."""
+        idx = self.dump.heap.index
+        codes = [c for c, nm in _KIND_NAME.items() if nm in kinds]
+        sel = np.flatnonzero(self._live & np.isin(self.kind, codes))
+        if not len(sel):
+            return []
+        kind = self.kind[sel].astype(np.int64)
+        stack = idx["alloc_stack"][sel].astype(np.int64)
+        key = kind << 32 | stack
+        keys, inv = np.unique(key, return_inverse=True)
+        m = len(keys)
+        size = self._sizes[sel].astype(np.float64)
+        blocks = np.bincount(inv, minlength=m)
+        nbytes = np.bincount(inv, weights=size, minlength=m)
+        t = idx["alloc_time"][sel].astype(np.int64)
+        oldest = np.full(m, np.iinfo(np.int64).max)
+        newest = np.full(m, -1)
+        np.minimum.at(oldest, inv, t)
+        np.maximum.at(newest, inv, t)
+        # indirect blocks and bytes charged to their leader's group
+        ind_blocks = np.zeros(m, np.int64)
+        ind_bytes = np.zeros(m, np.float64)
+        cyc = np.zeros(m, np.int64)
+        if _DEFINITE in codes:
+            ind = np.flatnonzero(self._live & (self.kind == _INDIRECT))
+            if len(ind):
+                ld = self.leader[ind]
+                lkey = (np.int64(_DEFINITE) << 32) | idx["alloc_stack"][ld].astype(np.int64)
+                pos = np.searchsorted(keys, lkey)
+                ok = (pos < m) & (keys[np.minimum(pos, m - 1)] == lkey)
+                np.add.at(ind_blocks, pos[ok], 1)
+                np.add.at(ind_bytes, pos[ok], self._sizes[ind[ok]].astype(np.float64))
+            cycle = getattr(self, "_cycle", None)
+            if cycle is not None:
+                lead = (self.kind[sel] == _DEFINITE) & ~cycle[sel]
+                np.add.at(cyc, inv[lead], 1)
+        out = []
+        by_group = sel[np.argsort(inv, kind="stable")]  # by group, lowest address first
+        first = np.concatenate([[0], np.cumsum(blocks)[:-1]])
+        for j in range(m):
+            kcode, sid = int(keys[j] >> 32), int(keys[j] & 0xFFFFFFFF)
+            b0 = int(first[j])
+            ex = self._starts[by_group[b0:b0 + min(int(blocks[j]), self.MAX_EXAMPLES)]].tolist()
+            out.append(LeakGroup(_KIND_NAME[kcode], sid, int(blocks[j]), int(nbytes[j]),
+                                 int(oldest[j]), int(newest[j]), ex, int(ind_blocks[j]),
+                                 int(ind_bytes[j]), int(cyc[j])))
+        rank = {"definite": 0, "indirect": 1, "possible": 2, "reachable": 3}
+        out.sort(key=lambda g: (rank[g.kind], -g.bytes, g.stack_id))
+        return out
+
+
+class _Graph:
+    """Edges src -> dst (block indexes) in CSR order by src."""
+
+    def __init__(self, n: int, src, dst, via, interior) -> None:
+        order = np.argsort(src, kind="stable")
+        self.src = src
+        self.dst = dst
+        self.s_dst = dst[order]
+        self.s_via = via[order]
+        self.s_int = interior[order]
+        self.indptr = np.zeros(n + 1, np.int64)
+        if len(src):
+            np.cumsum(np.bincount(src, minlength=n), out=self.indptr[1:])
+        self._lists = None
+
+    def lists(self):
+        if self._lists is None:
+            self._lists = (self.indptr.tolist(), self.s_dst.tolist())
+        return self._lists
+
+
+def _closure(g: _Graph, seeds, seed_via, seed_int, visited, parent, parent_via, parent_int,
+             seed_parent=None) -> None:
+    """Mark everything reachable from seeds along g's edges in visited,
+    recording for each newly visited block the edge that found it."""
+    if seed_parent is None:
+        seed_parent = np.full(len(seeds), _NO_PARENT, np.int64)
+    m = ~visited[seeds]
+    s, first = np.unique(seeds[m], return_index=True)
+    visited[s] = True
+    parent[s] = seed_parent[m][first]
+    parent_via[s] = seed_via[m][first]
+    parent_int[s] = seed_int[m][first]
+    frontier = s
+    indptr = g.indptr
+    while len(frontier) >= _NARROW:
+        starts = indptr[frontier]
+        counts = indptr[frontier + 1] - starts
+        total = int(counts.sum())
+        if total == 0:
+            return
+        base = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+        offs = base + np.arange(total)
+        t = g.s_dst[offs]
+        new = ~visited[t]
+        offs, t = offs[new], t[new]
+        t, first = np.unique(t, return_index=True)
+        src = np.repeat(frontier, counts)[new][first]
+        visited[t] = True
+        parent[t] = src
+        parent_via[t] = g.s_via[offs[first]]
+        parent_int[t] = g.s_int[offs[first]]
+        frontier = t
+    if not len(frontier):
+        return
+    # narrow: depth-first in plain Python, each block once
+    ip, ad = g.lists()
+    vis = bytearray(visited.view(np.uint8).tobytes())
+    found, found_par, found_edge = [], [], []
+    stack = frontier.tolist()
+    while stack:
+        x = stack.pop()
+        for k in range(ip[x], ip[x + 1]):
+            t = ad[k]
+            if not vis[t]:
+                vis[t] = 1
+                found.append(t)
+                found_par.append(x)
+                found_edge.append(k)
+                stack.append(t)
+    if found:
+        f = np.array(found, np.int64)
+        e = np.array(found_edge, np.int64)
+        visited[f] = True
+        parent[f] = np.array(found_par, np.int64)
+        parent_via[f] = g.s_via[e]
+        parent_int[f] = g.s_int[e]
+
+
+def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    out: list[list[int]] = []
+    for a, b in sorted(r for r in ranges if r[1] > r[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    lo = np.array([a for a, _ in out], np.uint64)
+    hi = np.array([b for _, b in out], np.uint64)
+    return lo, hi
+
+
+# ------------------------------------------------------------------ roots --
+
+
+def thread_contexts(dump: Dump) -> list[ThreadContext]:
+    """Registers and stack range of every live thread at the snapshot.
+
+    A snapshot (on demand or at an anomaly) is a fork child: the core's notes
+    hold the child's one thread, stopped in libtag's child code, while libtag's
+    thread records hold every thread's registers saved just before the fork -
+    those are the program's.  A crash core is the process itself: its notes
+    hold every thread as it died, and the records are from an older snapshot.
+    """
+    heap = dump.heap
+    reason = int(heap.control.reason)
+    fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY)
+    notes = dump.core_registers
+    out = []
+    for t in heap.threads:
+        if t.exited:
+            continue
+        regs: dict[str, int] = {}
+        sp = None
+        if fresh_records and t.regs:
+            regs = dict(t.regs)
+            sp = regs.get("rsp")
+            extra = notes.get(t.tid)
+            if extra:  # the child's registers (a kernel core): extra values, conservatively
+                have = set(regs.values())
+                for name, v in extra.items():
+                    if v not in have:
+                        regs[f"core:{name}"] = v
+        elif t.tid in notes:
+            regs = dict(notes[t.tid])
+            sp = regs.get("rsp")
+        region = dump.stack_region(t, sp)
+        stack = None
+        if region is not None:
+            lo = sp if sp and sp in region else region.start
+            stack = (lo, region.end)
+        out.append(ThreadContext(t.tid, regs, sp, stack))
+    return out
+
+
+def _libtag_tls_layout(path: str) -> tuple[int, int] | None:
+    """(offset of _tag_tls in libtag's TLS block, size of the block) from
+    libtag.so's PT_TLS program header and symbol table; None if unreadable."""
+    from elftools.elf.elffile import ELFFile
+
+    f = open_regular(path)
+    if f is None:
+        return None
+    try:
+        with f:
+            tls = [p for p in elf.file_program_headers(f) or () if p.p_type == elf.PT_TLS]
+            if not tls:
+                return None
+            tab = ELFFile(f).get_section_by_name(".symtab")
+            syms = tab.get_symbol_by_name("_tag_tls") if tab is not None else None
+            return (int(syms[0]["st_value"]) if syms else 0), int(tls[0].p_memsz)
+    except Exception:  # noqa: BLE001 - pyelftools raises its own errors on a damaged file
+        return None
+
+
+def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
+    """[start, end) of libtag's static TLS block in every thread: its struct
+    tag_tls holds shadow stacks, caches and the thread's last allocations
+    (for the overflow sweep) - libtag's references, not the program's.  The
+    thread record's shadow field is the address of that struct."""
+    heap = dump.heap
+    region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
+    layout = _libtag_tls_layout(region.path) if region is not None and region.path else None
+    recs = heap.thread_records()
+    if recs is None:
+        return []
+    off, size = layout if layout is not None else (0, 0)
+    out = []
+    for r in recs:
+        shadow = int(r["shadow"])
+        if not shadow or not int(r["tid"]):
+            continue
+        if size:
+            out.append((shadow - off, shadow - off + size))
+        else:  # no ELF to read: at least the shadow stack the ABI describes
+            out.append((shadow, shadow + abi.SHADOW_SIZE))
+    return out
+
+
+def _u64(mem, addr: int) -> int | None:
+    try:
+        return int.from_bytes(mem.read(addr, 8), "little")
+    except Exception:  # noqa: BLE001 - an unreadable word is only "unknown"
+        return None
+
+
+def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]]:
+    """The static TLS block below fs (from the DTV's lowest static entry), the
+    thread descriptor above it, and the DTV array."""
+    regions = dump.mem.regions()
+    region = next((r for r in regions if fs in r), None)
+    if region is None:
+        return []
+    lo = region.start
+    out = []
+    dtv = _u64(dump.mem, fs + 8)  # tcbhead_t: tcb, dtv, self
+    if dtv:
+        length = _u64(dump.mem, dtv - 16)  # dtv[-1].counter: slots
+        if length is not None and 0 < length < 1 << 16:
+            try:
+                raw = dump.mem.read(dtv, 16 * (int(length) + 1))
+            except Exception:  # noqa: BLE001
+                raw = b""
+            vals = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
+            static = vals[(vals >= region.start) & (vals < fs)]
+            if len(static):
+                lo = int(static.min())
+            out.append((dtv - 16, dtv + 16 * (int(length) + 1)))
+    out.append((lo, min(region.end, fs + _TCB_BYTES)))
+    return out
+
+
+def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
+    """Every memory range whose words are roots: live stack frames, module
+    globals, static TLS (see the module docstring)."""
+    from forensics.answers.owners import module_of_data
+
+    if contexts is None:
+        contexts = thread_contexts(dump)
+    heap = dump.heap
+    regions = dump.mem.regions()
+    starts = heap.index["start"]
+    out: list[RootRange] = []
+    stacks = []
+    for ctx in contexts:
+        if ctx.stack is not None:
+            out.append(RootRange(ctx.stack[0], ctx.stack[1], "stack", thread=ctx.tid))
+            stacks.append(ctx.stack)
+    for ctx in contexts:
+        fs = ctx.regs.get("fs_base")
+        if not fs:
+            continue
+        if any(a <= fs < b for a, b in stacks):
+            continue  # a pthread's TLS and descriptor: at the top of its stack
+        for a, b in _tls_ranges(dump, ctx, fs):
+            out.append(RootRange(a, b, "tls", thread=ctx.tid))
+    ctl = next((r for r in regions if heap.control_addr in r), None)
+    libtag_module = module_of_data(regions, ctl) if ctl is not None else None
+    for r in regions:
+        if not r.writable:
+            continue
+        module = module_of_data(regions, r)
+        if module is None or module == libtag_module:
+            # libtag's own data holds no reference of the program's; in a
+            # snapshot child it holds copies of registers (libtag's own core
+            # writer's buffers) that would make every block they name reachable
+            continue
+        if not r.path:
+            # .bss is anonymous; the brk heap can sit right after it
+            i = int(np.searchsorted(starts, np.uint64(r.start)))
+            if i < len(starts) and int(starts[i]) < r.end:
+                continue
+        if any(a < r.end and r.start < b for a, b in stacks):
+            continue
+        out.append(RootRange(r.start, r.end, "global", module=module))
+    return out
+
+
+# ------------------------------------------------------------------ answers --
+
+
+def find_leaks(dump: Dump) -> LeakScan:
+    """The leak scan of a dump (computed once, then kept on it)."""
+    scan = getattr(dump, "_leak_scan", None)
+    if scan is None:
+        scan = LeakScan(dump)
+        dump._leak_scan = scan
+    return scan
+
+
+def leaks_json(dump: Dump) -> list[dict]:
+    """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
+    leak age (allocation times, ms since libtag started, and ages at the
+    snapshot) and, for definite groups, what is lost through them."""
+    scan = find_leaks(dump)
+    groups = scan.groups()
+    dump.prefetch([g.stack_id for g in groups])
+    now = int(dump.heap.control.snapshot_time_ms)
+    out = []
+    for g in groups:
+        doc = {
+            "kind": g.kind,
+            "blocks": g.blocks,
+            "bytes": g.bytes,
+            "stack": frames_json(dump.stack(g.stack_id)),
+            "stack_id": g.stack_id,
+            "oldest_alloc_ms": g.oldest_ms,
+            "newest_alloc_ms": g.newest_ms,
+            "age_ms": {"oldest": max(0, now - g.oldest_ms), "newest": max(0, now - g.newest_ms)}
+            if now else None,
+            "examples": [hexaddr(a) for a in g.examples],
+        }
+        if g.kind == "definite":
+            doc["indirect_blocks"] = g.indirect_blocks
+            doc["indirect_bytes"] = g.indirect_bytes
+            doc["cycle_leaders"] = g.cycle_leaders
+        out.append(doc)
+    return out
+
+
+def reached_json(dump: Dump, addr: int) -> dict | None:
+    """How the live block at addr is reached, as JSON (None: not in a live block)."""
+    scan = find_leaks(dump)
+    kind = scan.kind_of(addr)
+    if kind is None:
+        return None
+    doc = {"address": hexaddr(addr), "kind": kind, "root": None, "path": [],
+           "roots": [r.json() for r in scan.roots_of(addr)[:50]]}
+    how = scan.how_reached(addr)
+    if how is not None:
+        root, steps = how
+        doc["root"] = root.json()
+        doc["path"] = [{"block_start": hexaddr(s.block_start), "size": s.size,
+                        "via": hexaddr(s.via), "interior": s.interior} for s in steps]
+    return doc
+
+
+__all__ = ["KINDS", "LeakGroup", "LeakScan", "Root", "RootRange", "Step", "find_leaks",
+           "leaks_json", "reached_json", "root_ranges", "thread_contexts"]

@@ -1,0 +1,181 @@
+"""What an address is: the tagged block that holds it, or else whose stack, which
+module's globals, which mapping - and who points at the block.
+
+The answer is plain data (``Owner``); ``to_json`` gives the whoowns document
+(docs/json.md) and forensics.output.text draws it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forensics.answers.shapes import block_json, hexaddr
+from forensics.errors import NotFoundError
+from forensics.reader.dump import Dump
+from forensics.reader.memory import Region
+from forensics.reader.model import Block
+
+# Referrers listed at most (the total is always given).
+MAX_REFERRERS = 200
+
+
+@dataclass
+class Referrer:
+    address: int   # the word that holds the pointer
+    where: str     # "heap" | "stack" | "global"
+    block_start: int | None
+    interior: bool  # points inside the block, not at its start
+    thread: int | None = None  # for "stack": whose
+    module: str | None = None  # for "global": whose data or bss
+
+
+@dataclass
+class Owner:
+    address: int
+    owner: str  # "heap" | "stack" | "global" | "mapping" | "unmapped"
+    block: Block | None = None
+    region_name: str | None = None
+    region: Region | None = None
+    thread: int | None = None  # for "stack"
+    near: tuple[Block, int] | None = None  # (block, bytes past its end)
+    referrers: list[Referrer] = field(default_factory=list)
+    referrer_count: int = 0
+    note: str = ""
+
+    @property
+    def in_block(self) -> bool:
+        return self.block is not None
+
+
+def _module_name(path: str | None) -> str:
+    return os.path.basename(path) if path else "anonymous"
+
+
+def classify(dump: Dump, addr: int) -> Owner:
+    """The block or region holding addr, without referrers."""
+    heap = dump.heap
+    regions = dump.mem.regions()
+    region = next((r for r in regions if addr in r), None)
+    block = heap.block_at(addr)
+    if block is not None:
+        return Owner(addr, "heap", block=block, region=region, region_name="heap",
+                     note=f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes")
+    near = heap.near(addr)
+    t = dump.thread_of_stack(addr)
+    if t is not None:
+        live = t.sp is None or addr >= t.sp
+        return Owner(addr, "stack", region=t.stack_region, thread=t.tid, near=near,
+                     region_name=f"stack of thread {t.tid}",
+                     note="" if live else f"below the stack pointer {t.sp:#x} (dead frame)")
+    if region is None:
+        return Owner(addr, "unmapped", near=near,
+                     note="NULL page" if addr < 4096 else "in no mapping of the process")
+    if region.writable:
+        module = module_of_data(regions, region)
+        if module is not None:
+            return Owner(addr, "global", region=region, near=near,
+                         region_name=f"globals of {_module_name(module)}", note=module)
+    name = region.path or "anonymous mapping"
+    return Owner(addr, "mapping", region=region, near=near, region_name=name,
+                 note=near_note(near) if near else "")
+
+
+def block_of(dump: Dump, addr: int) -> Block:
+    """The tagged block holding addr; NotFoundError saying what addr is instead."""
+    where = classify(dump, addr)
+    if where.block is None:
+        what = where.region_name or where.owner
+        note = where.note or (near_note(where.near) if where.near else "")
+        raise NotFoundError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
+    return where.block
+
+
+def near_note(near: tuple[Block, int]) -> str:
+    b, past = near
+    where = "just past the end" if past == 0 else f"{past} bytes past the end"
+    return f"{where} of the {b.state} block at {b.start:#x} ({b.size} bytes)"
+
+
+
+def module_of_data(regions: list[Region], region: Region) -> str | None:
+    """The module whose .data (a writable file mapping) or .bss (the anonymous
+    writable mapping right after the module's last file mapping) this is."""
+    if region.path:
+        return region.path if not region.path.startswith("[") else None
+    i = regions.index(region)
+    if i > 0:
+        prev = regions[i - 1]
+        if prev.end == region.start and prev.path and not prev.path.startswith("["):
+            return prev.path
+    return None
+
+
+def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
+    """Who points into block: words in live blocks, in live stack frames (at or
+    above the thread's stack pointer) and in modules' globals.  Words in free
+    heap memory are not references and are left out."""
+    heap = dump.heap
+    idx = heap.index
+    i = int(np.searchsorted(idx["start"], block.start))
+    edges = dump.edges
+    sl = edges.into(i)
+    out: list[Referrer] = []
+    regions = dump.mem.regions()
+    for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
+        holder = heap.block_at(src)
+        if holder is not None:
+            if holder.state != "live":
+                continue
+            out.append(Referrer(src, "heap", holder.start, bool(interior)))
+            continue
+        t = dump.thread_of_stack(src)
+        if t is not None:
+            if t.sp is not None and src < t.sp:
+                continue
+            out.append(Referrer(src, "stack", None, bool(interior), t.tid))
+            continue
+        region = next((r for r in regions if src in r), None)
+        module = module_of_data(regions, region) if region is not None else None
+        if module is not None:
+            out.append(Referrer(src, "global", None, bool(interior), module=module))
+    return out[:MAX_REFERRERS], len(out)
+
+
+def whoowns(dump: Dump, addr: int) -> Owner:
+    owner = classify(dump, addr)
+    if owner.block is not None:
+        owner.referrers, owner.referrer_count = referrers(dump, owner.block)
+    return owner
+
+
+def to_json(dump: Dump, o: Owner) -> dict:
+    """The whoowns document (docs/json.md, "whoowns")."""
+    region = None
+    if o.region is not None or o.region_name:
+        r = o.region
+        region = {"name": o.region_name or (r.path if r else ""),
+                  "start": hexaddr(r.start) if r else None,
+                  "end": hexaddr(r.end) if r else None}
+    doc = {
+        "address": hexaddr(o.address),
+        "owner": o.owner,
+        "block": block_json(o.block, dump.stack, offset=o.address - o.block.start) if o.block else None,
+        "region": region,
+        "referrers": [{"address": hexaddr(r.address), "in": r.where,
+                       "block_start": hexaddr(r.block_start), "interior": r.interior,
+                       "thread": r.thread, "module": r.module} for r in o.referrers],
+        "referrer_count": o.referrer_count,
+        "note": o.note,
+    }
+    if o.thread is not None:
+        doc["thread"] = o.thread
+    if o.near is not None:
+        b, past = o.near
+        doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
+    # What the reader could not read or trust (a cut core, a corrupt table)
+    # is said by every answer.  Last: reading the stacks above may add some.
+    doc["warnings"] = list(dump.heap.warnings)
+    return doc

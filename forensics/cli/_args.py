@@ -1,0 +1,53 @@
+"""What the verbs (and the gdb commands) share in their arguments: the types
+(addresses, pids, counts, seconds) and the --json flag."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def address(text: str) -> int:
+    """An address as ``0x...`` hex or decimal."""
+    try:
+        value = int(text, 16) if text.lower().startswith("0x") else int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an address: {text!r} (write it as 0x... hex or decimal)"
+        ) from None
+    if value < 0 or value >= 1 << 64:
+        raise argparse.ArgumentTypeError(f"address out of range: {text!r}")
+    return value
+
+
+def _number(text: str, parse, ok, not_a: str, out_of_range: str):
+    """parse(text), refused with "<not_a>: 'text'" when it does not parse and
+    "<out_of_range>: 'text'" when ok(value) is false."""
+    try:
+        value = parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{not_a}: {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{out_of_range}: {text!r}")
+    return value
+
+
+def pid(text: str) -> int:
+    """A process id: a positive decimal integer."""
+    return _number(text, int, lambda v: v > 0, "not a process id", "not a process id")
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v > 0, "not a whole number", "must be at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 0, "not a whole number", "must be 0 or more")
+
+
+def seconds(text: str) -> float:
+    return _number(text, float, lambda v: v > 0, "not a number of seconds", "must be more than 0 seconds")
+
+
+def json_flag(parser: argparse.ArgumentParser) -> None:
+    """--json: one JSON document on stdout (docs/json.md), nothing else there."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document")

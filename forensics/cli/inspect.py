@@ -1,0 +1,55 @@
+"""Show a core's heap, the anomaly or crash that caused it, and the top stacks.
+
+    forensics inspect CORE [--json] [--leaks] [--top N]
+
+Reads a core taken under libtag (a snapshot, an anomaly core or a crash core):
+the process, why the core was taken, the anomaly (kind, address, the block
+with its allocation and free stacks, the detecting stack) or the crash (signal,
+fault address and what it points into, the faulting thread's stack), the heap
+totals, the allocation stacks holding the most live bytes, and every thread's
+logical stack.  The first run indexes the heap (a progress bar for big cores)
+and caches the index beside the core; later runs start at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from forensics.cli import _args
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
+    """The verb's arguments; gdb: the ``tag inspect`` form, which reads the
+    core or process gdb has open instead of a CORE argument."""
+    if not gdb:
+        parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
+    _args.json_flag(parser)
+    parser.add_argument("--leaks", action="store_true",
+                        help="also find leaked blocks (reachability scan from the roots)")
+    parser.add_argument("--top", metavar="N", type=_args.positive_int, default=10,
+                        help="how many allocation stacks to show (default: 10)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from forensics.cli._open import open_dump
+
+    with open_dump(args.core) as dump:
+        return answer(dump, args)
+
+
+def answer(dump, args: argparse.Namespace) -> int:
+    """Print the inspect document of dump (with its leaks if asked), as text or --json."""
+    from forensics.answers.inspect import inspect_doc
+    from forensics.answers.leaks import leaks_json
+    from forensics.output import text
+
+    doc = inspect_doc(dump, top=args.top)
+    if args.leaks:
+        doc["leaks"] = leaks_json(dump)
+    if args.json:
+        text.print_json(doc)
+    else:
+        text.show_inspect(doc)
+        if args.leaks:
+            text.show_leaks(doc["leaks"])
+    return 0

@@ -1,0 +1,72 @@
+"""Say which block holds an address: state, threads, stacks and who points to it.
+
+    forensics whoowns ADDR [--core CORE | --pid PID] [--json]
+
+With --core, looks in that core; with --pid, takes a fresh snapshot of that
+running libtag process and looks there; with neither, uses the newest snapshot
+in the catalog (forensics list).  When no tagged block holds ADDR it says what
+the address is: a thread's stack, a module's globals, another mapping, or
+nothing mapped - and "N bytes past the end of block X" just after a block.
+Exit 0 if ADDR is in a tagged block, 1 if not.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from forensics.cli import _args
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
+    """The verb's arguments; gdb: the ``tag whoowns`` form, where the address
+    is a gdb expression (its words joined again) and the memory is gdb's."""
+    if gdb:
+        parser.add_argument("address", metavar="EXPR", nargs="*",
+                            help="a gdb expression: 0x55d0c0a012a0, ptr, $rdi, s->name + 4")
+    else:
+        parser.add_argument("address", metavar="ADDR", type=_args.address,
+                            help="the address, 0x... hex or decimal")
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--core", metavar="CORE", help="a core taken under libtag")
+        source.add_argument("--pid", metavar="PID", type=_args.pid,
+                            help="snapshot this running libtag process and look there")
+    _args.json_flag(parser)
+
+
+def _core_path(args: argparse.Namespace) -> str:
+    from forensics.errors import InputError
+
+    if args.core:
+        return args.core
+    if args.pid is not None:
+        from forensics.snapshots.take import take
+
+        return take(args.pid, timeout=30.0)["core"]
+    from forensics.snapshots import catalog
+
+    newest = catalog.newest()
+    if newest is None:
+        raise InputError("no snapshot in the catalog: give --core CORE or --pid PID "
+                         "(snapshots are taken by forensics run and forensics snapshot)")
+    return str(newest.core)
+
+
+def main(args: argparse.Namespace) -> int:
+    from forensics.cli._open import open_dump
+
+    with open_dump(_core_path(args)) as dump:
+        return answer(dump, args)
+
+
+def answer(dump, args: argparse.Namespace) -> int:
+    """Print who owns args.address in dump, as text or --json; the exit status."""
+    from forensics.answers import owners
+    from forensics.output import text
+
+    owner = owners.whoowns(dump, args.address)
+    doc = owners.to_json(dump, owner)
+    if args.json:
+        text.print_json(doc)
+    else:
+        text.show_whoowns(doc)
+    return 0 if owner.in_block else 1

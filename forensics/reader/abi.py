@@ -1,0 +1,417 @@
+"""libtag's crash-time ABI (libtag/include/tag_abi.h), mirrored field for field.
+
+Every struct of the header has a ``construct`` mirror here with the same field
+names (Tag, FreeRec, StackNode, Shadow, ThreadRecord, Anomaly, Crash, Control),
+the header's constants keep their names, and the check-value functions exist
+twice: as plain ints (one tag) and vectorised over numpy uint64 arrays (the tag
+scan).  tests/unit/test_abi_mirror.py compiles a probe against the packaged
+header and compares sizes, offsets, constants and check values.
+
+find_control(mem) locates the control block in any forensics.reader.memory.Memory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from construct import Array, Bytes, FormatField, Int32ul, Int64ul, Padding, Struct
+
+from forensics.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from forensics.reader.memory import Memory, Region
+
+# --------------------------------------------------------------- constants --
+
+TAG_ABI_VERSION = 2
+
+TAG_MAGIC = 0x6754614C  # bytes "LaTg"
+TAG_MIN_PAYLOAD = 16
+TAG_CANARY_SIZE = 8
+TAG_FREE_PATTERN = 0xFD
+TAG_SIZE_MASK = 0x0000FFFFFFFFFFFF
+TAG_STATE_SHIFT = 48
+TAG_FLAG_REPORTED = 1 << 56  # an overflow of this block was reported already
+
+TAG_STATE_LIVE = 1
+TAG_STATE_FREED = 2
+STATE_NAMES = {TAG_STATE_LIVE: "live", TAG_STATE_FREED: "freed"}
+
+TAG_MIX1 = 0x9E3779B97F4A7C15
+TAG_MIX2 = 0xC2B2AE3D27D4EB4F
+TAG_FREE_SALT = 0x46524545  # "FREE"
+
+TAG_FRAME_CALL = 1
+TAG_FRAME_ENTRY = 2
+TAG_FRAME_SIGNAL = 3  # the exact pc a signal interrupted: look up pc itself
+FRAME_KIND_NAMES = {TAG_FRAME_CALL: "call", TAG_FRAME_ENTRY: "entry", TAG_FRAME_SIGNAL: "signal"}
+
+TAG_SHADOW_MAX = 256
+
+TAG_THREAD_EXITED = 1
+TAG_THREAD_REGS = 2
+TAG_NREGS = 27
+TAG_QUARANTINE_SLOTS = 4096
+TAG_REAP_REQUEST = 0x52454150  # sigqueue value: reap finished snapshot children
+TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
+TAG_QUARANTINE_BYTES = 16 + 8 * TAG_QUARANTINE_SLOTS
+
+TAG_CONTROL_MAGIC = b"LIBTAG-CONTROL-1"  # 16 bytes, no NUL stored
+
+TAG_REASON_NONE = 0
+TAG_REASON_ON_DEMAND = 1
+TAG_REASON_ANOMALY = 2
+TAG_REASON_CRASH = 3
+
+TAG_ANOMALY_NONE = 0
+TAG_ANOMALY_DOUBLE_FREE = 1
+TAG_ANOMALY_INVALID_FREE = 2
+TAG_ANOMALY_HEAP_OVERFLOW = 3
+TAG_ANOMALY_USE_AFTER_FREE = 4
+
+ANOMALY_NAMES = {
+    TAG_ANOMALY_DOUBLE_FREE: "double-free",
+    TAG_ANOMALY_INVALID_FREE: "invalid-free",
+    TAG_ANOMALY_HEAP_OVERFLOW: "heap-overflow",
+    TAG_ANOMALY_USE_AFTER_FREE: "use-after-free",
+}
+REASON_NAMES = {
+    TAG_REASON_NONE: "none",
+    TAG_REASON_ON_DEMAND: "on-demand",
+    TAG_REASON_ANOMALY: "anomaly",  # a snapshot's name and JSON say the kind instead: reason_name()
+    TAG_REASON_CRASH: "crash",
+}
+# ANOMALY_NAMES mirror anomaly.c's kind_names, REASON_NAMES snapshot.c's
+# reason_names (tests/unit/test_abi_mirror.py compares them).
+
+
+def reason_name(reason: int, anomaly_kind: int) -> str:
+    """The JSON name of a snapshot reason: "on-demand", "crash", "none", or
+    for an anomaly snapshot the anomaly's kind ("double-free", ...)."""
+    if reason == TAG_REASON_ANOMALY:
+        return ANOMALY_NAMES.get(anomaly_kind, f"anomaly-{anomaly_kind}")
+    return REASON_NAMES.get(reason, f"reason-{reason}")
+
+
+def snapshot_dir_reasons() -> tuple[str, ...]:
+    """Every <reason> a snapshot directory's name can end in (snapshot.c
+    make_snapshot_dir): a reason's name, or for an anomaly the kind's."""
+    return tuple(dict.fromkeys([*REASON_NAMES.values(), *ANOMALY_NAMES.values()]))
+
+
+# ----------------------------------------------------------------- structs --
+
+Tag = Struct(
+    "magic" / Int32ul,  # TAG_MAGIC
+    "check" / Int32ul,  # tag_check_value()
+    "size_state" / Int64ul,  # bits 0..47 size, 48..55 state
+    "alloc_stack" / Int32ul,  # stack id, 0 = none
+    "alloc_tid" / Int32ul,  # kernel tid
+    "alloc_time" / Int32ul,  # ms since start_mono_ns
+    "pad" / Int32ul,  # bytes from the real allocation to the tag
+)
+
+FreeRec = Struct(
+    "free_stack" / Int32ul,
+    "free_tid" / Int32ul,
+    "free_time" / Int32ul,
+    "check" / Int32ul,  # free_rec_check_value()
+)
+
+StackNode = Struct(
+    "pc" / Int64ul,
+    "parent" / Int32ul,  # 0 = outermost
+    "kind" / Int32ul,  # TAG_FRAME_*
+)
+
+Shadow = Struct(
+    "depth" / Int32ul,
+    "valid" / Int32ul,
+    "overflows" / Int64ul,
+    "fn" / Array(TAG_SHADOW_MAX, Int64ul),
+    "site" / Array(TAG_SHADOW_MAX, Int64ul),
+    "sp" / Array(TAG_SHADOW_MAX, Int64ul),  # CFA of each frame; bit 0: a lower bound
+    "id" / Array(TAG_SHADOW_MAX + 1, Int32ul),
+    Padding(4),  # the C struct's tail padding to 8-byte alignment
+)
+
+ThreadRecord = Struct(
+    "tid" / Int32ul,  # 0 = unused slot
+    "flags" / Int32ul,  # TAG_THREAD_*
+    "shadow" / Int64ul,  # address of its struct libtag_shadow
+    "allocs" / Int64ul,
+    "frees" / Int64ul,
+    "alloc_bytes" / Int64ul,
+    "free_bytes" / Int64ul,
+    "stack_hi" / Int64ul,
+    "regs" / Array(TAG_NREGS, Int64ul),  # user_regs_struct order
+    "quarantine" / Int64ul,  # its quarantine ring (libtag's memory), 0 = none
+    "reserved" / Int64ul,
+)
+
+Anomaly = Struct(
+    "kind" / Int32ul,
+    "tid" / Int32ul,
+    "address" / Int64ul,
+    "block" / Int64ul,
+    "stack" / Int32ul,
+    "time" / Int32ul,
+    "tag" / Tag,
+    "free_rec" / FreeRec,
+)
+
+Crash = Struct(
+    "signal" / Int32ul,
+    "tid" / Int32ul,
+    "address" / Int64ul,
+    "code" / Int32ul,
+    "stack" / Int32ul,
+    "time" / Int32ul,
+    "reserved" / Int32ul,
+)
+
+Control = Struct(
+    "magic" / Bytes(16),
+    "self" / Int64ul,
+    "abi_version" / Int32ul,
+    "tag_size" / Int32ul,
+    "free_rec_size" / Int32ul,
+    "canary_size" / Int32ul,
+    "secret" / Int64ul,
+    "start_realtime_ns" / Int64ul,
+    "start_mono_ns" / Int64ul,
+    "pid" / Int32ul,
+    "options" / Int32ul,
+    "stack_nodes" / Int64ul,
+    "stack_capacity" / Int32ul,
+    "stack_count" / Int32ul,
+    "stack_full" / Int64ul,
+    "threads" / Int64ul,
+    "thread_capacity" / Int32ul,
+    "thread_count" / Int32ul,
+    "shadow_overflows" / Int64ul,
+    "quarantine_bytes" / Int64ul,
+    "quarantine_fill" / Int32ul,
+    "reserved0" / Int32ul,
+    "reason" / Int32ul,
+    "snapshot_seq" / Int32ul,
+    "snapshot_time_ms" / Int64ul,
+    "snapshot_tid" / Int32ul,
+    "anomaly_count" / Int32ul,
+    "anomaly" / Anomaly,
+    "crash" / Crash,
+)
+
+TAG_SIZE = Tag.sizeof()  # 32
+FREE_REC_SIZE = FreeRec.sizeof()  # 16
+STACK_NODE_SIZE = StackNode.sizeof()  # 16
+SHADOW_SIZE = Shadow.sizeof()  # 7192
+THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
+CONTROL_SIZE = Control.sizeof()  # 272
+
+STRUCTS = {
+    "libtag_tag": Tag,
+    "libtag_free_rec": FreeRec,
+    "libtag_stack_node": StackNode,
+    "libtag_shadow": Shadow,
+    "libtag_thread": ThreadRecord,
+    "libtag_anomaly": Anomaly,
+    "libtag_crash": Crash,
+    "libtag_control": Control,
+}
+
+
+
+def numpy_dtype(struct: Struct) -> np.dtype:
+    """The numpy dtype of a Struct above, for bulk reads: the same fields at
+    the same offsets (unnamed padding stays a gap), derived, never restated."""
+    names, formats, offsets, off = [], [], [], 0
+    for sub in struct.subcons:
+        if sub.name and not sub.name.startswith("_"):
+            names.append(sub.name)
+            formats.append(_numpy_format(sub.subcon))
+            offsets.append(off)
+        off += sub.sizeof()
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": off})
+
+
+def _numpy_format(con: Any) -> Any:
+    if isinstance(con, FormatField):  # "<L", "<Q": little-endian, unsigned when upper case
+        kind = "u" if con.fmtstr[1:].isupper() else "i"
+        return np.dtype(f"<{kind}{con.sizeof()}")
+    if isinstance(con, Array):
+        return (_numpy_format(con.subcon), (con.count,))
+    if isinstance(con, Bytes):
+        return np.dtype((np.void, con.length))
+    if isinstance(con, Struct):
+        return numpy_dtype(con)
+    raise TypeError(f"no numpy form for {con!r}")
+
+
+STACK_NODE_DTYPE = numpy_dtype(StackNode)
+THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
+
+
+def field_offsets(struct: Struct) -> dict[str, int]:
+    """Byte offset of each named field (nested structs as "outer.inner")."""
+    out: dict[str, int] = {}
+    off = 0
+    for sub in struct.subcons:
+        if sub.name and not sub.name.startswith("_"):
+            out[sub.name] = off
+            inner = getattr(sub, "subcon", None)
+            if isinstance(inner, Struct):
+                for k, v in field_offsets(inner).items():
+                    out[f"{sub.name}.{k}"] = off + v
+        off += sub.sizeof()
+    return out
+
+
+SHADOW_OFFSETS = field_offsets(Shadow)
+
+
+# ------------------------------------------------------------ check values --
+
+_M64 = (1 << 64) - 1
+
+
+def tag_check_value(tag_addr: int, secret: int, tag: Any) -> int:
+    """tag_check_value() of tag_abi.h for one tag (a parsed Tag container)."""
+    h = (tag_addr ^ secret) & _M64
+    h = ((h ^ tag.size_state) * TAG_MIX1) & _M64
+    h = ((h ^ (tag.alloc_tid << 32 | tag.alloc_stack)) * TAG_MIX1) & _M64
+    h = ((h ^ (tag.pad << 32 | tag.alloc_time)) * TAG_MIX2) & _M64
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+def free_rec_check_value(tag_addr: int, secret: int, rec: Any) -> int:
+    """free_rec_check_value() of tag_abi.h for one free record."""
+    h = (tag_addr ^ secret ^ TAG_FREE_SALT) & _M64
+    h = ((h ^ (rec.free_tid << 32 | rec.free_stack)) * TAG_MIX1) & _M64
+    h = ((h ^ rec.free_time) * TAG_MIX2) & _M64
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+def tag_canary_value(tag_addr: int, secret: int) -> int:
+    """tag_canary_value() of tag_abi.h."""
+    return ((((tag_addr ^ secret) & _M64) * TAG_MIX2) & _M64) ^ (tag_addr >> 4)
+
+
+_U32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+_S4 = np.uint64(4)
+_NMIX1 = np.uint64(TAG_MIX1)
+_NMIX2 = np.uint64(TAG_MIX2)
+_NSALT = np.uint64(TAG_FREE_SALT)
+
+
+def _u64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.uint64)
+
+
+def np_tag_check(tag_addr: Any, secret: int, size_state: Any, stack_tid: Any, time_pad: Any) -> np.ndarray:
+    """Vectorised tag_check_value over arrays of tags, given as the tag's 64-bit words:
+
+    size_state (word 1), stack_tid = alloc_tid << 32 | alloc_stack (word 2),
+    time_pad = pad << 32 | alloc_time (word 3).  Returns uint32.
+    """
+    with np.errstate(over="ignore"):
+        h = _u64(tag_addr) ^ np.uint64(secret)
+        h = (h ^ _u64(size_state)) * _NMIX1
+        h = (h ^ _u64(stack_tid)) * _NMIX1
+        h = (h ^ _u64(time_pad)) * _NMIX2
+        return ((h ^ (h >> _S32)) & _U32).astype(np.uint32)
+
+
+def np_free_rec_check(tag_addr: Any, secret: int, stack_tid: Any, free_time: Any) -> np.ndarray:
+    """Vectorised free_rec_check_value: stack_tid = free_tid << 32 | free_stack
+    (the record's first word), free_time its third uint32.  Returns uint32."""
+    with np.errstate(over="ignore"):
+        h = _u64(tag_addr) ^ np.uint64(secret) ^ _NSALT
+        h = (h ^ _u64(stack_tid)) * _NMIX1
+        h = (h ^ (_u64(free_time) & _U32)) * _NMIX2
+        return ((h ^ (h >> _S32)) & _U32).astype(np.uint32)
+
+
+def np_tag_canary(tag_addr: Any, secret: int) -> np.ndarray:
+    """Vectorised tag_canary_value.  Returns uint64."""
+    a = _u64(tag_addr)
+    with np.errstate(over="ignore"):
+        return ((a ^ np.uint64(secret)) * _NMIX2) ^ (a >> _S4)
+
+
+# ----------------------------------------------------------- control block --
+
+
+class NoLibtagError(InputError):
+    """The memory holds no libtag control block."""
+
+
+class AbiVersionError(InputError):
+    """The control block was written by a libtag of another ABI version."""
+
+
+def _control_candidates(region: Region) -> list[int]:
+    """Addresses in region where the 16 bytes of TAG_CONTROL_MAGIC start (8-aligned).
+
+    Vectorised: the region is viewed as 64-bit words and compared with the
+    magic's first word; only hits are checked further.
+    """
+    arr = region.array
+    n8 = len(arr) // 8
+    if n8 < 2:
+        return []
+    words = arr[: n8 * 8].view("<u8")
+    first = np.frombuffer(TAG_CONTROL_MAGIC[:8], "<u8")[0]
+    second = np.frombuffer(TAG_CONTROL_MAGIC[8:], "<u8")[0]
+    hits = np.flatnonzero(words[:-1] == first)
+    if len(hits):
+        hits = hits[words[hits + 1] == second]
+    return [region.start + int(i) * 8 for i in hits]
+
+
+def parse_control(data: bytes) -> Any:
+    return Control.parse(data)
+
+
+def find_control(mem: Memory) -> tuple[int, Any]:
+    """(address, parsed Control) of the libtag control block in mem.
+
+    Searches the writable regions, libtag's own and small ones first (the block
+    is in libtag's .bss, or the program's with a static libtag).  A hit counts
+    only if its ``self`` field equals its address.  Raises NoLibtagError if no
+    region holds one, AbiVersionError if it is of another ABI version.
+    """
+    regions = [r for r in mem.regions() if r.writable]
+
+    def order(r: Region) -> tuple[int, int]:
+        path = r.path or ""
+        return (0 if "libtag" in path else 1, r.end - r.start)
+
+    mismatch = None
+    for region in sorted(regions, key=order):
+        try:
+            cands = _control_candidates(region)
+        except Exception:  # an unreadable region: skip it  # noqa: BLE001
+            continue
+        for addr in cands:
+            try:
+                raw = mem.read(addr, CONTROL_SIZE)
+            except InputError:
+                continue
+            ctl = Control.parse(raw)
+            if ctl.self != addr:
+                continue
+            if ctl.abi_version != TAG_ABI_VERSION:
+                mismatch = (addr, ctl.abi_version)
+                continue
+            return addr, ctl
+    what = getattr(mem, "name", "memory")
+    if mismatch is not None:
+        raise AbiVersionError(
+            f"libtag control block at {mismatch[0]:#x} in {what} has ABI version {mismatch[1]}, "
+            f"this forensics reads version {TAG_ABI_VERSION}: use the forensics that matches "
+            f"the libtag the process ran with"
+        )
+    raise NoLibtagError(f"no libtag control block in {what}: the process did not run under libtag")

@@ -1,0 +1,101 @@
+"""The things the reader finds in a libtag process: blocks, frames, threads,
+the anomaly and the crash - plain dataclasses.
+
+Their JSON forms are built in one place, forensics.answers.shapes
+(docs/json.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from forensics.core.notes import signal_name
+from forensics.reader import abi
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One symbolised stack frame."""
+
+    address: int
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    module: str | None = None
+
+
+@dataclass(frozen=True)
+class Block:
+    """One tagged heap block, as its tag (and free record) describe it."""
+
+    start: int  # the user pointer
+    size: int  # requested bytes
+    state: str  # "live" | "freed"
+    thread: int  # allocating kernel tid
+    alloc_time_ms: int  # ms since libtag started in the process
+    alloc_stack: int  # stack table id, 0 = none
+    free_thread: int | None = None
+    free_time_ms: int | None = None
+    free_stack: int | None = None
+    tag_addr: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def __contains__(self, addr: int) -> bool:
+        return self.start <= addr < self.start + self.size
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """The anomaly recorded in the control block."""
+
+    kind: str  # "double-free" | "invalid-free" | "heap-overflow" | "use-after-free"
+    address: int  # the pointer concerned
+    thread: int  # detecting thread
+    stack: int  # stack id of the detecting stack
+    time_ms: int
+    block: Block | None = None  # from the tag copy libtag took, None if none
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The fatal signal recorded in the control block."""
+
+    signal: int
+    address: int  # si_addr
+    thread: int
+    code: int  # si_code
+    stack: int  # stack id of the faulting thread (0 = none)
+    time_ms: int
+
+    @property
+    def signal_name(self) -> str:
+        return signal_name(self.signal)
+
+
+RawFrame = tuple[int, int]  # (pc, frame kind: abi.TAG_FRAME_CALL / TAG_FRAME_ENTRY)
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """A thread record of libtag: who, counters, registers, its shadow stack now."""
+
+    tid: int
+    flags: int
+    regs: dict[str, int] | None  # at the last snapshot (TAG_THREAD_REGS), else None
+    shadow: list[RawFrame] = field(default_factory=list)  # innermost first
+    shadow_depth: int = 0  # frames entered (may exceed the stored 256)
+    stack_hi: int = 0  # top of its stack, 0 = unknown
+    allocs: int = 0
+    frees: int = 0
+    alloc_bytes: int = 0
+    free_bytes: int = 0
+
+    @property
+    def exited(self) -> bool:
+        return bool(self.flags & abi.TAG_THREAD_EXITED)
+
+
+__all__ = ["Anomaly", "Block", "Crash", "Frame", "RawFrame", "ThreadState"]

@@ -1,0 +1,191 @@
+"""Fakes for the unit tests: a Memory over bytes the test lays out, and a
+libtag process image built in it with forensics.reader.abi's own Structs.
+
+`import forensics_test_fakes as F` (tests/conftest.py registers this file
+under that name).  As memray's reporter tests feed fake records to the real
+reporters, these feed fake memory to the real reader: Heap, Dump, the leak
+scan and diff run unchanged on it, with no process, core, compiler or gdb.
+
+    proc = F.FakeProcess()
+    a = proc.block(0x40, size=24)                      # a live block, tag + canary
+    b = proc.block(0x100, size=16, freed=(0, 7, 50))   # freed: free stack, tid, time
+    proc.word(proc.globals_at(0), a)                   # a global pointing at a
+    heap = Heap(proc.memory())
+
+Only the layout libtag writes is faked; every check value, canary and
+control block is computed or built exactly as tag_abi.h says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from forensics.core.errors import UnmappedError
+from forensics.reader import abi
+from forensics.reader.memory import Region
+
+SECRET = 0x0123456789ABCDEF
+PID = 4242
+MAIN_TID = 4242
+
+LIBTAG_DATA = 0x7F0000000000  # libtag's .data/.bss: the control block
+STACK_TABLE = 0x7F0000100000
+THREAD_RECORDS = 0x7F0000200000
+HEAP = 0x555500100000
+GLOBALS = 0x555500000000  # the program's writable data
+STACK = 0x7FFF00000000
+
+
+class FakeMemory:
+    """forensics.reader.memory.Memory over (start, bytes, writable, path)
+    regions; reads outside them raise UnmappedError, as a core's do."""
+
+    def __init__(self, regions: list[tuple[int, bytes | bytearray, bool, str | None]],
+                 name: str = "fake memory") -> None:
+        self.name = name
+        self._regions = sorted(
+            (Region(start, start + len(data), writable, path, array=np.frombuffer(bytes(data), np.uint8))
+             for start, data, writable, path in regions),
+            key=lambda r: r.start)
+
+    @property
+    def cache_key(self) -> None:
+        return None
+
+    def regions(self) -> list[Region]:
+        return self._regions
+
+    def maps(self) -> list:
+        return []  # no module files: nothing to symbolise
+
+    def read(self, addr: int, n: int) -> bytes:
+        for r in self._regions:
+            if r.start <= addr and addr + n <= r.end:
+                return r.array[addr - r.start:addr - r.start + n].tobytes()
+        raise UnmappedError(addr)
+
+
+class FakeProcess:
+    """A libtag process image: control block, stack table, thread records,
+    a heap, globals and one thread's stack, laid out at fixed addresses."""
+
+    def __init__(self, *, heap_size: int = 0x4000, reason: int = abi.TAG_REASON_ON_DEMAND,
+                 start_realtime_ns: int = 1, pid: int = PID) -> None:
+        self.heap = bytearray(heap_size)
+        self.globals = bytearray(0x100)
+        self.stack = bytearray(0x1000)
+        self.libtag = bytearray(0x1000)
+        self.nodes: list[tuple[int, int, int]] = [(0, 0, 0)]  # (pc, parent, kind); node 0 is the root
+        self.threads: list[dict] = []
+        self.reason = reason
+        self.start_realtime_ns = start_realtime_ns
+        self.pid = pid
+        self.anomaly: dict | None = None
+        self.thread(MAIN_TID)
+
+    # -- the heap --------------------------------------------------------
+
+    def block(self, offset: int, size: int, *, tid: int = MAIN_TID, stack: int = 0, time: int = 0,
+              freed: tuple[int, int, int] | None = None, canary: bool = True) -> int:
+        """A block whose tag starts at heap offset `offset` (16-aligned);
+        freed = (free_stack, free_tid, free_time) for one in quarantine.
+        Returns the user pointer."""
+        tag_addr = HEAP + offset
+        state = abi.TAG_STATE_FREED if freed else abi.TAG_STATE_LIVE
+        fields = dict(magic=abi.TAG_MAGIC, check=0, size_state=size | state << abi.TAG_STATE_SHIFT,
+                      alloc_stack=stack, alloc_tid=tid, alloc_time=time, pad=0)
+        fields["check"] = abi.tag_check_value(tag_addr, SECRET, abi.Tag.parse(abi.Tag.build(fields)))
+        self.put(offset, abi.Tag.build(fields))
+        user = offset + abi.TAG_SIZE
+        if freed:
+            rec = dict(free_stack=freed[0], free_tid=freed[1], free_time=freed[2], check=0)
+            rec["check"] = abi.free_rec_check_value(tag_addr, SECRET, abi.FreeRec.parse(abi.FreeRec.build(rec)))
+            self.put(user, abi.FreeRec.build(rec))
+        elif canary:
+            self.put(user + size, abi.tag_canary_value(tag_addr, SECRET).to_bytes(8, "little"))
+        return HEAP + user
+
+    def put(self, offset: int, data: bytes) -> None:
+        self.heap[offset:offset + len(data)] = data
+
+    def word(self, addr: int, value: int) -> None:
+        """Write a pointer-sized word anywhere in the heap, the globals or the stack."""
+        for base, buf in ((HEAP, self.heap), (GLOBALS, self.globals), (STACK, self.stack)):
+            if base <= addr < base + len(buf):
+                buf[addr - base:addr - base + 8] = value.to_bytes(8, "little")
+                return
+        raise ValueError(f"{addr:#x} is in no buffer of the fake process")
+
+    def globals_at(self, offset: int) -> int:
+        return GLOBALS + offset
+
+    def stack_at(self, offset: int) -> int:
+        return STACK + offset
+
+    # -- stacks and threads ---------------------------------------------
+
+    def stack_id(self, *pcs: int) -> int:
+        """The id of a stack of CALL frames, outermost first in pcs."""
+        parent = 0
+        for pc in pcs:
+            self.nodes.append((pc, parent, abi.TAG_FRAME_CALL))
+            parent = len(self.nodes) - 1
+        return parent
+
+    def thread(self, tid: int, *, sp_offset: int = 0x800) -> None:
+        """A thread whose registers were saved at the snapshot: its stack
+        pointer sp_offset bytes into the fake stack, every other register 0."""
+        regs = [0] * abi.TAG_NREGS
+        regs[19] = STACK + sp_offset  # rsp (user_regs_struct order)
+        self.threads.append(dict(tid=tid, flags=abi.TAG_THREAD_REGS, shadow=0, allocs=0, frees=0,
+                                 alloc_bytes=0, free_bytes=0, stack_hi=STACK + len(self.stack),
+                                 regs=regs, quarantine=0, reserved=0))
+
+    # -- the image ---------------------------------------------------------
+
+    def memory(self) -> FakeMemory:
+        control_addr = LIBTAG_DATA + 0x100
+        control = _zero(abi.Control)
+        control.update(
+            magic=abi.TAG_CONTROL_MAGIC, self=control_addr, abi_version=abi.TAG_ABI_VERSION,
+            tag_size=abi.TAG_SIZE, free_rec_size=abi.FREE_REC_SIZE, canary_size=abi.TAG_CANARY_SIZE,
+            secret=SECRET, start_realtime_ns=self.start_realtime_ns, pid=self.pid,
+            stack_nodes=STACK_TABLE, stack_capacity=len(self.nodes), stack_count=len(self.nodes),
+            threads=THREAD_RECORDS, thread_capacity=len(self.threads), thread_count=len(self.threads),
+            reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID)
+        if self.anomaly:
+            control["anomaly"].update(self.anomaly)
+        libtag = bytearray(self.libtag)
+        raw = abi.Control.build(control)
+        libtag[0x100:0x100 + len(raw)] = raw
+        nodes = b"".join(abi.StackNode.build(dict(pc=pc, parent=parent, kind=kind))
+                         for pc, parent, kind in self.nodes)
+        records = b"".join(abi.ThreadRecord.build(t) for t in self.threads)
+        return FakeMemory([
+            (LIBTAG_DATA, libtag, True, "/fake/libtag.so"),
+            (STACK_TABLE, nodes, True, None),
+            (THREAD_RECORDS, records, True, None),
+            (GLOBALS, self.globals, True, "/fake/program"),
+            (HEAP, self.heap, True, "[heap]"),
+            (STACK, self.stack, True, "[stack]"),
+        ])
+
+
+def _zero(struct) -> dict:
+    """An all-zero value of a construct Struct, to fill in."""
+    from construct import Array, Bytes, Struct
+
+    out = {}
+    for sub in struct.subcons:
+        if not sub.name:
+            continue
+        con = sub.subcon
+        if isinstance(con, Struct):
+            out[sub.name] = _zero(con)
+        elif isinstance(con, Array):
+            out[sub.name] = [0] * con.count
+        elif isinstance(con, Bytes):
+            out[sub.name] = bytes(con.length)
+        else:
+            out[sub.name] = 0
+    return out

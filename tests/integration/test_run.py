@@ -1,0 +1,84 @@
+"""forensics run, for real: the command it starts, its environment, its exit
+status, and the snapshot directory it makes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+
+
+def stderr_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def test_run_of_a_missing_command_exits_127(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "/nonexistent")
+    assert result.returncode == 127, f"expected exit 127, got {result.returncode}"
+    lines = stderr_lines(result)
+    assert len(lines) == 1, f"expected exactly 1 line on stderr, got {lines!r}"
+    assert lines[0] == "forensics: error: run: command not found: /nonexistent", (
+        f"expected the not-found line, got {lines[0]!r}")
+
+
+def test_run_returns_the_command_status(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "exit 7")
+    assert result.returncode == 7, f"expected exit 7, got {result.returncode}: {result.stderr}"
+
+
+def test_run_maps_a_signal_death_to_128_plus_signal(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "kill -TERM $$")
+    expected = 128 + signal.SIGTERM
+    assert result.returncode == expected, f"expected exit {expected}, got {result.returncode}"
+
+
+def test_run_preloads_libtag_first_and_keeps_existing_preload(run_cli, libtag_so, tmp_path):
+    # GIVEN an LD_PRELOAD already set (ld.so warns about the missing file and runs on)
+    env = {"LD_PRELOAD": "/nonexistent/libother.so"}
+    # WHEN
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "echo $LD_PRELOAD",
+                     env=env)
+    # THEN
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    preload = result.stdout.split()
+    assert preload == [str(libtag_so), "/nonexistent/libother.so"], (
+        f"expected [{libtag_so}, /nonexistent/libother.so], got {preload!r}")
+    assert "libtag.so" in preload[0], f"expected libtag.so first, got {preload!r}"
+
+
+def test_run_sets_libtag_dir_and_on_anomaly(run_cli, tmp_path):
+    snaps = tmp_path / "snaps"
+    result = run_cli("run", "--dir", snaps, "--on-anomaly", "abort", "--",
+                     "sh", "-c", 'echo "$LIBTAG_DIR|$LIBTAG_ON_ANOMALY"')
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    assert result.stdout.strip() == f"{snaps}|abort", (
+        f"expected '{snaps}|abort', got {result.stdout!r}")
+
+
+def test_run_defaults_on_anomaly_to_snapshot(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--", "sh", "-c", "echo $LIBTAG_ON_ANOMALY")
+    assert result.stdout.strip() == "snapshot", f"expected 'snapshot', got {result.stdout!r}"
+
+
+def test_run_creates_the_dir_0700(run_cli, tmp_path):
+    # GIVEN a dir two levels below an existing folder
+    snaps = tmp_path / "a" / "snaps"
+    # WHEN
+    result = run_cli("run", "--dir", snaps, "--", "true")
+    # THEN
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    for d in (snaps, snaps.parent):
+        mode = stat.S_IMODE(os.lstat(d).st_mode)
+        assert mode == 0o700, f"expected {d} mode 0o700, got {oct(mode)}"
+
+
+def test_run_defaults_to_the_xdg_state_dir(run_cli, tmp_path):
+    state = tmp_path / "state"
+    result = run_cli("run", "--", "sh", "-c", "echo $LIBTAG_DIR",
+                     env={"XDG_STATE_HOME": str(state)})
+    expected = state / "forensics" / "snapshots"
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    assert result.stdout.strip() == str(expected), f"expected {expected}, got {result.stdout!r}"
+    mode = stat.S_IMODE(os.lstat(expected).st_mode)
+    assert mode == 0o700, f"expected {expected} mode 0o700, got {oct(mode)}"

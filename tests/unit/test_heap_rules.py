@@ -1,0 +1,231 @@
+"""The heap reader's rules, driven by fake memory (no process, no core).
+
+GIVEN a libtag process image laid out by tests/fakes.py (tags, canaries,
+free records, the control block and stack table built with abi's Structs)
+WHEN forensics.reader.heap.Heap reads it
+THEN it finds exactly the blocks the rules say: stale tags inside a block
+are dropped (a live tag beats a freed one, the later-freed beats the
+earlier), tags that do not validate are not blocks, and every lie in
+libtag's tables is a warning and a partial answer.
+"""
+
+from __future__ import annotations
+
+import forensics_test_fakes as F
+import pytest
+
+from forensics.reader import abi
+from forensics.reader.heap import Heap
+
+
+def heap_of(proc: F.FakeProcess) -> Heap:
+    return Heap(proc.memory())
+
+
+def starts(heap: Heap) -> list[int]:
+    return [b.start for b in heap.blocks()]
+
+
+# ------------------------------------------------------------- blocks --
+
+
+def test_a_live_block_is_read_with_every_field_of_its_tag():
+    proc = F.FakeProcess()
+    stack = proc.stack_id(0x401000, 0x402000)
+    user = proc.block(0x40, size=24, tid=7, stack=stack, time=1234)
+    heap = heap_of(proc)
+    assert len(heap) == 1
+    b = heap.block_at(user + 23)
+    assert (b.start, b.size, b.state, b.thread, b.alloc_stack, b.alloc_time_ms) == (user, 24, "live", 7, stack, 1234)
+    assert (b.free_thread, b.free_stack, b.free_time_ms) == (None, None, None)
+    assert heap.block_at(user + 24) is None  # the canary is not the block's
+    assert heap.near(user + 24) == (b, 0)
+    assert heap.near(user + 24 + 64) is None  # beyond the near window
+    assert heap.warnings == []
+
+
+def test_a_freed_block_has_its_free_record():
+    proc = F.FakeProcess()
+    user = proc.block(0x40, size=32, tid=3, freed=(5, 9, 700))
+    b = heap_of(proc).block_at(user)
+    assert (b.state, b.free_stack, b.free_thread, b.free_time_ms) == ("freed", 5, 9, 700)
+
+
+def test_a_free_record_that_does_not_validate_is_left_out_not_trusted():
+    proc = F.FakeProcess()
+    user = proc.block(0x40, size=32, freed=(5, 9, 700))
+    proc.put(0x40 + abi.TAG_SIZE + 8, (701).to_bytes(4, "little"))  # written after the free
+    b = heap_of(proc).block_at(user)
+    assert (b.state, b.free_thread, b.free_stack, b.free_time_ms) == ("freed", None, None, None)
+
+
+def test_malloc_0_owns_its_start_address():
+    proc = F.FakeProcess()
+    user = proc.block(0x40, size=0)
+    heap = heap_of(proc)
+    assert heap.block_at(user).size == 0
+    assert heap.block_at(user + 1) is None
+
+
+@pytest.mark.parametrize("damage", ["check", "state", "high bits", "size past the region"])
+def test_a_tag_that_does_not_validate_is_not_a_block(damage):
+    proc = F.FakeProcess(heap_size=0x400)
+    proc.block(0x40, size=24)
+    size_state = 24 | abi.TAG_STATE_LIVE << abi.TAG_STATE_SHIFT
+    if damage == "check":
+        proc.put(0x44, b"\0\0\0\0")
+    elif damage == "state":
+        proc.put(0x48, (24 | 3 << abi.TAG_STATE_SHIFT).to_bytes(8, "little"))
+    elif damage == "high bits":
+        proc.put(0x48, (size_state | 1 << 60).to_bytes(8, "little"))
+    else:
+        proc.block(0x40, size=0x400)  # a valid check, but the heap mapping ends first
+    assert len(heap_of(proc)) == 0
+
+
+# ------------------------------------------------------------ overlaps --
+
+
+def test_a_stale_freed_tag_inside_a_live_block_is_dropped():
+    # GIVEN a live block whose payload still holds an old freed block's tag
+    proc = F.FakeProcess()
+    proc.block(0x100, size=16, freed=(0, 1, 5))
+    outer = proc.block(0xC0, size=0x80)  # written after: its tag is before, its payload covers 0x100
+    # THEN only the live block is there
+    assert starts(heap_of(proc)) == [outer]
+
+
+def test_a_live_tag_inside_a_freed_block_wins():
+    # GIVEN a freed block's extent with a live block inside it (the memory
+    # was handed out again after libtag let the freed one go)
+    proc = F.FakeProcess()
+    proc.block(0xC0, size=0x80, freed=(0, 1, 5))
+    inner = proc.block(0x100, size=16)
+    assert starts(heap_of(proc)) == [inner]
+
+
+def test_between_two_freed_tags_the_later_freed_wins():
+    proc = F.FakeProcess()
+    proc.block(0xC0, size=0x80, freed=(0, 1, 50), time=1)
+    newer = proc.block(0x100, size=16, freed=(0, 1, 60), time=2)
+    assert starts(heap_of(proc)) == [newer]
+    proc = F.FakeProcess()
+    older_outer = proc.block(0xC0, size=0x80, freed=(0, 1, 60), time=1)
+    proc.block(0x100, size=16, freed=(0, 1, 50), time=2)
+    assert starts(heap_of(proc)) == [older_outer]
+
+
+def test_freed_tags_freed_in_the_same_tick_are_ordered_by_allocation_time():
+    proc = F.FakeProcess()
+    proc.block(0xC0, size=0x80, freed=(0, 1, 60), time=1)
+    later = proc.block(0x100, size=16, freed=(0, 1, 60), time=9)
+    assert starts(heap_of(proc)) == [later]
+
+
+def test_blocks_side_by_side_do_not_overlap():
+    proc = F.FakeProcess()
+    a = proc.block(0x40, size=24)  # tag 0x40-0x60, payload to 0x78, canary to 0x80
+    b = proc.block(0x80, size=24)
+    c = proc.block(0xC0, size=8, freed=(0, 1, 1))  # payload at least TAG_MIN_PAYLOAD
+    heap = heap_of(proc)
+    assert starts(heap) == [a, b, c]
+    t = heap.totals
+    assert (t.live_blocks, t.live_bytes, t.freed_blocks, t.freed_bytes) == (2, 48, 1, 8)
+
+
+# ------------------------------------------------------------- canaries --
+
+
+def test_a_smashed_canary_is_a_warning_naming_the_block():
+    proc = F.FakeProcess()
+    user = proc.block(0x40, size=24)
+    proc.put(0x40 + abi.TAG_SIZE + 24, b"AAAAAAAA")
+    heap = heap_of(proc)
+    assert heap.block_at(user).state == "live"
+    assert len(heap.warnings) == 1 and f"{user:#x} (24 bytes)" in heap.warnings[0], heap.warnings
+
+
+# --------------------------------------------------------------- stacks --
+
+
+def test_a_stack_is_its_frames_innermost_first():
+    proc = F.FakeProcess()
+    s = proc.stack_id(0x1000, 0x2000, 0x3000)  # main -> f -> g
+    heap = heap_of(proc)
+    assert heap.raw_stack(s) == [(0x3000, abi.TAG_FRAME_CALL), (0x2000, abi.TAG_FRAME_CALL),
+                                 (0x1000, abi.TAG_FRAME_CALL)]
+    assert heap.raw_stack(0) == []
+    assert heap.warnings == []
+
+
+def test_a_stack_id_beyond_the_table_is_a_warning_and_no_frames():
+    proc = F.FakeProcess()
+    proc.stack_id(0x1000)
+    heap = heap_of(proc)
+    assert heap.raw_stack(99) == []
+    assert heap.warnings == ["stack id 99 is beyond the stack table's 2 nodes: its frames are unknown"]
+
+
+def test_a_parent_link_that_does_not_go_down_cuts_the_stack():
+    proc = F.FakeProcess()
+    s = proc.stack_id(0x1000, 0x2000)
+    proc.nodes[1] = (0x1000, 2, abi.TAG_FRAME_CALL)  # a cycle: 2 -> 1 -> 2
+    heap = heap_of(proc)
+    assert heap.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL), (0x1000, abi.TAG_FRAME_CALL)]
+    assert heap.warnings == ["corrupt stack table: node 1's parent 2 is not below it "
+                             "(a cycle or a forward link); stack 2 is cut there"]
+
+
+def test_a_node_of_an_unknown_kind_cuts_the_stack():
+    proc = F.FakeProcess()
+    s = proc.stack_id(0x1000, 0x2000)
+    proc.nodes[1] = (0x1000, 0, 7)
+    heap = heap_of(proc)
+    assert heap.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL)]
+    assert heap.warnings == ["corrupt stack table: node 1 has unknown frame kind 7; stack 2 is cut there"]
+
+
+def test_live_bytes_by_allocation_stack_most_first():
+    proc = F.FakeProcess()
+    s1, s2 = proc.stack_id(0x1000), proc.stack_id(0x2000)
+    proc.block(0x40, size=16, stack=s1)
+    proc.block(0x80, size=16, stack=s1)
+    proc.block(0xC0, size=100, stack=s2)
+    proc.block(0x180, size=500, stack=s2, freed=(0, 1, 1))
+    assert heap_of(proc).by_stack("live") == [(s2, 1, 100), (s1, 2, 32)]
+
+
+# ------------------------------------------------------- control block --
+
+
+def test_memory_without_libtag_says_so():
+    mem = F.FakeMemory([(0x1000, bytes(0x1000), True, None)], name="a plain process")
+    with pytest.raises(abi.NoLibtagError, match="no libtag control block in a plain process"):
+        Heap(mem)
+
+
+def test_another_abi_version_is_refused_by_name():
+    proc = F.FakeProcess()
+    mem = proc.memory()
+    libtag = mem.regions()[-1] if mem.regions()[-1].path == "/fake/libtag.so" else next(
+        r for r in mem.regions() if r.path == "/fake/libtag.so")
+    raw = bytearray(libtag.array.tobytes())
+    offset = 0x100 + abi.field_offsets(abi.Control)["abi_version"]
+    raw[offset:offset + 4] = (abi.TAG_ABI_VERSION + 1).to_bytes(4, "little")
+    other = F.FakeMemory([(r.start, raw if r is libtag else r.array.tobytes(), r.writable, r.path)
+                          for r in mem.regions()])
+    with pytest.raises(abi.AbiVersionError, match=f"has ABI version {abi.TAG_ABI_VERSION + 1}"):
+        Heap(other)
+
+
+def test_the_anomaly_is_read_from_the_control_block_copy_of_the_tag():
+    proc = F.FakeProcess(reason=abi.TAG_REASON_ANOMALY)
+    user = proc.block(0x40, size=24, freed=(3, 8, 90))
+    tag = abi.Tag.parse(bytes(proc.heap[0x40:0x60]))
+    rec = abi.FreeRec.parse(bytes(proc.heap[0x60:0x70]))
+    proc.anomaly = dict(kind=abi.TAG_ANOMALY_DOUBLE_FREE, tid=8, address=user, block=user, stack=3, time=95,
+                        tag=dict(tag), free_rec=dict(rec))
+    heap = heap_of(proc)
+    a = heap.anomaly
+    assert (heap.reason, a.kind, a.address, a.thread, a.stack) == ("double-free", "double-free", user, 8, 3)
+    assert (a.block.start, a.block.state, a.block.free_thread, a.block.free_time_ms) == (user, "freed", 8, 90)

@@ -147,6 +147,9 @@ struct tag_tls {
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
     struct tag_quarantine *quarantine;
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
+    /* The top of this thread's stack (its record's stack_hi; kept here
+     * too because threads beyond the record capacity share one record). */
+    uint64_t stack_hi;
     /* The alternate signal stack this thread set with sigaltstack(), so an
      * unwind or a shadow-stack pop knows which stack it is on. */
     uint64_t alt_lo, alt_hi;

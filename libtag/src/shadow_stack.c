@@ -45,7 +45,7 @@ static int dead(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t fn, 
 uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site)
 {
     uint32_t d = t->shadow.depth;
-    uint64_t hi = t->rec ? t->rec->stack_hi : 0;
+    uint64_t hi = t->stack_hi;
     int cur_alt = t->alt_hi && cur >= t->alt_lo && cur < t->alt_hi;
     if (!cur_alt && !(hi && cur < hi))
         return d;  /* a stack libtag does not know: pop nothing */

@@ -75,11 +75,12 @@ void _tag_thread_register(void)
      * pthread_self() bounds the stack of every thread but the main one,
      * whose stack ends at __libc_stack_end. */
     if (t->tid == (uint32_t)getpid())
-        r->stack_hi = (uint64_t)(uintptr_t)__libc_stack_end;
+        t->stack_hi = (uint64_t)(uintptr_t)__libc_stack_end;
     else
-        r->stack_hi = (uint64_t)pthread_self();
+        t->stack_hi = (uint64_t)pthread_self();
+    r->stack_hi = t->stack_hi;
     __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
-    t->pop_limit = t->alt_hi ? 0 : r->stack_hi;
+    t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     t->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the
      * thread descriptor: no malloc. */
@@ -113,8 +114,8 @@ static void atfork_child(void)
      * forking thread's stack, whose top is its descriptor.  A wrong bound
      * lets the frame-pointer walk leave the stack and misleads readers. */
     if (!fork_from_main && t->rec) {
-        t->rec->stack_hi = (uint64_t)pthread_self();
-        t->pop_limit = t->alt_hi ? 0 : t->rec->stack_hi;
+        t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
+        t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
     /* The parent's threads do not exist here: no reader or snapshot of the
      * child may take their records (or their saved registers) for live. */
@@ -152,7 +153,7 @@ TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
             t->alt_lo = (uint64_t)(uintptr_t)ss->ss_sp;
             t->alt_hi = t->alt_lo + ss->ss_size;
         }
-        t->pop_limit = t->alt_hi ? 0 : t->rec ? t->rec->stack_hi : 0;
+        t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
     return r == 0 ? 0 : -1;  /* syscall() set errno */
 }

@@ -557,7 +557,7 @@ TAG_INLINE struct ustate entry_state(void *ret, void *frame)
 
 TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
 {
-    b->stack_hi = t->rec ? t->rec->stack_hi : 0;
+    b->stack_hi = t->stack_hi;
     b->alt_lo = t->alt_lo;
     b->alt_hi = t->alt_hi;
     b->hi = 0;
@@ -700,7 +700,7 @@ static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
 TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                                 uintptr_t site)
 {
-    uint64_t hi = t->rec ? t->rec->stack_hi : 0;
+    uint64_t hi = t->stack_hi;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     if (t->hook_gen != gen) {
         memset(t->hook_cache, 0, sizeof t->hook_cache);

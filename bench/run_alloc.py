@@ -2,16 +2,16 @@
 """Allocation overhead of libtag on bench/allocbench, against the same binary
 without it, with heaptrack and valgrind on the same run for reference.
 
-The target (docs/benchmarks.md): allocbench built with -finstrument-functions under libtag (full
-shadow stacks on every allocation, no sampling) <= 1.5x the same binary
-without libtag; the plain binary under libtag (frame-pointer fallback
-stacks) <= 3x the plain binary.
+The goal: every build of allocbench under libtag, with full stacks on every
+allocation and free (no sampling), at most 1.5x the same binary without
+libtag.
 
     python3 bench/run_alloc.py                     # calibrate, 5 reps each
     python3 bench/run_alloc.py --iters 2000000 --reps 5 --markdown
 
-What runs, per binary (plain: gcc -O2 -g -pthread; instrumented: the same
-plus -finstrument-functions), interleaved rep by rep so drift hits all alike:
+What runs, per binary (plain: gcc -O2 -g -pthread, no frame pointers; fp:
+the same with -fno-omit-frame-pointer; instrumented: plus
+-finstrument-functions), interleaved rep by rep so drift hits all alike:
 
   base           the binary alone
   libtag         LD_PRELOAD=libtag.so LIBTAG_QUIET=1 LIBTAG_DIR=<tmp>
@@ -24,6 +24,10 @@ plus -finstrument-functions), interleaved rep by rep so drift hits all alike:
 
 Seconds are wall-clock medians with the min-max spread; ratios are against
 the base run of the SAME binary.  Memory is peak RSS (wait4's ru_maxrss, taken\nby a small C launcher: a child of Python would count Python's RSS too).
+Then, per binary and LIBTAG_UNWIND mode (auto, shadow, fp, cfi): allocbench's
+time, the frames per capture libtag counted (LIBTAG_STATS), and the ns per
+capture of bench/capturebench.c (allocbench's call pattern with
+libtag_current_stack() in place of malloc and free, timed in-process).
 Then: the stack table (bench/stackcount.c: allocbench's pattern + libtag_stats)
 and callgrind instruction counts (deterministic, unlike the clock) with the
 top 10 functions, so the cost is explained and not only measured.
@@ -88,6 +92,21 @@ def timed(cmd: list[str], env: dict) -> tuple[float, int]:
     return float(dt), int(rss)
 
 
+def capture_ns(exe: Path, env: dict, iters: int) -> float:
+    """ns per capture printed by bench/capturebench.c."""
+    out = subprocess.run([str(exe), str(iters)], env=env, capture_output=True, text=True, check=True).stdout
+    return float(out.split("ns_per_capture")[1].split()[0])
+
+
+def capture_stats(exe: Path, env: dict, iters: int) -> tuple[int, int]:
+    """(captures, frames) libtag counted over one allocbench run (LIBTAG_STATS=1)."""
+    env = dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="0")
+    err = subprocess.run([str(exe), str(THREADS), str(iters)], env=env, capture_output=True,
+                         text=True, check=True).stderr
+    m = re.search(r"captures=(\d+) capture_frames=(\d+)", err)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def chunk(n: int) -> int:
     """glibc malloc's chunk size for a request of n bytes (x86_64)."""
     return max(32, (n + 8 + 15) & ~15)
@@ -147,6 +166,10 @@ def main() -> int:
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--no-valgrind", action="store_true")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
+    ap.add_argument("--modes", default="auto,shadow,fp,cfi",
+                    help="LIBTAG_UNWIND modes to compare (comma-separated; '' for none)")
+    ap.add_argument("--capture-iters", type=int, default=2000000,
+                    help="iterations of bench/capturebench.c (2 captures each)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
     args = ap.parse_args()
 
@@ -166,15 +189,13 @@ def run(args, lib: Path, tmp: Path) -> int:
     _launcher[:] = [str(build(tmp / "launch.c", tmp / "launch", ["-O2"])), str(tmp / "launch.out")]
     src = BENCH / "allocbench.c"
     flags = ["-O2", "-g", "-pthread"]
-    bins = {
-        "plain": build(src, tmp / "allocbench-plain", flags),
-        "instrumented": build(src, tmp / "allocbench-instr", flags + ["-finstrument-functions"]),
-    }
-    counters = {
-        "plain": build(BENCH / "stackcount.c", tmp / "stackcount-plain", flags, ["-ldl"]),
-        "instrumented": build(BENCH / "stackcount.c", tmp / "stackcount-instr",
-                              flags + ["-finstrument-functions"], ["-ldl"]),
-    }
+    builds = {"plain": [], "fp": ["-fno-omit-frame-pointer"], "instrumented": ["-finstrument-functions"]}
+    bins = {b: build(src, tmp / f"allocbench-{b}", flags + extra) for b, extra in builds.items()}
+    counters = {b: build(BENCH / "stackcount.c", tmp / f"stackcount-{b}", flags + extra, ["-ldl"])
+                for b, extra in builds.items()}
+    capture = {b: build(BENCH / "capturebench.c", tmp / f"capturebench-{b}", flags + extra)
+               for b, extra in builds.items()}
+    modes = [m for m in args.modes.split(",") if m]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
     snaps = tmp / "snaps"
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps))
@@ -192,6 +213,9 @@ def run(args, lib: Path, tmp: Path) -> int:
 
     configs = [("base", clean), ("libtag", tagged), ("libtag Q=0", tagged_q0)]
     res = {(b, c): [] for b in bins for c, _ in configs}
+    per_mode = {m: dict(tagged, LIBTAG_UNWIND=m) for m in modes}
+    mres = {(b, m): [] for b in bins for m in modes}
+    cres = {(b, m): [] for b in bins for m in modes}
     for b in bins:
         res[(b, "heaptrack")] = []
         res[(b, "memcheck")] = []
@@ -201,6 +225,9 @@ def run(args, lib: Path, tmp: Path) -> int:
         for b, exe in bins.items():
             for c, env in configs:
                 res[(b, c)].append(timed([str(exe), str(THREADS), str(iters)], env))
+            for m, env in per_mode.items():
+                mres[(b, m)].append(timed([str(exe), str(THREADS), str(iters)], env)[0])
+                cres[(b, m)].append(capture_ns(capture[b], env, args.capture_iters))
             if have_ht and rep < args.heaptrack_reps:
                 out = tmp / "ht"
                 res[(b, "heaptrack")].append(timed(["heaptrack", "-o", str(out), str(exe),
@@ -217,7 +244,7 @@ def run(args, lib: Path, tmp: Path) -> int:
 
     # ---------------------------------------------------------------- time
     rows, verdict = [], []
-    targets = {"plain": 3.0, "instrumented": 1.5}
+    targets = {b: 1.5 for b in bins}
     for b in bins:
         base = med([t for t, _ in res[(b, "base")]])
         for c in ["base", "libtag", "libtag Q=0", "heaptrack", "memcheck"]:
@@ -234,7 +261,23 @@ def run(args, lib: Path, tmp: Path) -> int:
         verdict.append([b, f"{lt / base:.2f}x", f"≤ {targets[b]}x", "meets" if ok else "MISSES"])
     table("Time (wall seconds, median; ± = half the min-max range; ratio vs base of the same binary)",
           ["run", "n", "seconds", "spread", "ns/op", "extra ns/op", "ratio"], rows, args.markdown)
-    table("allocation overhead against the targets", ["binary", "libtag / base", "target", ""], verdict, args.markdown)
+    table("Allocation overhead goal", ["binary", "libtag / base", "goal", ""], verdict, args.markdown)
+
+    # ------------------------------------------------------ unwind modes
+    if modes:
+        urows = []
+        for b, exe in bins.items():
+            base = med([t for t, _ in res[(b, "base")]])
+            for m in modes:
+                caps, frames = capture_stats(exe, per_mode[m], iters)
+                ts = mres[(b, m)]
+                urows.append([f"{b}: {m}", f"{med(ts):.3f}", spread(ts), f"{med(ts) / base:.2f}x",
+                              f"{frames / caps:.2f}" if caps else "-",
+                              f"{med(cres[(b, m)]):.0f}", spread(cres[(b, m)])])
+        table("Stack capture by LIBTAG_UNWIND (allocbench seconds and ratio vs its base; "
+              "frames per capture from LIBTAG_STATS; ns per capture from bench/capturebench.c)",
+              ["binary: mode", "seconds", "spread", "ratio", "frames/capture", "ns/capture",
+               "spread"], urows, args.markdown)
 
     # -------------------------------------------------------------- memory
     live = THREADS * WINDOW
@@ -275,8 +318,7 @@ def run(args, lib: Path, tmp: Path) -> int:
         cg = args.callgrind_iters
         cops = cg * THREADS
         crow, tops = [], {}
-        runs = [("plain", "base", clean), ("plain", "libtag", tagged),
-                ("instrumented", "base", clean), ("instrumented", "libtag", tagged)]
+        runs = [(b, c, env) for b in bins for c, env in (("base", clean), ("libtag", tagged))]
         totals = {}
         for b, c, env in runs:
             total, funcs = callgrind([str(bins[b]), str(THREADS), str(cg)], env, tmp / "cg.out")
@@ -289,6 +331,17 @@ def run(args, lib: Path, tmp: Path) -> int:
                          f"{tl / tb:.2f}x"])
         table(f"Instructions per op (callgrind, {THREADS} x {cg} iterations; deterministic)",
               ["binary", "base Ir/op", "libtag Ir/op", "extra Ir/op", "ratio"], crow, args.markdown)
+        if modes:
+            mrow = []
+            for b in bins:
+                tb = totals[(b, "base")]
+                row = [b, f"{tb / cops:.0f}"]
+                for m in modes:
+                    tm, _ = callgrind([str(bins[b]), str(THREADS), str(cg)], per_mode[m], tmp / "cg.out")
+                    row.append(f"{tm / cops:.0f} ({tm / tb:.2f}x)")
+                mrow.append(row)
+            table(f"Instructions per op by LIBTAG_UNWIND (callgrind, {THREADS} x {cg} iterations)",
+                  ["binary", "base"] + modes, mrow, args.markdown)
         for b, (total, funcs) in tops.items():
             table(f"Top 10 functions by own instructions: {b} allocbench under libtag "
                   f"(total {total:,} Ir = {total / cops:.0f}/op)",

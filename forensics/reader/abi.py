@@ -68,7 +68,8 @@ TAG_FREE_SALT = 0x46524545  # "FREE"
 
 TAG_FRAME_CALL = 1
 TAG_FRAME_ENTRY = 2
-FRAME_KIND_NAMES = {TAG_FRAME_CALL: "call", TAG_FRAME_ENTRY: "entry"}
+TAG_FRAME_SIGNAL = 3  # the exact pc a signal interrupted: look up pc itself
+FRAME_KIND_NAMES = {TAG_FRAME_CALL: "call", TAG_FRAME_ENTRY: "entry", TAG_FRAME_SIGNAL: "signal"}
 
 TAG_SHADOW_MAX = 256
 
@@ -175,6 +176,7 @@ Shadow = Struct(
     "overflows" / Int64ul,
     "fn" / Array(TAG_SHADOW_MAX, Int64ul),
     "site" / Array(TAG_SHADOW_MAX, Int64ul),
+    "sp" / Array(TAG_SHADOW_MAX, Int64ul),  # CFA of each frame; bit 0: a lower bound
     "id" / Array(TAG_SHADOW_MAX + 1, Int32ul),
     Padding(4),  # the C struct's tail padding to 8-byte alignment
 )
@@ -256,7 +258,7 @@ Control = Struct(
 TAG_SIZE = Tag.sizeof()  # 32
 FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
-SHADOW_SIZE = Shadow.sizeof()  # 5144
+SHADOW_SIZE = Shadow.sizeof()  # 7192
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
 QENTRY_SIZE = QEntry.sizeof()  # 24
 CONTROL_SIZE = Control.sizeof()  # 312

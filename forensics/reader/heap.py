@@ -178,9 +178,10 @@ class Heap:
 
     def _written(self, kind: str, address: int, block: Block | None, tag: Any) -> bytes | None:
         """The bytes the program wrote where it must not, from the first
-        damaged byte (address) on, as this memory holds them: the run that
-        differs from what libtag left there (the free pattern, the canary,
-        the tag as it was), up to _WRITTEN_MAX bytes.  None when unknown (payload omitted, the memory
+        damaged byte (address) on, as this memory holds them: through the last
+        byte that differs from what libtag left there (the free pattern, the
+        tag as it was) or, for an overflow, the rest of the canary; up to
+        _WRITTEN_MAX bytes.  None when unknown (payload omitted, the memory
         not in the core, the original not known)."""
         if block is None or self.payload_omitted and kind == "use-after-free":
             return None
@@ -202,9 +203,15 @@ class Heap:
             have = self.mem.read(lo, len(want))
         except InputError:
             return None
-        end = off
-        while end < min(len(want), off + self._WRITTEN_MAX) and have[end] != want[end]:
-            end += 1
+        window = min(len(want), off + self._WRITTEN_MAX)
+        if kind == "heap-overflow":
+            # the whole canary from the first damaged byte: a written byte
+            # that happens to equal the canary's is still one the program wrote
+            end = window
+        else:
+            # through the last byte that differs: an equal byte inside the run
+            # was written too (with the value that was there)
+            end = max((i + 1 for i in range(off, window) if have[i] != want[i]), default=off)
         return have[off:end] or None
 
     def _block_from_copy(self, user: int, tag: Any, rec: Any, kind: str) -> Block | None:

@@ -9,7 +9,8 @@ per loaded file and works out each file's load bias from its program headers.
 (a ``forensics.reader.model.Frame`` with two offsets more), where kind is the stack
 node kind of ``tag_abi.h``: ``FRAME_CALL`` (a return address: the line wanted
 is the call's, so ``pc - 1`` is looked up, but the frame reports ``pc``) or
-``FRAME_ENTRY`` (a function's entry: ``pc`` itself is looked up).  Work is
+``FRAME_ENTRY`` (a function's entry) or ``FRAME_SIGNAL`` (the instruction a
+signal interrupted): ``pc`` itself is looked up.  Work is
 batched: one subprocess per module per :meth:`Symbolizer.symbolize` call, for
 all of that module's addresses not already cached.  Results are cached in
 memory and, with ``cache_dir``, in a small SQLite file (mode 0600) keyed by
@@ -76,6 +77,7 @@ from forensics.core import elf
 from forensics.errors import InputError
 from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
+from forensics.reader.abi import TAG_FRAME_SIGNAL as FRAME_SIGNAL  # pc a signal interrupted: look up pc
 from forensics.reader.model import Frame
 
 # A symbolizer that hangs (a debuginfod server that does not answer...) must
@@ -449,7 +451,7 @@ class Symbolizer:
         for i, (pc, kind) in enumerate(pcs):
             if kind == FRAME_CALL:
                 look = pc - 1
-            elif kind == FRAME_ENTRY:
+            elif kind in (FRAME_ENTRY, FRAME_SIGNAL):
                 look = pc
             else:
                 raise ValueError(f"unknown frame kind {kind} for pc {pc:#x}")

@@ -141,6 +141,10 @@ enum libtag_frame_kind {
     TAG_FRAME_ENTRY = 2,  /* pc is the entry of an instrumented function
                              (-finstrument-functions' this_fn): it names the
                              function the next-inner CALL frame, if any, is in */
+    TAG_FRAME_SIGNAL = 3, /* pc is the exact address of an instruction a
+                             signal interrupted (not a return address: look
+                             up pc itself); the next-inner frame, if any, is
+                             the signal handler's */
 };
 
 struct libtag_stack_node {
@@ -152,8 +156,12 @@ struct libtag_stack_node {
 /* ------------------------------------------------------- shadow stacks --
  * One per thread, in initial-exec TLS, maintained by
  * __cyg_profile_func_enter/exit.  Frame d (0 = outermost) was entered as
- * this_fn = fn[d] from call_site = site[d].  Only min(depth, TAG_SHADOW_MAX)
- * frames are stored; deeper calls are counted in depth and overflows.
+ * this_fn = fn[d] from call_site = site[d], and its CFA (the caller's stack
+ * pointer at the call) is sp[d].  Only min(depth, TAG_SHADOW_MAX) frames are
+ * stored; deeper calls are counted in depth and overflows.  Entries whose
+ * frames a longjmp or an exception skipped are popped at the thread's next
+ * enter or capture, so in a snapshot an entry with sp[d] at or below the
+ * thread's stack pointer may still be one of those.
  */
 #define TAG_SHADOW_MAX 256
 
@@ -166,6 +174,10 @@ struct libtag_shadow {
     uint64_t overflows;               /* enters beyond TAG_SHADOW_MAX */
     uint64_t fn[TAG_SHADOW_MAX];      /* function entry address */
     uint64_t site[TAG_SHADOW_MAX];    /* call site in the caller */
+    uint64_t sp[TAG_SHADOW_MAX];      /* CFA of the frame: site[d] is stored
+                                         at sp[d] - 8; bit 0 set: only a
+                                         lower bound of it was known (no
+                                         CFI for the function) */
     uint32_t id[TAG_SHADOW_MAX + 1];  /* id[d+1] = stack id through site[d];
                                          id[0] = 0 */
 };
@@ -367,6 +379,7 @@ _Static_assert(offsetof(struct libtag_tag, pad) == 28, "tag layout");
 _Static_assert(sizeof(struct libtag_free_rec) == 16, "free rec");
 _Static_assert(sizeof(struct libtag_stack_node) == 16, "stack node");
 _Static_assert(offsetof(struct libtag_shadow, fn) == 16, "shadow layout");
+_Static_assert(offsetof(struct libtag_shadow, sp) == 16 + 16 * TAG_SHADOW_MAX, "shadow layout");
 _Static_assert(sizeof(struct libtag_thread) == 8 * 36, "thread record");
 _Static_assert(offsetof(struct libtag_thread, regs) == 56, "thread layout");
 _Static_assert(sizeof(struct libtag_qentry) == 24, "quarantine entry");

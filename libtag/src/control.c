@@ -113,6 +113,7 @@ __attribute__((constructor(101))) static void libtag_constructor(void)
     _tag_ensure_init();
     (void)_tag_self();
     _tag_threads_late_init();
+    _tag_modules_init();
     _tag_snapshot_init();
     _tag_crash_init();
 }
@@ -140,13 +141,16 @@ __attribute__((destructor)) static void libtag_destructor(void)
     _tag_opt.quiet = 0;
     _tag_log("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
-             "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu",
+             "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
+             "captures=%lu capture_frames=%lu",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
              (unsigned long)s.shadow_overflows, (unsigned long)s.stack_full, s.anomalies,
              s.snapshots, (unsigned long)_tag_ctl.damaged_leaked,
-             (unsigned long)_tag_ctl.damaged_bytes);
+             (unsigned long)_tag_ctl.damaged_bytes,
+             (unsigned long)(_tag_capture_total + _tag_tls.captures),
+             (unsigned long)(_tag_capture_frames_total + _tag_tls.capture_frames));
     _tag_opt.quiet = q;
 }
 

@@ -50,7 +50,10 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
         c->tid = t->tid;
         c->address = (uint64_t)(uintptr_t)si->si_addr;
         c->code = (uint32_t)si->si_code;
-        c->stack = 0;  /* the thread's shadow stack is in the core: no locks here */
+        /* The faulting thread's stack from the interrupted context: CFI,
+         * cached rules and modules only, and an intern that never waits
+         * for the table lock (0 if it is taken). */
+        c->stack = _tag_capture_uc(t, uc);
         c->time = _tag_now_ms();
         _tag_save_regs(t->rec, uc);
         if (_tag_ctl.reason == TAG_REASON_NONE)

@@ -44,6 +44,8 @@
 /* ---------------------------------------------------------- options.c */
 enum tag_on_anomaly { TAG_ON_SNAPSHOT = 0, TAG_ON_ABORT = 1, TAG_ON_IGNORE = 2 };
 enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 };
+/* LIBTAG_UNWIND: where stacks come from (unwind.c). */
+enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
 
 struct tag_options {
     int on_anomaly;              /* enum tag_on_anomaly */
@@ -52,7 +54,8 @@ struct tag_options {
     int quiet;                   /* no log lines on stderr */
     int stats;                   /* print counters at exit */
     int omit_payload;            /* LIBTAG_PAYLOAD=omit */
-    uint32_t fp_depth;           /* frame-pointer fallback depth bound */
+    int unwind;                  /* enum tag_unwind */
+    uint32_t fp_depth;           /* depth bound of fp and CFI walks */
     uint32_t stack_nodes;        /* stack table capacity */
     uint64_t quarantine_bytes;   /* per-thread quarantine budget */
     uint32_t quarantine_fill;    /* payload bytes patterned when freed */
@@ -97,6 +100,44 @@ TAG_COLD void *_tag_map(size_t bytes, int noreserve);
 TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
 /* ----------------------------------------------------------- thread.c */
+/* A thread's last stack walk (unwind.c), outermost frame first, so the
+ * next capture can prove its outer part unchanged and take its interned id:
+ * per frame the registers the walk had there, and every word the walk read
+ * from that frame outward (return address and saved rbp slots, the word
+ * that ended it) with the value it read. */
+struct tag_walk_frame {
+    uint64_t pc, sp, bp;   /* sp: the frame's stack pointer (its callee's CFA) */
+    uint32_t id;           /* stack id of this frame and all outer ones */
+    uint16_t flags;        /* TAG_WF_* */
+    uint16_t reads;        /* rd[0..reads) were read stepping out of f[0..this] */
+};
+struct tag_walk_read {
+    uint64_t addr, value;
+};
+#define TAG_WF_BP_KNOWN 1u  /* bp holds the frame's rbp */
+#define TAG_WF_SIGNAL   2u  /* pc is exact (TAG_FRAME_SIGNAL), not a return address */
+#define TAG_WF_DEP_BP   4u  /* the walk from here outward depends on bp */
+#define TAG_WALK_MAX 128    /* LIBTAG_FP_DEPTH's upper bound */
+#define TAG_WALK_KEEP 64    /* deeper walks are not kept for reuse */
+#define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
+#define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
+#define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
+struct tag_walk {
+    uint32_t n;            /* frames; 0 = nothing to reuse */
+    uint32_t gen;          /* _tag_code_gen when it was walked */
+    uint32_t stop;         /* TAG_WALK_STOP_* */
+    uint32_t unused;
+    uint64_t hi;           /* top of the stack it read (bounds every rd[]) */
+    struct tag_walk_frame f[TAG_WALK_KEEP];
+    struct tag_walk_read rd[2 * TAG_WALK_KEEP + 1];
+};
+/* A frame found by the walk in progress, innermost first. */
+struct tag_walk_new {
+    uint64_t pc, sp, bp;
+    uint32_t bp_off;       /* its step read rbp at sp + bp_off */
+    uint32_t flags;        /* TAG_WF_* and what its step used (unwind.c) */
+};
+
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
@@ -117,6 +158,30 @@ struct tag_tls {
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
     struct libtag_quarantine_ring *quarantine;
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
+    /* The top of this thread's stack (its record's stack_hi; kept here
+     * too because threads beyond the record capacity share one record). */
+    uint64_t stack_hi;
+    /* The alternate signal stack this thread set with sigaltstack(), so an
+     * unwind or a shadow-stack pop knows which stack it is on. */
+    uint64_t alt_lo, alt_hi;
+    /* Shadow entries recorded at or above this address take the slow pop
+     * path: stack_hi, or 0 while an alternate signal stack is set. */
+    uint64_t pop_limit;
+    /* The CFA offset of instrumented functions at their enter hook call,
+     * by the hook's return address (what _tag_hook_cfa found from CFI);
+     * valid while hook_gen is _tag_code_gen. */
+    uint32_t hook_gen;
+    struct { uint64_t ra, off; } hook_cache[64];
+    /* Code pages found in no module since the module list last changed
+     * (unknown_gen): a capture asks the loader once per page. */
+    uint32_t unknown_gen, unknown_next;
+    uint64_t unknown_pages[16];
+    uint32_t in_walk;                /* a capture runs: a nested one (from a
+                                        signal handler) leaves walk[] alone */
+    uint64_t captures, capture_frames; /* for LIBTAG_STATS */
+    uint32_t walk_lru;               /* the walk[] to replace next */
+    struct tag_walk walk[TAG_WALKS];
+    struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
 TAG_COLD void _tag_thread_register(void);    /* first libtag use in a thread */
@@ -169,12 +234,97 @@ void _tag_stack_table_atfork_prepare(void);
 void _tag_stack_table_atfork_parent(void);
 void _tag_stack_table_atfork_child(void);
 
-/* ----------------------------------------------------- shadow_stack.c */
-/* The stack of the current allocation: the shadow stack plus ret (the
- * return address into the caller of the malloc-family function) or, in a
- * thread with no instrumented frame, a frame-pointer walk from frame.
- * ret NULL (from a trace hook): the shadow stack alone. */
+/* Intern for a signal handler: no per-thread cache, and an insert only
+ * when the table lock is free (else 0: the handler may have interrupted
+ * its holder).  Async-signal-safe. */
+uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc);
+
+/* ---------------------------------------------------------- modules.c */
+struct tag_module {
+    uintptr_t lo, hi;            /* one executable segment [lo, hi) */
+    uintptr_t eh_hdr;            /* its object's .eh_frame_hdr; 0 = none */
+    uintptr_t data_lo, data_hi;  /* the PT_LOAD holding it: bounds CFI reads */
+};
+void _tag_modules_init(void);    /* constructor: the first scan */
+void _tag_modules_atfork_child(void);
+/* Copy the module holding pc to *out; 0 if none.  may_rescan (normal
+ * context only): rescan with dl_iterate_phdr when pc is in no known one. */
+int _tag_module_find(uintptr_t pc, struct tag_module *out, int may_rescan);
+/* Bracket reads of module memory (code bytes, CFI) so that dlclose() waits
+ * for them; 0 = a dlclose is under way, read nothing. */
+int _tag_modules_enter(void);
+void _tag_modules_leave(void);
+extern uint32_t _tag_code_gen;   /* bumped whenever the module list changes */
+
+/* -------------------------------------------------------------- cfi.c */
+/* An unwind rule: how to go from a frame to its caller's, cached per code
+ * address in unwind.c.  bits 0..2: TAG_RULE_*; then flags; bits 8..31 the
+ * CFA offset; 32..47 where rbp was saved, in 8-byte slots below the CFA;
+ * 48..63 a check of the key (unwind.c). */
+#define TAG_RULE_TYPE   7ull
+#define TAG_RULE_NONE   0ull  /* empty cache slot / nothing known */
+#define TAG_RULE_CFA    1ull  /* CFA = rsp or rbp + offset; RA at CFA - 8 */
+#define TAG_RULE_FP     2ull  /* no usable CFI: frame pointers, if valid */
+#define TAG_RULE_SIGNAL 3ull  /* the signal trampoline: the sigcontext */
+#define TAG_RULE_END    4ull  /* outermost frame: return address undefined */
+#define TAG_RULE_BAD    5ull  /* not a return address: the walk ends */
+#define TAG_RULE_CFA_RBP   (1ull << 3)  /* the CFA is rbp + offset */
+#define TAG_RULE_RBP_SAVED (1ull << 4)  /* rbp saved at CFA - 8 * slot */
+#define TAG_RULE_RBP_LOST  (1ull << 5)  /* rbp not recoverable */
+#define TAG_RULE_OFF_SHIFT   8
+#define TAG_RULE_SLOT_SHIFT  32
+#define TAG_RULE_CHECK_SHIFT 48
+/* The rule for code address addr (a return address minus 1, or an exact
+ * pc) from the module's CFI: TAG_RULE_CFA, _END or _FP.  Async-signal-safe;
+ * call inside _tag_modules_enter/_leave. */
+uint64_t _tag_cfi_rule(const struct tag_module *m, uintptr_t addr);
+
+/* ----------------------------------------------------------- unwind.c */
+/* The stack of the current allocation.  ret: the return address into the
+ * caller of libtag's entry point, frame: that entry point's frame (built
+ * with frame pointers: frame[0] = the caller's rbp, frame[1] = ret).  ret
+ * NULL (from a trace hook): frame is the hook's.  LIBTAG_UNWIND chooses
+ * the shadow stack, a frame-pointer walk or a CFI walk.  Normal context. */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
+/* The frames of the interrupted code of a signal handler's ucontext
+ * (the first is its exact pc, TAG_FRAME_SIGNAL), innermost first: uses the
+ * module list and rules already known, no locks, no malloc, no
+ * dl_iterate_phdr: async-signal-safe.  Returns the frame count. */
+struct ucontext_t;
+uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *uc,
+                        uint64_t *pcs, uint32_t *kinds, uint32_t max);
+/* The same, interned (_tag_intern_signal): 0 when the table is busy. */
+uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc);
+/* The CFA of the instrumented function whose enter hook returns to ra;
+ * c: its stack pointer at the hook call, rbp: its rbp, site: its return
+ * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
+ * (no rule, and site not found near c).  Fills t->hook_cache. */
+#define TAG_HOOK_RBP (1ull << 63)  /* hook_cache.off is from rbp, not c */
+uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                       uintptr_t site);
+TAG_INLINE uint64_t _tag_hook_cfa_fast(struct tag_tls *t, uintptr_t ra, uintptr_t c,
+                                       uintptr_t rbp, uintptr_t site)
+{
+    unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+    if (TAG_LIKELY(t->hook_cache[i].ra == ra &&
+                   t->hook_gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED))) {
+        uint64_t off = t->hook_cache[i].off;
+        return ((off & TAG_HOOK_RBP) ? rbp : c) + (uint32_t)off;
+    }
+    return _tag_hook_cfa(t, ra, c, rbp, site);
+}
+/* Drop every cached rule (dlclose). */
+void _tag_unwind_flush(void);
+extern uint64_t _tag_capture_total, _tag_capture_frames_total;
+
+/* ----------------------------------------------------- shadow_stack.c */
+/* Pop the shadow entries whose frames are gone (longjmp, exceptions) as
+ * seen from cur: the stack pointer of running code (fn 0), or the CFA of
+ * function fn being entered from site.  Returns the new depth. */
+uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+/* The interned shadow stack with the innermost function's ENTRY node;
+ * depth > 0. */
+uint32_t _tag_shadow_id(struct tag_tls *t);
 
 /* ------------------------------------------------------------ sweep.c */
 #define TAG_SWEEP_RECENT 64

@@ -17,7 +17,8 @@ struct tag_options _tag_opt = {
     .core_path = TAG_CORE_AUTO,
     .signal = SIGUSR2,
     .quiet = 0,
-    .fp_depth = 32,
+    .unwind = TAG_UNWIND_AUTO,
+    .fp_depth = 64,
     .stack_nodes = 1u << 20,
     .quarantine_bytes = 1u << 20,
     .quarantine_fill = 256,
@@ -115,6 +116,10 @@ void _tag_options_init(void)
         _tag_opt.core_path = choice("LIBTAG_CORE", v, core, 3, "auto, kernel or self");
     if ((v = getenv("LIBTAG_SIGNAL")))
         _tag_opt.signal = signal_number("LIBTAG_SIGNAL", v);
+    if ((v = getenv("LIBTAG_UNWIND"))) {
+        static const char *const unwind[] = {"auto", "shadow", "fp", "cfi"};
+        _tag_opt.unwind = choice("LIBTAG_UNWIND", v, unwind, 4, "auto, shadow, fp or cfi");
+    }
     if ((v = getenv("LIBTAG_FP_DEPTH")))
         _tag_opt.fp_depth = (uint32_t)number("LIBTAG_FP_DEPTH", v, 1, 128);
     if ((v = getenv("LIBTAG_STACK_NODES")))

@@ -1,38 +1,104 @@
-/* shadow_stack.c - the per-thread shadow call stack and stack capture.
+/* shadow_stack.c - the per-thread shadow call stack.
  *
  * Programs built with -finstrument-functions call __cyg_profile_func_enter
- * and _exit around every function; we keep (this_fn, call_site) per depth
- * in initial-exec TLS.  The interned id of each prefix is cached per depth
- * (shadow.id[]) and stays valid until that depth is re-entered, so capturing
- * the stack at an allocation interns only the frames pushed since the last
- * capture - usually none or one or two - instead of walking the whole stack.
+ * and _exit around every function; we keep (this_fn, call_site, sp) per
+ * depth in initial-exec TLS, where sp is the function's CFA: the stack
+ * address it was entered from.  The interned id of each prefix is cached per
+ * depth (shadow.id[]) and stays valid until that depth is re-entered, so
+ * capturing the stack at an allocation interns only the frames pushed since
+ * the last capture - usually none or one or two.
  *
- * Code that is not instrumented (a thread that never entered an
- * instrumented function) gets its stack from a frame-pointer walk bounded
- * by LIBTAG_FP_DEPTH and by the thread's stack bounds, so a frame pointer
- * that is really a general register ends the walk instead of faulting.
+ * longjmp, exceptions and signal handlers that do not return skip exit
+ * hooks.  So an enter or a capture first pops every entry whose frame is no
+ * longer on the stack: one recorded at or below the current address (the
+ * stack grows down), or whose return address slot (CFA - 8) no longer holds
+ * its call site (its frame was reused by code that is not instrumented).
+ * That is only decided on the thread's own stack: code running on an
+ * alternate signal stack (or one libtag does not know) pops only entries of
+ * that alternate stack, below itself.
  */
 #include "libtag_internal.h"
 
+/* Is shadow entry i dead, seen from cur?  cur is the stack pointer of
+ * running code (fn 0), or the CFA of function fn being entered from site.
+ * cur_alt: cur is on the thread's alternate signal stack.
+ *
+ * An entry recorded below cur is dead.  One recorded at cur itself is the
+ * host of a function inlined into it (-finstrument-functions calls the
+ * hooks for inlined calls too, from the host's frame), unless it is the
+ * same function entered again from the same call site: the last one never
+ * exited (longjmp). */
+static int dead(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t fn, uint64_t site,
+                int cur_alt, uint64_t hi)
+{
+    uint64_t e = t->shadow.sp[i], at = e & ~1ull;
+    int e_alt = t->alt_hi && at >= t->alt_lo && at < t->alt_hi;
+    int again = !fn || (t->shadow.fn[i] == fn && t->shadow.site[i] == site);
+    if (cur_alt)
+        return e_alt && (at < cur || (at == cur && again));
+    if (e_alt || at < cur || at >= hi || (at == cur && again))
+        return 1;
+    /* cur <= at < hi on this stack: the slot is mapped */
+    return !(e & 1) && ((const uint64_t *)at)[-1] != t->shadow.site[i];
+}
+
+uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site)
+{
+    uint32_t d = t->shadow.depth;
+    uint64_t hi = t->stack_hi;
+    int cur_alt = t->alt_hi && cur >= t->alt_lo && cur < t->alt_hi;
+    if (!cur_alt && !(hi && cur < hi))
+        return d;  /* a stack libtag does not know: pop nothing */
+    if (d > TAG_SHADOW_MAX) {
+        /* the entries beyond the stored ones are all inner of the last */
+        if (!dead(t, TAG_SHADOW_MAX - 1, cur, fn, site, cur_alt, hi))
+            return d;
+        d = TAG_SHADOW_MAX;
+    }
+    while (d > 0 && dead(t, d - 1, cur, fn, site, cur_alt, hi))
+        d--;
+    t->shadow.depth = d;
+    return d;
+}
+
 /* The hooks run on every function entry of the program: keep them tiny.
  * They must not be instrumented themselves (they would recurse), and they
- * must not allocate. */
+ * must not allocate.  Built with frame pointers (as all of libtag):
+ * frame[0] is the instrumented function's rbp, frame + 2 its stack pointer
+ * at the call. */
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
 {
     struct tag_tls *t = &_tag_tls;
     if (TAG_UNLIKELY(t->rec == NULL))
         _tag_thread_register();    /* so a reader finds this thread's stack */
-    uint32_t d = t->shadow.depth++;
+    const uint64_t *frame = __builtin_frame_address(0);
+    uint64_t site = (uint64_t)(uintptr_t)call_site;
+    uint64_t fn = (uint64_t)(uintptr_t)this_fn;
+    uint64_t cfa = _tag_hook_cfa_fast(t, (uintptr_t)__builtin_return_address(0),
+                                      (uintptr_t)(frame + 2), frame[0], site);
+    uint32_t d = t->shadow.depth;
+    if (d > 0) {
+        /* Fast check that the innermost entry is alive: recorded above us
+         * (or at our CFA, as the host of an inlined function) on this
+         * stack, and its return address still in place.  Anything else
+         * takes the full check. */
+        uint64_t e = t->shadow.sp[d <= TAG_SHADOW_MAX ? d - 1 : 0];
+        if (TAG_UNLIKELY(d > TAG_SHADOW_MAX || e >= t->pop_limit ||
+                         !(e > cfa || (e == cfa && t->shadow.fn[d - 1] != fn)) ||
+                         (!(e & 1) && ((const uint64_t *)e)[-1] != t->shadow.site[d - 1])))
+            d = _tag_shadow_pop(t, cfa, fn, site);
+    }
+    t->shadow.depth = d + 1;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
         /* Re-entering a depth the same way keeps the ids cached above it:
          * a loop that calls the same chain again captures for free. */
-        if (t->shadow.fn[d] != (uint64_t)(uintptr_t)this_fn ||
-            t->shadow.site[d] != (uint64_t)(uintptr_t)call_site) {
-            t->shadow.fn[d] = (uint64_t)(uintptr_t)this_fn;
-            t->shadow.site[d] = (uint64_t)(uintptr_t)call_site;
+        if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
+            t->shadow.fn[d] = fn;
+            t->shadow.site[d] = site;
             if (t->shadow.valid > d)
                 t->shadow.valid = d;
         }
+        t->shadow.sp[d] = cfa;
     } else {
         t->shadow.overflows++;
     }
@@ -44,18 +110,34 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
 {
-    (void)this_fn;
     (void)call_site;
     struct tag_tls *t = &_tag_tls;
-    /* A longjmp or an exception that skipped exits can leave depth too
-     * large; never let it wrap below zero. */
-    if (TAG_LIKELY(t->shadow.depth > 0))
-        t->shadow.depth--;
+    uint32_t d = t->shadow.depth;
+    if (TAG_UNLIKELY(d == 0))
+        return;
+    if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
+        /* Entries recorded below the exiting function's stack pointer are
+         * frames it called that never exited (longjmp).  At -O2 the hook
+         * may be reached by a tail jump after the epilogue: then sp is the
+         * exiting function's own CFA, and the entry there is itself. */
+        uint64_t sp = (uint64_t)(uintptr_t)__builtin_frame_address(0) + 16;
+        uint64_t fn = (uint64_t)(uintptr_t)this_fn;
+        for (; d > 0; d--) {
+            uint64_t e = t->shadow.sp[d - 1] & ~1ull;
+            if (e > sp || (e == sp && t->shadow.fn[d - 1] == fn))
+                break;
+        }
+        if (d > 0)
+            d--;
+    } else {
+        d--;
+    }
     /* valid is left alone: the slots above depth keep their values until
      * an enter with a different function or call site overwrites them. */
+    t->shadow.depth = d;
 }
 
-static uint32_t capture_shadow(struct tag_tls *t, void *ret)
+uint32_t _tag_shadow_id(struct tag_tls *t)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth < TAG_SHADOW_MAX ? s->depth : TAG_SHADOW_MAX;
@@ -76,46 +158,7 @@ static uint32_t capture_shadow(struct tag_tls *t, void *ret)
         t->entry_fn = s->fn[d - 1];
         t->entry_id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
     }
-    if (!ret)  /* from inside a trace hook: the shadow stack is the stack */
-        return t->entry_id;
-    return _tag_intern(t, t->entry_id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)ret);
-}
-
-/* Walk saved frame pointers from frame (a frame of libtag's own entry
- * point, built with -fno-omit-frame-pointer).  Each step must move up the
- * stack, by less than 1 MiB, stay 8-aligned and below the thread's stack
- * top; anything else is not a frame chain and ends the walk. */
-static uint32_t capture_frames(struct tag_tls *t, void *ret, void *frame)
-{
-    uint64_t pcs[128];
-    uint32_t n = 0, max = _tag_opt.fp_depth;
-    uintptr_t hi = (uintptr_t)t->rec->stack_hi;
-    uintptr_t fp = (uintptr_t)frame;
-
-    pcs[n++] = (uint64_t)(uintptr_t)ret;
-    /* frame[0] = caller's frame pointer, frame[1] = return address (ret) */
-    while (n < max && fp) {
-        uintptr_t next = ((uintptr_t *)fp)[0];
-        if (next <= fp || next - fp > (1u << 20) || (next & 7) ||
-            (hi && next + 16 > hi))
-            break;
-        uintptr_t pc = ((uintptr_t *)next)[1];
-        if (pc < 4096)
-            break;
-        pcs[n++] = pc;
-        fp = next;
-    }
-    uint32_t id = 0;
-    while (n > 0)
-        id = _tag_intern(t, id, TAG_FRAME_CALL, pcs[--n]);
-    return id;
-}
-
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
-{
-    if (TAG_LIKELY(t->shadow.depth > 0))
-        return capture_shadow(t, ret);
-    return capture_frames(t, ret, frame);
+    return t->entry_id;
 }
 
 TAG_EXPORT uint32_t libtag_current_stack(void)

@@ -82,26 +82,30 @@ static void unlock(void)
     __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE);
 }
 
+/* Called with table_lock held: re-probe, another thread may have won. */
+static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
+{
+    uint32_t slot;
+    uint32_t id = probe(parent, kind, pc, h, &slot);
+    if (id != 0)
+        return id;
+    uint32_t count = _tag_ctl.stack_count;
+    if (count >= capacity) {
+        __atomic_fetch_add(&_tag_ctl.stack_full, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    nodes[count].pc = pc;
+    nodes[count].parent = parent;
+    nodes[count].kind = kind;
+    __atomic_store_n(&_tag_ctl.stack_count, count + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&slots[slot], count, __ATOMIC_RELEASE);
+    return count;
+}
+
 static uint32_t insert(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
 {
-    uint32_t slot, id;
     lock();
-    /* Called with table_lock held: re-probe, another thread may have won. */
-    id = probe(parent, kind, pc, h, &slot);
-    if (id == 0) {
-        uint32_t count = _tag_ctl.stack_count;
-        if (count >= capacity) {
-            __atomic_fetch_add(&_tag_ctl.stack_full, 1, __ATOMIC_RELAXED);
-            unlock();
-            return 0;
-        }
-        nodes[count].pc = pc;
-        nodes[count].parent = parent;
-        nodes[count].kind = kind;
-        id = count;
-        __atomic_store_n(&_tag_ctl.stack_count, count + 1, __ATOMIC_RELEASE);
-        __atomic_store_n(&slots[slot], id, __ATOMIC_RELEASE);
-    }
+    uint32_t id = insert_held(parent, kind, pc, h);
     unlock();
     return id;
 }
@@ -120,6 +124,22 @@ uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
         t->cache[c].parent_kind = pk;
         t->cache[c].id = id;
     }
+    return id;
+}
+
+uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc)
+{
+    uint64_t h = key_hash(parent, kind, pc);
+    uint32_t slot;
+    uint32_t id = probe(parent, kind, pc, h, &slot);
+    if (id != 0)
+        return id;
+    /* The handler may have interrupted this thread inside insert(): try
+     * the lock once, never wait for it. */
+    if (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
+        return 0;
+    id = insert_held(parent, kind, pc, h);
+    unlock();
     return id;
 }
 

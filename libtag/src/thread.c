@@ -7,6 +7,7 @@
  * that thread: no shared cache line on the malloc fast path.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -47,6 +48,9 @@ static void thread_exit(void *arg)
         _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
     t->exiting = 1;
+    __atomic_fetch_add(&_tag_capture_total, t->captures, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&_tag_capture_frames_total, t->capture_frames, __ATOMIC_RELAXED);
+    t->captures = t->capture_frames = 0;
     if (t->rec) {
         __atomic_fetch_add(&_tag_ctl.shadow_overflows, t->shadow.overflows,
                            __ATOMIC_RELAXED);
@@ -78,10 +82,12 @@ void _tag_thread_register(void)
      * pthread_self() bounds the stack of every thread but the main one,
      * whose stack ends at __libc_stack_end. */
     if (t->tid == (uint32_t)getpid())
-        r->stack_hi = (uint64_t)(uintptr_t)__libc_stack_end;
+        t->stack_hi = (uint64_t)(uintptr_t)__libc_stack_end;
     else
-        r->stack_hi = (uint64_t)pthread_self();
+        t->stack_hi = (uint64_t)pthread_self();
+    r->stack_hi = t->stack_hi;
     __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
+    t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     t->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the
      * thread descriptor: no malloc. */
@@ -106,6 +112,7 @@ static void atfork_child(void)
 {
     struct tag_tls *t = &_tag_tls;
     _tag_stack_table_atfork_child();
+    _tag_modules_atfork_child();
     _tag_ctl.pid = (uint32_t)getpid();
     t->rec = NULL;
     _tag_thread_register();
@@ -113,8 +120,10 @@ static void atfork_child(void)
      * register() took __libc_stack_end; but this thread still runs on the
      * forking thread's stack, whose top is its descriptor.  A wrong bound
      * lets the frame-pointer walk leave the stack and misleads readers. */
-    if (!fork_from_main && t->rec)
-        t->rec->stack_hi = (uint64_t)pthread_self();
+    if (!fork_from_main && t->rec) {
+        t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
+        t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
+    }
     /* The parent's threads do not exist here: no reader or snapshot of the
      * child may take their records (or their saved registers) for live. */
     for (uint32_t i = 0; i < _tag_ctl.thread_count && i < THREAD_CAPACITY; i++)
@@ -134,4 +143,24 @@ void _tag_threads_late_init(void)
             pthread_setspecific(exit_key, _tag_tls.rec);
     }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* sigaltstack() is interposed so each thread knows its alternate signal
+ * stack: a stack walk or a shadow-stack pop must know which stack the code
+ * runs on (a handler on the alternate stack is not "above" the frames it
+ * interrupted).  The real call is the plain system call glibc makes. */
+TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
+{
+    long r = syscall(SYS_sigaltstack, ss, old);
+    if (r == 0 && ss) {
+        struct tag_tls *t = &_tag_tls;
+        if (ss->ss_flags & SS_DISABLE) {
+            t->alt_lo = t->alt_hi = 0;
+        } else {
+            t->alt_lo = (uint64_t)(uintptr_t)ss->ss_sp;
+            t->alt_hi = t->alt_lo + ss->ss_size;
+        }
+        t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
+    }
+    return r == 0 ? 0 : -1;  /* syscall() set errno */
 }

@@ -30,8 +30,10 @@ def facts(stdout: str) -> dict[str, str]:
 
 
 def functions(frames: list[dict], exe: Path) -> list[str]:
-    """The function names of the frames in the victim itself, innermost first."""
-    return [f["function"] for f in frames if f["module"] == str(exe)]
+    """The function names of the frames in the victim itself, innermost first,
+    through main (CFI stacks go on into libc's start-up and the victim's _start)."""
+    names = [f["function"] for f in frames if f["module"] == str(exe)]
+    return names[:names.index("main") + 1] if "main" in names else names
 
 
 def stats(stderr: str) -> dict[str, str]:

@@ -284,5 +284,7 @@ def test_thread_dtvs_are_possible_in_both_and_ours_one_slot_larger(memcheck, tak
     scan = find_leaks(dump)
     possible = [g for g in scan.groups(kinds=("possible",))
                 if first_own_function([f.function for f in dump.stack(g.stack_id)]) != "alloc_interior_only"]
-    assert [(g.kind, g.blocks, g.bytes) for g in possible] == \
-        [("possible", 2, sum(b for _, _, b, _ in vg) + 2 * 16)]
+    # one group per creating stack, as memcheck's (full stacks tell the two
+    # pthread_create calls apart)
+    assert sorted((g.kind, g.blocks, g.bytes) for g in possible) == \
+        sorted(("possible", 1, b + 16) for _, _, b, _ in vg)

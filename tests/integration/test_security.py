@@ -33,6 +33,7 @@ def _env(**extra: str) -> dict[str, str]:
     ("LIBTAG_SIGNAL", "HUPPP", "expected a signal"),
     ("LIBTAG_DIR", "relative/dir", "expected an absolute path"),
     ("LIBTAG_PAYLOAD", "some", "expected keep or omit"),
+    ("LIBTAG_UNWIND", "dwarf", "expected auto, shadow, fp or cfi"),
 ])
 def test_a_garbage_variable_stops_the_program_at_start_with_one_line(name, value, expected):
     proc = subprocess.run(["/bin/true"], env=_env(**{name: value}), capture_output=True,

@@ -67,8 +67,11 @@ __attribute__((unused)) static int lt_canary_ok(const void *user)
     return have == want;
 }
 
-/* The free record of a freed block if it validates: libtag keeps it in the
- * freeing thread's quarantine ring, next to the pointer, not in the block. */
+/* The free record of a block the calling thread freed, if it validates:
+ * libtag keeps it in the freeing thread's quarantine ring, next to the
+ * pointer, not in the block.  Only the calling thread's ring is read: another
+ * thread's may be unmapped at any moment (a thread that exits drains and
+ * unmaps its ring). */
 __attribute__((unused)) static const struct libtag_free_rec *lt_free_rec(const void *user)
 {
     const struct libtag_control *c = lt_ctl();
@@ -77,7 +80,10 @@ __attribute__((unused)) static const struct libtag_free_rec *lt_free_rec(const v
         return NULL;
     const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)c->threads;
     uint32_t n = __atomic_load_n(&c->thread_count, __ATOMIC_ACQUIRE);
+    uint32_t self = (uint32_t)syscall(SYS_gettid);
     for (uint32_t i = 0; i < n && i < c->thread_capacity; i++) {
+        if (__atomic_load_n(&r[i].tid, __ATOMIC_ACQUIRE) != self)
+            continue;
         const struct libtag_quarantine_ring *q =
             (const struct libtag_quarantine_ring *)(uintptr_t)r[i].quarantine;
         for (uint32_t k = 0; q && k < q->count; k++) {
@@ -137,6 +143,28 @@ __attribute__((unused)) static void lt_print_stack(uint32_t id)
         n++;
     }
     printf("end %u\n", n);
+}
+
+/* The uw_* victims' form of the allocation stack of the block user, for a
+ * test to set beside gdb's bt: "stack <m> 0x<pc> ..." then "kinds <m> <kind>
+ * ...", innermost first; "stack <m> none" when user has no valid tag. */
+__attribute__((unused)) static void lt_print_marked_stack(int m, const void *user)
+{
+    const struct libtag_tag *t = lt_tag(user);
+    if (!t) {
+        printf("stack %d none\n", m);
+        return;
+    }
+    const struct libtag_control *c = lt_ctl();
+    const struct libtag_stack_node *nodes =
+        (const struct libtag_stack_node *)(uintptr_t)c->stack_nodes;
+    printf("stack %d", m);
+    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
+        printf(" 0x%llx", (unsigned long long)nodes[id].pc);
+    printf("\nkinds %d", m);
+    for (uint32_t id = t->alloc_stack; id && id < c->stack_count; id = nodes[id].parent)
+        printf(" %u", nodes[id].kind);
+    printf("\n");
 }
 
 #endif /* LT_READER_C */

@@ -1,0 +1,723 @@
+/* unwind.c - stack capture: the shadow stack, frame pointers or CFI.
+ *
+ * LIBTAG_UNWIND picks where a stack comes from:
+ *   shadow  the -finstrument-functions shadow stack plus the return address
+ *           into the caller of malloc (one frame in other code);
+ *   fp      a frame-pointer walk;
+ *   cfi     a walk driven by each module's own .eh_frame (cfi.c);
+ *   auto    (default) the shadow stack where the thread has instrumented
+ *           frames - with CFI for the uninstrumented frames inside the
+ *           innermost one (a library call that allocates) - and CFI
+ *           elsewhere.
+ *
+ * Rules.  What it takes to step from a frame to its caller's is a property
+ * of the code address: a rule (CFA = rsp/rbp + offset, return address at
+ * CFA - 8, rbp saved at CFA - 8k or unchanged), found once from the CFI and
+ * cached in `rules`, a lock-free direct-mapped table keyed by the return
+ * address.  Filling a slot checks the address too: it must lie in an
+ * executable segment of a loaded module, just after a call instruction (or
+ * be the signal trampoline), else the rule is TAG_RULE_BAD and the walk
+ * ends before it - no junk frames.  A warm step is a hash, two loads and the
+ * rule's arithmetic.  An entry is two words written without a lock; the
+ * rule word carries 16 bits derived from its key, so a reader that sees
+ * one slot half rewritten sees a mismatch and takes the slow path.
+ *
+ * Bounds.  Every read of the stack lies within [the frame's sp, top of the
+ * stack it is on): the thread's stack_hi, or the top of its alternate
+ * signal stack when it runs on it.  Each step must move the CFA up.  A
+ * signal frame (the return address is glibc's __restore_rt: mov $15,%rax;
+ * syscall) continues in the interrupted code with the registers of its
+ * sigcontext, as gdb does; that frame's pc is exact (TAG_FRAME_SIGNAL).
+ *
+ * Reuse.  A thread's last walk is kept (tag_tls.walk): per frame its
+ * registers and what the step out of it read.  A new walk that reaches a
+ * frame with the same pc, sp (and rbp, where the rest of the walk uses it)
+ * as a frame of the last one, takes that frame's interned id for itself and
+ * everything outer - after checking that every word the old walk read from
+ * there on (return address slots, saved rbp slots, the word that ended it)
+ * still holds the same value.  Same registers and same memory give the same
+ * walk, so the reused id is exactly what a full walk would produce.  The
+ * check is one or two loads per outer frame; nothing outer is looked up or
+ * interned again.
+ */
+#include <signal.h>
+#include <stddef.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include "libtag_internal.h"
+
+#define RULE_BITS 14
+#define RULE_SLOTS (1u << RULE_BITS)
+/* Keys of exact pcs (an interrupted instruction, not a return address). */
+#define EXACT_KEY (1ull << 63)
+#define CHECK_MASK (0xffffull << TAG_RULE_CHECK_SHIFT)
+/* walk state flags beside TAG_WF_*: what a step used and read */
+#define WS_EXACT TAG_WF_SIGNAL
+#define TAG_WF_READ_BP 0x100u
+#define WS_USES_BP 0x200u
+#define WS_LOSES_BP 0x400u
+
+static struct { uint64_t key, rule; } rules[RULE_SLOTS];
+uint64_t _tag_capture_total, _tag_capture_frames_total;
+
+TAG_INLINE unsigned slot_of(uint64_t key)
+{
+    return (unsigned)((key * TAG_MIX1) >> (64 - RULE_BITS));
+}
+
+TAG_INLINE uint64_t check_of(uint64_t key)
+{
+    return (key * TAG_MIX2) & CHECK_MASK;
+}
+
+TAG_INLINE uint64_t rule_get(uint64_t key)
+{
+    unsigned i = slot_of(key);
+    if (__atomic_load_n(&rules[i].key, __ATOMIC_RELAXED) != key)
+        return 0;
+    uint64_t r = __atomic_load_n(&rules[i].rule, __ATOMIC_RELAXED);
+    return (r & CHECK_MASK) == check_of(key) ? r : 0;
+}
+
+void _tag_unwind_flush(void)
+{
+    for (unsigned i = 0; i < RULE_SLOTS; i++)
+        __atomic_store_n(&rules[i].key, 0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&_tag_code_gen, 1, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------ checks -- */
+
+static int is_prefix(uint8_t b)
+{
+    return b == 0x26 || b == 0x2e || b == 0x36 || b == 0x3e || b == 0x64 || b == 0x65 ||
+           b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3;
+}
+
+/* Do the bytes before ra decode as a call that ends at ra?  e8 rel32, or
+ * ff /2 (call r/m64) with its ModRM, SIB and displacement, after at most
+ * two prefixes and a REX.  Reads only [max(m->lo, ra - 10), ra). */
+static int after_call(uintptr_t ra, const struct tag_module *m)
+{
+    uint8_t b[10];
+    unsigned have = ra - m->lo < 10 ? (unsigned)(ra - m->lo) : 10;
+    memset(b, 0, sizeof b);
+    memcpy(b + 10 - have, (const void *)(ra - have), have);
+    if (have >= 5 && b[5] == 0xe8)
+        return 1;
+    for (unsigned len = 2; len <= have; len++) {
+        unsigned i = 10 - len, np = 0;
+        while (np < 2 && i < 10 && is_prefix(b[i])) {
+            i++;
+            np++;
+        }
+        if (i < 10 && (b[i] & 0xf0) == 0x40)
+            i++;
+        if (i + 1 >= 10 || b[i] != 0xff || ((b[i + 1] >> 3) & 7) != 2)
+            continue;
+        unsigned mod = b[i + 1] >> 6, rm = b[i + 1] & 7, end = i + 2;
+        if (mod != 3 && rm == 4) {
+            if (end >= 10)
+                continue;
+            uint8_t sib = b[end++];
+            if (mod == 0 && (sib & 7) == 5)
+                end += 4;
+        } else if (mod == 0 && rm == 5) {
+            end += 4;  /* rip-relative */
+        }
+        if (mod == 1)
+            end += 1;
+        else if (mod == 2)
+            end += 4;
+        if (end == 10)
+            return 1;
+    }
+    return 0;
+}
+
+/* glibc's x86_64 __restore_rt: mov $0xf,%rax; syscall (what gdb checks). */
+static int is_sigreturn(uintptr_t pc, const struct tag_module *m)
+{
+    static const uint8_t code[9] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
+    return pc + sizeof code <= m->hi && memcmp((const void *)pc, code, sizeof code) == 0;
+}
+
+/* The rule for key, found from the module's CFI and cached.  may_rescan:
+ * normal context (a capture), where an unknown pc may rescan the module
+ * list.  TAG_RULE_NONE: unknown (not cached: a later dlopen may map it). */
+static TAG_COLD uint64_t rule_miss(uint64_t key, int may_rescan)
+{
+    uintptr_t pc = (uintptr_t)(key & ~EXACT_KEY);
+    int exact = (key & EXACT_KEY) != 0;
+    if (pc < TAG_PAGE_SIZE || (pc >> 47))
+        return TAG_RULE_BAD;
+    struct tag_module m;
+    if (!_tag_modules_enter())
+        return TAG_RULE_NONE;
+    int found = _tag_module_find(pc, &m, 0);
+    if (!found && may_rescan) {
+        _tag_modules_leave();  /* dl_iterate_phdr outside the bracket */
+        _tag_module_find(pc, &m, 1);
+        if (!_tag_modules_enter())
+            return TAG_RULE_NONE;
+        found = _tag_module_find(pc, &m, 0);
+    }
+    if (!found) {
+        _tag_modules_leave();
+        return TAG_RULE_NONE;
+    }
+    uint64_t rule;
+    if (!exact && is_sigreturn(pc, &m))
+        rule = TAG_RULE_SIGNAL;
+    else if (!exact && !after_call(pc, &m))
+        rule = TAG_RULE_BAD;
+    else
+        rule = _tag_cfi_rule(&m, exact ? pc : pc - 1);
+    _tag_modules_leave();
+    rule |= check_of(key);
+    unsigned i = slot_of(key);
+    __atomic_store_n(&rules[i].rule, rule, __ATOMIC_RELAXED);
+    __atomic_store_n(&rules[i].key, key, __ATOMIC_RELEASE);
+    return rule;
+}
+
+TAG_INLINE uint64_t rule_for(uint64_t key, int may_rescan)
+{
+    uint64_t r = rule_get(key);
+    return TAG_LIKELY(r) ? r : rule_miss(key, may_rescan);
+}
+
+/* ------------------------------------------------------------- steps -- */
+
+struct ustate {
+    uint64_t pc, sp, bp;
+    uint32_t flags;      /* TAG_WF_BP_KNOWN | WS_* */
+    uint32_t bp_off;     /* set by a step that read rbp (TAG_WF_READ_BP) */
+};
+
+struct bounds {
+    uint64_t hi;                /* reads stay below */
+    uint64_t stack_hi;          /* the thread's stack top */
+    uint64_t alt_lo, alt_hi;    /* its alternate signal stack */
+};
+
+/* Which stack is sp on?  Sets the read bound; 0 = none libtag knows. */
+static int bound_for(struct bounds *b, uint64_t sp)
+{
+    if (b->alt_hi && sp >= b->alt_lo && sp < b->alt_hi) {
+        b->hi = b->alt_hi;
+        return 1;
+    }
+    if (sp < b->stack_hi) {
+        b->hi = b->stack_hi;
+        return 1;
+    }
+    return 0;
+}
+
+/* Through a signal frame: s->sp is the handler's CFA, where the kernel put
+ * the ucontext (struct rt_sigframe after its return address). */
+static int signal_step(struct ustate *s, struct bounds *b)
+{
+    const uint64_t g = s->sp + offsetof(ucontext_t, uc_mcontext.gregs);
+    if (g + sizeof(gregset_t) > b->hi || g < s->sp)
+        return 0;
+    const greg_t *r = (const greg_t *)g;
+    uint64_t rip = (uint64_t)r[REG_RIP], rsp = (uint64_t)r[REG_RSP], rbp = (uint64_t)r[REG_RBP];
+    if (!bound_for(b, rsp))
+        return 0;
+    s->pc = rip;
+    s->sp = rsp;
+    s->bp = rbp;
+    s->flags = TAG_WF_BP_KNOWN | WS_EXACT;
+    return 1;
+}
+
+/* Step from frame s to its caller's by rule.  Returns 0 when the walk ends
+ * here.  Marks in s->flags what the step used and read (for reuse). */
+TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mode)
+{
+    uint64_t type = rule & TAG_RULE_TYPE, sp = s->sp, cfa, ra;
+    s->flags &= ~(TAG_WF_READ_BP | WS_USES_BP | WS_LOSES_BP);
+    if (type == TAG_RULE_CFA && !fp_mode) {
+        uint64_t base = sp;
+        if (rule & TAG_RULE_CFA_RBP) {
+            s->flags |= WS_USES_BP;
+            if (!(s->flags & TAG_WF_BP_KNOWN))
+                return 0;
+            base = s->bp;
+        }
+        cfa = base + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff);
+        if (cfa < sp + 8 || cfa > b->hi || (cfa & 7))
+            return 0;
+        ra = ((const uint64_t *)cfa)[-1];
+        if (rule & TAG_RULE_RBP_SAVED) {
+            uint64_t at = cfa - 8 * ((rule >> TAG_RULE_SLOT_SHIFT) & 0xffff);
+            if (at < sp)
+                return 0;
+            s->bp = *(const uint64_t *)at;
+            s->bp_off = (uint32_t)(at - sp);
+            s->flags |= TAG_WF_BP_KNOWN | TAG_WF_READ_BP;
+        } else if (rule & TAG_RULE_RBP_LOST) {
+            s->flags = (s->flags & ~TAG_WF_BP_KNOWN) | WS_LOSES_BP;
+        }
+    } else if (type == TAG_RULE_CFA || type == TAG_RULE_FP) {
+        /* frame pointers, if they look like a frame of this stack */
+        uint64_t bp = s->bp;
+        s->flags |= WS_USES_BP;
+        if (!(s->flags & TAG_WF_BP_KNOWN) || bp < sp || (bp & 7) || bp - sp > (1u << 20) ||
+            bp + 16 > b->hi)
+            return 0;
+        cfa = bp + 16;
+        ra = ((const uint64_t *)bp)[1];
+        s->bp = ((const uint64_t *)bp)[0];
+        s->bp_off = (uint32_t)(bp - sp);
+        s->flags |= TAG_WF_READ_BP;
+    } else if (type == TAG_RULE_SIGNAL) {
+        return signal_step(s, b);
+    } else {
+        return 0;
+    }
+    s->pc = ra;
+    s->sp = cfa;
+    s->flags &= ~WS_EXACT;
+    return 1;
+}
+
+TAG_INLINE uint64_t key_of(const struct ustate *s)
+{
+    return s->pc | (s->flags & WS_EXACT ? EXACT_KEY : 0);
+}
+
+/* Walk from s into pcs/kinds, without reuse (signal context, nested
+ * captures, the shadow hybrid).  stop_sp: end (returning count | bit 31)
+ * when a step reaches this sp; 0 = none. */
+static uint32_t walk_plain(struct ustate s, struct bounds *b, uint64_t *pcs, uint32_t *kinds,
+                           uint32_t max, int may_rescan, uint64_t stop_sp)
+{
+    int fp_mode = _tag_opt.unwind == TAG_UNWIND_FP;
+    uint32_t n = 0;
+    while (n < max) {
+        uint64_t rule = rule_for(key_of(&s), may_rescan);
+        uint64_t type = rule & TAG_RULE_TYPE;
+        if ((type == TAG_RULE_NONE || type == TAG_RULE_BAD) && n > 0)
+            break;
+        if (type != TAG_RULE_SIGNAL) {
+            pcs[n] = s.pc;
+            kinds[n] = s.flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL;
+            n++;
+        }
+        if (!step(&s, rule, b, fp_mode))
+            break;
+        if (stop_sp && s.sp >= stop_sp)
+            return s.sp == stop_sp ? n | 0x80000000u : 0;
+    }
+    return stop_sp ? 0 : n;
+}
+
+/* ------------------------------------------------------ reusing walks -- */
+
+/* Does the recorded walk, from its frame x outward, still hold on the
+ * stack?  Every word it read from there on must read the same.  j: frames
+ * the new walk has inside it.  The words are checked from the outermost
+ * inward and the result kept in *ok / *bad (words proven, first changed
+ * one): candidates come outward, each needing a prefix of the last one's
+ * words, so a capture reads each word at most once. */
+TAG_INLINE int still_holds(const struct tag_walk *w, uint32_t x, uint32_t j, uint32_t max,
+                           uint32_t *ok, uint32_t *bad)
+{
+    uint32_t total = j + x + 1;
+    if (w->stop == TAG_WALK_STOP_DEPTH ? total != max : total > max)
+        return 0;
+    uint32_t need = w->f[x].reads;
+    if (need > *bad)
+        return 0;
+    for (uint32_t r = *ok; r < need; r++) {
+        if (*(const uint64_t *)w->rd[r].addr != w->rd[r].value) {
+            *bad = r;
+            return 0;
+        }
+    }
+    if (need > *ok)
+        *ok = need;
+    return 1;
+}
+
+TAG_INLINE int same_frame(const struct tag_walk_frame *f, const struct ustate *s)
+{
+    if (f->pc != s->pc || ((f->flags ^ s->flags) & TAG_WF_SIGNAL))
+        return 0;
+    return !(f->flags & TAG_WF_DEP_BP) ||
+           (!((f->flags ^ s->flags) & TAG_WF_BP_KNOWN) && f->bp == s->bp);
+}
+
+static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, struct tag_tls *t)
+{
+    uint64_t pcs[32];
+    uint32_t kinds[32];
+    uint32_t n = walk_plain(s, b, pcs, kinds, 32, 1, 0), id = 0;
+    while (n > 0) {
+        n--;
+        id = _tag_intern(t, id, kinds[n], pcs[n]);
+    }
+    return id;
+}
+
+/* A walk from s that stops at the first frame it shares with one of the
+ * thread's last walks, then takes that frame's id and rewrites the record
+ * from there inward.  Two walks are kept: allocations and frees usually
+ * come from two different places, and each finds its own. */
+static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *b)
+{
+    if (TAG_UNLIKELY(t->in_walk))
+        return walk_nested(s, b, t);
+    t->in_walk = 1;
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    int fp_mode = _tag_opt.unwind == TAG_UNWIND_FP;
+    struct tag_walk *w = &t->walk[0];
+    if (w->n == 0 || w->f[w->n - 1].pc != s.pc) {
+        w = &t->walk[1];
+        if (w->n == 0 || w->f[w->n - 1].pc != s.pc)
+            w = &t->walk[t->walk_lru];
+    }
+    t->walk_lru = w == &t->walk[0];  /* the other one goes next */
+    struct tag_walk_new *nf = t->walk_new;
+    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
+    /* The words it read lie below the top of the stack it was on: reuse
+     * only on the same one (an alternate stack may have been set anew). */
+    int32_t cur = w->n && w->gen == gen && w->hi == b->hi ? (int32_t)w->n - 1 : -1;
+    uint32_t n = 0, stop = TAG_WALK_STOP_FIXED, ok_reads = 0, bad_read = UINT32_MAX;
+    int32_t junction = -1;
+    int keep = 1, stop_read = 0;
+
+    for (;;) {
+        if (cur >= 0) {
+            while (cur >= 0 && w->f[cur].sp < s.sp)
+                cur--;
+            if (cur >= 0 && w->f[cur].sp == s.sp && same_frame(&w->f[cur], &s) &&
+                still_holds(w, (uint32_t)cur, n, max, &ok_reads, &bad_read)) {
+                junction = cur;
+                break;
+            }
+        }
+        uint64_t rule = rule_for(key_of(&s), 1);
+        uint64_t type = rule & TAG_RULE_TYPE;
+        if ((type == TAG_RULE_NONE || type == TAG_RULE_BAD) && n > 0) {
+            /* the word below s.sp was no return address: that word is what
+             * ended the walk */
+            stop_read = 1;
+            if (type == TAG_RULE_NONE)
+                keep = 0;  /* may be known after a dlopen: keep nothing */
+            break;
+        }
+        if (type == TAG_RULE_SIGNAL) {
+            /* the trampoline is no frame of its own; a walk through a
+             * signal frame read the sigcontext: not kept for reuse */
+            keep = 0;
+            if (!step(&s, rule, b, fp_mode))
+                break;
+            continue;
+        }
+        struct tag_walk_new *e = &nf[n++];
+        e->pc = s.pc;
+        e->sp = s.sp;
+        e->bp = s.bp;
+        e->flags = s.flags & (TAG_WF_BP_KNOWN | WS_EXACT);
+        if (n == max) {
+            stop = TAG_WALK_STOP_DEPTH;
+            break;
+        }
+        int ok = step(&s, rule, b, fp_mode);
+        e->flags |= s.flags & (TAG_WF_READ_BP | WS_USES_BP | WS_LOSES_BP);
+        e->bp_off = s.bp_off;
+        if (!ok)
+            break;
+    }
+
+    uint32_t parent = 0, base = 0, reads = 0, dep = 0;
+    if (junction >= 0) {
+        const struct tag_walk_frame *jf = &w->f[junction];
+        parent = jf->id;
+        if (n == 0 && (uint32_t)junction == w->n - 1) {
+            /* the very same stack as last time */
+            t->in_walk = 0;
+            t->captures++;
+            t->capture_frames += w->n;
+            return parent;
+        }
+        base = (uint32_t)junction + 1;
+        reads = jf->reads;
+        dep = (jf->flags & TAG_WF_DEP_BP) != 0;
+        /* w->stop stays: the outer part ends as it did */
+    } else {
+        w->stop = stop;
+    }
+    if (base + n > TAG_WALK_KEEP) {
+        /* too deep to keep: intern only */
+        for (uint32_t k = n; k-- > 0;)
+            parent = _tag_intern(t, parent, nf[k].flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
+                                 nf[k].pc);
+        w->n = 0;
+        t->in_walk = 0;
+        t->captures++;
+        t->capture_frames += base + n;
+        return parent;
+    }
+    /* New frames, outermost first, after the kept ones.  The reads of the
+     * step out of nf[k] are those that gave the next-outer frame (nf[k+1],
+     * or the junction's state s). */
+    for (uint32_t k = n; k-- > 0;) {
+        const struct tag_walk_new *e = &nf[k];
+        struct tag_walk_frame *f = &w->f[base + (n - 1 - k)];
+        if (k + 1 < n || junction >= 0) {
+            uint64_t nsp = k + 1 < n ? nf[k + 1].sp : s.sp;
+            uint64_t npc = k + 1 < n ? nf[k + 1].pc : s.pc;
+            uint64_t nbp = k + 1 < n ? nf[k + 1].bp : s.bp;
+            w->rd[reads].addr = nsp - 8;
+            w->rd[reads++].value = npc;
+            /* the rbp it read matters only if the walk outward uses it
+             * (dep: the next-outer frame depends on its rbp) */
+            if ((e->flags & TAG_WF_READ_BP) && dep) {
+                w->rd[reads].addr = e->sp + e->bp_off;
+                w->rd[reads++].value = nbp;
+            }
+            dep = (e->flags & WS_USES_BP) ||
+                  (!(e->flags & (TAG_WF_READ_BP | WS_LOSES_BP)) && dep);
+        } else {
+            /* the outermost frame of a walk that ended by itself */
+            if (stop_read) {
+                w->rd[reads].addr = s.sp - 8;
+                w->rd[reads++].value = s.pc;
+            }
+            dep = (e->flags & WS_USES_BP) != 0;
+        }
+        parent = _tag_intern(t, parent, e->flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
+                             e->pc);
+        if (!parent)
+            keep = 0;  /* the table is full: do not reuse a truncated id */
+        f->pc = e->pc;
+        f->sp = e->sp;
+        f->bp = e->bp;
+        f->id = parent;
+        f->flags = (uint16_t)((e->flags & (TAG_WF_BP_KNOWN | TAG_WF_SIGNAL)) |
+                              (dep ? TAG_WF_DEP_BP : 0));
+        f->reads = (uint16_t)reads;
+    }
+    uint32_t total = base + n;
+    w->n = keep ? total : 0;
+    w->gen = gen;
+    w->hi = b->hi;
+    t->in_walk = 0;
+    t->captures++;
+    t->capture_frames += total;
+    return parent;
+}
+
+/* ----------------------------------------------------------- capture -- */
+
+#ifdef LIBTAG_WITH_LIBUNWIND
+/* For measurement only (cmake -DLIBTAG_LIBUNWIND=ON, see docs/design.md):
+ * the same capture with libunwind's unw_backtrace (its cached fast path)
+ * in place of this file's walk.  Never shipped: the wheel's libtag needs
+ * nothing at run time that it does not carry. */
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+static uint32_t libunwind_capture(struct tag_tls *t, uint64_t ret)
+{
+    void *pcs[TAG_WALK_MAX + 8];
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    int n = unw_backtrace(pcs, (int)(sizeof pcs / sizeof pcs[0]));
+    int i = 0;
+    while (i < n && (uint64_t)(uintptr_t)pcs[i] != ret)
+        i++;  /* libtag's own frames */
+    if (i == n)
+        return _tag_intern(t, 0, TAG_FRAME_CALL, ret);
+    if ((uint32_t)(n - i) > max)
+        n = i + (int)max;
+    uint32_t id = 0;
+    t->captures++;
+    t->capture_frames += (uint64_t)(n - i);
+    for (int k = n; k-- > i;)
+        id = _tag_intern(t, id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)pcs[k]);
+    return id;
+}
+#endif
+
+/* The state of the caller of libtag's entry point: its frame has frame
+ * pointers, so frame[0] is the caller's rbp and its CFA the caller's sp. */
+TAG_INLINE struct ustate entry_state(void *ret, void *frame)
+{
+    const uint64_t *fp = frame;
+    struct ustate s = {(uint64_t)(uintptr_t)ret, (uint64_t)(uintptr_t)(fp + 2), fp[0],
+                       TAG_WF_BP_KNOWN, 0};
+    return s;
+}
+
+TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
+{
+    b->stack_hi = t->stack_hi;
+    b->alt_lo = t->alt_lo;
+    b->alt_hi = t->alt_hi;
+    b->hi = 0;
+}
+
+/* auto with instrumented frames: CFI from the allocation up to the
+ * innermost instrumented function (frames the shadow stack does not see,
+ * e.g. strdup called from it), then the shadow stack. */
+static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds *b)
+{
+    uint32_t top = t->shadow.depth <= TAG_SHADOW_MAX ? t->shadow.depth - 1 : TAG_SHADOW_MAX - 1;
+    uint64_t target = t->shadow.sp[top];
+    t->captures++;
+    t->capture_frames += 1 + t->shadow.depth;
+    /* The usual case first: malloc's caller is the instrumented function
+     * itself (its CFA is the innermost entry's).  One rule, no walk. */
+    uint64_t rule = rule_for(s.pc, 1);
+    if (TAG_LIKELY((rule & (TAG_RULE_TYPE | TAG_RULE_CFA_RBP)) == TAG_RULE_CFA) &&
+        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target)
+        return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+    uint64_t pcs[32];
+    uint32_t kinds[32];
+    uint32_t n = 0;
+    if (!(target & 1) && t->shadow.depth <= TAG_SHADOW_MAX && bound_for(b, s.sp))
+        n = walk_plain(s, b, pcs, kinds, 32, 1, target) & 0x7fffffffu;
+    if (n == 0) {
+        /* no walk to the instrumented frame: the caller of malloc alone */
+        pcs[0] = s.pc;
+        kinds[0] = TAG_FRAME_CALL;
+        n = 1;
+    }
+    t->capture_frames += n - 1;
+    uint32_t id = _tag_shadow_id(t);
+    while (n > 0) {
+        n--;
+        id = _tag_intern(t, id, kinds[n], pcs[n]);
+    }
+    return id;
+}
+
+/* The innermost shadow entry is alive, seen from stack pointer cur: the
+ * common case, without a call to the full check. */
+TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
+{
+    uint32_t d = t->shadow.depth;
+    if (d > TAG_SHADOW_MAX)
+        return 0;
+    uint64_t e = t->shadow.sp[d - 1];
+    return e > cur && e < t->pop_limit &&
+           ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
+}
+
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+{
+    if (!ret)  /* a trace hook's frame: its return address is the pc */
+        ret = ((void **)frame)[1];
+    struct ustate s = entry_state(ret, frame);
+    int mode = _tag_opt.unwind;
+    if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
+        if (t->shadow.depth > 0 && (top_alive(t, s.sp) || _tag_shadow_pop(t, s.sp, 0, 0) > 0)) {
+            struct bounds b;
+            bounds_of(t, &b);
+            if (mode == TAG_UNWIND_AUTO)
+                return capture_hybrid(t, s, &b);
+            t->captures++;
+            t->capture_frames += 1 + t->shadow.depth;
+            return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+        }
+        if (mode == TAG_UNWIND_SHADOW) {
+            t->captures++;
+            t->capture_frames++;
+            return _tag_intern(t, 0, TAG_FRAME_CALL, s.pc);
+        }
+    }
+    struct bounds b;
+    bounds_of(t, &b);
+    if (!bound_for(&b, s.sp)) {
+        t->captures++;
+        t->capture_frames++;
+        return _tag_intern(t, 0, TAG_FRAME_CALL, s.pc);
+    }
+#ifdef LIBTAG_WITH_LIBUNWIND
+    if (mode != TAG_UNWIND_FP)
+        return libunwind_capture(t, s.pc);
+#endif
+    return walk_capture(t, s, &b);
+}
+
+/* ---------------------------------------------------- signal context -- */
+
+uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *ucv,
+                        uint64_t *pcs, uint32_t *kinds, uint32_t max)
+{
+    const ucontext_t *uc = (const ucontext_t *)ucv;
+    const greg_t *g = uc->uc_mcontext.gregs;
+    struct ustate s = {(uint64_t)g[REG_RIP], (uint64_t)g[REG_RSP], (uint64_t)g[REG_RBP],
+                       TAG_WF_BP_KNOWN | WS_EXACT, 0};
+    struct bounds b;
+    bounds_of(t, &b);
+    /* the kernel saved the alternate stack in effect with the context */
+    if (uc->uc_stack.ss_size && !(uc->uc_stack.ss_flags & SS_DISABLE)) {
+        b.alt_lo = (uint64_t)(uintptr_t)uc->uc_stack.ss_sp;
+        b.alt_hi = b.alt_lo + uc->uc_stack.ss_size;
+    }
+    if (max == 0)
+        return 0;
+    if (!bound_for(&b, s.sp)) {
+        pcs[0] = s.pc;
+        kinds[0] = TAG_FRAME_SIGNAL;
+        return 1;
+    }
+    return walk_plain(s, &b, pcs, kinds, max, 0, 0);
+}
+
+uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc)
+{
+    uint64_t pcs[TAG_WALK_MAX];
+    uint32_t kinds[TAG_WALK_MAX];
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    uint32_t n = _tag_unwind_uc(t, uc, pcs, kinds, max), id = 0;
+    while (n > 0) {
+        n--;
+        id = _tag_intern_signal(id, kinds[n], pcs[n]);
+        if (!id)
+            return 0;
+    }
+    return id;
+}
+
+/* ------------------------------------------------------ shadow stacks -- */
+
+static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
+{
+    for (uintptr_t p = c; p < c + 64 * 8 && p + 8 <= hi; p += 8)
+        if (*(const uint64_t *)p == site)
+            return p + 8;
+    return (c + 8) | 1;
+}
+
+TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                                uintptr_t site)
+{
+    uint64_t hi = t->stack_hi;
+    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
+    if (t->hook_gen != gen) {
+        memset(t->hook_cache, 0, sizeof t->hook_cache);
+        t->hook_gen = gen;
+    }
+    uint64_t rule = rule_for(ra, 0);
+    if ((rule & TAG_RULE_TYPE) == TAG_RULE_CFA) {
+        uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & 0xffffff;
+        uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
+        /* CFI describes the function; the slot must agree before the
+         * offset is trusted for every later entry through this hook */
+        if (cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site) {
+            unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+            t->hook_cache[i].ra = ra;
+            t->hook_cache[i].off = off | ((rule & TAG_RULE_CFA_RBP) ? TAG_HOOK_RBP : 0);
+            return cfa;
+        }
+    }
+    return hook_cfa_scan(c, site, hi);
+}

@@ -1,0 +1,133 @@
+/* uw_jumps.c - instrumented code that leaves frames without their exit
+ * hooks: longjmp, nested setjmp, a signal handler that longjmps out (on the
+ * thread's stack and on an alternate signal stack).
+ *
+ * After the jumps main calls fresh_alloc, which allocates, then probe(),
+ * which prints the thread's shadow depth as libtag keeps it ("depth N":
+ * main and probe = 2) and the shadow overflows so far; then the block's
+ * stack ("frame <kind> 0x<pc>" lines, see lt_print_stack).
+ *
+ *   jump N       longjmp out of N frames (thrower at depth N + 1)
+ *   many         200 longjmps out of 3 frames, each allocating (printf)
+ *                before it jumps
+ *   nested       setjmp in main and in level1; longjmp to level1's from
+ *                three frames down, level1 allocates, then longjmp to main's
+ *   signal       raise() three frames down; the handler siglongjmps to main
+ *   altsignal    the same with the handler on a sigaltstack
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lt_reader.c"
+
+#define KEEP() __asm__ volatile("" ::: "memory")
+
+static jmp_buf main_jb, level1_jb;
+static sigjmp_buf sig_jb;
+static void *blocks[2];
+
+__attribute__((noipa)) static void *fresh_alloc(size_t n)
+{
+    void *p = malloc(n);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void probe(void)
+{
+    const struct libtag_thread *r = lt_record(lt_gettid());
+    const struct libtag_shadow *s = (const struct libtag_shadow *)(uintptr_t)r->shadow;
+    struct libtag_stats st;
+    libtag_stats(&st);
+    printf("depth %u overflows %llu\n", s->depth, (unsigned long long)st.shadow_overflows);
+}
+
+__attribute__((noipa)) static void thrower(jmp_buf jb, int chatter)
+{
+    if (chatter)
+        printf("jumping\n");  /* stdio allocates its buffer from here */
+    longjmp(jb, 1);
+}
+
+__attribute__((noipa)) static void down(int n, jmp_buf jb, int chatter)
+{
+    if (n > 1)
+        down(n - 1, jb, chatter);
+    else
+        thrower(jb, chatter);
+    KEEP();
+}
+
+__attribute__((noipa)) static void level1(void)
+{
+    if (setjmp(level1_jb) == 0) {
+        down(3, level1_jb, 0);
+        KEEP();
+    }
+    blocks[1] = fresh_alloc(11);
+    down(3, main_jb, 0);
+    KEEP();
+}
+
+static void handler(int sig)
+{
+    (void)sig;
+    siglongjmp(sig_jb, 1);
+}
+
+__attribute__((noipa)) static void raiser(int n)
+{
+    if (n > 1)
+        raiser(n - 1);
+    else
+        raise(SIGUSR1);
+    KEEP();
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!lt_ctl()) {
+        printf("no-libtag\n");
+        return 0;
+    }
+    const char *what = argc > 1 ? argv[1] : "jump";
+    if (strcmp(what, "jump") == 0) {
+        int n = argc > 2 ? atoi(argv[2]) : 3;
+        if (setjmp(main_jb) == 0)
+            down(n, main_jb, 0);
+    } else if (strcmp(what, "many") == 0) {
+        for (volatile int i = 0; i < 200; i++)
+            if (setjmp(main_jb) == 0)
+                down(3, main_jb, 1);
+    } else if (strcmp(what, "nested") == 0) {
+        if (setjmp(main_jb) == 0)
+            level1();
+    } else if (strcmp(what, "signal") == 0 || strcmp(what, "altsignal") == 0) {
+        static char altstack[64 * 1024];
+        if (strcmp(what, "altsignal") == 0) {
+            stack_t ss = {.ss_sp = altstack, .ss_size = sizeof altstack, .ss_flags = 0};
+            sigaltstack(&ss, NULL);
+        }
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = handler;
+        sa.sa_flags = what[0] == 'a' ? SA_ONSTACK : 0;
+        sigaction(SIGUSR1, &sa, NULL);
+        for (volatile int i = 0; i < 50; i++)
+            if (sigsetjmp(sig_jb, 1) == 0)
+                raiser(3);
+    }
+    /* from main itself: the stack must be fresh_alloc <- main */
+    blocks[0] = fresh_alloc(42);
+    probe();
+    printf("alloc\n");
+    lt_print_stack(lt_tag(blocks[0])->alloc_stack);
+    if (blocks[1]) {
+        printf("alloc1\n");
+        lt_print_stack(lt_tag(blocks[1])->alloc_stack);
+    }
+    return 0;
+}

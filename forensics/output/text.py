@@ -262,6 +262,56 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
         con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """"1 block", "2 blocks"."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def show_leak_check(doc: dict, *, top: int = 10) -> None:
+    """forensics run --leaks: one process's report, on stderr (stdout is
+    CMD's).  Lines are never wrapped: a path stays on one line."""
+    con = err_console()
+
+    def say(line: str = "") -> None:
+        con.print(line, soft_wrap=True, highlight=False)
+
+    def amount(t: dict) -> str:
+        return f"{plural(t['bytes'], 'byte')} in {plural(t['blocks'], 'block')}"
+
+    tot = doc["totals"]
+    say(f"\n[bold]forensics: leak check of pid {doc['pid']}[/bold] "
+        f"({_e(doc['exe'] or '?')}) at exit")
+    shown = [g for g in doc["leaks"] if g["kind"] != "possible"]
+    for g in shown[:top]:
+        color = "red" if g["kind"] == "definite" else "yellow"
+        extra = ""
+        if g.get("indirect_blocks"):
+            extra = (f" (+{amount({'bytes': g['indirect_bytes'], 'blocks': g['indirect_blocks']})}"
+                     f" lost through {'it' if g['blocks'] == 1 else 'them'})")
+        say(f"\n[bold {color}]{g['kind']} leak[/bold {color}] of {amount(g)}{extra}, allocated at:")
+        for i, f in enumerate(g["stack"][:24]):
+            say(f"    #{i} {_frame_text(f)}")
+        if len(g["stack"]) > 24:
+            say(f"    [dim]... {len(g['stack']) - 24} more frames[/dim]")
+    if len(shown) > top:
+        rest = shown[top:]
+        say(f"\n[dim]... {plural(len(rest), 'more group')}: "
+            f"{amount({'bytes': sum(g['bytes'] for g in rest), 'blocks': sum(g['blocks'] for g in rest)})}"
+            f" (--top N shows more, --json FILE has them all)[/dim]")
+    sup = doc["suppressed"]
+    if sup["blocks"]:
+        say(f"\nsuppressed: {amount(sup)} ("
+            + ", ".join(f"{_e(p['pattern'])}: {plural(p['blocks'], 'block')}" for p in sup["patterns"])
+            + ")")
+    lost = [f"{amount(tot[k])} {how} lost" for k, how in
+            (("definite", "definitely"), ("indirect", "indirectly"), ("possible", "possibly"))
+            if tot[k]["blocks"]]
+    say(f"\n[bold]SUMMARY[/bold]: pid {doc['pid']}: " + (", ".join(lost) if lost else "no leaks"))
+    say(f"core: {_e(doc['core'])}")
+    for w in doc.get("warnings", []):
+        say(f"[yellow]warning:[/yellow] {_e(w)}")
+
+
 def show_diff(doc: dict, *, top: int = 20) -> None:
     con = out_console()
     o, n = doc["old"], doc["new"]

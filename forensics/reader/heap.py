@@ -134,7 +134,7 @@ class Heap:
 
     @property
     def reason(self) -> str:
-        """Why this memory was dumped: "on-demand", an anomaly kind, "crash", or "none"."""
+        """Why this memory was dumped: "on-demand", "exit", an anomaly kind, "crash", or "none"."""
         return abi.reason_name(self.control.reason, self.control.anomaly.kind)
 
     @property

@@ -8,7 +8,7 @@
  *           one that reuses fd 2 or the duplicate's number for a file of its
  *           own does not receive it there: before each write the descriptor
  *           must still be the file it was at start (same device and inode),
- *           else the line is dropped.
+ *           else fd 2 if that still is, else the line is dropped.
  *   PATH    appended to PATH.<pid> (opened at the first line, 0600, the last
  *           component never followed if it is a symlink, refused unless a
  *           regular file of ours); nothing goes to the program's stderr.  A
@@ -120,6 +120,7 @@ struct log_dest {
 };
 
 static struct log_dest err_dest = {-1, 0, 0, 0};   /* the duplicate of fd 2 */
+static struct log_dest fd2_dest = {-1, 0, 0, 0};   /* fd 2 as it was at start */
 static struct log_dest path_dest = {-1, 0, 0, 0};  /* PATH.<pid> */
 static int path_lock;  /* pid of the one opener at a time; 0 = free */
 
@@ -129,9 +130,14 @@ static int still(const struct log_dest *d)
     return d->fd >= 0 && fstat(d->fd, &st) == 0 && st.st_dev == d->dev && st.st_ino == d->ino;
 }
 
+static int log_ready;  /* _tag_log_init has run */
+
 void _tag_log_init(void)
 {
     struct stat st;
+    __atomic_store_n(&log_ready, 1, __ATOMIC_RELEASE);
+    if (_tag_opt.log == TAG_LOG_PATH)
+        return;  /* every line goes to the file */
     int fd = fcntl(2, F_DUPFD_CLOEXEC, TAG_LOG_FD_MIN);
     if (fd < 0 && errno == EINVAL)
         fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
@@ -141,8 +147,9 @@ void _tag_log_init(void)
         close(fd);
         return;
     }
-    err_dest.dev = st.st_dev;
-    err_dest.ino = st.st_ino;
+    fd2_dest.fd = 2;
+    err_dest.dev = fd2_dest.dev = st.st_dev;
+    err_dest.ino = fd2_dest.ino = st.st_ino;
     __atomic_store_n(&err_dest.fd, fd, __ATOMIC_RELEASE);
 }
 
@@ -213,10 +220,12 @@ static void vlog(int always, const char *fmt, va_list ap)
     if (_tag_opt.log == TAG_LOG_PATH) {
         fd = path_fd();
     } else if (_tag_opt.log == TAG_LOG_STDERR || always) {
-        if (__atomic_load_n(&err_dest.fd, __ATOMIC_ACQUIRE) < 0)
-            fd = 2;  /* before libtag started (a bad option) */
+        if (!__atomic_load_n(&log_ready, __ATOMIC_ACQUIRE))
+            fd = 2;  /* before libtag started (a bad LIBTAG_LOG) */
         else if (still(&err_dest))
             fd = err_dest.fd;
+        else if (still(&fd2_dest))
+            fd = 2;  /* the program closed the duplicate, fd 2 is unchanged */
     }
     if (fd >= 0)
         write_all(fd, buf, n);

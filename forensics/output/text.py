@@ -139,6 +139,11 @@ def _block_lines(block: dict, *, label: str = "block") -> list:
     return out
 
 
+def say(line: str) -> None:
+    """One plain line on stdout, never wrapped (it may hold a long path)."""
+    out_console().print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def show_block(block: dict) -> None:
     """A block document (docs/json.md, "block"): its line and its stacks."""
     con = out_console()

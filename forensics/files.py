@@ -117,3 +117,12 @@ def create_private(path: str | os.PathLike[str]) -> None:
     """Create *path* empty and 0600 if it does not exist (never through a
     symlink), before a library (sqlite) opens it with the umask's mode."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes a file takes on disk (its allocated blocks): a core is sparse,
+    its apparent size (st_size) counts the holes too.  None if it is gone."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return None

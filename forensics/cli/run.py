@@ -50,10 +50,11 @@ _IGNORED = (signal.SIGINT, signal.SIGQUIT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from forensics.files import default_snapshot_dir
+
     parser.add_argument(
         "--dir", metavar="DIR",
-        help="where snapshots (cores) go; created 0700 "
-             "(default: $XDG_STATE_HOME/forensics/snapshots)",
+        help=f"where snapshots (cores) go; created 0700 (default: {default_snapshot_dir()})",
     )
     parser.add_argument(
         "--on-anomaly", choices=ON_ANOMALY, default="snapshot",

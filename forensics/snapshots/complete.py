@@ -29,7 +29,6 @@ that opens a core).
 from __future__ import annotations
 
 import os
-import stat
 
 import numpy as np
 
@@ -40,6 +39,7 @@ from forensics.core.notes import (
     NT_AUXV, NT_FILE, NT_PRPSINFO, NT_PRSTATUS, elf_prpsinfo, elf_prstatus, iter_notes,
 )
 from forensics.errors import ForensicsError
+from forensics.files import open_own_file
 from forensics.reader import abi
 from forensics.reader.memory import CoreMemory
 
@@ -103,14 +103,11 @@ def complete_core(path: str | os.PathLike[str]) -> bool:
     """Give a kernel-written snapshot core every thread's registers (see the
     module docstring).  True when the core was rewritten; False when it was
     left alone.  Never raises for a core it cannot or need not complete."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    opened = open_own_file(path, os.O_RDWR)
+    if opened is None:
         return False
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return False
         return _complete(fd, st.st_size)
     except (ForensicsError, OSError, ValueError):
         return False

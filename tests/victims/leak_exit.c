@@ -30,6 +30,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "scrub.h"
+
 #define NOINLINE __attribute__((noinline))
 
 struct tree {
@@ -96,13 +98,6 @@ static void *worker(void *arg)
         perror("read");
     __asm__ volatile("" : : "r"(held) : "memory");
     return NULL;
-}
-
-NOINLINE static void scrub(void)
-{
-    volatile char buf[64 * 1024];
-    memset((char *)buf, 0, sizeof buf);
-    __asm__ volatile("" : : "r"(buf) : "memory");
 }
 
 int main(int argc, char **argv)

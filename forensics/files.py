@@ -117,3 +117,31 @@ def create_private(path: str | os.PathLike[str]) -> None:
     """Create *path* empty and 0600 if it does not exist (never through a
     symlink), before a library (sqlite) opens it with the umask's mode."""
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+
+
+def disk_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes a file takes on disk (its allocated blocks): a core is sparse,
+    its apparent size (st_size) counts the holes too.  None if it is gone."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return None
+
+
+def open_own_file(path: str | os.PathLike[str], flags: int) -> tuple[int, os.stat_result] | None:
+    """(fd, its stat) of a regular file of ours at path, opened with flags,
+    never through a symlink at its last component; None (nothing left open)
+    when it cannot be opened or is not such a file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        return None
+    return fd, st

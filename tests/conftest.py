@@ -22,13 +22,15 @@ VICTIMS = Path(__file__).resolve().parent / "victims"
 
 
 def _register_helpers() -> None:
-    """Make tests/support.py importable as ``forensics_test_support`` and
-    tests/fakes.py as ``forensics_test_fakes``: pytest's importlib mode puts
+    """Make tests/support.py importable as ``forensics_test_support``,
+    tests/fakes.py as ``forensics_test_fakes`` and tests/browser.py as
+    ``forensics_test_browser``: pytest's importlib mode puts
     no test folder on sys.path, and this conftest is imported before any test
     module."""
     import importlib.util
 
-    for name, file in (("forensics_test_support", "support.py"), ("forensics_test_fakes", "fakes.py")):
+    for name, file in (("forensics_test_support", "support.py"), ("forensics_test_fakes", "fakes.py"),
+                       ("forensics_test_browser", "browser.py")):
         if name not in sys.modules:
             spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(file))
             module = importlib.util.module_from_spec(spec)

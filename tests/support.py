@@ -47,7 +47,8 @@ class Control:
     damaged_leaked: int
 
 
-def read_control(core_path: os.PathLike | str) -> Control:
+def _control(core_path: os.PathLike | str):
+    """The parsed control block of a core and its address."""
     hits = []
     with Core(core_path) as core, open(core_path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -66,7 +67,16 @@ def read_control(core_path: os.PathLike | str) -> Control:
         finally:
             mm.close()
     assert len(hits) == 1, f"expected exactly 1 control block in {core_path}, found {len(hits)}"
-    vaddr, c = hits[0]
+    return hits[0]
+
+
+def read_control_field(core_path: os.PathLike | str, name: str) -> int:
+    """One field of a core's control block (e.g. "stack_stats")."""
+    return int(getattr(_control(core_path)[1], name))
+
+
+def read_control(core_path: os.PathLike | str) -> Control:
+    vaddr, c = _control(core_path)
     return Control(vaddr, c.pid, c.reason, c.snapshot_seq, c.anomaly_count, c.anomaly.kind, c.anomaly.tid,
                    c.anomaly.address, c.anomaly.block, c.crash.signal, c.crash.tid, c.crash.address,
                    c.latent_uaf, c.damaged_leaked)

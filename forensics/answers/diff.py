@@ -282,7 +282,34 @@ def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
         "survived_blocks": d.survived_blocks,
         "new_bytes": d.new_bytes,
         "gone_bytes": d.gone_bytes,
+        "warnings": _order_warnings(old, new, d.same_process),
     }
+
+
+def _taken_ms(dump: Dump) -> int | None:
+    """When the snapshot was taken, ms since the epoch; None if unknown."""
+    c = dump.heap.control
+    if not int(c.start_realtime_ns) or not int(c.snapshot_time_ms):
+        return None
+    return int(c.start_realtime_ns) // 1_000_000 + int(c.snapshot_time_ms)
+
+
+def _order_warnings(old: Dump, new: Dump, same_process: bool) -> list[str]:
+    """A warning when OLD was taken after NEW: the growth would read as shrinkage."""
+    co, cn = old.heap.control, new.heap.control
+    if same_process and int(co.snapshot_seq) and int(cn.snapshot_seq):
+        later = int(co.snapshot_seq) > int(cn.snapshot_seq)
+        what = f"snapshot {int(co.snapshot_seq)} of pid {old.pid} after snapshot {int(cn.snapshot_seq)}"
+    else:
+        to, tn = _taken_ms(old), _taken_ms(new)
+        if to is None or tn is None:
+            return []
+        later = to > tn
+        what = f"{(to - tn) / 1000:.1f} s after"
+    if not later:
+        return []
+    return [f"OLD was taken after NEW ({what}): diff takes the earlier core first "
+            f"(forensics diff OLD NEW), so here growth and shrinkage are swapped"]
 
 
 __all__ = ["Diff", "StackGrowth", "diff", "diff_json", "frame_key", "match", "same_process"]

@@ -29,7 +29,7 @@ def crash_frames(dump: Dump, tid: int):
 
 
 def inspect_reason(heap) -> str:
-    """inspect's reason: "on-demand", an anomaly kind, or "crash".  A core
+    """inspect's reason: "on-demand", "exit", an anomaly kind, or "crash".  A core
     libtag did not trigger (gcore, a kill the crash hook did not see) has no
     recorded reason: it is a snapshot taken on demand by other means."""
     reason = heap.reason

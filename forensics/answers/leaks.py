@@ -548,7 +548,7 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 def thread_contexts(dump: Dump) -> list[ThreadContext]:
     """Registers and stack range of every live thread at the snapshot.
 
-    A snapshot (on demand or at an anomaly) is a fork child: the core's notes
+    A snapshot (on demand, at an anomaly or at exit) is a fork child: the core's notes
     hold the child's one thread, stopped in libtag's child code, while libtag's
     thread records hold every thread's registers saved just before the fork -
     those are the program's.  A crash core is the process itself: its notes
@@ -556,7 +556,7 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
     """
     heap = dump.heap
     reason = int(heap.control.reason)
-    fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY)
+    fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_REASON_EXIT)
     notes = dump.core_registers
     out = []
     for t in heap.threads:
@@ -651,6 +651,10 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
     ctl = next((r for r in regions if heap.control_addr in r), None)
     libtag_module = module_of_data(regions, ctl) if ctl is not None else None
+    if libtag_module is not None and libtag_module == dump.exe:
+        # libtag.a linked into the program: its data is the program's too and
+        # stays a root (the pointer edges already leave the control block out)
+        libtag_module = None
     for r in regions:
         if not r.writable:
             continue

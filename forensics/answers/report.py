@@ -11,9 +11,17 @@ What the page shows, and where each part comes from:
 - an allocation hierarchy (an icicle flame graph, click to zoom) of the live
   bytes of the newest snapshot, by allocation stack;
 - the anomaly or crash of every core that has one, with all its stacks
-  (detecting / faulting, and the block's allocation and free stacks);
+  (detecting / faulting, and the block's allocation and free stacks), once
+  per anomaly: the same anomaly recorded in later cores of the process is
+  one card that says "seen in N cores";
+- cores of more than one process: a warning naming each process, and one
+  curve per process;
 - the leak groups of the newest snapshot;
-- a sortable, filterable table of the newest snapshot's allocation stacks.
+- a sortable, filterable table of the newest snapshot's allocation stacks,
+  each with where it allocated: its first frame outside the allocation
+  wrappers (WRAPPERS, and the report's --wrapper patterns), and its peak
+  live bytes and temporary allocations when libtag kept per-stack counters
+  (control.stack_stats; "not recorded" otherwise).
 
 Nothing in the page is per block: the heap is aggregated by allocation stack
 first (Heap.by_stack is one numpy pass), at most STACK_LIMIT stacks are
@@ -28,15 +36,57 @@ forensics.output.html.
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import os
+import re
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from forensics.answers.inspect import inspect_doc
 from forensics.answers.leaks import leaks_json
+from forensics.answers.shapes import frames_json
 from forensics.errors import ForensicsError, InputError
 
-DATA_VERSION = 1
+DATA_VERSION = 2
 STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "other" node
+STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
+
+# Allocation wrappers: functions that allocate for their caller, so "allocated
+# at" is the first frame of a stack that is none of these (docs/guide.md,
+# "Report").  Shell-style patterns (* ? [ ]) on the demangled function name;
+# forensics report --wrapper PATTERN adds to them.
+WRAPPERS = (
+    # the C library: the allocator itself, and what allocates for its caller
+    "malloc", "calloc", "realloc", "reallocarray", "memalign", "aligned_alloc",
+    "posix_memalign", "valloc", "pvalloc", "__libc_malloc", "__libc_calloc",
+    "__libc_realloc", "__libc_memalign", "strdup", "strndup", "__strdup", "__strndup",
+    "wcsdup", "asprintf", "vasprintf", "__asprintf*", "__vasprintf*", "getline", "getdelim",
+    "open_memstream", "scandir",
+    # C++: operator new and the standard allocators
+    "operator new*", "std::allocator<*>::allocate*", "std::__new_allocator<*>::allocate*",
+    "__gnu_cxx::new_allocator<*>::allocate*", "std::allocator_traits<*>::allocate*",
+    # the usual xmalloc family (GNU, GLib)
+    "xmalloc", "xcalloc", "xrealloc", "xzalloc", "xstrdup", "xstrndup", "xmemdup*",
+    "g_malloc", "g_malloc0", "g_realloc", "g_try_malloc*", "g_strdup", "g_strndup", "g_memdup*",
+)
+
+
+class Wrappers:
+    """Which frames are allocation wrappers (WRAPPERS plus the user's)."""
+
+    def __init__(self, extra: Sequence[str] = ()) -> None:
+        self.patterns = list(WRAPPERS) + [p for p in extra if p]
+        self._rx = re.compile("|".join(fnmatch.translate(p) for p in self.patterns))
+
+    def site(self, stack: Sequence[dict]) -> int:
+        """Index of the first frame (innermost first) that is not a wrapper;
+        the last frame when all are (0 for an empty stack)."""
+        for i, f in enumerate(stack):
+            name = f.get("function")
+            if not name or not self._rx.match(name):
+                return i
+        return max(0, len(stack) - 1)
 
 
 # ------------------------------------------------------------------ data --
@@ -182,30 +232,34 @@ def _add_block(b: dict | None, facts: list, stacks: list, frames: _Frames) -> No
         stacks.append(_stack_json(f"freed by thread {b['free_thread']}", b["free_stack"] or [], frames))
 
 
-def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
-    """The anomaly and the crash of one inspect document, as the page's event cards."""
+def events_of(doc: dict, core: str, frames: _Frames, process: tuple = ()) -> list[dict]:
+    """The anomaly and the crash of one inspect document, as the page's event
+    cards.  Each has a "key": the same anomaly or crash seen in another core of
+    the same process (process: its identity) has the same key."""
     out = []
     for a in doc.get("anomalies") or []:
-        facts = [["core", core], ["address", a["address"]], ["thread", str(a.get("thread"))]]
+        facts = [["address", a["address"]], ["thread", str(a.get("thread"))], ["time", a["time"]]]
         stacks = [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)]
         _add_block(a.get("block"), facts, stacks, frames)
         out.append({"kind": a["kind"], "title": f"{a['kind']} of {a['address']}",
-                    "facts": facts, "stacks": stacks})
+                    "facts": facts, "stacks": stacks, "cores": [core],
+                    "key": (*process, "anomaly", a["kind"], a["address"], a.get("thread"), a["time_ms"])})
     c = doc.get("crash")
     if c:
         owner = c.get("address_owner") or {}
-        facts = [["core", core], ["signal", c["signal"]], ["address", c["address"]],
+        facts = [["signal", c["signal"]], ["address", c["address"]],
                  ["thread", str(c["thread"])],
                  ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
                                                       owner.get("note")) if x)]]
         stacks = [_stack_json(f"crashed in thread {c['thread']}", c["stack"], frames)]
         _add_block(owner.get("block"), facts, stacks, frames)
         out.append({"kind": "crash", "title": f"{c['signal']} at {c['address']}",
-                    "facts": facts, "stacks": stacks})
+                    "facts": facts, "stacks": stacks, "cores": [core],
+                    "key": (*process, "crash", c["signal"], c["address"], c["thread"])})
     return out
 
 
-def _leaks(dump: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None:
+def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) -> list[dict] | None:
     """The leak groups, or None (and a warning) when the leak scan failed."""
     try:
         groups = leaks_json(dump)
@@ -216,6 +270,7 @@ def _leaks(dump: Any, frames: _Frames, warnings: list[str]) -> list[dict] | None
     for g in groups:
         row = {k: v for k, v in g.items() if k != "stack" and isinstance(v, (str, int, float))}
         row["frames"] = frames.ids(g.get("stack") or [])
+        row["site"] = wrappers.site(g.get("stack") or [])
         out.append(row)
     return out
 
@@ -224,7 +279,9 @@ def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
     """One point of the curve: a core's time, reason and live/freed totals."""
     t, source = snapshot_time(dump, catalog_time)
     totals = dump.heap.totals
+    c = dump.heap.control
     return {
+        "start_ns": int(c.start_realtime_ns),
         "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
         "pid": dump.pid,
         "exe": dump.exe,
@@ -246,9 +303,12 @@ class ReportBuilder:
     hierarchy and the table: add() says when the caller must keep a core
     open for finish()."""
 
-    def __init__(self, *, stack_limit: int = STACK_LIMIT, catalog_time: CatalogTime | None = None) -> None:
+    def __init__(self, *, stack_limit: int = STACK_LIMIT, catalog_time: CatalogTime | None = None,
+                 wrappers: Sequence[str] = ()) -> None:
         self.stack_limit = stack_limit
         self.catalog_time = catalog_time
+        self.wrappers = Wrappers(wrappers)
+        self._events: dict[tuple, dict] = {}
         self.frames = _Frames()
         self.points: list[dict] = []
         self.events: list[dict] = []
@@ -264,7 +324,13 @@ class ReportBuilder:
         heap = dump.heap
         if heap.anomaly is not None or heap.crash is not None:
             doc = inspect_doc(dump, top=0)
-            self.events += events_of(doc, point["core"], self.frames)
+            for ev in events_of(doc, point["core"], self.frames, (point["pid"], point["start_ns"])):
+                seen = self._events.get(ev["key"])
+                if seen is None:
+                    self._events[ev["key"]] = ev
+                    self.events.append(ev)
+                else:
+                    seen["cores"].append(point["core"])
         for w in heap.warnings:
             self.warnings.append(f"{point['core']}: {w}")
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
@@ -284,19 +350,31 @@ class ReportBuilder:
             stacks = doc["top_stacks"]
             tree, leaves = build_tree(stacks, self.frames, total_bytes=heap["live_bytes"],
                                       total_blocks=heap["live_blocks"])
-            table = [{"frames": self.frames.ids(s["stack"]), "bytes": s["bytes"],
-                      "blocks": s["blocks"], "node": leaf}
-                     for s, leaf in zip(stacks, leaves)]
+            table = [{"frames": self.frames.ids(s["stack"]), "site": self.wrappers.site(s["stack"]),
+                      "bytes": s["bytes"], "blocks": s["blocks"], "node": leaf,
+                      "stack_id": sid}
+                     for s, leaf, (sid, _, _) in zip(stacks, leaves, dump.heap.by_stack("live"))]
             distinct = len(dump.heap.by_stack("live"))
-            leaks = _leaks(dump, self.frames, self.warnings)
+            recorded = self._add_stats(dump, table)
+            for row in table:
+                del row["stack_id"]
+            leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
         finally:
             self._newest = None
         order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))
         first = self.points[primary]
-        exe = first["exe"] or "?"
+        processes = _processes(order)
+        for ev in self.events:
+            del ev["key"]
+        names = [f"{os.path.basename(p['exe'] or '?')} (pid {p['pid']})" for p in processes]
+        if len(names) > 3:
+            names = names[:3] + [f"{len(names) - 3} more"]
         return {
             "version": DATA_VERSION,
-            "title": f"forensics report: {os.path.basename(exe)} (pid {first['pid']})",
+            "title": "forensics report: " + ", ".join(names),
+            "processes": processes,
+            "stack_stats": recorded,
+            "wrappers": self.wrappers.patterns,
             "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "snapshots": order,
             "primary": order.index(first),
@@ -308,3 +386,54 @@ class ReportBuilder:
             "leaks": leaks,
             "warnings": self.warnings,
         }
+
+    def _add_stats(self, dump: Any, table: list[dict]) -> bool:
+        """Each row's peak live bytes, temporaries and allocations from libtag's
+        per-stack counters, plus rows for the stacks with no live block that
+        peaked or churned the most; False (and nothing added) when libtag did
+        not record them."""
+        stats = dump.heap.stack_stats()
+        if stats is None:
+            return False
+
+        def put(row: dict, sid: int) -> None:
+            s = stats[sid] if sid < len(stats) else None
+            row["peak_bytes"] = int(s["peak_bytes"]) if s is not None else None
+            row["temporaries"] = int(s["temporaries"]) if s is not None else None
+            row["allocs"] = int(s["allocs"]) if s is not None else None
+
+        have = set()
+        for row in table:
+            put(row, row["stack_id"])
+            have.add(row["stack_id"])
+        extra: list[int] = []
+        for key in ("peak_bytes", "temporaries"):
+            order = np.argsort(-stats[key].astype(np.int64), kind="stable")
+            for sid in order[:STATS_LIMIT + len(have)].tolist():
+                if sid and stats[key][sid] and sid not in have and sid not in extra:
+                    extra.append(sid)
+        extra = extra[:2 * STATS_LIMIT]
+        dump.prefetch(extra)
+        for sid in extra:
+            stack = frames_json(dump.stack(sid))
+            row = {"frames": self.frames.ids(stack), "site": self.wrappers.site(stack),
+                   "bytes": 0, "blocks": 0, "node": -1, "stack_id": sid}
+            put(row, sid)
+            table.append(row)
+        return True
+
+
+def _processes(points: list[dict]) -> list[dict]:
+    """The processes the cores are of, in the order of their first core; each
+    point gets "process", the index of its own."""
+    out: list[dict] = []
+    index: dict[tuple, int] = {}
+    for p in points:
+        key = (p["pid"], p["start_ns"])
+        i = index.get(key)
+        if i is None:
+            i = index[key] = len(out)
+            out.append({"pid": p["pid"], "exe": p["exe"], "cores": 0})
+        out[i]["cores"] += 1
+        p["process"] = i
+    return out

@@ -88,8 +88,10 @@ def trend(dumps: Sequence[Dump]) -> Trend:
 
 def trend_json(t: Trend, *, top: int | None = None, growing_only: bool = False) -> dict:
     """{"snapshots": [...], "stacks": [{"stack", "blocks": [..], "bytes": [..],
-    "monotonic", "growth_bytes", "growth_blocks"}], "monotonic_stacks": int}."""
+    "monotonic", "growth_bytes", "growth_blocks"}], "monotonic_stacks": int,
+    "stacks_total": int (stacks before --top cut them)}."""
     stacks = [s for s in t.stacks if s.monotonic] if growing_only else list(t.stacks)
+    total = len(stacks)
     if top is not None:
         stacks = stacks[:top]
     for i, dump in enumerate(t.dumps):
@@ -107,6 +109,7 @@ def trend_json(t: Trend, *, top: int | None = None, growing_only: bool = False) 
             "growth_blocks": s.growth_blocks,
         } for s in stacks],
         "monotonic_stacks": sum(1 for s in t.stacks if s.monotonic),
+        "stacks_total": total,
     }
 
 

@@ -15,6 +15,9 @@ def open_dump(path: str):
 
     if not os.path.exists(path):
         raise InputError(f"no such core: {path}")
+    from forensics.snapshots.complete import complete_core
+
+    complete_core(path)  # a kernel-written snapshot core gets every thread's registers
     bar = None
     task = None
     if sys.stderr.isatty():

@@ -45,6 +45,8 @@ def main(args: argparse.Namespace) -> int:
         new = stack.enter_context(open_dump(args.new))
         d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
         doc = diff_json(old, new, d)
+    for w in doc["warnings"]:
+        text.warn(w)
     if args.json:
         text.print_json(doc)
     else:

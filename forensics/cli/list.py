@@ -4,9 +4,12 @@
 
 Looks first in the snapshot folders forensics knows (the default
 $XDG_STATE_HOME/forensics/snapshots and every --dir or LIBTAG_DIR it has
-used) for snapshots taken since, and catalogs the complete ones.  --json
-prints an array, oldest first, of {"core", "pid", "exe", "time", "reason",
-"pause_ms", "core_bytes", "dir", "exists", "summary", "id"}.
+used) for snapshots taken since, and catalogs the complete ones.  Each
+snapshot is two lines: its catalog number, time, pid, executable, reason,
+pause and size on disk (and the apparent size of a sparse core), then its
+core's path.  --json prints an array, oldest first, of {"core", "pid", "exe",
+"time", "reason", "pause_ms", "core_bytes", "disk_bytes", "dir", "exists",
+"summary", "id"}.
 """
 
 from __future__ import annotations
@@ -45,15 +48,14 @@ def main(args: argparse.Namespace) -> int:
         out.print("no snapshots in the catalog yet: take one with "
                   "`forensics snapshot PID` or `forensics run -- CMD`", markup=False, soft_wrap=True)
         return 0
-    rows = []
     for e in entries:
+        doc = e.to_json()
         when = _dt.datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S") if e.time else "?"
-        pause = f"{e.pause_ms:.2f}" if e.pause_ms is not None else "-"
-        missing = "" if e.to_json()["exists"] else " (deleted)"
-        rows.append((when, e.pid, os.path.basename(e.exe) if e.exe else "?", e.reason, pause,
-                     f"{e.core_bytes / 1e6:.1f}", e.core + missing))
-    t = text.table(None, ["time", "pid", "exe", "reason", "pause ms", "MB", "core"], rows)
-    t.columns[-1].overflow = "fold"  # a path cut short is useless: fold it
-    t.columns[-1].no_wrap = False
-    out.print(t, soft_wrap=not out.is_terminal)
+        pause = f"paused {e.pause_ms:.2f} ms" if e.pause_ms is not None else "not paused"
+        size = (text.core_size_text(e.core_bytes, doc["disk_bytes"]) if doc["exists"]
+                else "deleted")
+        exe = os.path.basename(e.exe) if e.exe else "?"
+        # two lines: the facts, then the core's path alone, never broken
+        text.say(f"#{e.id}  {when}  pid {e.pid} {exe}  {e.reason}  {pause}  {size}")
+        text.say(f"    {e.core}")
     return 0

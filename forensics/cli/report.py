@@ -6,9 +6,14 @@ Reads every CORE (taken under libtag) and writes one page that needs no
 network: the live heap (bytes and blocks) of each snapshot as a curve over
 time with each snapshot's reason marked; the live bytes of the newest
 snapshot as a zoomable allocation hierarchy (click a frame to zoom in and see
-its stack); the anomaly or crash of every core that has one, with its stacks;
-the leak groups when this version can find them; and a table of the
-allocation stacks that sorts and filters.  The heap is aggregated by stack
+its stack); the anomaly or crash of every core that has one, with its stacks
+(once, "seen in N cores", when later cores of the process still hold it);
+the leak groups; and a table of the allocation stacks that sorts and filters,
+each with where it allocated (its first frame outside the allocation
+wrappers: malloc's family, strdup, operator new, the xmalloc family; add your
+own with --wrapper) and, when libtag kept per-stack counters, its peak live
+bytes and temporary allocations.  Cores of several processes are named on the
+page with a warning, each with its own curve.  The heap is aggregated by stack
 before anything is drawn, so a core with millions of blocks still gives a
 small page that opens at once.  The file is written 0600 (it names the
 program's functions and files) and replaced atomically.
@@ -23,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cores", metavar="CORE", nargs="+", help="cores taken under libtag")
     parser.add_argument("-o", "--output", metavar="FILE.html", required=True,
                         help="the HTML file to write")
+    parser.add_argument("--wrapper", metavar="PATTERN", action="append", default=[],
+                        help="a function that allocates for its caller (e.g. 'my_alloc*'): "
+                             "'allocated at' skips it; repeat for more")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -40,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"cannot write the report: {args.output} is a directory; give a file name")
     if not os.path.isdir(os.path.dirname(out)):
         raise InputError(f"cannot write the report: no such folder {os.path.dirname(out)}")
-    builder = ReportBuilder(catalog_time=_catalog_time)
+    builder = ReportBuilder(catalog_time=_catalog_time, wrappers=args.wrapper)
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:

@@ -1,6 +1,7 @@
 """Run a command with libtag preloaded, snapshots going to a private directory.
 
     forensics run [--dir DIR] [--on-anomaly snapshot|abort|ignore] -- CMD [ARGS]
+    forensics run --leaks [--suppress FILE] [--json FILE] [--top N] -- CMD [ARGS]
 
 CMD runs with LD_PRELOAD=<libtag.so> (before any LD_PRELOAD already set),
 LIBTAG_DIR=DIR and LIBTAG_ON_ANOMALY.  DIR defaults to
@@ -10,6 +11,20 @@ CMD's; a CMD killed by a signal gives 128+signal, as a shell does.
 When CMD has exited, the snapshots it left in DIR (on demand, on an anomaly,
 on a crash) are waited for, recorded in the catalog (forensics list) and
 named on stderr with the command to look at them.
+
+--leaks: a leak check at exit, as LeakSanitizer does it.  libtag takes an
+exit snapshot (LIBTAG_AT_EXIT=snapshot) when CMD calls exit() or returns
+from main, after its atexit handlers and static destructors; every process
+CMD starts under libtag (a forked child that calls exit(), a program it runs)
+gets its own.  For each, the definite and indirect leaks are printed on
+stderr, grouped by allocation stack with blocks and bytes, the top N groups
+and the totals.  The exit status is 23 when any definite or indirect leak is
+left after the suppressions, otherwise CMD's.  A process that ends with
+_exit() or is killed by a signal takes no exit snapshot and is not checked
+(said on stderr).  --suppress FILE: one pattern per line, leak:PATTERN or
+PATTERN, matched against every frame's function, source file and module
+("*" any characters, "^"/"$" anchors); a group with a matching frame is left
+out.
 """
 
 from __future__ import annotations
@@ -23,6 +38,9 @@ from forensics.errors import ForensicsError, UsageError
 
 ON_ANOMALY = ("snapshot", "abort", "ignore")
 
+# forensics run --leaks's status when leaks are found: LeakSanitizer's.
+LEAK_EXIT_STATUS = 23
+
 # Signals a terminal or a supervisor sends to stop "the program": passed on to
 # CMD, so that forensics run behaves like the command it wraps.
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -32,15 +50,33 @@ _IGNORED = (signal.SIGINT, signal.SIGQUIT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from forensics.files import default_snapshot_dir
+
     parser.add_argument(
         "--dir", metavar="DIR",
-        help="where snapshots (cores) go; created 0700 "
-             "(default: $XDG_STATE_HOME/forensics/snapshots)",
+        help=f"where snapshots (cores) go; created 0700 (default: {default_snapshot_dir()})",
     )
     parser.add_argument(
         "--on-anomaly", choices=ON_ANOMALY, default="snapshot",
         help="on a double free, invalid free, overflow or write after free: "
              "snapshot and run on (default), abort, or ignore",
+    )
+    parser.add_argument(
+        "--leaks", action="store_true",
+        help="check for leaks when CMD exits; exit 23 when definite or indirect leaks are found",
+    )
+    parser.add_argument(
+        "--suppress", metavar="FILE",
+        help="with --leaks: leave out leaks whose allocation stack matches a pattern of FILE "
+             "(leak:PATTERN lines)",
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", dest="json_file",
+        help="with --leaks: also write the leak report as one JSON document to FILE (0600)",
+    )
+    parser.add_argument(
+        "--top", type=int, default=10, metavar="N",
+        help="with --leaks: print the N largest leak groups of each process (default 10)",
     )
     parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
@@ -70,9 +106,19 @@ def main(args: argparse.Namespace) -> int:
             "[--on-anomaly snapshot|abort|ignore] -- CMD [ARGS]"
         )
 
+    if not args.leaks and (args.suppress or args.json_file):
+        raise UsageError(f"run: {'--suppress' if args.suppress else '--json'} goes with --leaks")
+    if args.top < 1:
+        raise UsageError(f"run: --top must be at least 1, not {args.top}")
+    suppressions = _load_suppressions(args.suppress) if args.suppress else None
+    if args.json_file:
+        _check_output(args.json_file)
+
     lib = lib_path()
     snap_dir = ensure_private_dir(args.dir if args.dir else default_snapshot_dir())
     env = build_env(str(lib), str(snap_dir), args.on_anomaly, dict(os.environ))
+    if args.leaks:
+        env["LIBTAG_AT_EXIT"] = "snapshot"
     before = _snapshot_names(snap_dir)
 
     try:
@@ -99,8 +145,11 @@ def main(args: argparse.Namespace) -> int:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
-    _report_snapshots(snap_dir, before)
-    return 128 - status if status < 0 else status
+    results = _report_snapshots(snap_dir, before, skip_reasons=("exit",) if args.leaks else ())
+    code = 128 - status if status < 0 else status
+    if not args.leaks:
+        return code
+    return _leak_check(results, child.pid, code, cmd, suppressions, args)
 
 
 # How long to wait, after CMD exited, for a core still being written by a
@@ -117,8 +166,10 @@ def _snapshot_names(snap_dir) -> set[str]:
         return set()
 
 
-def _report_snapshots(snap_dir, before: set[str]) -> None:
-    """Catalog the snapshots CMD made and say where they are (stderr)."""
+def _report_snapshots(snap_dir, before: set[str], skip_reasons: tuple[str, ...] = ()) -> list:
+    """Catalog the snapshots CMD made and say where they are (stderr), except
+    those of skip_reasons (the leak report names those).  Returns
+    snapdir.scan_and_record's (dir, row, error) list."""
     import sys
 
     from forensics.snapshots import snapdir
@@ -126,12 +177,12 @@ def _report_snapshots(snap_dir, before: set[str]) -> None:
     try:
         new = _snapshot_names(snap_dir) - before
         if not new:
-            return
+            return []
         results = snapdir.scan_and_record(snap_dir, wait=SNAPSHOT_WAIT_S, only=new)
     except ForensicsError as e:
         sys.stderr.write(f"forensics: warning: could not catalog the snapshots in "
                          f"{snap_dir}: {e.message}\n")
-        return
+        return []
     cores = []
     for snap, row, error in results:
         if row is None:
@@ -139,12 +190,86 @@ def _report_snapshots(snap_dir, before: set[str]) -> None:
                              f"forensics: warning: snapshot {snap.path} of pid {snap.pid} "
                              f"is not complete\n")
             continue
+        if snap.reason in skip_reasons:
+            continue
         cores.append(row["core"])
         pause = f", paused {row['pause_ms']:.2f} ms" if row["pause_ms"] is not None else ""
         sys.stderr.write(f"forensics: snapshot ({snap.reason}) of pid {snap.pid}{pause}: "
                          f"{row['core']}\n")
     if cores:
         sys.stderr.write(f"forensics: next: forensics inspect {cores[-1]}\n")
+    return results
+
+
+def _load_suppressions(path: str):
+    from forensics.answers.leakcheck import Suppressions
+    from forensics.errors import InputError
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 20)
+    except IsADirectoryError:
+        raise InputError(f"run: cannot read the suppressions {path}: it is a directory") from None
+    except OSError as e:
+        raise InputError(f"run: cannot read the suppressions {path}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"run: the suppressions {path} are not text (byte {e.start} is not UTF-8)") from None
+    return Suppressions.parse(text, path)
+
+
+def _check_output(path: str) -> None:
+    from forensics.errors import InputError
+
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise InputError(f"run: cannot write the leak report: {path} is a directory")
+    if not os.path.isdir(os.path.dirname(full)):
+        raise InputError(f"run: cannot write the leak report: no such folder {os.path.dirname(full)}")
+
+
+def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions, args) -> int:
+    """Check every exit snapshot CMD's processes left; print, write --json,
+    and return the exit status."""
+    import json
+    import sys
+
+    from forensics.answers.leakcheck import leak_check_doc
+    from forensics.cli._open import open_dump
+    from forensics.files import write_private
+    from forensics.output import text
+
+    exits = [(snap, row) for snap, row, _ in results if row is not None and snap.reason == "exit"]
+    # CMD first, then its descendants as they exited
+    exits.sort(key=lambda sr: (sr[0].pid != pid, sr[0].time or 0, sr[0].pid))
+    processes = []
+    for snap, row in exits:
+        try:
+            with open_dump(row["core"]) as dump:
+                processes.append(leak_check_doc(dump, suppressions))
+        except ForensicsError as e:
+            sys.stderr.write(f"forensics: warning: cannot check the exit snapshot of pid "
+                             f"{snap.pid} ({row['core']}): {e.message}\n")
+    checked = {p["pid"] for p in processes}
+    unchecked = [] if pid in checked else [pid]
+    for doc in processes:
+        text.show_leak_check(doc, top=args.top)
+    for p in unchecked:
+        sys.stderr.write(f"forensics: warning: pid {p} took no exit snapshot, so it was not "
+                         f"checked for leaks: it ended without exit() (_exit(), a signal, or "
+                         f"libtag was not loaded)\n")
+    leaked = any(p["leaked"] for p in processes)
+    status = LEAK_EXIT_STATUS if leaked else code
+    if args.json_file:
+        doc = {"command": cmd, "exit_status": code, "status": status, "leaked": leaked,
+               "processes": processes, "unchecked": unchecked}
+        data = (json.dumps(doc, indent=2) + "\n").encode()
+        try:
+            write_private(os.path.abspath(args.json_file), lambda f: f.write(data))
+        except OSError as e:
+            sys.stderr.write(f"forensics: warning: cannot write {args.json_file}: {e.strerror}\n")
+    return status
 
 
 def _forward(child: subprocess.Popen, signum: int) -> None:

@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     out.print(doc["core"], markup=False, soft_wrap=True)
     out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
               f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "
-              f"core {doc['core_bytes'] / 1e6:.1f} MB", markup=False, soft_wrap=True)
+              f"core {text.core_size_text(doc['core_bytes'], doc['disk_bytes'])}",
+              markup=False, soft_wrap=True)
     out.print(f"  next: forensics inspect {doc['core']}", markup=False, soft_wrap=True)
     return 0
 

@@ -4,7 +4,9 @@
 
 With --core, looks in that core; with --pid, takes a fresh snapshot of that
 running libtag process and looks there; with neither, uses the newest snapshot
-in the catalog (forensics list).  When no tagged block holds ADDR it says what
+in the catalog (forensics list).  Without --core, the first line names the core
+used (the new snapshot's, or the catalog's with its pid and reason); --json
+always names it as "core".  When no tagged block holds ADDR it says what
 the address is: a thread's stack, a module's globals, another mapping, or
 nothing mapped - and "N bytes past the end of block X" just after a block.
 Exit 0 if ADDR is in a tagged block, 1 if not.
@@ -33,40 +35,51 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     _args.json_flag(parser)
 
 
-def _core_path(args: argparse.Namespace) -> str:
+def _core_path(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(the core to look in, the line that says where it came from: None when
+    the user named it)."""
     from forensics.errors import InputError
 
     if args.core:
-        return args.core
+        return args.core, None
     if args.pid is not None:
         from forensics.snapshots.take import take
 
-        return take(args.pid, timeout=30.0)["core"]
+        core = take(args.pid, timeout=30.0)["core"]
+        return core, f"core {core} (a new snapshot of pid {args.pid})"
     from forensics.snapshots import catalog
 
     newest = catalog.newest()
     if newest is None:
         raise InputError("no snapshot in the catalog: give --core CORE or --pid PID "
                          "(snapshots are taken by forensics run and forensics snapshot)")
-    return str(newest.core)
+    exe = f" {newest.exe}" if newest.exe else ""
+    return str(newest.core), (f"core {newest.core} (the newest in the catalog: pid "
+                              f"{newest.pid}{exe}, {newest.reason})")
 
 
 def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
-    with open_dump(_core_path(args)) as dump:
-        return answer(dump, args)
+    core, source = _core_path(args)
+    with open_dump(core) as dump:
+        return answer(dump, args, source=source)
 
 
-def answer(dump, args: argparse.Namespace) -> int:
-    """Print who owns args.address in dump, as text or --json; the exit status."""
+def answer(dump, args: argparse.Namespace, *, source: str | None = None) -> int:
+    """Print who owns args.address in dump, as text or --json; the exit status.
+    source: a first line saying which core this is, when the user did not
+    name it."""
     from forensics.answers import owners
     from forensics.output import text
 
     owner = owners.whoowns(dump, args.address)
-    doc = owners.to_json(dump, owner)
+    doc = {"core": dump.core.path if dump.core is not None else dump.mem.name,
+           **owners.to_json(dump, owner)}
     if args.json:
         text.print_json(doc)
     else:
+        if source:
+            text.say(source)
         text.show_whoowns(doc)
     return 0 if owner.in_block else 1

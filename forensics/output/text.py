@@ -15,11 +15,9 @@ from typing import Any, Iterable, Sequence
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.tree import Tree
 
 __all__ = [
     "Table",
-    "Tree",
     "err_console",
     "hex_addr",
     "out_console",
@@ -36,7 +34,9 @@ def out_console() -> Console:
     """The Console for human output on stdout (plain text when not a terminal)."""
     global _out
     if _out is None:
-        _out = Console(highlight=False, soft_wrap=False)
+        # soft_wrap: a line is never broken or cut at the terminal's width
+        # (the terminal may fold it on screen; a path stays one line of text)
+        _out = Console(highlight=False, soft_wrap=True)
     return _out
 
 
@@ -44,7 +44,7 @@ def err_console() -> Console:
     """The Console for progress and notes on stderr."""
     global _err
     if _err is None:
-        _err = Console(stderr=True, highlight=False)
+        _err = Console(stderr=True, highlight=False, soft_wrap=True)
     return _err
 
 
@@ -103,6 +103,37 @@ def progress(description: str):
 # verb would print with --json, so both outputs always say the same thing.
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """"1 block", "2 blocks"."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def size_text(n: int) -> str:
+    """Bytes for a person: "812 bytes", "432 kB", "59.3 MB", "1.20 GB"."""
+    if n < 1000:
+        return plural(n, "byte")
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.1f} {unit}" if v >= 10 else f"{v:.2f} {unit}"
+    return plural(n, "byte")
+
+
+def core_size_text(apparent: int, disk: int | None) -> str:
+    """A core's size: what it takes on disk, and its apparent size when the
+    holes of a sparse core make that much larger."""
+    if disk is None:
+        return f"{size_text(apparent)} (apparent)"
+    if disk * 2 < apparent:
+        return f"{size_text(disk)} on disk ({size_text(apparent)} apparent)"
+    return f"{size_text(disk)} on disk"
+
+
+def signed(n: int, word: str) -> str:
+    """"+1 block", "-3 blocks"."""
+    return f"{n:+d} {word if abs(n) == 1 else word + 's'}"
+
+
 def _e(value) -> str:
     """Text from a core (paths, function names, notes) made safe for rich
     markup: a path like "a[/b]" must print as itself, not as a markup tag."""
@@ -119,15 +150,16 @@ def _frame_text(f: dict) -> str:
     return _e(f"{f['address']}  {func}{where}")
 
 
-def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> Tree:
-    tree = Tree(title)
-    if not frames:
-        tree.add("[dim](no stack recorded)[/dim]")
-    for f in frames[:limit]:
-        tree.add(_frame_text(f))
+def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> str:
+    """A stack as a tree of lines (title, then one frame per line), as one
+    string: printed whole, no frame is ever broken across lines."""
+    items = [_frame_text(f) for f in frames[:limit]] or ["[dim](no stack recorded)[/dim]"]
     if len(frames) > limit:
-        tree.add(f"[dim]... {len(frames) - limit} more frames (--json has them all)[/dim]")
-    return tree
+        items.append(f"[dim]... {len(frames) - limit} more frames (--json has them all)[/dim]")
+    lines = [title]
+    for i, item in enumerate(items):
+        lines.append(("└── " if i == len(items) - 1 else "├── ") + item)
+    return "\n".join(lines)
 
 
 def _block_lines(block: dict, *, label: str = "block") -> list:
@@ -137,6 +169,16 @@ def _block_lines(block: dict, *, label: str = "block") -> list:
     if block["state"] == "freed":
         out.append(stack_tree(f"freed by thread {block['free_thread']}", block["free_stack"] or []))
     return out
+
+
+def warn(line: str) -> None:
+    """``forensics: warning: ...`` on stderr."""
+    err_console().print(f"forensics: warning: {line}", markup=False, highlight=False)
+
+
+def say(line: str) -> None:
+    """One plain line on stdout, never wrapped (it may hold a long path)."""
+    out_console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def show_block(block: dict) -> None:
@@ -220,13 +262,15 @@ def show_inspect(doc: dict) -> None:
             for item in _block_lines(owner["block"]):
                 con.print(item)
     h = doc["heap"]
-    con.print(f"\n[bold]heap[/bold] {h['live_blocks']} live blocks, {h['live_bytes']} bytes; "
-              f"{h['freed_blocks']} freed blocks in quarantine, {h['freed_bytes']} bytes")
+    con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'live block')}, "
+              f"{plural(h['live_bytes'], 'byte')}; {plural(h['freed_blocks'], 'freed block')} "
+              f"in quarantine, {plural(h['freed_bytes'], 'byte')}")
     tops = doc.get("top_stacks", [])
     if tops:
         con.print("\n[bold]top allocation stacks by live bytes[/bold]")
         for i, s in enumerate(tops, 1):
-            con.print(stack_tree(f"#{i}: {s['bytes']} bytes in {s['blocks']} blocks", s["stack"], limit=8))
+            con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}",
+                                 s["stack"], limit=8))
     for t in doc.get("threads", []):
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):
@@ -248,52 +292,105 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
         t[0] += g["blocks"]
         t[1] += g["bytes"]
     con.print("\n[bold]leaks[/bold] " + "; ".join(
-        f"{k}: {b} bytes in {n} blocks" for k, (n, b) in totals.items()))
+        f"{k}: {plural(b, 'byte')} in {plural(n, 'block')}" for k, (n, b) in totals.items()))
     for i, g in enumerate(leaks[:limit], 1):
         extra = ""
         if g.get("indirect_bytes"):
-            extra = f" (+{g['indirect_bytes']} bytes in {g['indirect_blocks']} blocks lost through them)"
+            extra = (f" (+{plural(g['indirect_bytes'], 'byte')} in {plural(g['indirect_blocks'], 'block')}"
+                     f" lost through {'it' if g['blocks'] == 1 else 'them'})")
         age = g.get("age_ms") or {}
         when = f", allocated {age['oldest']}-{age['newest']} ms before the snapshot" if age else ""
         color = {"definite": "red", "indirect": "yellow"}.get(g["kind"], "magenta")
-        con.print(stack_tree(f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {g['bytes']} bytes in "
-                             f"{g['blocks']} blocks{extra}{when}", g["stack"], limit=8))
+        con.print(stack_tree(f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
+                             f"{plural(g['blocks'], 'block')}{extra}{when}", g["stack"], limit=8))
     if len(leaks) > limit:
         con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
+
+
+def show_leak_check(doc: dict, *, top: int = 10) -> None:
+    """forensics run --leaks: one process's report, on stderr (stdout is
+    CMD's).  Lines are never wrapped: a path stays on one line."""
+    con = err_console()
+
+    def say(line: str = "") -> None:
+        con.print(line, soft_wrap=True, highlight=False)
+
+    def amount(t: dict) -> str:
+        return f"{plural(t['bytes'], 'byte')} in {plural(t['blocks'], 'block')}"
+
+    tot = doc["totals"]
+    say(f"\n[bold]forensics: leak check of pid {doc['pid']}[/bold] "
+        f"({_e(doc['exe'] or '?')}) at exit")
+    shown = [g for g in doc["leaks"] if g["kind"] != "possible"]
+    for g in shown[:top]:
+        color = "red" if g["kind"] == "definite" else "yellow"
+        extra = ""
+        if g.get("indirect_blocks"):
+            extra = (f" (+{amount({'bytes': g['indirect_bytes'], 'blocks': g['indirect_blocks']})}"
+                     f" lost through {'it' if g['blocks'] == 1 else 'them'})")
+        say(f"\n[bold {color}]{g['kind']} leak[/bold {color}] of {amount(g)}{extra}, allocated at:")
+        for i, f in enumerate(g["stack"][:24]):
+            say(f"    #{i} {_frame_text(f)}")
+        if len(g["stack"]) > 24:
+            say(f"    [dim]... {len(g['stack']) - 24} more frames[/dim]")
+    if len(shown) > top:
+        rest = shown[top:]
+        say(f"\n[dim]... {plural(len(rest), 'more group')}: "
+            f"{amount({'bytes': sum(g['bytes'] for g in rest), 'blocks': sum(g['blocks'] for g in rest)})}"
+            f" (--top N shows more, --json FILE has them all)[/dim]")
+    sup = doc["suppressed"]
+    if sup["blocks"]:
+        say(f"\nsuppressed: {amount(sup)} ("
+            + ", ".join(f"{_e(p['pattern'])}: {plural(p['blocks'], 'block')}" for p in sup["patterns"])
+            + ")")
+    lost = [f"{amount(tot[k])} {how} lost" for k, how in
+            (("definite", "definitely"), ("indirect", "indirectly"), ("possible", "possibly"))
+            if tot[k]["blocks"]]
+    say(f"\n[bold]SUMMARY[/bold]: pid {doc['pid']}: " + (", ".join(lost) if lost else "no leaks"))
+    say(f"core: {_e(doc['core'])}")
+    for w in doc.get("warnings", []):
+        say(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
 def show_diff(doc: dict, *, top: int = 20) -> None:
     con = out_console()
     o, n = doc["old"], doc["new"]
-    con.print(f"[bold]old[/bold] {_e(o['core'])}: {o['live_blocks']} live blocks, {o['live_bytes']} bytes")
-    con.print(f"[bold]new[/bold] {_e(n['core'])}: {n['live_blocks']} live blocks, {n['live_bytes']} bytes")
+    con.print(f"[bold]old[/bold] {_e(o['core'])}: {plural(o['live_blocks'], 'live block')}, "
+              f"{plural(o['live_bytes'], 'byte')}")
+    con.print(f"[bold]new[/bold] {_e(n['core'])}: {plural(n['live_blocks'], 'live block')}, "
+              f"{plural(n['live_bytes'], 'byte')}")
     if not doc.get("same_process"):
         con.print("[dim]different processes: stacks matched by their frames, no block survives[/dim]")
-    con.print(f"{doc['new_blocks']} new blocks ({doc.get('new_bytes', 0)} bytes), "
-              f"{doc['gone_blocks']} gone ({doc.get('gone_bytes', 0)} bytes), "
+    con.print(f"{plural(doc['new_blocks'], 'new block')} ({plural(doc.get('new_bytes', 0), 'byte')}), "
+              f"{doc['gone_blocks']} gone ({plural(doc.get('gone_bytes', 0), 'byte')}), "
               f"{doc.get('survived_blocks', 0)} survived")
     growth = doc["growth"]
     if not growth:
         con.print("\n[bold]growth[/bold] none")
     for i, g in enumerate(growth[:top], 1):
         con.print(stack_tree(
-            f"#{i}: [bold]{g['bytes']:+d} bytes, {g['blocks']:+d} blocks[/bold] "
-            f"({g['old']['blocks']} -> {g['new']['blocks']} blocks; {g['survived']} survived, "
+            f"#{i}: [bold]{signed(g['bytes'], 'byte')}, {signed(g['blocks'], 'block')}[/bold] "
+            f"({g['old']['blocks']} -> {plural(g['new']['blocks'], 'block')}; {g['survived']} survived, "
             f"{g['added']} new, {g['gone']} gone; {round(100 * g['same_size_share'])}% of the new "
-            f"are {g['common_size']} bytes)", g["stack"], limit=8))
+            f"are {plural(g['common_size'] or 0, 'byte')})", g["stack"], limit=8))
     if len(growth) > top:
         con.print(f"[dim]... {len(growth) - top} more stacks (--json has them all)[/dim]")
 
 
 def show_trend(doc: dict) -> None:
     con = out_console()
-    snaps = doc["snapshots"]
-    con.print(table("snapshots", ["#", "core", "time ms", "live blocks", "live bytes"],
-                    [(i, s["core"], s["time_ms"], s["live_blocks"], s["live_bytes"])
-                     for i, s in enumerate(snaps, 1)]))
-    con.print(f"\n[bold]{doc['monotonic_stacks']}[/bold] stacks grow monotonically")
+    con.print("[bold]snapshots[/bold]")
+    for i, snap in enumerate(doc["snapshots"], 1):
+        con.print(f"#{i} at {snap['time_ms']} ms: {plural(snap['live_blocks'], 'live block')}, "
+                  f"{plural(snap['live_bytes'], 'byte')}: {_e(snap['core'])}")
+    con.print(f"\n[bold]{doc['monotonic_stacks']}[/bold] "
+              f"{'stack grows' if doc['monotonic_stacks'] == 1 else 'stacks grow'} monotonically")
     for s in doc["stacks"]:
         flag = "[bold red]grows[/bold red] " if s["monotonic"] else ""
         series = " -> ".join(str(b) for b in s["bytes"])
         con.print(stack_tree(f"{flag}bytes {series} (blocks {' -> '.join(map(str, s['blocks']))})",
                              s["stack"], limit=6))
+    hidden = doc["stacks_total"] - len(doc["stacks"])
+    if hidden > 0:
+        con.print(f"[dim]... {plural(hidden, 'more stack')} not shown (--top N shows more; "
+                  f"--json has them all)[/dim]")

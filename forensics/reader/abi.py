@@ -87,6 +87,7 @@ TAG_REASON_NONE = 0
 TAG_REASON_ON_DEMAND = 1
 TAG_REASON_ANOMALY = 2
 TAG_REASON_CRASH = 3
+TAG_REASON_EXIT = 4  # LIBTAG_AT_EXIT=snapshot: after atexit handlers and static destructors
 
 TAG_ANOMALY_NONE = 0
 TAG_ANOMALY_DOUBLE_FREE = 1
@@ -114,6 +115,7 @@ REASON_NAMES = {
     TAG_REASON_ON_DEMAND: "on-demand",
     TAG_REASON_ANOMALY: "anomaly",  # a snapshot's name and JSON say the kind instead: reason_name()
     TAG_REASON_CRASH: "crash",
+    TAG_REASON_EXIT: "exit",
 }
 # ANOMALY_NAMES mirror anomaly.c's kind_names, REASON_NAMES snapshot.c's
 # reason_names (tests/unit/test_abi_mirror.py compares them).
@@ -253,6 +255,14 @@ Control = Struct(
     "latent_uaf" / Int32ul,  # snapshot core: quarantined blocks found written after free
     "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
     "damaged_bytes" / Int64ul,
+    "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] by stack id; 0 = not recorded
+)
+
+StackStats = Struct(
+    "live_bytes" / Int64ul,  # requested bytes of the stack's blocks live now
+    "peak_bytes" / Int64ul,  # the most live_bytes has been
+    "temporaries" / Int64ul,  # blocks freed soon after they were made
+    "allocs" / Int64ul,  # blocks the stack allocated
 )
 
 TAG_SIZE = Tag.sizeof()  # 32
@@ -261,7 +271,8 @@ STACK_NODE_SIZE = StackNode.sizeof()  # 16
 SHADOW_SIZE = Shadow.sizeof()  # 7192
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
 QENTRY_SIZE = QEntry.sizeof()  # 24
-CONTROL_SIZE = Control.sizeof()  # 312
+CONTROL_SIZE = Control.sizeof()  # 320
+STACK_STATS_SIZE = StackStats.sizeof()  # 32
 
 STRUCTS = {
     "libtag_tag": Tag,
@@ -274,6 +285,7 @@ STRUCTS = {
     "libtag_anomaly": Anomaly,
     "libtag_crash": Crash,
     "libtag_control": Control,
+    "libtag_stack_stats": StackStats,
 }
 
 
@@ -316,6 +328,7 @@ def _numpy_format(con: Any) -> Any:
 
 STACK_NODE_DTYPE = numpy_dtype(StackNode)
 THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
+STACK_STATS_DTYPE = numpy_dtype(StackStats)
 QENTRY_DTYPE = numpy_dtype(QEntry, flat=True)  # user, free_stack, free_tid, free_time, check
 assert TAG_QUARANTINE_BYTES == QuarantineRing.sizeof()
 

@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 import struct
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from forensics.files import write_private
+from forensics.files import open_own_file, write_private
 
 MAGIC = b"FXCACHE1"
 _ALIGN = 64
@@ -68,13 +67,12 @@ def save(path: str, meta: Sequence[int], arrays: Mapping[str, np.ndarray]) -> st
 def load(path: str, meta: Sequence[int]) -> dict[str, np.ndarray] | None:
     """The arrays of a cache written with the same meta, as read-only views of
     a mapping of the file; None if there is no usable cache."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    opened = open_own_file(path, os.O_RDONLY)
+    if opened is None:
         return None
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size < len(MAGIC) + 4:
+        if st.st_size < len(MAGIC) + 4:
             return None
         mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     except (OSError, ValueError):

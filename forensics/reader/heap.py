@@ -134,7 +134,7 @@ class Heap:
 
     @property
     def reason(self) -> str:
-        """Why this memory was dumped: "on-demand", an anomaly kind, "crash", or "none"."""
+        """Why this memory was dumped: "on-demand", "exit", an anomaly kind, "crash", or "none"."""
         return abi.reason_name(self.control.reason, self.control.anomaly.kind)
 
     @property
@@ -452,6 +452,9 @@ class Heap:
             (int(c.threads), int(c.threads) + abi.THREAD_RECORD_SIZE * int(c.thread_capacity)),
             (self.control_addr, self.control_addr + abi.CONTROL_SIZE),
         ]
+        if int(c.stack_stats):
+            out.append((int(c.stack_stats),
+                        int(c.stack_stats) + abi.STACK_STATS_SIZE * int(c.stack_capacity)))
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
         out += self.libtag_tls_ranges()
@@ -766,6 +769,22 @@ class Heap:
             freed_blocks=int(freed.sum()),
             freed_bytes=int(size[freed].sum()),
         )
+
+    def stack_stats(self) -> np.ndarray | None:
+        """libtag's per-stack counters (abi.STACK_STATS_DTYPE: live_bytes,
+        peak_bytes, temporaries, allocs), indexed by stack id, one per stack
+        in the table; None when libtag did not record them (control
+        stack_stats 0) or they cannot be read."""
+        if not hasattr(self, "_stack_stats"):
+            c = self.control
+            self._stack_stats = None
+            if int(c.stack_stats):
+                count = min(int(c.stack_count), int(c.stack_capacity))
+                raw = self._read_array(int(c.stack_stats), count, abi.STACK_STATS_SIZE,
+                                       "the per-stack counters")
+                if raw:
+                    self._stack_stats = np.frombuffer(raw, dtype=abi.STACK_STATS_DTYPE)
+        return self._stack_stats
 
     def by_stack(self, state: str = "live") -> list[tuple[int, int, int]]:
         """[(alloc stack id, blocks, bytes)] of the blocks in state, most bytes first."""

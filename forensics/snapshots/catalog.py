@@ -52,8 +52,11 @@ class Entry:
     summary: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
+        from forensics.files import disk_bytes
+
         d = asdict(self)
         d["exists"] = os.path.exists(self.core)
+        d["disk_bytes"] = disk_bytes(self.core)
         return d
 
 

@@ -321,6 +321,8 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         raise snapdir.SnapshotFailed(
             f"snapshot of pid {pid} failed: {snapdir.read_error(snap.path) or e.message} "
             f"(snapshot dir {snap.path}); the process runs on") from None
+    from forensics.files import disk_bytes
+
     core = snapdir.find_core(snap.path)
     assert core is not None  # wait_complete raised otherwise
     ask_to_reap(pid)
@@ -334,6 +336,7 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         "reason": snap.reason,
         "pause_ms": float(snap.pause_ms if snap.pause_ms is not None else 0.0),
         "core_bytes": int(row["core_bytes"]),
+        "disk_bytes": disk_bytes(core),
         "dir": os.path.abspath(snap.path),
         "seq": snap.seq,
         "exe": row["exe"],

@@ -242,6 +242,9 @@ enum libtag_reason {
     TAG_REASON_ON_DEMAND = 1,  /* LIBTAG_SIGNAL or libtag_snapshot() */
     TAG_REASON_ANOMALY   = 2,  /* see anomaly.kind */
     TAG_REASON_CRASH     = 3,  /* see crash */
+    TAG_REASON_EXIT      = 4,  /* LIBTAG_AT_EXIT=snapshot: the process called
+                                  exit(); taken after its atexit handlers and
+                                  static destructors */
 };
 
 enum libtag_anomaly_kind {
@@ -370,6 +373,17 @@ struct libtag_control {
                                  damaged (TAG_FLAG_REPORTED) */
     uint64_t damaged_bytes;   /* their requested bytes (of those whose size
                                  is known) */
+    uint64_t stack_stats;     /* address of struct libtag_stack_stats[], indexed
+                                 by stack id (stack_capacity entries); 0 = not
+                                 recorded */
+};
+
+/* Per allocation stack, kept cheaply on the allocation and free paths. */
+struct libtag_stack_stats {
+    uint64_t live_bytes;      /* requested bytes of its blocks live now */
+    uint64_t peak_bytes;      /* the most live_bytes has been */
+    uint64_t temporaries;     /* blocks freed soon after they were made */
+    uint64_t allocs;          /* blocks it allocated */
 };
 
 /* The layout is the contract: pin it. */
@@ -391,6 +405,8 @@ _Static_assert(offsetof(struct libtag_control, stack_nodes) == 72, "control");
 _Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
 _Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
 _Static_assert(offsetof(struct libtag_control, tls_bytes) == 288, "control");
-_Static_assert(sizeof(struct libtag_control) == 312, "control block");
+_Static_assert(offsetof(struct libtag_control, stack_stats) == 312, "control");
+_Static_assert(sizeof(struct libtag_control) == 320, "control block");
+_Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
 
 #endif /* TAG_ABI_H */

@@ -121,9 +121,18 @@ __attribute__((constructor(101))) static void libtag_constructor(void)
 /* At exit: the exiting thread's recent blocks and quarantine are checked
  * (a short run's write after free or overflow is reported before it ends:
  * the thread-exit hook does the same for other threads, but never runs for
- * the one that calls exit()), then with LIBTAG_STATS=1 one line of
- * counters.  The ring stays: a later destructor may still free. */
-__attribute__((destructor)) static void libtag_destructor(void)
+ * the one that calls exit()), then with LIBTAG_AT_EXIT=snapshot the exit
+ * snapshot (after any anomaly snapshot those checks took), then with
+ * LIBTAG_STATS=1 one line of counters.  The ring stays: a later destructor
+ * may still free.
+ *
+ * Priority 101 runs this after every default-priority destructor of the
+ * object it is linked into: nothing when preloaded (libtag.so is finalised
+ * after the program and the libraries loaded after it, since it was
+ * initialised before them), the program's own destructors when libtag.a is
+ * linked into it.  exit() has run the atexit handlers and C++ static
+ * destructors by then.  _exit() and a fatal signal run no destructor. */
+__attribute__((destructor(101))) static void libtag_destructor(void)
 {
     if (!_tag_ready)
         return;
@@ -133,13 +142,13 @@ __attribute__((destructor)) static void libtag_destructor(void)
             _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
         _tag_quarantine_flush(t);
     }
-    if (!_tag_opt.stats)
+    if (_tag_opt.at_exit == TAG_AT_EXIT_SNAPSHOT)
+        _tag_snapshot_at_exit();
+    if (!_tag_opt.stats || _tag_opt.log == TAG_LOG_OFF)
         return;
     struct libtag_stats s;
     libtag_stats(&s);
-    int q = _tag_opt.quiet;
-    _tag_opt.quiet = 0;
-    _tag_log("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
+    _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
              "captures=%lu capture_frames=%lu",
@@ -151,7 +160,6 @@ __attribute__((destructor)) static void libtag_destructor(void)
              (unsigned long)_tag_ctl.damaged_bytes,
              (unsigned long)(_tag_capture_total + _tag_tls.captures),
              (unsigned long)(_tag_capture_frames_total + _tag_tls.capture_frames));
-    _tag_opt.quiet = q;
 }
 
 TAG_EXPORT const void *libtag_control(void)

@@ -51,7 +51,9 @@ struct tag_options {
     int on_anomaly;              /* enum tag_on_anomaly */
     int core_path;               /* enum tag_core_path */
     int signal;                  /* snapshot signal, 0 = none */
-    int quiet;                   /* no log lines on stderr */
+    int quiet;                   /* LIBTAG_QUIET=1: no log lines but the stats */
+    int log;                     /* enum tag_log: where log lines go */
+    int at_exit;                 /* enum tag_at_exit */
     int stats;                   /* print counters at exit */
     int omit_payload;            /* LIBTAG_PAYLOAD=omit */
     int unwind;                  /* enum tag_unwind */
@@ -61,16 +63,23 @@ struct tag_options {
     uint32_t quarantine_fill;    /* payload bytes patterned when freed */
     uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
     char dir[512];               /* snapshot directory, "" = cwd */
+    char log_path[512];          /* LIBTAG_LOG=PATH: lines go to PATH.<pid> */
 };
+enum tag_log { TAG_LOG_STDERR, TAG_LOG_PATH, TAG_LOG_OFF };
+enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
 extern struct tag_options _tag_opt;
 /* Parse LIBTAG_* from the environment; a bad value is reported once and
  * libtag refuses to start (the process exits 2). No malloc. */
 TAG_COLD void _tag_options_init(void);
 
 /* ------------------------------------------------------------- log.c */
-/* Format into a stack buffer and write(2) to stderr: %s %d %u %x %p %lu %lx.
- * Async-signal-safe: no locks, no malloc, no stdio. */
+/* Format into a stack buffer and write(2) it where LIBTAG_LOG says:
+ * %s %d %u %x %p %lu %lx.  Async-signal-safe: no locks, no malloc, no stdio.
+ * _tag_log_always also writes under LIBTAG_QUIET=1 (the stats line) and,
+ * like _tag_fatal, to stderr under LIBTAG_LOG=off (a bad option). */
+TAG_COLD void _tag_log_init(void);  /* duplicate fd 2; after the options */
 void _tag_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void _tag_log_always(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void _tag_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Format into buf (always NUL-terminated); returns the length. */
 size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
@@ -482,6 +491,10 @@ const char *_tag_anomaly_name(uint32_t kind);
 /* -------------------------------------------------------- snapshot.c */
 TAG_COLD int _tag_snapshot(uint32_t reason);
 TAG_COLD void _tag_snapshot_init(void);   /* signal handler; after libc init */
+/* The exit snapshot (LIBTAG_AT_EXIT=snapshot), from libtag's destructor:
+ * returns once its core is written, so it is complete when the process is
+ * gone. */
+TAG_COLD void _tag_snapshot_at_exit(void);
 TAG_COLD void _tag_snapshot_reap(void);   /* collect exited snapshot children */
 extern int _tag_snapshot_pending;         /* children not collected yet */
 void _tag_die(int sig);                   /* default action of sig, now */

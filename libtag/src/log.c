@@ -1,9 +1,26 @@
 /* log.c - libtag's only way to say something: format into a stack buffer
  * and write(2) it.  Async-signal-safe: no locks, no malloc, no stdio, so it
- * may be called from the malloc path, signal handlers and the fork child. */
+ * may be called from the malloc path, signal handlers and the fork child.
+ *
+ * Where lines go is LIBTAG_LOG (options.c):
+ *   stderr  a duplicate of fd 2 made when libtag starts, so a program that
+ *           closes fd 2 (coreutils do, at exit) does not lose the line, and
+ *           one that reuses fd 2 or the duplicate's number for a file of its
+ *           own does not receive it there: before each write the descriptor
+ *           must still be the file it was at start (same device and inode),
+ *           else fd 2 if that still is, else the line is dropped.
+ *   PATH    appended to PATH.<pid> (opened at the first line, 0600, the last
+ *           component never followed if it is a symlink, refused unless a
+ *           regular file of ours); nothing goes to the program's stderr.  A
+ *           process that forks opens its own file in the child.
+ *   off     nothing, except a line that ends the process (a bad option, a
+ *           fatal error), which goes where stderr would.
+ */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "libtag_internal.h"
@@ -88,29 +105,148 @@ size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
     return n;
 }
 
-static void vlog(const char *fmt, va_list ap)
+/* The lowest descriptor number the duplicate of stderr takes: clear of the
+ * small numbers programs hand out and dup2() onto (a lower one is used when
+ * RLIMIT_NOFILE does not allow it). */
+#define TAG_LOG_FD_MIN 200
+
+/* A descriptor libtag writes its lines to, and what it was when libtag got
+ * it: a number the program may have closed and reused is checked first. */
+struct log_dest {
+    int fd;            /* -1: none */
+    int pid;           /* PATH: the process it was opened for */
+    dev_t dev;
+    ino_t ino;
+};
+
+static struct log_dest err_dest = {-1, 0, 0, 0};   /* the duplicate of fd 2 */
+static struct log_dest fd2_dest = {-1, 0, 0, 0};   /* fd 2 as it was at start */
+static struct log_dest path_dest = {-1, 0, 0, 0};  /* PATH.<pid> */
+static int path_lock;  /* pid of the one opener at a time; 0 = free */
+
+static int still(const struct log_dest *d)
 {
-    char buf[512];
-    int saved = errno;
-    size_t n = vformat(buf, sizeof buf - 1, fmt, ap);
-    buf[n++] = '\n';
+    struct stat st;
+    return d->fd >= 0 && fstat(d->fd, &st) == 0 && st.st_dev == d->dev && st.st_ino == d->ino;
+}
+
+static int log_ready;  /* _tag_log_init has run */
+
+void _tag_log_init(void)
+{
+    struct stat st;
+    __atomic_store_n(&log_ready, 1, __ATOMIC_RELEASE);
+    if (_tag_opt.log == TAG_LOG_PATH)
+        return;  /* every line goes to the file */
+    int fd = fcntl(2, F_DUPFD_CLOEXEC, TAG_LOG_FD_MIN);
+    if (fd < 0 && errno == EINVAL)
+        fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        return;  /* fd 2 is closed at start: stderr lines go nowhere */
+    if (fstat(fd, &st) < 0) {
+        close(fd);
+        return;
+    }
+    fd2_dest.fd = 2;
+    err_dest.dev = fd2_dest.dev = st.st_dev;
+    err_dest.ino = fd2_dest.ino = st.st_ino;
+    __atomic_store_n(&err_dest.fd, fd, __ATOMIC_RELEASE);
+}
+
+/* The descriptor of this process's PATH.<pid>, opened on first use; -1 if it
+ * cannot be (the line is then dropped: never written to stderr instead). */
+static int path_fd(void)
+{
+    int pid = (int)getpid();
+    if (__atomic_load_n(&path_dest.pid, __ATOMIC_ACQUIRE) == pid && path_dest.fd >= 0)
+        return path_dest.fd;
+    /* Async-signal-safe lock: a thread that finds it held drops its line
+     * rather than wait (it may have interrupted the holder).  Held by
+     * another pid: a copy made by fork() while a parent's thread held it,
+     * which nobody here will release. */
+    int holder = __atomic_load_n(&path_lock, __ATOMIC_RELAXED);
+    if (holder == pid ||
+        !__atomic_compare_exchange_n(&path_lock, &holder, pid, 0, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED))
+        return -1;
+    int fd = -1;
+    if (path_dest.pid == pid) {
+        fd = path_dest.fd;
+        goto out;
+    }
+    /* A forked child inherited its parent's file: close our copy, unless the
+     * program has put a file of its own at that number since. */
+    if (path_dest.fd >= 0 && still(&path_dest))
+        close(path_dest.fd);
+    path_dest.fd = -1;
+    char name[sizeof _tag_opt.log_path + 16];
+    _tag_format(name, sizeof name, "%s.%d", _tag_opt.log_path, pid);
+    fd = open(name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) {
+        path_dest.fd = fd;
+        path_dest.dev = st.st_dev;
+        path_dest.ino = st.st_ino;
+    }
+    __atomic_store_n(&path_dest.pid, fd >= 0 ? pid : 0, __ATOMIC_RELEASE);
+out:
+    __atomic_store_n(&path_lock, 0, __ATOMIC_RELEASE);
+    return fd;
+}
+
+static void write_all(int fd, const char *buf, size_t n)
+{
     for (size_t off = 0; off < n;) {
-        ssize_t w = write(2, buf + off, n - off);
+        ssize_t w = write(fd, buf + off, n - off);
         if (w <= 0 && errno != EINTR)
             break;
         if (w > 0)
             off += (size_t)w;
     }
+}
+
+/* always: a line that ends the process, written even with LIBTAG_LOG=off. */
+static void vlog(int always, const char *fmt, va_list ap)
+{
+    char buf[512];
+    int saved = errno;
+    size_t n = vformat(buf, sizeof buf - 1, fmt, ap);
+    buf[n++] = '\n';
+    int fd = -1;
+    if (_tag_opt.log == TAG_LOG_PATH) {
+        fd = path_fd();
+    } else if (_tag_opt.log == TAG_LOG_STDERR || always) {
+        if (!__atomic_load_n(&log_ready, __ATOMIC_ACQUIRE))
+            fd = 2;  /* before libtag started (a bad LIBTAG_LOG) */
+        else if (still(&err_dest))
+            fd = err_dest.fd;
+        else if (still(&fd2_dest))
+            fd = 2;  /* the program closed the duplicate, fd 2 is unchanged */
+    }
+    if (fd >= 0)
+        write_all(fd, buf, n);
     errno = saved;
 }
 
 void _tag_log(const char *fmt, ...)
 {
-    if (_tag_opt.quiet)
+    if (_tag_opt.quiet || _tag_opt.log == TAG_LOG_OFF)
         return;
     va_list ap;
     va_start(ap, fmt);
-    vlog(fmt, ap);
+    vlog(0, fmt, ap);
+    va_end(ap);
+}
+
+void _tag_log_always(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(1, fmt, ap);
     va_end(ap);
 }
 
@@ -118,7 +254,7 @@ void _tag_fatal(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(fmt, ap);
+    vlog(1, fmt, ap);
     va_end(ap);
     abort();
 }

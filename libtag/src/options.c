@@ -29,7 +29,7 @@ struct tag_options _tag_opt = {
 __attribute__((noreturn)) static void bad(const char *name, const char *value,
                                           const char *expected)
 {
-    _tag_log("libtag: error: %s=%s: expected %s", name, value, expected);
+    _tag_log_always("libtag: error: %s=%s: expected %s", name, value, expected);
     _exit(2);
 }
 
@@ -101,8 +101,26 @@ void _tag_options_init(void)
     static const char *const boolean[] = {"0", "1"};
     const char *v;
 
+    /* Where lines go first, so that a bad value below is said there. */
+    if ((v = getenv("LIBTAG_LOG"))) {
+        size_t n = strlen(v);
+        if (strcmp(v, "stderr") == 0)
+            _tag_opt.log = TAG_LOG_STDERR;
+        else if (strcmp(v, "off") == 0)
+            _tag_opt.log = TAG_LOG_OFF;
+        else if (v[0] == '/' && n < sizeof _tag_opt.log_path - 16) {
+            _tag_opt.log = TAG_LOG_PATH;
+            memcpy(_tag_opt.log_path, v, n + 1);
+        } else
+            bad("LIBTAG_LOG", v, "stderr, off, or an absolute path shorter than 496 bytes");
+    }
     if ((v = getenv("LIBTAG_QUIET")))
         _tag_opt.quiet = choice("LIBTAG_QUIET", v, boolean, 2, "0 or 1");
+    _tag_log_init();
+    if ((v = getenv("LIBTAG_AT_EXIT"))) {
+        static const char *const at_exit[] = {"none", "snapshot"};
+        _tag_opt.at_exit = choice("LIBTAG_AT_EXIT", v, at_exit, 2, "none or snapshot");
+    }
     if ((v = getenv("LIBTAG_STATS")))
         _tag_opt.stats = choice("LIBTAG_STATS", v, boolean, 2, "0 or 1");
     if ((v = getenv("LIBTAG_ON_ANOMALY")))

@@ -55,6 +55,7 @@ static const char *const reason_names[] = {
     [TAG_REASON_ON_DEMAND] = "on-demand",
     [TAG_REASON_ANOMALY] = "anomaly",
     [TAG_REASON_CRASH] = "crash",
+    [TAG_REASON_EXIT] = "exit",
 };
 
 static void reap(void);
@@ -231,19 +232,34 @@ static int open_dir_secure(const char *path, int create)
     return fd;
 }
 
-/* The directory snapshots go to: LIBTAG_DIR, else the XDG state dir. */
-static int open_snapshot_root(void)
+/* The directory snapshots go to: LIBTAG_DIR, else the XDG state dir
+ * ($XDG_STATE_HOME, else ~/.local/state).  Returns 0, or -1 when neither
+ * names an absolute path. */
+static int snapshot_root(char *path, size_t cap)
 {
-    if (_tag_opt.dir[0])
-        return open_dir_secure(_tag_opt.dir, 1);
-    char path[512];
+    if (_tag_opt.dir[0]) {
+        _tag_format(path, cap, "%s", _tag_opt.dir);
+        return 0;
+    }
     const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
     if (state && state[0] == '/')
-        _tag_format(path, sizeof path, "%s/forensics/snapshots", state);
+        _tag_format(path, cap, "%s/forensics/snapshots", state);
     else if (home && home[0] == '/')
-        _tag_format(path, sizeof path, "%s/.local/state/forensics/snapshots", home);
-    else
+        _tag_format(path, cap, "%s/.local/state/forensics/snapshots", home);
+    else {
+        _tag_format(path, cap, "(no LIBTAG_DIR, XDG_STATE_HOME or HOME)");
         return -1;
+    }
+    return 0;
+}
+
+static int open_snapshot_root(void)
+{
+    char path[512];
+    if (snapshot_root(path, sizeof path) < 0) {
+        errno = ENOENT;
+        return -1;
+    }
     return open_dir_secure(path, 1);
 }
 
@@ -496,9 +512,10 @@ static int take(uint32_t reason)
     int dir = root >= 0 ? make_snapshot_dir(root, seq, rname, name, sizeof name) : -1;
     if (dir < 0) {
         rc = -errno;
+        char where[512];
+        snapshot_root(where, sizeof where);
         _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
-                 _tag_opt.dir[0] ? _tag_opt.dir : "$XDG_STATE_HOME/forensics/snapshots",
-                 -rc);
+                 where, -rc);
         goto out;
     }
 
@@ -518,7 +535,8 @@ static int take(uint32_t reason)
         _tag_log("libtag: snapshot failed: fork: errno %d", -rc);
     } else {
         __atomic_store_n(&_tag_ctl.snapshot_seq, seq, __ATOMIC_RELEASE);
-        remember((pid_t)child);
+        if (reason != TAG_REASON_EXIT)
+            remember((pid_t)child);
         char info[512];
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
@@ -530,8 +548,14 @@ static int take(uint32_t reason)
             (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul,
             (unsigned long)(asked ? asked : t0));
         write_file(dir, "info", info, n);
-        _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname,
-                 _tag_opt.dir[0] ? _tag_opt.dir : "$XDG_STATE_HOME/forensics/snapshots", name);
+        /* The process is about to be gone: wait for the core here, so that
+         * whoever waits for the process finds it complete. */
+        if (reason == TAG_REASON_EXIT)
+            while (waitpid((pid_t)child, NULL, __WALL) < 0 && errno == EINTR)
+                ;
+        char where[512];
+        snapshot_root(where, sizeof where);
+        _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname, where, name);
     }
     close(dir);
 out:
@@ -611,6 +635,15 @@ void _tag_die(int sig)
     sigaddset(&set, sig);
     syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
     syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), sig);
+}
+
+void _tag_snapshot_at_exit(void)
+{
+    /* Another thread may be taking a snapshot: wait for it (2 s at most). */
+    for (int i = 0; i < 200 && take(TAG_REASON_EXIT) == -EBUSY; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 TAG_EXPORT int libtag_snapshot(void)

@@ -130,7 +130,35 @@ def test_trend_human_output_and_usage_error(series, run_cli, tmp_path):
     cores, _, _ = series
     done = run_cli("trend", cores[0], cores[1], cores[2], "--growing", env={"XDG_STATE_HOME": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    assert "1 stacks grow monotonically" in done.stdout
+    assert "1 stack grows monotonically" in done.stdout
     one = run_cli("trend", cores[0], env={"XDG_STATE_HOME": str(tmp_path)})
     assert one.returncode == 2
     assert one.stderr.startswith("forensics: error: trend needs at least two snapshots")
+
+
+def test_diff_in_the_wrong_order_warns(series, run_cli, tmp_path):
+    # GIVEN snapshots 1 and 2 of one process, given NEW first
+    cores, _, _ = series
+    done = run_cli("diff", cores[1], cores[0], "--json", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    expected = ("OLD was taken after NEW (snapshot 2 of pid {pid} after snapshot 1): diff takes the "
+                "earlier core first (forensics diff OLD NEW), so here growth and shrinkage are swapped"
+                ).format(pid=doc["old"]["pid"])
+    assert doc["warnings"] == [expected]
+    assert done.stderr == f"forensics: warning: {expected}\n"
+    # ... and in the right order it says nothing
+    right = run_cli("diff", cores[0], cores[1], "--json", env={"XDG_STATE_HOME": str(tmp_path)})
+    assert (json.loads(right.stdout)["warnings"], right.stderr) == ([], "")
+
+
+def test_trend_top_says_how_many_stacks_it_hides(series, run_cli, tmp_path):
+    cores, _, _ = series
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    total = run_json(run_cli, tmp_path, "trend", *cores)["stacks_total"]
+    assert total >= 4, "the victim has at least its four stacks"
+    done = run_cli("trend", *cores, "--top", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"... {total - 1} more stacks not shown (--top N shows more; --json has them all)" in done.stdout
+    capped = run_json(run_cli, tmp_path, "trend", *cores, "--top", "1")
+    assert (len(capped["stacks"]), capped["stacks_total"]) == (1, total)

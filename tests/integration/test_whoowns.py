@@ -260,6 +260,14 @@ def test_pid_takes_a_fresh_snapshot_then_neither_flag_uses_it(exe, run_cli, tmp_
         dirs = [d.name for d in snaps.iterdir()]
         assert dirs == [f"{exe.name[:15]}-{f['pid']}-1-on-demand"], (
             f"expected one on-demand dir, got {dirs}")
+        new_core = str(snaps / dirs[0] / "core")
+        assert doc["core"] == new_core, doc["core"]
+        # ... and the human answer says where the new snapshot went, first
+        human = run_cli("whoowns", hex(f["live"]), "--pid", str(f["pid"]),
+                        env={"XDG_STATE_HOME": str(state)})
+        second = snaps / f"{exe.name[:15]}-{f['pid']}-2-on-demand" / "core"
+        assert human.stdout.splitlines()[0] == (
+            f"core {second} (a new snapshot of pid {f['pid']})"), human.stdout
         assert rc == 0, f"expected exit 0, got {rc}"
         block = doc["block"]
         assert (block["start"], block["size"], block["offset"], block["state"], block["thread"]) == (
@@ -271,8 +279,9 @@ def test_pid_takes_a_fresh_snapshot_then_neither_flag_uses_it(exe, run_cli, tmp_
         assert proc.poll() is None, "expected who_addrs to run on after the snapshot"
         # WHEN whoowns has neither --core nor --pid
         rc, newest = whoowns(run_cli, state, hex(f["freed"]))
-        # THEN it reads the snapshot --pid took (the newest in the catalog)
+        # THEN it reads the snapshot --pid took last (the newest in the catalog)
         assert rc == 0, f"expected exit 0, got {rc}"
+        assert newest["core"] == str(second), newest["core"]
         block = newest["block"]
         assert (block["start"], block["state"], block["thread"], block["free_thread"]) == (
             hex(f["freed"]), "freed", f["worker_tid"], f["main_tid"]), block
@@ -294,8 +303,13 @@ def test_neither_flag_reads_the_newest_of_two_runs(exe, run_cli, tmp_path):
     # WHEN whoowns asks for the second run's live block with no --core / --pid
     second = runs[1]
     rc, doc = whoowns(run_cli, state, hex(second["live"]))
-    # THEN the answer comes from the second run's core
+    # THEN the answer comes from the second run's core, and says so first
     assert rc == 0, f"expected exit 0, got {rc}"
+    (core,) = [str(d / "core") for d in snaps.iterdir() if f"-{second['pid']}-" in d.name]
+    assert doc["core"] == core, doc["core"]
+    human = run_cli("whoowns", hex(second["live"]), env={"XDG_STATE_HOME": str(state)})
+    assert human.stdout.splitlines()[0] == (
+        f"core {core} (the newest in the catalog: pid {second['pid']} {exe}, on-demand)"), human.stdout
     assert (doc["block"]["start"], doc["block"]["thread"]) == (hex(second["live"]), second["main_tid"])
     got = sorted(doc["referrers"], key=lambda r: int(r["address"], 16))
     assert got == expected_referrers(second, exe), f"expected the second run's holders, got {got}"

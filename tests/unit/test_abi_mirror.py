@@ -102,7 +102,7 @@ CONSTANTS = [
     "TAG_ALLOC_NEW_ARRAY_ALIGNED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
     "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_FRAME_SIGNAL", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
     "TAG_THREAD_REGS", "TAG_NREGS", "TAG_QUARANTINE_SLOTS", "TAG_QUARANTINE_BYTES", "TAG_OPTION_NO_PAYLOAD", "TAG_REAP_REQUEST", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
-    "TAG_REASON_CRASH", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
+    "TAG_REASON_CRASH", "TAG_REASON_EXIT", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
     "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
 ]  # fmt: skip
@@ -198,7 +198,9 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 312
+    assert probe["sizeof"]["libtag_control"] == 320
+    assert probe["field"][("libtag_control", "stack_stats")] == (312, 8)
+    assert probe["sizeof"]["libtag_stack_stats"] == 32
     assert probe["field"][("libtag_control", "anomaly")] == (160, 96)
     assert probe["field"][("libtag_control", "tls_bytes")] == (288, 4)
     assert probe["sizeof"]["libtag_quarantine_ring"] == abi.TAG_QUARANTINE_BYTES

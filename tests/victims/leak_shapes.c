@@ -29,6 +29,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "scrub.h"
 #if __has_include(<valgrind/memcheck.h>)
 #include <valgrind/memcheck.h>
 #else  /* valgrind's headers not installed: the "valgrind" mode cannot run anyway */
@@ -166,13 +168,6 @@ static void *register_worker(void *arg)
 
 /* Zero the dead stack below main's frame, where the builders' frames (and
  * their copies of the pointers) were. */
-NOINLINE static void scrub(void)
-{
-    volatile char buf[64 * 1024];
-    memset((char *)buf, 0, sizeof buf);
-    __asm__ volatile("" : : "r"(buf) : "memory");
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 2) {

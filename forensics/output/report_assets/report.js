@@ -7,7 +7,7 @@
  * so a headless browser's DOM dump shows whether the page ran cleanly.
  *
  * URL hash (applied once the page is drawn): #select=N, #sort=KEY,
- * #filter=TEXT - see applyHash.
+ * #filter=TEXT, #scroll=ID - see applyHash.
  */
 (function () {
   'use strict';
@@ -45,7 +45,9 @@
     if (attrs) {
       for (var k in attrs) {
         if (Object.prototype.hasOwnProperty.call(attrs, k) && attrs[k] !== null && attrs[k] !== undefined) {
-          node.setAttribute(k, String(attrs[k]));
+          // style through the CSSOM: the page's CSP refuses style attributes
+          if (k === 'style') node.style.cssText = String(attrs[k]);
+          else node.setAttribute(k, String(attrs[k]));
         }
       }
     }
@@ -59,6 +61,8 @@
     return node;
   }
   function svg(tag, attrs, children) { return el(tag, attrs, children, SVGNS); }
+  var PROC_COLORS = ['#2456c7', '#1b8a5a', '#8e44ad', '#c0392b', '#7f8c8d', '#d35400'];
+  function procColor(i) { return PROC_COLORS[i % PROC_COLORS.length]; }
 
   function fmtBytes(n) {
     var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -96,11 +100,22 @@
     if (!ids.length) return el('p', {class: 'note'}, '(no stack recorded)');
     return el('ol', {class: 'frames'}, ids.map(function (i) {
       return el('li', {'data-function': frames[i] && frames[i].function || ''}, [
-        el('span', {class: 'addr'}, frames[i] ? frames[i].address + ' ' : ''),
         el('span', {class: 'fn'}, frameName(i)),
+        el('span', {class: 'addr'}, frames[i] ? ' ' + frames[i].address : ''),
         frameWhere(i) ? el('span', {class: 'where'}, ' at ' + frameWhere(i)) : null
       ]);
     }));
+  }
+  /* "allocated at": the first frame outside the allocation wrappers. */
+  function siteText(ids, site) {
+    if (!ids.length) return '(no stack recorded)';
+    var f = ids[site || 0];
+    var where = frames[f] && frames[f].file ? basename(frames[f].file) + (frames[f].line ? ':' + frames[f].line : '') : '';
+    return frameName(f) + (where ? ' (' + where + ')' : '');
+  }
+  function siteSummary(ids, site) {
+    return el('summary', {'data-site': ids.length ? frames[ids[site || 0]].function || '' : ''},
+              siteText(ids, site));
   }
   function section(title, id, sub) {
     var s = el('section', {id: id}, [el('h2', null, title)]);
@@ -116,67 +131,154 @@
 
   // ------------------------------------------------------------ header --
 
+  var procs = data.processes;
   app.appendChild(el('h1', null, data.title));
+  if (procs.length > 1) {
+    /* Cores of several processes: their heaps are not one curve, and their
+     * blocks and stacks are not comparable. */
+    app.appendChild(el('div', {class: 'banner warn', id: 'fx-processes', 'data-count': procs.length}, [
+      el('strong', null, 'These cores come from ' + procs.length + ' different processes. '),
+      'Each has its own curve below; the hierarchy, the leaks and the table are of the newest core only (pid ' +
+        primary.pid + ').',
+      el('ul', null, procs.map(function (p, i) {
+        return el('li', {'data-pid': p.pid}, [
+          el('i', {class: 'swatch', style: 'background:' + procColor(i), 'data-process': i}),
+          'pid ' + p.pid + ' ', el('code', null, p.exe || '?'),
+          ': ' + p.cores + ' core' + (p.cores === 1 ? '' : 's')]);
+      }))
+    ]));
+  }
   app.appendChild(el('p', {class: 'sub'}, [
     snaps.length + ' snapshot' + (snaps.length === 1 ? '' : 's') + '; hierarchy and table of ',
     el('code', null, primary.core),
-    ' (' + primary.reason + ', ' + fmtTime(primary.time) + '): ' + fmtBytes(primary.live_bytes) +
-      ' live in ' + fmtInt(primary.live_blocks) + ' blocks. Generated ' + data.generated + '.'
+    ' (pid ' + primary.pid + ', ' + primary.reason + ', ' + fmtTime(primary.time) + '): ' +
+      fmtBytes(primary.live_bytes) + ' live in ' + fmtInt(primary.live_blocks) + ' blocks. Generated ' +
+      data.generated + '.'
   ]));
 
   // ------------------------------------------------------------- curve --
 
+  /* Put labels (SVG text already in the document, each with its wanted
+   * centre x) in rows so that no two overlap: each goes into the first row
+   * whose last label ends left of it; a label that fits in no row is hidden
+   * (its point's tooltip still says it).  Returns the rows used. */
+  function placeLabels(labels, maxRows) {
+    var GAP = 6;
+    var ends = [];
+    labels.forEach(function (lb) { lb.w = lb.node.getBBox().width; });
+    labels.sort(function (a, b) { return a.x - b.x; });
+    labels.forEach(function (lb) {
+      var left = lb.x - lb.w / 2;
+      lb.row = -1;
+      for (var r = 0; r < maxRows; r++) {
+        if (ends[r] === undefined || left >= ends[r] + GAP) {
+          lb.row = r;
+          ends[r] = left + lb.w;
+          break;
+        }
+      }
+      if (lb.row < 0) {
+        lb.node.setAttribute('display', 'none');
+        lb.node.setAttribute('data-hidden', '1');
+      }
+    });
+    return Math.max(1, ends.length);
+  }
+  /* Each shown label's box as the browser lays it out, for the record. */
+  function recordBoxes(labels) {
+    labels.forEach(function (lb) {
+      if (lb.row < 0) return;
+      var b = lb.node.getBBox();
+      lb.node.setAttribute('data-bbox', [b.x, b.y, b.width, b.height].map(function (v) {
+        return v.toFixed(1); }).join(' '));
+    });
+  }
+
   function drawCurve(host) {
-    var W = 1200, H = 290, L = 80, R = 80, T = 50, B = 40;
+    var W = 1200, L = 80, R = 80, PLOT = 200, ROWH = 15;
     var n = snaps.length;
-    var times = snaps.map(function (s, i) { return s.time === null ? null : s.time; });
+    var times = snaps.map(function (s) { return s.time === null ? null : s.time; });
     var useTime = times.every(function (t) { return t !== null; });
     var xs = useTime ? times : snaps.map(function (s, i) { return i; });
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
     var maxBytes = Math.max(1, Math.max.apply(null, snaps.map(function (s) { return s.live_bytes; })));
     var maxBlocks = Math.max(1, Math.max.apply(null, snaps.map(function (s) { return s.live_blocks; })));
     function X(v) { return x1 === x0 ? L + (W - L - R) / 2 : L + (v - x0) / (x1 - x0) * (W - L - R); }
-    function Yb(v) { return H - B - v / (maxBytes * 1.1) * (H - B - T); }
-    function Yn(v) { return H - B - v / (maxBlocks * 1.1) * (H - B - T); }
-    var root = svg('svg', {class: 'chart', id: 'fx-curve', viewBox: '0 0 ' + W + ' ' + H,
+    var root = svg('svg', {class: 'chart', id: 'fx-curve', viewBox: '0 0 ' + W + ' 400',
                            role: 'img', 'aria-label': 'live heap over the snapshots',
-                           'data-points': n});
+                           'data-points': n, 'data-processes': procs.length});
+    host.appendChild(root);  // in the document first: labels are measured
+    /* Enough decimals to tell the two closest snapshots apart (ms at most). */
+    var sorted = xs.slice().sort(function (a, b) { return a - b; });
+    var gap = Infinity;
+    for (var k = 1; k < sorted.length; k++) if (sorted[k] > sorted[k - 1]) gap = Math.min(gap, sorted[k] - sorted[k - 1]);
+    var decimals = gap === Infinity ? 0 : Math.max(0, Math.min(3, Math.ceil(-Math.log10(gap))));
+    function timeText(v) {
+      if (!useTime) return '#' + (v + 1);
+      return '+' + (v - x0).toFixed(decimals) + ' s';
+    }
+    var reasonLabels = [], timeLabels = [];
+    snaps.forEach(function (s, i) {
+      var cx = X(xs[i]);
+      var r = svg('text', {class: 'fx-label reason' + (s.reason === 'on-demand' || s.reason === 'exit' ? '' : ' bad'),
+                           x: cx, y: 0, 'text-anchor': 'middle', 'data-reason': s.reason, 'data-point': i},
+                  s.reason);
+      var t = svg('text', {class: 'fx-label time', x: cx, y: 0, 'text-anchor': 'middle', 'data-point': i},
+                  timeText(xs[i]));
+      root.appendChild(r);
+      root.appendChild(t);
+      reasonLabels.push({node: r, x: cx});
+      timeLabels.push({node: t, x: cx});
+    });
+    var topRows = placeLabels(reasonLabels, 4), bottomRows = placeLabels(timeLabels, 3);
+    var T = 26 + topRows * ROWH, B = 10 + bottomRows * ROWH + 6;
+    var H = T + PLOT + B;
+    root.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+    reasonLabels.forEach(function (lb) { lb.node.setAttribute('y', T - 10 - (topRows - 1 - lb.row) * ROWH); });
+    timeLabels.forEach(function (lb) { lb.node.setAttribute('y', T + PLOT + 16 + lb.row * ROWH); });
+    function Yb(v) { return T + PLOT - v / (maxBytes * 1.1) * PLOT; }
+    function Yn(v) { return T + PLOT - v / (maxBlocks * 1.1) * PLOT; }
+    var under = svg('g', {class: 'under'});
+    root.insertBefore(under, root.firstChild);
     for (var g = 0; g <= 4; g++) {
       var yv = maxBytes * 1.1 * g / 4;
       var y = Yb(yv);
-      root.appendChild(svg('line', {class: 'grid', x1: L, x2: W - R, y1: y, y2: y}));
-      root.appendChild(svg('text', {x: L - 6, y: y + 4, 'text-anchor': 'end'}, fmtBytes(Math.round(yv))));
-      root.appendChild(svg('text', {x: W - R + 6, y: y + 4},
-                           fmtInt(Math.round(maxBlocks * 1.1 * g / 4))));
+      under.appendChild(svg('line', {class: 'grid', x1: L, x2: W - R, y1: y, y2: y}));
+      under.appendChild(svg('text', {x: L - 6, y: y + 4, 'text-anchor': 'end'}, fmtBytes(Math.round(yv))));
+      under.appendChild(svg('text', {x: W - R + 6, y: y + 4}, fmtInt(Math.round(maxBlocks * 1.1 * g / 4))));
     }
-    root.appendChild(svg('line', {class: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B}));
-    root.appendChild(svg('line', {class: 'axis', x1: L, x2: L, y1: T - 10, y2: H - B}));
-    root.appendChild(svg('line', {class: 'axis', x1: W - R, x2: W - R, y1: T - 10, y2: H - B}));
-    root.appendChild(svg('text', {x: L - 6, y: 14, 'text-anchor': 'end'}, 'live bytes'));
-    root.appendChild(svg('text', {x: W - R + 6, y: 14}, 'live blocks'));
-    var pb = [], pn = [];
+    under.appendChild(svg('line', {class: 'axis', x1: L, x2: W - R, y1: T + PLOT, y2: T + PLOT}));
+    under.appendChild(svg('line', {class: 'axis', x1: L, x2: L, y1: T - 4, y2: T + PLOT}));
+    under.appendChild(svg('line', {class: 'axis', x1: W - R, x2: W - R, y1: T - 4, y2: T + PLOT}));
+    under.appendChild(svg('text', {x: L - 6, y: 14, 'text-anchor': 'end'}, 'live bytes'));
+    under.appendChild(svg('text', {x: W - R + 6, y: 14}, 'live blocks'));
     snaps.forEach(function (s, i) {
-      pb.push(X(xs[i]).toFixed(1) + ',' + Yb(s.live_bytes).toFixed(1));
-      pn.push(X(xs[i]).toFixed(1) + ',' + Yn(s.live_blocks).toFixed(1));
+      var cx = X(xs[i]);
+      under.appendChild(svg('line', {class: 'grid', x1: cx, x2: cx, y1: T - 4, y2: T + PLOT}));
     });
-    root.appendChild(svg('polyline', {class: 'bytes', points: pb.join(' ')}));
-    root.appendChild(svg('polyline', {class: 'blocks', points: pn.join(' ')}));
+    // one line per process: the heaps of two processes are not one curve
+    procs.forEach(function (p, k) {
+      var pb = [], pn = [];
+      snaps.forEach(function (s, i) {
+        if (s.process !== k) return;
+        pb.push(X(xs[i]).toFixed(1) + ',' + Yb(s.live_bytes).toFixed(1));
+        pn.push(X(xs[i]).toFixed(1) + ',' + Yn(s.live_blocks).toFixed(1));
+      });
+      under.appendChild(svg('polyline', {class: 'bytes', points: pb.join(' '), 'data-process': k,
+                                         style: procs.length > 1 ? 'stroke:' + procColor(k) : null}));
+      under.appendChild(svg('polyline', {class: 'blocks', points: pn.join(' '), 'data-process': k}));
+    });
     var detail = el('p', {class: 'note', id: 'fx-point'}, 'Click a point for its snapshot.');
     snaps.forEach(function (s, i) {
       var cx = X(xs[i]);
-      var label = useTime ? '+' + (xs[i] - x0).toFixed(3) + ' s' : '#' + (i + 1);
-      root.appendChild(svg('line', {class: 'grid', x1: cx, x2: cx, y1: T - 14, y2: H - B}));
-      root.appendChild(svg('text', {x: cx, y: H - B + 16, 'text-anchor': 'middle'}, label));
-      root.appendChild(svg('text', {class: 'reason' + (s.reason === 'on-demand' ? '' : ' bad'),
-                                    x: cx, y: T - 20, 'text-anchor': 'middle', 'data-reason': s.reason},
-                           s.reason));
       root.appendChild(svg('circle', {class: 'pt-blocks', cx: cx, cy: Yn(s.live_blocks), r: 3}));
       var pt = svg('circle', {class: 'pt-bytes' + (i === data.primary ? ' primary' : ''),
-                              cx: cx, cy: Yb(s.live_bytes), r: 5, 'data-point': i,
+                              cx: cx, cy: Yb(s.live_bytes), r: 5, 'data-point': i, 'data-pid': s.pid,
                               'data-reason': s.reason, 'data-bytes': s.live_bytes,
-                              'data-blocks': s.live_blocks},
-                       svg('title', null, s.reason + ': ' + fmtBytes(s.live_bytes) + ' in ' +
-                           fmtInt(s.live_blocks) + ' blocks'));
+                              'data-blocks': s.live_blocks,
+                              style: procs.length > 1 ? 'fill:' + procColor(s.process) : null},
+                       svg('title', null, s.reason + ' (pid ' + s.pid + ', ' + timeText(xs[i]) + '): ' +
+                           fmtBytes(s.live_bytes) + ' in ' + fmtInt(s.live_blocks) + ' blocks'));
       pt.addEventListener('click', function () {
         detail.textContent = '';
         detail.appendChild(document.createTextNode(
@@ -187,16 +289,26 @@
       });
       root.appendChild(pt);
     });
-    host.appendChild(root);
-    host.appendChild(el('p', {class: 'legend note'}, [
+    recordBoxes(reasonLabels);
+    recordBoxes(timeLabels);
+    var hidden = reasonLabels.concat(timeLabels).filter(function (lb) { return lb.row < 0; }).length;
+    var legend = [
       el('span', null, [el('i', {class: 'lg-bytes'}), 'live bytes (left axis)']),
       el('span', null, [el('i', {class: 'lg-blocks'}), 'live blocks (right axis)']),
       el('span', null, 'x: time since the first snapshot' + (useTime ? '' : ' (unknown: in order given)'))
-    ]));
+    ];
+    if (procs.length > 1) {
+      procs.forEach(function (p, k) {
+        legend.push(el('span', null, [el('i', {style: 'background:' + procColor(k)}), 'pid ' + p.pid]));
+      });
+    }
+    if (hidden) legend.push(el('span', null, hidden + ' label' + (hidden === 1 ? '' : 's') +
+                                              ' left out where points crowd: hover a point'));
+    host.appendChild(el('p', {class: 'legend note'}, legend));
     host.appendChild(detail);
   }
   drawCurve(section('Live heap over the snapshots', 'fx-curve-section',
-                    'Each point is one core; its label is why the core was taken.'));
+                    'Each point is one core; its label above is why the core was taken.'));
 
   // ---------------------------------------------------------- hierarchy --
 
@@ -377,9 +489,14 @@
   evSec.appendChild(evHost);
   if (!data.events.length) evHost.appendChild(el('p', {class: 'note'}, 'No anomaly or crash in these cores.'));
   data.events.forEach(function (ev) {
-    var card = el('article', {class: 'event', 'data-kind': ev.kind}, el('h3', null, ev.title));
+    var seen = ev.cores.length;
+    var card = el('article', {class: 'event', 'data-kind': ev.kind, 'data-seen': seen}, [
+      el('h3', null, ev.title),
+      seen > 1 ? el('p', {class: 'seen'}, 'seen in ' + seen + ' cores') : null]);
     var dl = el('dl', {class: 'facts'});
     ev.facts.forEach(function (f) { dl.appendChild(el('dt', null, f[0])); dl.appendChild(el('dd', {class: 'mono'}, f[1])); });
+    dl.appendChild(el('dt', null, seen > 1 ? 'cores' : 'core'));
+    dl.appendChild(el('dd', {class: 'mono'}, ev.cores.map(function (c) { return el('div', null, c); })));
     card.appendChild(dl);
     card.appendChild(el('div', {class: 'stacks'}, ev.stacks.map(function (s) {
       return el('div', {class: 'stack', 'data-title': s.title}, [el('h3', null, s.title), frameList(s.frames)]);
@@ -404,8 +521,7 @@
       lb.appendChild(el('tr', {'data-kind': g.kind}, [
         el('td', null, g.kind), el('td', {class: 'num'}, fmtInt(g.blocks)),
         el('td', {class: 'num'}, fmtBytes(g.bytes)),
-        el('td', null, el('details', null, [el('summary', null, g.frames.length ? frameName(g.frames[0]) : '(no stack)'),
-                                            frameList(g.frames)]))]));
+        el('td', null, el('details', null, [siteSummary(g.frames, g.site), frameList(g.frames)]))]));
     });
     lt.appendChild(lb);
     lkSec.appendChild(lt);
@@ -423,17 +539,34 @@
   tSec.appendChild(el('div', {class: 'toolbar'}, [filter, countNote]));
   var cols = [
     {key: 'rank', title: '#', num: true},
-    {key: 'bytes', title: 'bytes', num: true},
-    {key: 'blocks', title: 'blocks', num: true},
+    {key: 'bytes', title: 'live bytes', num: true},
+    {key: 'blocks', title: 'live blocks', num: true},
     {key: 'avg', title: 'avg size', num: true},
+    {key: 'peak', title: 'peak bytes', num: true},
+    {key: 'temps', title: 'temporary', num: true},
     {key: 'site', title: 'allocated at'},
     {key: 'stack', title: 'stack'}
   ];
+  var NOT_RECORDED = -1;
   var rows = data.stacks.map(function (s, i) {
     var text = s.frames.map(function (f) { return (frameName(f) + ' ' + frameWhere(f)).toLowerCase(); }).join('\n');
     return {rank: i + 1, bytes: s.bytes, blocks: s.blocks, avg: s.blocks ? s.bytes / s.blocks : 0,
-            site: s.frames.length ? frameName(s.frames[0]) : '', frames: s.frames, node: s.node, text: text};
+            peak: data.stack_stats && s.peak_bytes !== null ? s.peak_bytes : NOT_RECORDED,
+            temps: data.stack_stats && s.temporaries !== null ? s.temporaries : NOT_RECORDED,
+            allocs: data.stack_stats ? s.allocs : null,
+            site: siteText(s.frames, s.site), siteFn: s.frames.length ? frames[s.frames[s.site]].function || '' : '',
+            frames: s.frames, node: s.node, text: text};
   });
+  tSec.appendChild(el('p', {class: 'note', id: 'fx-stats-note', 'data-recorded': data.stack_stats ? 1 : 0},
+    data.stack_stats
+      ? 'peak bytes: the most this stack held live at once; temporary: its blocks freed soon after they ' +
+        'were made (libtag\'s per-stack counters; stacks with no live block are listed when they peaked or ' +
+        'churned the most).'
+      : 'peak bytes and temporary allocations: not recorded (the libtag that ran the program kept no ' +
+        'per-stack counters).'));
+  tSec.appendChild(el('p', {class: 'note'}, 'allocated at: the first frame outside the allocation wrappers (' +
+    data.wrappers.length + ' patterns: malloc\'s family, strdup, operator new, the xmalloc family; ' +
+    'forensics report --wrapper PATTERN adds one).'));
   var sortKey = 'bytes', sortDir = -1;
   var heads = cols.map(function (c) {
     return el('th', {'data-sort': c.key === 'stack' ? null : c.key, class: c.num ? 'num' : null,
@@ -454,13 +587,22 @@
     tbody.textContent = '';
     var frag = document.createDocumentFragment();
     shown.slice(0, MAX_ROWS).forEach(function (r) {
-      var tr = el('tr', {'data-node': r.node, 'data-bytes': r.bytes, 'data-blocks': r.blocks}, [
+      var tr = el('tr', {'data-node': r.node, 'data-bytes': r.bytes, 'data-blocks': r.blocks,
+                         'data-peak': r.peak === NOT_RECORDED ? '' : r.peak,
+                         'data-temporaries': r.temps === NOT_RECORDED ? '' : r.temps,
+                         'data-site': r.siteFn}, [
         el('td', {class: 'num'}, r.rank), el('td', {class: 'num'}, fmtBytes(r.bytes)),
-        el('td', {class: 'num'}, fmtInt(r.blocks)), el('td', {class: 'num'}, fmtBytes(Math.round(r.avg))),
+        el('td', {class: 'num'}, fmtInt(r.blocks)), el('td', {class: 'num'}, r.blocks ? fmtBytes(Math.round(r.avg)) : ''),
+        el('td', {class: 'num' + (r.peak === NOT_RECORDED ? ' nr' : '')},
+           r.peak === NOT_RECORDED ? 'not recorded' : fmtBytes(r.peak)),
+        el('td', {class: 'num' + (r.temps === NOT_RECORDED ? ' nr' : '')},
+           r.temps === NOT_RECORDED ? 'not recorded' : fmtInt(r.temps) +
+             (r.allocs ? ' of ' + fmtInt(r.allocs) : '')),
         el('td', {class: 'mono'}, r.site),
         el('td', null, el('details', null, [el('summary', null, r.frames.length + ' frames'), frameList(r.frames)]))]);
       tr.addEventListener('click', function (e) {
         if (e.target.closest && e.target.closest('details')) return;
+        if (r.node < 0) return;  // no live block: not in the hierarchy
         select(r.node);
         document.getElementById('fx-flame-section').scrollIntoView();
       });
@@ -495,7 +637,8 @@
 
   /* #select=N clicks hierarchy node N; #sort=KEY clicks the column KEY's
    * header; #filter=TEXT types TEXT into the filter box: real events, so a
-   * headless browser exercises what a user's click or typing does. */
+   * headless browser exercises what a user's click or typing does.
+   * #scroll=ID scrolls element ID into view (a screenshot of that part). */
   function applyHash() {
     var params = {};
     location.hash.replace(/^#/, '').split('&').forEach(function (kv) {
@@ -510,6 +653,11 @@
       var th = table.querySelector('th[data-sort="' + params.sort.replace(/[^a-z]/g, '') + '"]');
       if (!th) recordError('#sort: no column ' + params.sort);
       else th.dispatchEvent(new MouseEvent('click', {bubbles: true, cancelable: true, view: window}));
+    }
+    if (params.scroll !== undefined) {
+      var target = document.getElementById(params.scroll);
+      if (!target) recordError('#scroll: no element ' + params.scroll);
+      else target.scrollIntoView();
     }
     if (params.select !== undefined) {
       var g = flame.querySelector('.fx-node[data-node="' + Number(params.select) + '"]');

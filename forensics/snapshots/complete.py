@@ -1,0 +1,153 @@
+"""Completing a kernel-written snapshot core: every thread's registers in its notes.
+
+A snapshot's core is written by its fork child, a process of one thread.
+When libtag writes it itself (LIBTAG_CORE=self), its notes hold an
+NT_PRSTATUS for each of the program's threads, from the registers each thread
+saved just before the fork.  When the kernel writes it (the child aborts), its
+notes describe the child alone - deep in libtag's snapshot code, under a pid
+of its own - and gdb finds the program's threads in memory (libthread_db) with
+no registers: "Couldn't find general-purpose registers in core file", no bt.
+
+complete_core(path) rewrites such a core's notes as libtag's writer would
+have: an NT_PRSTATUS per thread from libtag's saved registers (the thread
+that took the snapshot first), the process notes (NT_PRPSINFO with the
+program's pid, NT_AUXV, NT_FILE) after the first; the child's own notes
+(its registers, FPU state, siginfo) are left out.  The new notes are appended
+at the end of the file and the PT_NOTE program header is pointed at them, so
+the memory in the core is never moved; a reader that stops half-way (before
+the header is rewritten) leaves a core that is as it was, plus unused bytes.
+
+It touches only a regular file owned by us (opened with O_NOFOLLOW: never
+through a symlink; its mode, 0600, is kept), and only a snapshot core
+(reason on-demand, anomaly or exit) whose notes lack a thread libtag saved
+registers for; anything else - another user's core, a read-only file, a
+crash core, a core already complete - is left alone.  forensics does it when
+it first sees a complete core (forensics run, snapshot, list, and every verb
+that opens a core).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from forensics.core import elf
+from forensics.core.core import Core
+from forensics.core.elf import EHDR_SIZE, Elf64_Phdr, PHDR_SIZE, PT_NOTE
+from forensics.core.notes import (
+    NT_AUXV, NT_FILE, NT_PRPSINFO, NT_PRSTATUS, elf_prpsinfo, elf_prstatus, iter_notes,
+)
+from forensics.errors import ForensicsError
+from forensics.files import open_own_file
+from forensics.reader import abi
+from forensics.reader.memory import CoreMemory
+
+_SNAPSHOT_REASONS = (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_REASON_EXIT)
+_MAX_THREADS = 1 << 16
+
+
+def _note(name: bytes, ntype: int, desc: bytes) -> bytes:
+    name0 = name + b"\0"
+    pad = lambda b: b + b"\0" * (-len(b) % 4)  # noqa: E731
+    return (len(name0).to_bytes(4, "little") + len(desc).to_bytes(4, "little")
+            + ntype.to_bytes(4, "little") + pad(name0) + pad(desc))
+
+
+def _prstatus(tid: int, regs, like) -> bytes:
+    value = {
+        "pr_info": {"si_signo": 0, "si_code": 0, "si_errno": 0},
+        "pr_cursig": 0, "pr_sigpend": 0, "pr_sighold": 0,
+        "pr_pid": tid,
+        "pr_ppid": like.pr_ppid if like is not None else 0,
+        "pr_pgrp": like.pr_pgrp if like is not None else 0,
+        "pr_sid": like.pr_sid if like is not None else 0,
+        **{k: {"tv_sec": 0, "tv_usec": 0} for k in ("pr_utime", "pr_stime", "pr_cutime", "pr_cstime")},
+        "pr_reg": [int(v) for v in regs],
+        "pr_fpvalid": 0,
+    }
+    return elf_prstatus.build(value)
+
+
+def _new_notes(core: Core, raw, ctl, records) -> bytes | None:
+    """The notes the core should have, or None when it has them already."""
+    saved = [(int(r["tid"]), r["regs"]) for r in records
+             if int(r["tid"]) and int(r["flags"]) & abi.TAG_THREAD_REGS
+             and not int(r["flags"]) & abi.TAG_THREAD_EXITED]
+    have = {t.tid for t in core.threads}
+    if not saved or all(tid in have for tid, _ in saved):
+        return None
+    snap_tid = int(ctl.snapshot_tid)
+    saved.sort(key=lambda tr: tr[0] != snap_tid)  # the snapshot's thread first
+    like = next((elf_prstatus.parse(n.desc) for n in raw
+                 if n.type == NT_PRSTATUS and len(n.desc) >= elf_prstatus.sizeof()), None)
+    process = []
+    for n in raw:
+        if n.name != b"CORE":
+            continue
+        if n.type == NT_PRPSINFO and len(n.desc) >= elf_prpsinfo.sizeof():
+            ps = elf_prpsinfo.parse(n.desc)
+            ps.pr_pid = int(ctl.pid)
+            process.append(_note(b"CORE", NT_PRPSINFO, elf_prpsinfo.build(ps) + n.desc[elf_prpsinfo.sizeof():]))
+        elif n.type in (NT_AUXV, NT_FILE):
+            process.append(_note(b"CORE", n.type, n.desc))
+    out = []
+    for i, (tid, regs) in enumerate(saved):
+        out.append(_note(b"CORE", NT_PRSTATUS, _prstatus(tid, regs, like)))
+        if i == 0:
+            out += process
+    return b"".join(out)
+
+
+def complete_core(path: str | os.PathLike[str]) -> bool:
+    """Give a kernel-written snapshot core every thread's registers (see the
+    module docstring).  True when the core was rewritten; False when it was
+    left alone.  Never raises for a core it cannot or need not complete."""
+    opened = open_own_file(path, os.O_RDWR)
+    if opened is None:
+        return False
+    fd, st = opened
+    try:
+        return _complete(fd, st.st_size)
+    except (ForensicsError, OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def _complete(fd: int, size: int) -> bool:
+    with Core(f"/proc/self/fd/{fd}") as core:
+        mm = core._map()
+        ehdr = elf.read_ehdr(mm, core.path, size)
+        phdrs = elf.read_phdrs(mm, ehdr, core.path, size)
+        notes_at = [i for i, ph in enumerate(phdrs) if ph.p_type == PT_NOTE]
+        if len(notes_at) != 1:
+            return False
+        ph = phdrs[notes_at[0]]
+        raw = iter_notes(mm, ph.p_offset, ph.p_filesz)
+        try:
+            _, ctl = abi.find_control(CoreMemory(core))
+        except ForensicsError:
+            return False
+        if ctl.reason not in _SNAPSHOT_REASONS:
+            return False
+        count = min(int(ctl.thread_count), int(ctl.thread_capacity), _MAX_THREADS)
+        data = core.read(int(ctl.threads), count * abi.THREAD_RECORD_SIZE)
+        records = np.frombuffer(data, dtype=abi.THREAD_RECORD_DTYPE)
+        notes = _new_notes(core, raw, ctl, records)
+        if notes is None:
+            return False
+        phoff = ehdr.e_phoff + notes_at[0] * ehdr.e_phentsize
+        if ehdr.e_phentsize != PHDR_SIZE or phoff < EHDR_SIZE:
+            return False
+        new_ph = {k: v for k, v in ph.items() if not k.startswith("_")}
+    start = (size + 7) & ~7
+    os.pwrite(fd, b"\0" * (start - size) + notes, size)
+    os.fsync(fd)
+    new_ph.update(p_offset=start, p_filesz=len(notes), p_memsz=0, p_align=4)
+    os.pwrite(fd, Elf64_Phdr.build(new_ph), phoff)
+    os.fsync(fd)
+    return True
+
+
+__all__ = ["complete_core"]

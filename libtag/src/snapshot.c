@@ -42,6 +42,15 @@
 
 #define MAX_PENDING 64
 
+/* How long stop_threads waits for the threads' answers.  On a loaded
+ * machine a signalled thread may wait hundreds of ms for a CPU, so the wait
+ * is not cut short at a fixed small bound: after STOP_CHECK_NS the threads
+ * that cannot answer (exited, or blocking the signal) are counted out, and
+ * the others are waited for up to STOP_MAX_NS. */
+#define STOP_CHECK_NS 200000000ull   /* 200 ms */
+#define STOP_MAX_NS   2000000000ull  /* 2 s */
+#define STOP_TRACK    4096u          /* threads whose tids are kept for it */
+
 static int busy;                    /* a snapshot is being taken */
 static uint32_t next_generation;    /* bumped by every stop, whatever its fate */
 static uint32_t generation;         /* which snapshot threads wait for */
@@ -111,8 +120,9 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
     __atomic_fetch_add(&acks, 1, __ATOMIC_RELEASE);
     futex(&acks, FUTEX_WAKE_PRIVATE, 1, NULL);
     /* Hold still until the fork is done, so the registers stay true; give
-     * up after a second so a lost wake-up cannot stop a thread for good. */
-    uint64_t until = mono_ns() + 1000000000ull;
+     * up a second after the longest stop, so a lost wake-up cannot stop a
+     * thread for good. */
+    uint64_t until = mono_ns() + STOP_MAX_NS + 1000000000ull;
     uint32_t rel;
     while ((rel = __atomic_load_n(&released, __ATOMIC_ACQUIRE)) != gen && mono_ns() < until) {
         struct timespec ts = {0, 50000000};
@@ -123,9 +133,54 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
 
 /* Ask every other thread of the process for its registers; returns how
  * many answered within the time limit. */
+/* Can thread tid still answer TAG_REGS_SIGNAL?  Not when it has exited
+ * since (its /proc entry is gone) or blocks the signal (SigBlk in its
+ * status, signal n is bit n-1).  Async-signal-safe: open, read, close. */
+static int can_answer(uint32_t tid)
+{
+    char path[64], st[4096];
+    _tag_format(path, sizeof path, "/proc/self/task/%u/status", tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, st, sizeof st - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;  /* unknown: keep waiting for it */
+    st[n] = '\0';
+    const char *p = strstr(st, "SigBlk:");
+    if (!p)
+        return 1;
+    for (p += 7; *p == ' ' || *p == '\t'; p++)
+        ;
+    uint64_t mask = 0;
+    for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++)
+        mask = mask << 4 | (uint64_t)(*p <= '9' ? *p - '0' : *p - 'a' + 10);
+    return !(mask >> (TAG_REGS_SIGNAL - 1) & 1);
+}
+
+/* Has thread tid saved its registers for this stop?  freeze() cleared
+ * every other record's TAG_THREAD_REGS first.  (A thread that answered
+ * blocks the signal while it waits in the handler: it must not be counted
+ * out as one that cannot answer.) */
+static int answered(uint32_t tid)
+{
+    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+    uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    if (n > _tag_ctl.thread_capacity)
+        n = _tag_ctl.thread_capacity;
+    for (uint32_t i = n; i-- > 0;)
+        if (__atomic_load_n(&r[i].tid, __ATOMIC_ACQUIRE) == tid &&
+            !(__atomic_load_n(&r[i].flags, __ATOMIC_ACQUIRE) & TAG_THREAD_EXITED))
+            return (__atomic_load_n(&r[i].flags, __ATOMIC_ACQUIRE) & TAG_THREAD_REGS) != 0;
+    return 0;
+}
+
+
 static uint32_t stop_threads(uint32_t gen, uint32_t self)
 {
     static char buf[16384];   /* one snapshot at a time: busy guards it */
+    static uint32_t tids[STOP_TRACK];
     uint32_t sent = 0;
     pid_t pid = getpid();
     int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -145,14 +200,35 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
                 tid = tid * 10 + (uint32_t)(*p - '0');
             if (tid == 0 || tid == self)
                 continue;
-            if (syscall(SYS_tgkill, pid, tid, TAG_REGS_SIGNAL) == 0)
+            if (syscall(SYS_tgkill, pid, tid, TAG_REGS_SIGNAL) == 0) {
+                if (sent < STOP_TRACK)
+                    tids[sent] = tid;
                 sent++;
+            }
         }
     }
     close(fd);
-    uint64_t until = mono_ns() + 200000000ull;  /* 200 ms */
-    uint32_t got;
-    while ((got = __atomic_load_n(&acks, __ATOMIC_ACQUIRE)) < sent && mono_ns() < until) {
+    uint64_t start = mono_ns(), until = start + STOP_CHECK_NS;
+    uint32_t want = sent, got;
+    int checked = 0;
+    for (;;) {
+        got = __atomic_load_n(&acks, __ATOMIC_ACQUIRE);
+        if (got >= want)
+            break;
+        uint64_t now = mono_ns();
+        if (now >= until) {
+            if (checked || sent > STOP_TRACK)
+                break;
+            /* Count out the threads that will never answer, then wait
+             * for the rest as long as STOP_MAX_NS allows. */
+            checked = 1;
+            uint32_t mute = 0;
+            for (uint32_t i = 0; i < sent; i++)
+                mute += !answered(tids[i]) && !can_answer(tids[i]);
+            want = sent - mute;
+            until = start + STOP_MAX_NS;
+            continue;
+        }
         struct timespec ts = {0, 10000000};
         futex(&acks, FUTEX_WAIT_PRIVATE, got, &ts);
     }

@@ -1,0 +1,407 @@
+/* rs_stacks.c - stacks the reader must unwind and symbolise as gdb does.
+ *
+ * Built -O2 without frame pointers and without -finstrument-functions:
+ * every stack comes from the binaries' CFI, and the victim's helpers marked
+ * always_inline become inline frames.
+ *
+ *   rs_stacks park     allocations and a free with markers (see below),
+ *                      then threads parked in known places, then a
+ *                      snapshot from main (libtag_snapshot), then exit
+ *   rs_stacks thread   a worker thread faults two calls deep, through an
+ *                      inlined helper
+ *   rs_stacks abort    main calls abort() two calls deep
+ *   rs_stacks handler  a worker's SIGUSR1 handler faults: the crash stack
+ *                      runs through the signal frame into the code the
+ *                      signal interrupted
+ *
+ * In park mode, each marked allocation or free sets `marker` around the
+ * call that makes it (a gdb breakpoint on malloc or free with the condition
+ * `marker == N` stops at exactly that call), and the victim prints
+ *   block <marker> <address>     the block of each marker
+ *   thread <name> <tid>          each parked thread
+ *   main <tid>                   the thread that takes the snapshot
+ * then calls park_done() (a breakpoint for gdb: every thread is parked).
+ *
+ * Markers:
+ *   1  main -> outer -> middle -> inner -> malloc
+ *   2  the same chain in a worker thread
+ *   3  strdup (libc allocates for the program)
+ *   4  fopen (libc allocates its FILE)
+ *   5  recursion 50 deep, then malloc
+ *   6  host_of_inline -> inline_outer -> inline_inner -> malloc, the two
+ *      helpers inlined
+ *   7  malloc in a SIGUSR1 handler (the stack crosses the signal frame)
+ *   8  free through an inlined helper: release -> inline_release -> free
+ *      (block 8 is allocated by main unmarked and stays in the quarantine)
+ *
+ * Parked threads (each blocks in read() on its own pipe):
+ *   nested    worker_nested -> park_middle -> park_inner -> read
+ *   recursive worker_recursive -> park_recurse x 30 -> read
+ *   inlined   worker_inlined -> park_inline (inlined) -> read
+ *   handler   worker_handler -> interrupted -> raise(SIGUSR1) ...
+ *             handler_park -> park_inner -> read: parked inside a signal
+ *             handler (SIGUSR1: libtag's snapshot signal is SIGUSR2)
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAULT_ADDR ((volatile int *)0xdead0000)
+#define KEEP() __asm__ volatile("" ::: "memory")  /* no tail call: a real frame */
+#define MARKERS 9
+
+extern int libtag_snapshot(void) __attribute__((weak));
+
+volatile int marker;
+static void *blocks[MARKERS];
+
+static pid_t gettid_(void)
+{
+    return (pid_t)syscall(SYS_gettid);
+}
+
+/* -- allocations ------------------------------------------------------- */
+
+__attribute__((noipa)) static void *inner(size_t n)
+{
+    void *p = malloc(n);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void *middle(size_t n)
+{
+    void *p = inner(n + 1);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void *outer(size_t n)
+{
+    void *p = middle(n + 1);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void *mark(int m, void *(*fn)(size_t), size_t n)
+{
+    marker = m;
+    void *p = fn(n);
+    marker = 0;
+    blocks[m] = p;
+    return p;
+}
+
+__attribute__((noipa)) static void *alloc_worker(void *arg)
+{
+    (void)arg;
+    mark(2, outer, 200);
+    return NULL;
+}
+
+__attribute__((noipa)) static char *dup_name(const char *s)
+{
+    char *p = strdup(s);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static FILE *open_self(void)
+{
+    FILE *f = fopen("/proc/self/stat", "r");
+    KEEP();
+    return f;
+}
+
+__attribute__((noipa)) static void *recurse(int depth, size_t n)
+{
+    void *p = depth ? recurse(depth - 1, n) : malloc(n);
+    KEEP();
+    return p;
+}
+
+static inline __attribute__((always_inline)) void *inline_inner(size_t n)
+{
+    void *p = malloc(n);
+    KEEP();
+    return p;
+}
+
+static inline __attribute__((always_inline)) void *inline_outer(size_t n)
+{
+    void *p = inline_inner(n + 1);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void *host_of_inline(size_t n)
+{
+    void *p = inline_outer(n + 1);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void alloc_handler(int sig)
+{
+    (void)sig;
+    marker = 7;
+    blocks[7] = malloc(707);  /* not async-signal-safe; fine for this test */
+    marker = 0;
+}
+
+__attribute__((noipa)) static void interrupted(int sig)
+{
+    raise(sig);
+    KEEP();
+}
+
+static inline __attribute__((always_inline)) void inline_release(void *p)
+{
+    free(p);
+    KEEP();
+}
+
+__attribute__((noipa)) static void release(void *p)
+{
+    marker = 8;
+    inline_release(p);
+    marker = 0;
+}
+
+/* -- parked threads ------------------------------------------------------ */
+
+struct park {
+    const char *name;
+    int fds[2];
+    volatile pid_t tid;
+};
+
+static struct park parks[4] = {{"nested"}, {"recursive"}, {"inlined"}, {"handler"}};
+
+__attribute__((noipa)) static void park_inner(struct park *p)
+{
+    char c;
+    p->tid = gettid_();
+    while (read(p->fds[0], &c, 1) < 0)
+        ;
+    KEEP();
+}
+
+__attribute__((noipa)) static void park_middle(struct park *p)
+{
+    park_inner(p);
+    KEEP();
+}
+
+__attribute__((noipa)) static void *worker_nested(void *arg)
+{
+    park_middle(arg);
+    KEEP();
+    return NULL;
+}
+
+__attribute__((noipa)) static void park_recurse(struct park *p, int depth)
+{
+    if (depth)
+        park_recurse(p, depth - 1);
+    else
+        park_inner(p);
+    KEEP();
+}
+
+__attribute__((noipa)) static void *worker_recursive(void *arg)
+{
+    park_recurse(arg, 29);
+    KEEP();
+    return NULL;
+}
+
+static inline __attribute__((always_inline)) void park_inline(struct park *p)
+{
+    char c;
+    p->tid = gettid_();
+    while (read(p->fds[0], &c, 1) < 0)
+        ;
+    KEEP();
+}
+
+__attribute__((noipa)) static void *worker_inlined(void *arg)
+{
+    park_inline(arg);
+    KEEP();
+    return NULL;
+}
+
+__attribute__((noipa)) static void handler_park(int sig)
+{
+    (void)sig;
+    park_inner(&parks[3]);
+    KEEP();
+}
+
+__attribute__((noipa)) static void *worker_handler(void *arg)
+{
+    (void)arg;
+    interrupted(SIGUSR1);
+    KEEP();
+    return NULL;
+}
+
+/* Every parked thread is blocked in read(2): /proc says system call 0. */
+static void wait_parked(pid_t tid)
+{
+    char path[64], buf[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    for (;;) {
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        if (n > 1 && buf[0] == '0' && buf[1] == ' ')
+            return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* gdb stops here (park mode): every thread is parked. */
+__attribute__((noipa)) void park_done(void)
+{
+    KEEP();
+}
+
+__attribute__((noipa)) static void take_snapshot(void)
+{
+    if (libtag_snapshot)
+        libtag_snapshot();
+    KEEP();
+}
+
+static int park_mode(void)
+{
+    mark(1, outer, 100);
+    pthread_t th;
+    pthread_create(&th, NULL, alloc_worker, NULL);
+    pthread_join(th, NULL);
+    marker = 3;
+    blocks[3] = dup_name("a name that libc copies into a block of its own");
+    marker = 4;
+    FILE *f = open_self();
+    marker = 0;
+    blocks[4] = f;  /* glibc's FILE is the block fopen allocated */
+    marker = 5;
+    blocks[5] = recurse(50, 500);
+    marker = 0;
+    mark(6, host_of_inline, 600);
+    signal(SIGUSR1, alloc_handler);
+    interrupted(SIGUSR1);
+    blocks[8] = malloc(808);
+    release(blocks[8]);
+
+    signal(SIGUSR1, handler_park);
+    void *(*fns[4])(void *) = {worker_nested, worker_recursive, worker_inlined, worker_handler};
+    pthread_t ts[4];
+    for (int i = 0; i < 4; i++) {
+        if (pipe(parks[i].fds) != 0)
+            return 1;
+        pthread_create(&ts[i], NULL, fns[i], &parks[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        while (!parks[i].tid) {
+            struct timespec t = {0, 1000000};
+            nanosleep(&t, NULL);
+        }
+        wait_parked(parks[i].tid);
+    }
+    for (int m = 1; m < MARKERS; m++)
+        printf("block %d %p\n", m, blocks[m]);
+    for (int i = 0; i < 4; i++)
+        printf("thread %s %d\n", parks[i].name, (int)parks[i].tid);
+    printf("main %d\n", (int)gettid_());
+    park_done();
+    take_snapshot();
+    for (int i = 0; i < 4; i++) {
+        if (write(parks[i].fds[1], "x", 1) != 1)
+            return 1;
+        pthread_join(ts[i], NULL);
+    }
+    if (f)
+        fclose(f);
+    return 0;
+}
+
+/* -- crashes --------------------------------------------------------------- */
+
+static inline __attribute__((always_inline)) void inline_crash(int v)
+{
+    *FAULT_ADDR = v;
+    KEEP();
+}
+
+__attribute__((noipa)) static void crash_here(int v)
+{
+    inline_crash(v + 1);
+    KEEP();
+}
+
+__attribute__((noipa)) static void *crash_worker(void *arg)
+{
+    crash_here((int)(long)arg);
+    KEEP();
+    return NULL;
+}
+
+__attribute__((noipa)) static void give_up(void)
+{
+    abort();
+}
+
+__attribute__((noipa)) static void check(int ok)
+{
+    if (!ok)
+        give_up();
+    KEEP();
+}
+
+__attribute__((noipa)) static void crash_handler_fn(int sig)
+{
+    crash_here(sig);
+    KEEP();
+}
+
+__attribute__((noipa)) static void *handler_worker(void *arg)
+{
+    (void)arg;
+    interrupted(SIGUSR1);
+    KEEP();
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    free(malloc(10));  /* libtag is up */
+    const char *mode = argc > 1 ? argv[1] : "park";
+    if (strcmp(mode, "park") == 0)
+        return park_mode();
+    if (strcmp(mode, "abort") == 0) {
+        check(0);
+        return 0;
+    }
+    pthread_t th;
+    if (strcmp(mode, "handler") == 0) {
+        signal(SIGUSR1, crash_handler_fn);
+        pthread_create(&th, NULL, handler_worker, NULL);
+    } else {
+        pthread_create(&th, NULL, crash_worker, (void *)41L);
+    }
+    pthread_join(th, NULL);
+    return 0;
+}

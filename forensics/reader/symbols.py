@@ -10,7 +10,11 @@ per loaded file and works out each file's load bias from its program headers.
 node kind of ``tag_abi.h``: ``FRAME_CALL`` (a return address: the line wanted
 is the call's, so ``pc - 1`` is looked up, but the frame reports ``pc``) or
 ``FRAME_ENTRY`` (a function's entry) or ``FRAME_SIGNAL`` (the instruction a
-signal interrupted): ``pc`` itself is looked up.  Work is
+signal interrupted): ``pc`` itself is looked up.  Each address is
+resolved with the calls inlined there (llvm-symbolizer's ``--inlines``,
+addr2line's ``-i``): the frame names the physical function and the line
+executed in it, and carries the inlined functions for
+:func:`expand_inlines`.  Work is
 batched: one subprocess per module per :meth:`Symbolizer.symbolize` call, for
 all of that module's addresses not already cached.  Results are cached in
 memory and, with ``cache_dir``, in a small SQLite file (mode 0600) keyed by

@@ -167,9 +167,11 @@ class Dump:
 
     @cached_property
     def threads(self) -> list[ThreadStack]:
-        """Every thread libtag knew that had not exited, with its registers:
-        a live process's now (live_registers), else those libtag saved for
-        the snapshot, else the core's own notes."""
+        """Every thread of the process, with its registers: those libtag knew
+        that had not exited, then the others the core's notes (or the live
+        process) have - a thread that never allocated has no libtag record.
+        Registers: a live process's now (live_registers), else those libtag
+        saved for the snapshot, else the core's own notes."""
         live = self.live_registers()
         core = self.core_registers
         # A snapshot's registers were saved by libtag for every thread at one
@@ -187,7 +189,15 @@ class Dump:
             regs = live.get(t.tid, regs)
             sp = regs.get("rsp") if regs else None
             out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow, t.shadow_sp))
+        known = {t.tid for t in self.heap.threads}
+        for tid, regs in {**core, **live}.items():
+            if tid not in known:
+                sp = regs.get("rsp")
+                out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
         return out
+
+    def _region_at(self, addr: int | None) -> Region | None:
+        return next((r for r in self.mem.regions() if addr in r), None) if addr else None
 
     def thread(self, tid: int) -> ThreadStack | None:
         return next((t for t in self.threads if t.tid == tid), None)

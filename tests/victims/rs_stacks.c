@@ -271,9 +271,12 @@ static void wait_parked(pid_t tid)
     }
 }
 
-/* gdb stops here (park mode): every thread is parked. */
+/* gdb stops here (park mode): every thread is parked.  The store is where
+ * its breakpoint lands: a line of the body, not the function's entry. */
+volatile int parked_all;
 __attribute__((noipa)) void park_done(void)
 {
+    parked_all = 1;
     KEEP();
 }
 

@@ -1,0 +1,560 @@
+"""The stacks forensics reports equal gdb's on the same core or process,
+frame by frame, inline frames included.
+
+tests/victims/rs_stacks.c and rs_stacks_cxx.cc are built -O2 without frame
+pointers and not instrumented: every stack comes from the binaries' CFI.
+gdb runs with its default debug file directory (so, where libc6-dbg is
+installed, both see glibc's debug information and its inline frames) and
+its own Python API lists each thread's frames: type, pc, function, file and
+line.  Two kinds of gdb frames are left out of the comparison, as
+docs/json.md says: the signal trampoline (``<signal handler called>``: the
+frame after it is the interrupted one, in both) and tail-call frames (gdb
+reconstructs them from DWARF call-site records; they are not on the stack).
+Names are compared for the victims' own functions; glibc's have aliases
+(gdb's ``__GI_raise`` is llvm-symbolizer's ``raise``), so there the
+address, file, line and inline structure must agree.  Lines are compared
+except in the C++ library's headers, where one address can have several
+rows in the line table and the two tools pick different ones (for
+``std::string::assign`` inlined at a call, gdb says the line of its
+declaration, llvm-symbolizer the line of the call in its body).
+
+- every thread of a snapshot (libtag's saved registers; the thread taking
+  the snapshot from its own code), of a gcore core (the core's notes) and of
+  a crash core (a fault in a worker, through an inlined function; abort();
+  a fault in a signal handler), on both core paths;
+- allocation and free stacks of blocks, against gdb's frames at a
+  breakpoint on libtag's malloc, free and operator new in the same process:
+  nested calls, a thread, strdup and fopen allocating for the program,
+  recursion 50 deep, two inlined helpers, a signal handler, a free through
+  an inlined helper, libstdc++ allocating for a std::string and a
+  std::vector;
+- Debian's python3 (PYTHONMALLOC=malloc) under forensics run: the eval loop
+  and Py_BytesMain in its top allocation stacks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import forensics_test_support as S
+from forensics.snapshots import snapdir
+
+pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+
+O2_NO_FP = ("-O2", "-fomit-frame-pointer")
+NORMAL, INLINE, TAILCALL, SIGTRAMP = 0, 2, 3, 4  # gdb.NORMAL_FRAME ...
+
+# gdb's Python: every frame of the selected thread, one line each
+GDB_HELPERS = r'''
+import gdb
+
+def _frames():
+    try:
+        f = gdb.newest_frame()
+    except gdb.error:  # a thread gdb knows without its registers
+        return
+    while f is not None:
+        try:
+            sal = f.find_sal()
+            name = f.name() or "-"
+            path = sal.symtab.filename if sal.symtab else "-"
+            print("F %d %#x %s|%s|%d" % (f.type(), f.pc(), name, path, sal.line or 0))
+            f = f.older()
+        except gdb.error:  # no registers for this thread, or the end
+            break
+
+def dump_threads():
+    for t in gdb.selected_inferior().threads():
+        try:
+            t.switch()
+        except gdb.error:  # listed from glibc's thread list, no registers
+            continue
+        print("T %d" % t.ptid[1])
+        _frames()
+    print("END")
+
+class MarkedBreak(gdb.Breakpoint):
+    """At libtag's entry point (frame 0 in libtag's sources) while the
+    victim's `marker` is set: print the frames."""
+    def __init__(self, spec, what):
+        super().__init__(spec, internal=True)
+        self.what = what
+    def stop(self):
+        try:
+            m = int(gdb.parse_and_eval("marker"))
+        except gdb.error:
+            return False
+        sal = gdb.newest_frame().find_sal()
+        if m and sal.symtab and "/libtag/src/" in sal.symtab.filename:
+            print("M %d %s" % (m, self.what))
+            _frames()
+            print("END")
+        return False
+'''
+
+GDB_SETTINGS = """\
+set pagination off
+set confirm off
+set debuginfod enabled off
+set backtrace past-main on
+set startup-with-shell off
+"""
+
+
+@dataclass(frozen=True)
+class GFrame:
+    type: int
+    pc: int
+    name: str
+    file: str | None
+    line: int | None
+
+
+_F = re.compile(r"^F (\d+) (0x[0-9a-f]+) (.*)\|(.*)\|(\d+)$")
+
+
+def _parse_frames(lines) -> list[GFrame]:
+    out = []
+    for line in lines:
+        m = _F.match(line)
+        if m:
+            out.append(GFrame(int(m[1]), int(m[2], 16), m[3], None if m[4] == "-" else m[4],
+                              int(m[5]) or None))
+    return out
+
+
+def gdb_threads(text: str) -> dict[int, list[GFrame]]:
+    """{lwp: frames} from dump_threads() output."""
+    out: dict[int, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("T "):
+            cur = int(line.split()[1])
+            out[cur] = []
+        elif line == "END":
+            cur = None
+        elif cur is not None:
+            out[cur].append(line)
+    return {tid: _parse_frames(lines) for tid, lines in out.items()}
+
+
+def gdb_marked(text: str) -> dict[tuple[int, str], list[GFrame]]:
+    """{(marker, "alloc"|"free"): frames} of the last stop per marker."""
+    out: dict[tuple[int, str], list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("M "):
+            _, m, what = line.split()
+            cur = (int(m), what)
+            out[cur] = []
+        elif line == "END":
+            cur = None
+        elif cur is not None:
+            out[cur].append(line)
+    return {k: _parse_frames(v) for k, v in out.items()}
+
+
+def gdb_on_core(exe: Path, core: Path, tmp_path: Path) -> dict[int, list[GFrame]]:
+    script = tmp_path / "core.gdb"
+    script.write_text(GDB_SETTINGS + f"python\n{GDB_HELPERS}\nend\npython dump_threads()\n")
+    out = subprocess.run(["gdb", "-q", "-batch", "-nx", "-x", str(script), str(exe), str(core)],
+                         capture_output=True, text=True, timeout=180).stdout
+    threads = gdb_threads(out)
+    assert threads, f"gdb listed no thread of {core}:\n{out[-3000:]}"
+    return threads
+
+
+def _base(path: str | None) -> str | None:
+    return path.rsplit("/", 1)[-1] if path else None
+
+
+def _name(name: str | None) -> str | None:
+    """A function name without its parameters or a clone suffix."""
+    return name.split("(")[0].strip() if name else name
+
+
+def _short(name: str | None) -> str | None:
+    """The last component of a C++ name: llvm-symbolizer names an inlined
+    function the compiler gave no linkage name (a static inline one) by its
+    own name, where gdb adds the namespaces around it."""
+    return _name(name).split("::")[-1] if name else name
+
+
+def comparable(frames: list[GFrame]) -> list[GFrame]:
+    """gdb's frames that forensics reports too (see the module docstring)."""
+    return [f for f in frames if f.type not in (TAILCALL, SIGTRAMP)]
+
+
+def assert_same_frames(ours: list[dict], theirs: list[GFrame], own_sources: tuple[str, ...], what: str):
+    """Frame by frame: address, inline structure, file and line; the name
+    too for a function of the victim (a file in own_sources; C++ template
+    names are spelled differently by the two tools and left to the rest)."""
+    want = comparable(theirs)
+    show = "\n".join(f"  ours {f['address']} {f['function']} {_base(f['file'])}:{f['line']}"
+                     f"{' inlined' if f['inlined'] else ''}" for f in ours)
+    show += "\n" + "\n".join(f"  gdb  {g.pc:#x} {g.name} {_base(g.file)}:{g.line} type {g.type}"
+                             for g in theirs)
+    assert len(ours) == len(want), f"{what}: {len(ours)} frames, gdb {len(want)}\n{show}"
+    for i, (f, g) in enumerate(zip(ours, want)):
+        where = f"{what}, frame {i}\n{show}"
+        assert int(f["address"], 16) == g.pc, where
+        assert f["inlined"] == (g.type == INLINE), where
+        assert _base(f["file"]) == _base(g.file), where
+        if not (g.file or "").startswith("/usr/include/"):
+            assert f["line"] == g.line, where
+        if _base(g.file) in own_sources and "<" not in g.name:
+            assert _short(f["function"]) == _short(g.name), where
+
+
+def own(frames: list[dict], source: str) -> list[str]:
+    """The victim's own functions of a stack (by source file), innermost first."""
+    return [_name(f["function"]) for f in frames if _base(f["file"]) == source]
+
+
+def inspect_json(run_cli, core: Path, state: Path) -> dict:
+    done = run_cli("inspect", "--json", str(core), env={"XDG_STATE_HOME": str(state)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def whoowns_json(run_cli, core: Path, addr: int, state: Path) -> dict:
+    done = run_cli("whoowns", hex(addr), "--core", str(core), "--json",
+                   env={"XDG_STATE_HOME": str(state)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def one_core(snaps: Path, suffix: str) -> Path:
+    dirs = S.snapshot_dirs(snaps)
+    assert len(dirs) == 1 and dirs[0].name.endswith(suffix), dirs
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
+    assert core is not None, f"no core in {snap.path}"
+    return core
+
+
+def printed(stdout: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            out[" ".join(words[:-1])] = words[-1:]
+    return out
+
+
+# What the victim knows about its parked threads: its own functions on each
+# stack, innermost first (rs_stacks.c's header).
+PARKED = {
+    "nested": ["park_inner", "park_middle", "worker_nested"],
+    "recursive": ["park_inner"] + ["park_recurse"] * 30 + ["worker_recursive"],
+    "inlined": ["park_inline", "worker_inlined"],
+    "handler": ["park_inner", "handler_park", "interrupted", "worker_handler"],
+}
+
+
+@pytest.fixture(scope="module")
+def rs_exe(build_victim) -> Path:
+    return Path(os.path.realpath(build_victim("rs_stacks", instrument=False, extra_flags=O2_NO_FP)))
+
+
+@pytest.fixture(scope="module")
+def cxx_exe(build_victim) -> Path:
+    return Path(os.path.realpath(build_victim("rs_stacks_cxx", instrument=False, cxx=True,
+                                              extra_flags=O2_NO_FP)))
+
+
+# -- every thread of a snapshot -------------------------------------------------
+
+
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
+def test_snapshot_threads_equal_gdb(rs_exe, run_victim, run_cli, tmp_path, core_path):
+    # GIVEN rs_stacks with four threads parked in known places (one inside a
+    # signal handler, one 30 calls deep, one in an inlined function) and
+    # main taking a snapshot
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    done = run_victim(rs_exe, "park", snap_dir=snaps, env={"LIBTAG_CORE": core_path})
+    assert done.returncode == 0, done.stderr
+    facts = printed(done.stdout)
+    tids = {name: int(facts[f"thread {name}"][0]) for name in PARKED}
+    main_tid = int(facts["main"][0])
+    core = one_core(snaps, "-1-on-demand")
+    # WHEN inspect reads the threads
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    ours = {t["tid"]: t["stack"] for t in doc["threads"]}
+    assert set(ours) == {main_tid, *tids.values()}, ours.keys()
+    # THEN each parked thread shows the victim's functions where it parked,
+    # down to its outermost frame (clone3)
+    for name, tid in tids.items():
+        assert own(ours[tid], "rs_stacks.c") == PARKED[name], (name, ours[tid])
+        assert ours[tid][-1]["function"] == "clone3", (name, ours[tid][-1])
+    assert [f["inlined"] for f in ours[tids["inlined"]] if _base(f["file"]) == "rs_stacks.c"] == [True, False]
+    # AND the snapshotting thread starts in libtag's snapshot code (marked),
+    # then the program's call to libtag_snapshot(), down to _start
+    main = ours[main_tid]
+    assert main[0]["libtag"] and main[0]["function"] == "take", main[0]
+    assert own(main, "rs_stacks.c") == ["take_snapshot", "park_mode", "main"], main
+    assert main[-1]["function"] == "_start" and not any(f["libtag"] for f in main[-6:]), main
+    # AND the frames are gdb's on the same core: every thread where the core
+    # holds libtag's saved registers (LIBTAG_CORE=self); where the kernel
+    # wrote the core of the fork child (kernel), gdb has the registers of
+    # that one thread, whose frames from the program's call on are the
+    # snapshotting thread's (the others it lists from glibc's thread list,
+    # without registers)
+    theirs = gdb_on_core(rs_exe, core, tmp_path)
+    if core_path == "self":
+        assert set(theirs) == set(ours)
+        for tid in ours:
+            assert_same_frames(ours[tid], theirs[tid], ("rs_stacks.c", "snapshot.c"), f"thread {tid}")
+    else:
+        (child,) = [fs for fs in theirs.values() if any(g.name == "take_snapshot" for g in fs)]
+        start = next(i for i, g in enumerate(child) if g.name == "take_snapshot")
+        mine = next(i for i, f in enumerate(main) if f["function"] == "take_snapshot")
+        assert_same_frames(main[mine:], child[start:], ("rs_stacks.c",), "snapshotting thread")
+
+
+# -- crash cores ------------------------------------------------------------------
+
+CRASH_MODES = {
+    # mode: signal, the victim's own functions on the crash stack
+    "thread": (signal.SIGSEGV, ["inline_crash", "crash_here", "crash_worker"]),
+    "abort": (signal.SIGABRT, ["give_up", "check", "main"]),
+    "handler": (signal.SIGSEGV, ["inline_crash", "crash_here", "crash_handler_fn", "interrupted",
+                                 "handler_worker"]),
+}
+
+
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
+@pytest.mark.parametrize("mode", list(CRASH_MODES))
+def test_crash_stack_equals_gdb(rs_exe, run_victim, run_cli, tmp_path, core_path, mode):
+    sig, names = CRASH_MODES[mode]
+    # GIVEN rs_stacks dying (a fault in a worker two calls and an inlined
+    # function deep, abort() two calls deep, a fault in a signal handler)
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    done = run_victim(rs_exe, mode, snap_dir=snaps, env={"LIBTAG_CORE": core_path})
+    assert done.returncode == -sig, done.stderr
+    core = one_core(snaps, "-1-crash")
+    # WHEN inspect reads the crash
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    crash = doc["crash"]
+    stack = crash["stack"]
+    # THEN the stack runs through the victim's functions, inline frames and
+    # the code a signal interrupted included, to the thread's outermost frame
+    assert own(stack, "rs_stacks.c") == names, stack
+    assert stack[-1]["function"] == ("_start" if mode == "abort" else "clone3"), stack[-1]
+    # AND it is gdb's bt of the faulting thread on the same core, frame by
+    # frame (on the kernel path an abort core holds the thread inside
+    # libtag's handler: libtag's frame, then the signal frame, then abort)
+    theirs = gdb_on_core(rs_exe, core, tmp_path)[crash["thread"]]
+    assert_same_frames(stack, theirs, ("rs_stacks.c",), f"crash ({mode}, {core_path})")
+    # AND the thread's entry in threads is the same stack
+    (thread,) = [t for t in doc["threads"] if t["tid"] == crash["thread"]]
+    assert thread["stack"] == stack
+
+
+def test_human_crash_stack_leaves_libtag_out(rs_exe, run_victim, run_cli, tmp_path):
+    # GIVEN an abort core the kernel wrote while libtag's handler re-raised
+    # the signal (its frames and the system call it made are on the stack)
+    if S.kernel_core_skip_reason():
+        pytest.skip(S.kernel_core_skip_reason())
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    done = run_victim(rs_exe, "abort", snap_dir=snaps, env={"LIBTAG_CORE": "kernel"})
+    assert done.returncode == -signal.SIGABRT, done.stderr
+    core = one_core(snaps, "-1-crash")
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    stack = doc["crash"]["stack"]
+    assert [f["function"] for f in stack[:2]] == ["syscall", "crash_handler"] and stack[1]["libtag"], stack[:3]
+    # WHEN inspect prints it for a person
+    text = run_cli("inspect", str(core), env={"XDG_STATE_HOME": str(tmp_path / "state"),
+                                              "COLUMNS": "200"}).stdout
+    faulting = text.split("faulting thread", 1)[1].split("\n\n", 1)[0]
+    lines = [ln for ln in faulting.splitlines() if "0x" in ln]
+    # THEN it starts where the program's abort() began: libtag's handler and
+    # the system call it made are left out (the JSON keeps them)
+    assert "crash_handler" not in faulting and " syscall " not in faulting, faulting
+    assert "__pthread_kill_implementation" in lines[0], faulting
+    assert [ln.split()[2] for ln in lines if "rs_stacks.c" in ln] == ["give_up", "check", "main"], faulting
+
+
+# -- allocation and free stacks, against gdb in the live process ------------------
+
+
+def _live_run(exe: Path, libtag_so, tmp_path: Path, breaks: list[tuple[str, str]]) -> tuple[str, Path]:
+    """Run exe park under gdb with libtag preloaded: the marked breakpoints,
+    then at park_done() a gcore core and every thread's frames."""
+    core = tmp_path / "gcore.core"
+    script = tmp_path / "live.gdb"
+    bps = "\n".join(f"MarkedBreak({spec!r}, {what!r})" for spec, what in breaks)
+    script.write_text(
+        GDB_SETTINGS
+        + "set breakpoint pending on\n"
+        + "handle SIGUSR1 nostop noprint pass\n"
+        + f"set environment LD_PRELOAD={libtag_so}\n"
+        + "set environment LIBTAG_QUIET=1\n"
+        + f"python\n{GDB_HELPERS}\n{bps}\nend\n"
+        + "break park_done\n"
+        + "run park\n"
+        + f"gcore {core}\n"
+        + "python dump_threads()\n"
+        + "kill\n")
+    out = subprocess.run(["gdb", "-q", "-batch", "-nx", "-x", str(script), str(exe)],
+                         capture_output=True, text=True, timeout=300).stdout
+    assert core.is_file(), f"gdb wrote no core:\n{out[-3000:]}"
+    return out, core
+
+
+def _without_libtag_entry(frames: list[GFrame]) -> list[GFrame]:
+    """gdb's frames from the caller of libtag's entry point on (libtag's
+    stacks start there)."""
+    i = 0
+    while i < len(frames) and frames[i].file and "/libtag/src/" in frames[i].file:
+        i += 1
+    return frames[i:]
+
+
+ALLOC_MARKERS = {
+    # marker: the victim's own functions of the stack, innermost first
+    1: ["inner", "middle", "outer", "mark", "park_mode", "main"],
+    2: ["inner", "middle", "outer", "mark", "alloc_worker"],
+    3: ["dup_name", "park_mode", "main"],
+    4: ["open_self", "park_mode", "main"],
+    5: ["recurse"] * 51 + ["park_mode", "main"],
+    6: ["inline_inner", "inline_outer", "host_of_inline", "mark", "park_mode", "main"],
+    7: ["alloc_handler", "interrupted", "park_mode", "main"],
+}
+
+
+def test_alloc_free_and_thread_stacks_equal_gdb_live(rs_exe, libtag_so, run_cli, tmp_path):
+    # GIVEN rs_stacks under gdb: the frames at each marked allocation and
+    # free, then at park_done() a core (gcore) and every thread's frames
+    out, core = _live_run(rs_exe, libtag_so, tmp_path, [("malloc", "alloc"), ("free", "free")])
+    facts = printed(out)
+    marked = gdb_marked(out)
+    state = tmp_path / "state"
+    for m, names in ALLOC_MARKERS.items():
+        assert (m, "alloc") in marked, f"gdb never stopped at marker {m}:\n{out[-3000:]}"
+        # WHEN whoowns names the block of marker m in the core
+        doc = whoowns_json(run_cli, core, int(facts[f"block {m}"][0], 16), state)
+        stack = doc["block"]["alloc_stack"]
+        # THEN its allocation stack runs through the victim's functions
+        assert own(stack, "rs_stacks.c") == names, (m, stack)
+        # AND it is gdb's stack at the allocation, frame by frame
+        assert_same_frames(stack, _without_libtag_entry(marked[(m, "alloc")]), ("rs_stacks.c",),
+                           f"allocation {m}")
+    # AND marker 6's two helpers are inline frames of host_of_inline
+    doc = whoowns_json(run_cli, core, int(facts["block 6"][0], 16), state)
+    assert [f["inlined"] for f in doc["block"]["alloc_stack"][:3]] == [True, True, False]
+    # AND the block freed through an inlined helper has gdb's free stack
+    doc = whoowns_json(run_cli, core, int(facts["block 8"][0], 16), state)
+    assert doc["block"]["state"] == "freed"
+    free_stack = doc["block"]["free_stack"]
+    assert own(free_stack, "rs_stacks.c") == ["inline_release", "release", "park_mode", "main"], free_stack
+    assert_same_frames(free_stack, _without_libtag_entry(marked[(8, "free")]), ("rs_stacks.c",), "free 8")
+    # AND every thread's stack in the gcore core (its registers are the
+    # core's notes) is gdb's in the live process at that moment
+    theirs = gdb_threads(out)
+    doc = inspect_json(run_cli, core, state)
+    ours = {t["tid"]: t["stack"] for t in doc["threads"]}
+    assert set(ours) == set(theirs)
+    for tid, stack in ours.items():
+        assert_same_frames(stack, theirs[tid], ("rs_stacks.c",), f"thread {tid}")
+    assert own(ours[int(facts["main"][0])], "rs_stacks.c") == ["park_done", "park_mode", "main"]
+
+
+def test_cxx_stacks_equal_gdb_live(cxx_exe, libtag_so, run_cli, tmp_path):
+    # GIVEN rs_stacks_cxx under gdb: operator new at each marker, then a
+    # gcore core with a std::thread parked
+    out, core = _live_run(cxx_exe, libtag_so, tmp_path,
+                          [("operator new(unsigned long)", "alloc"), ("malloc", "alloc")])
+    facts = printed(out)
+    marked = gdb_marked(out)
+    state = tmp_path / "state"
+    own_names = {1: ["make_inline", "shapes::Shape::make", "main"], 2: ["main"], 3: ["grow"]}
+    for m, names in own_names.items():
+        assert (m, "alloc") in marked, f"gdb never stopped at marker {m}:\n{out[-3000:]}"
+        # WHEN whoowns names the block
+        doc = whoowns_json(run_cli, core, int(facts[f"block {m}"][0], 16), state)
+        stack = doc["block"]["alloc_stack"]
+        # THEN the stack is gdb's at operator new, inline frames of the
+        # victim and of the standard library's headers included
+        assert [n for n in own(stack, "rs_stacks_cxx.cc")] == names, (m, stack)
+        assert_same_frames(stack, _without_libtag_entry(marked[(m, "alloc")]), ("rs_stacks_cxx.cc",),
+                           f"allocation {m}")
+    # the vector grew through inlined library code (push_back and friends)
+    doc = whoowns_json(run_cli, core, int(facts["block 3"][0], 16), state)
+    assert any(f["inlined"] and "push_back" in (f["function"] or "") for f in doc["block"]["alloc_stack"])
+    # AND every thread's stack, the parked std::thread's too
+    theirs = gdb_threads(out)
+    doc = inspect_json(run_cli, core, state)
+    ours = {t["tid"]: t["stack"] for t in doc["threads"]}
+    assert set(ours) == set(theirs)
+    for tid, stack in ours.items():
+        assert_same_frames(stack, theirs[tid], ("rs_stacks_cxx.cc",), f"thread {tid}")
+    parked = ours[int(facts["thread parked"][0])]
+    assert own(parked, "rs_stacks_cxx.cc")[:2] == ["park_here", "parked_worker"], parked
+
+
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
+def test_cxx_uncaught_exception_equals_gdb(cxx_exe, run_victim, run_cli, tmp_path, core_path):
+    # GIVEN a std::thread whose exception nobody catches: std::terminate, abort
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    done = run_victim(cxx_exe, "throw", snap_dir=snaps, env={"LIBTAG_CORE": core_path})
+    assert done.returncode == -signal.SIGABRT, done.stderr
+    core = one_core(snaps, "-1-crash")
+    # WHEN inspect reads the crash
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    stack = doc["crash"]["stack"]
+    # THEN it runs from abort through the C++ runtime to the throw
+    names = [f["function"] for f in stack]
+    assert "std::terminate()" in names and "__cxa_throw" in names, names
+    assert own(stack, "rs_stacks_cxx.cc") == ["fail_deep", "throwing_worker"], stack
+    # AND it is gdb's bt on the core
+    theirs = gdb_on_core(cxx_exe, core, tmp_path)[doc["crash"]["thread"]]
+    assert_same_frames(stack, theirs, ("rs_stacks_cxx.cc",), f"uncaught exception ({core_path})")
+
+
+# -- a distribution binary ---------------------------------------------------------
+
+PY_SNAPSHOT = """\
+import os, signal
+table = {f"k{i}": [i, str(i) * 3, {"n": i}] for i in range(20000)}
+def snapshot():
+    os.kill(os.getpid(), signal.SIGUSR2)  # libtag's snapshot signal
+snapshot()
+print(len(table))
+"""
+
+
+def test_debian_python3_shows_the_eval_loop(run_cli, tmp_path):
+    # GIVEN Debian's python3 (stripped, no frame pointers: its stacks come
+    # from its .eh_frame) with PYTHONMALLOC=malloc, snapshotting itself
+    python3 = Path("/usr/bin/python3")
+    if not python3.exists():
+        pytest.skip("/usr/bin/python3 is not installed (.ci/run installs python3)")
+    snaps = tmp_path / "snaps"
+    done = run_cli("run", "--dir", snaps, "--", python3, "-s", "-c", PY_SNAPSHOT,
+                   env={"PYTHONMALLOC": "malloc", "XDG_STATE_HOME": str(tmp_path / "state")},
+                   timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "20000", done.stderr
+    core = one_core(snaps, "-1-on-demand")
+    # WHEN inspect reads it
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    # THEN the top allocation stacks run through the eval loop to Py_BytesMain
+    tops = [[f["function"] for f in s["stack"]] for s in doc["top_stacks"]]
+    assert tops and all("_PyEval_EvalFrameDefault" in t and "Py_BytesMain" in t for t in tops[:3]), tops[:3]
+    # AND so does the main thread, from libtag's snapshot code in the
+    # signal handler through the interrupted interpreter
+    (main,) = [t["stack"] for t in doc["threads"] if t["tid"] == doc["process"]["pid"]]
+    names = [f["function"] for f in main]
+    assert main[0]["libtag"] and "_PyEval_EvalFrameDefault" in names and "Py_BytesMain" in names, names

@@ -122,7 +122,17 @@ class Dump:
             return []
         frames = self.symbolizer.symbolize(raw)
         frames = expand_inlines(merge_entry_frames(frames, [k for _, k in raw]))
-        return [replace(f, libtag=True) if self._is_libtag(f) else f for f in frames]
+        return [self._vdso_frame(f) if f.module is None else
+                replace(f, libtag=True) if self._is_libtag(f) else f for f in frames]
+
+    def _vdso_frame(self, frame: Frame) -> Frame:
+        """A frame in the kernel's vDSO, named from its symbols (no file
+        holds it: the image is read from the memory)."""
+        base = self.vdso_base
+        if base is None or frame.address < base:
+            return frame
+        found = self.unwinder.vdso_symbol(frame.address)
+        return replace(frame, function=found[0], module="[vdso]") if found else frame
 
     @cached_property
     def _libtag_module(self) -> str | None:
@@ -206,7 +216,19 @@ class Dump:
     def unwinder(self):
         from forensics.reader.unwind import Unwinder
 
-        return Unwinder(self.mem, self.symbolizer.modules)
+        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base)
+
+    @cached_property
+    def vdso_base(self) -> int | None:
+        """Where the kernel's vDSO is mapped: AT_SYSINFO_EHDR in a core's
+        auxiliary vector, [vdso] in a live process's maps."""
+        if self.core is not None:
+            return self.core.auxv.sysinfo_ehdr or None
+        maps = getattr(self.mem, "maps", None)
+        try:
+            return next((m.start for m in maps() if m.path == "[vdso]"), None) if maps else None
+        except Exception:
+            return None
 
     def thread_raw(self, t: ThreadStack) -> list[RawFrame]:
         """Thread t's stack as (pc, kind), innermost first: unwound with CFI

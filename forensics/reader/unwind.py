@@ -92,8 +92,10 @@ class _Image:
     debug_index: tuple[list[int], list[object]] | None = None  # sorted starts, FDEs
     debug_cfi: object | None = None
     file: object | None = None
+    data: bytes | None = None  # the whole image, for one read from memory (the vDSO)
     decoded: dict[int, object] = field(default_factory=dict)  # FDE offset -> decoded table
     loaded: bool = False
+    size: int = 0
 
     def exec_ranges(self) -> list[tuple[int, int]]:
         return [(self.bias + v, self.bias + v + m) for v, m, _, _, fl in self.segments if fl & PF_X]
@@ -101,6 +103,8 @@ class _Image:
     def file_bytes(self, vaddr: int, n: int) -> bytes | None:
         for v, m, off, fsz, _ in self.segments:
             if v <= vaddr and vaddr + n <= v + fsz:
+                if self.data is not None:
+                    return self.data[off + vaddr - v:off + vaddr - v + n]
                 try:
                     return os.pread(self.file.fileno(), n, off + vaddr - v)
                 except (OSError, AttributeError, ValueError):
@@ -112,7 +116,9 @@ class Unwinder:
     """Unwinds stacks in one memory given its modules (``symbols.Module``:
     path, start, end, load_bias, deleted)."""
 
-    def __init__(self, mem, modules: Iterable) -> None:
+    def __init__(self, mem, modules: Iterable, *, vdso: int | None = None) -> None:
+        """vdso: where the kernel's vDSO is mapped (AT_SYSINFO_EHDR), whose
+        image - CFI and symbols - is read from the memory itself."""
         self.mem = mem
         self.modules = sorted((m for m in modules if not getattr(m, "deleted", False)),
                               key=lambda m: m.start)
@@ -122,6 +128,7 @@ class Unwinder:
         self._exec: list[tuple[int, int]] | None = None
         self._exec_starts: list[int] = []
         self._code_cache: dict[tuple[int, int], bytes | None] = {}
+        self.vdso = _vdso_image(mem, vdso) if vdso else None
 
     def close(self) -> None:
         for img in self._images.values():
@@ -143,8 +150,26 @@ class Unwinder:
         return self._images[module.path]
 
     def _image_at(self, pc: int) -> _Image | None:
+        v = self.vdso
+        if v is not None and v.bias <= pc < v.bias + v.size:
+            return v
         m = self._module_at(pc)
         return self._image(m) if m is not None else None
+
+    def vdso_symbol(self, pc: int) -> tuple[str, int] | None:
+        """(name, start) of the vDSO function that holds pc, or None."""
+        v = self.vdso
+        if v is None or not v.bias <= pc < v.bias + v.size:
+            return None
+        syms = getattr(v, "_symbols", None)
+        if syms is None:
+            syms = v._symbols = _function_symbols(v._elf)  # type: ignore[attr-defined]
+        rel = pc - v.bias
+        best = None
+        for start, size, name in syms:
+            if start <= rel < start + max(size, 1) and (best is None or start > best[1]):
+                best = (name, start)
+        return (best[0], best[1] + v.bias) if best else None
 
     def is_executable(self, pc: int) -> bool:
         """pc lies in an executable segment of a loaded module."""
@@ -314,6 +339,49 @@ def _open_image(path: str, bias: int) -> _Image | None:
     except (ELFError, OSError, ValueError, AttributeError):
         f.close()
         return None
+
+
+def _vdso_image(mem, base: int) -> _Image | None:
+    """The vDSO's ELF image as the memory holds it (a core keeps it)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        head = mem.read(base, 64)
+        if head[:4] != b"\x7fELF":
+            return None
+        shoff = int.from_bytes(head[0x28:0x30], "little")
+        shentsize = int.from_bytes(head[0x3A:0x3C], "little")
+        shnum = int.from_bytes(head[0x3C:0x3E], "little")
+        size = shoff + shentsize * shnum
+        if not 64 <= size <= 1 << 20:
+            return None
+        data = mem.read(base, size)
+        elf = ELFFile(io.BytesIO(data))
+        img = _Image("[vdso]", 0, data=data, size=size)
+        first = None
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD":
+                img.segments.append((seg["p_vaddr"], seg["p_memsz"], seg["p_offset"],
+                                     seg["p_filesz"], seg["p_flags"]))
+                first = seg["p_vaddr"] - seg["p_offset"] if first is None else first
+        img.bias = base - (first or 0)
+        img._elf = elf  # type: ignore[attr-defined]
+        return img
+    except (ForensicsError, ValueError, OSError, ELFError):
+        return None
+
+
+def _function_symbols(elf) -> list[tuple[int, int, str]]:
+    from elftools.elf.sections import SymbolTableSection
+
+    out = []
+    for sec in elf.iter_sections():
+        if isinstance(sec, SymbolTableSection):
+            for sym in sec.iter_symbols():
+                if sym["st_info"]["type"] == "STT_FUNC" and sym["st_value"] and sym.name:
+                    out.append((sym["st_value"], sym["st_size"], sym.name))
+    return out
 
 
 def _load_cfi(img: _Image) -> None:

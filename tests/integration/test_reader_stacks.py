@@ -257,6 +257,7 @@ PARKED = {
     "recursive": ["park_inner"] + ["park_recurse"] * 30 + ["worker_recursive"],
     "inlined": ["park_inline", "worker_inlined"],
     "handler": ["park_inner", "handler_park", "interrupted", "worker_handler"],
+    "spinning": ["spin_clock", "worker_spin"],
 }
 
 
@@ -277,8 +278,9 @@ def cxx_exe(build_victim) -> Path:
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_snapshot_threads_equal_gdb(rs_exe, run_victim, run_cli, tmp_path, core_path):
     # GIVEN rs_stacks with four threads parked in known places (one inside a
-    # signal handler, one 30 calls deep, one in an inlined function) and
-    # main taking a snapshot
+    # signal handler, one 30 calls deep, one in an inlined function), one
+    # calling clock_gettime() in a loop (in the vDSO, mostly), and main
+    # taking a snapshot
     snaps = tmp_path / "snaps"
     snaps.mkdir(mode=0o700)
     done = run_victim(rs_exe, "park", snap_dir=snaps, env={"LIBTAG_CORE": core_path})
@@ -297,6 +299,10 @@ def test_snapshot_threads_equal_gdb(rs_exe, run_victim, run_cli, tmp_path, core_
         assert own(ours[tid], "rs_stacks.c") == PARKED[name], (name, ours[tid])
         assert ours[tid][-1]["function"] == "clone3", (name, ours[tid][-1])
     assert [f["inlined"] for f in ours[tids["inlined"]] if _base(f["file"]) == "rs_stacks.c"] == [True, False]
+    # AND a frame in the vDSO is named from the vDSO's own symbols
+    spin = ours[tids["spinning"]]
+    if spin[0]["module"] == "[vdso]":
+        assert spin[0]["function"] in ("clock_gettime", "__vdso_clock_gettime"), spin[0]
     # AND the snapshotting thread starts in libtag's snapshot code (marked),
     # then the program's call to libtag_snapshot(), down to _start
     main = ours[main_tid]

@@ -41,6 +41,9 @@
  *   handler   worker_handler -> interrupted -> raise(SIGUSR1) ...
  *             handler_park -> park_inner -> read: parked inside a signal
  *             handler (SIGUSR1: libtag's snapshot signal is SIGUSR2)
+ * and one that does not park:
+ *   spinning  worker_spin -> spin_clock, calling clock_gettime() in a loop:
+ *             mostly stopped inside the kernel's vDSO
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -254,6 +257,28 @@ __attribute__((noipa)) static void *worker_handler(void *arg)
     return NULL;
 }
 
+static volatile int spinning, stop_spinning;
+static volatile pid_t spin_tid;
+
+__attribute__((noipa)) static void spin_clock(void)
+{
+    struct timespec ts;
+    spin_tid = gettid_();
+    while (!stop_spinning) {
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        spinning = 1;
+    }
+    KEEP();
+}
+
+__attribute__((noipa)) static void *worker_spin(void *arg)
+{
+    (void)arg;
+    spin_clock();
+    KEEP();
+    return NULL;
+}
+
 /* Every parked thread is blocked in read(2): /proc says system call 0. */
 static void wait_parked(pid_t tid)
 {
@@ -287,7 +312,7 @@ __attribute__((noipa)) static void take_snapshot(void)
     KEEP();
 }
 
-static int park_mode(void)
+__attribute__((noipa)) static int park_mode(void)
 {
     mark(1, outer, 100);
     pthread_t th;
@@ -323,13 +348,22 @@ static int park_mode(void)
         }
         wait_parked(parks[i].tid);
     }
+    pthread_t spinner;
+    pthread_create(&spinner, NULL, worker_spin, NULL);
+    while (!spinning) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
     for (int m = 1; m < MARKERS; m++)
         printf("block %d %p\n", m, blocks[m]);
     for (int i = 0; i < 4; i++)
         printf("thread %s %d\n", parks[i].name, (int)parks[i].tid);
+    printf("thread spinning %d\n", (int)spin_tid);
     printf("main %d\n", (int)gettid_());
     park_done();
     take_snapshot();
+    stop_spinning = 1;
+    pthread_join(spinner, NULL);
     for (int i = 0; i < 4; i++) {
         if (write(parks[i].fds[1], "x", 1) != 1)
             return 1;
@@ -392,8 +426,11 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     free(malloc(10));  /* libtag is up */
     const char *mode = argc > 1 ? argv[1] : "park";
-    if (strcmp(mode, "park") == 0)
-        return park_mode();
+    if (strcmp(mode, "park") == 0) {
+        int rc = park_mode();
+        KEEP();  /* a call, not a tail jump: main stays on the stack */
+        return rc;
+    }
     if (strcmp(mode, "abort") == 0) {
         check(0);
         return 0;

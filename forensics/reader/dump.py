@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
 
+from forensics.reader import abi
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, ThreadState
@@ -45,6 +46,7 @@ class ThreadStack:
     regs: dict[str, int] | None = None
     shadow: list[RawFrame] = field(default_factory=list)
     shadow_sp: list[int] = field(default_factory=list)
+    shadow_fn: list[int] = field(default_factory=list)
 
 
 class Dump:
@@ -198,7 +200,8 @@ class Dump:
             regs = t.regs if prefer_saved and t.regs else core.get(t.tid, t.regs)
             regs = live.get(t.tid, regs)
             sp = regs.get("rsp") if regs else None
-            out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow, t.shadow_sp))
+            out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow,
+                                   t.shadow_sp, t.shadow_fn))
         known = {t.tid for t in self.heap.threads}
         for tid, regs in {**core, **live}.items():
             if tid not in known:
@@ -249,11 +252,16 @@ class Dump:
         # The shadow stack's CALL frames whose return-address slot (CFA - 8)
         # is at or beyond the last frame's: the callers the walk did not
         # reach.  A slot that no longer holds the site is a frame a longjmp
-        # left (libtag pops those only at the thread's next enter).
-        for (pc, kind), sp in zip(t.shadow[1:], t.shadow_sp):
+        # left (libtag pops those only at the thread's next enter).  The
+        # first one is preceded by the ENTRY of the function it returns
+        # from: the frame between, unless it is the walk's last (symbolize
+        # merges an ENTRY into the frame inside it of the same function).
+        for (pc, kind), sp, fn in zip(t.shadow[1:], t.shadow_sp, t.shadow_fn):
             cfa = sp & ~1
             if cfa < top or (not sp & 1 and self.unwinder.word(cfa - 8) != pc):
                 continue
+            if len(raw) == len(steps):
+                raw.append((fn, abi.TAG_FRAME_ENTRY))
             raw.append((pc, kind))
         return raw
 

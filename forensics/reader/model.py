@@ -98,6 +98,7 @@ class ThreadState:
     shadow: list[RawFrame] = field(default_factory=list)  # innermost first
     shadow_depth: int = 0  # frames entered (may exceed the stored 256)
     shadow_sp: list[int] = field(default_factory=list)  # CFA of each CALL frame of shadow, in its order
+    shadow_fn: list[int] = field(default_factory=list)  # the function each of those returns from
     stack_hi: int = 0  # top of its stack, 0 = unknown
     allocs: int = 0
     frees: int = 0

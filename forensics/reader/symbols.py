@@ -566,7 +566,9 @@ def merge_entry_frames(frames: Sequence[Frame], kinds: Sequence[int]) -> list[Fr
     goes.  When they differ (malloc was called from uninstrumented code -
     operator new, strdup - called from the instrumented function), both
     stay: the ENTRY frame is the instrumented caller.  An ENTRY with no CALL
-    just inside it, or with an unknown function on either side, stays.
+    just inside it, or with an unknown function on either side, stays.  (A
+    SIGNAL frame - an exact pc, where a thread's unwound stack ends and its
+    shadow stack goes on - counts as a CALL here.)
 
     An ENTRY frame that stays keeps its function and file but no line: its
     address is the function's first instruction, whose line is the
@@ -577,7 +579,8 @@ def merge_entry_frames(frames: Sequence[Frame], kinds: Sequence[int]) -> list[Fr
         raise ValueError(f"{len(frames)} frames but {len(kinds)} kinds")
     out: list[Frame] = []
     for i, (frame, kind) in enumerate(zip(frames, kinds)):
-        if kind == FRAME_ENTRY and i > 0 and kinds[i - 1] == FRAME_CALL and frame.function is not None:
+        if (kind == FRAME_ENTRY and i > 0 and kinds[i - 1] in (FRAME_CALL, FRAME_SIGNAL)
+                and frame.function is not None):
             inside = frames[i - 1]
             names = {(f.function, f.module) for f in (inside, *getattr(inside, "inlined_calls", ()))}
             if (frame.function, frame.module) in names:

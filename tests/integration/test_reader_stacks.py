@@ -564,3 +564,38 @@ def test_debian_python3_shows_the_eval_loop(run_cli, tmp_path):
     (main,) = [t["stack"] for t in doc["threads"] if t["tid"] == doc["process"]["pid"]]
     names = [f["function"] for f in main]
     assert main[0]["libtag"] and "_PyEval_EvalFrameDefault" in names and "Py_BytesMain" in names, names
+
+
+# -- where CFI ends early, the shadow stack goes on ---------------------------------
+
+
+def test_shadow_stack_continues_where_cfi_ends(build_victim, run_victim, run_cli, tmp_path):
+    # GIVEN rs_shadow (instrumented): a thread parked under assembly without
+    # CFI whose rbp is no frame pointer, below three instrumented callers
+    exe = build_victim("rs_shadow")
+    source = Path(__file__).resolve().parents[1] / "victims" / "rs_shadow.c"
+    lines = source.read_text().splitlines()
+    call_line = {fn: next(i for i, ln in enumerate(lines, 1) if ln.strip() == f"{fn}();")
+                 for fn in ("shadow_b", "shadow_a")}
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    done = run_victim(exe, snap_dir=snaps, env={"LIBTAG_CORE": "self"})
+    assert done.returncode == 0, done.stderr
+    tid = int(printed(done.stdout)["thread"][0])
+    core = one_core(snaps, "-1-on-demand")
+    # WHEN inspect unwinds the thread
+    doc = inspect_json(run_cli, core, tmp_path / "state")
+    (stack,) = [t["stack"] for t in doc["threads"] if t["tid"] == tid]
+    names = [f["function"] for f in stack if not f["inlined"]]
+    # THEN CFI gives read, park_read and park_nocfi, and the shadow stack
+    # the rest: shadow_b (whose call went through park_nocfi: its entry, no
+    # line), shadow_a and worker at the lines of their calls, start_thread
+    start = names.index("park_read")
+    assert names[start:] == ["park_read", "park_nocfi", "shadow_b", "shadow_a", "worker", "start_thread"], stack
+    by_name = {f["function"]: f for f in stack}
+    assert by_name["shadow_b"]["line"] is None
+    assert by_name["shadow_a"]["line"] == call_line["shadow_b"]
+    assert by_name["worker"]["line"] == call_line["shadow_a"]
+    # AND no frame is there twice
+    physical = [f["address"] for f in stack if not f["inlined"]]
+    assert len(physical) == len(set(physical)), stack

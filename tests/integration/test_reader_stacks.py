@@ -1,8 +1,9 @@
 """The stacks forensics reports equal gdb's on the same core or process,
 frame by frame, inline frames included.
 
-tests/victims/rs_stacks.c and rs_stacks_cxx.cc are built -O2 without frame
-pointers and not instrumented: every stack comes from the binaries' CFI.
+tests/victims/rs_stacks.c, rs_stacks_cxx.cc, uw_stacks.c and uw_crash.c are
+built -O2 without frame pointers and not instrumented: every stack comes
+from the binaries' CFI.
 gdb runs with its default debug file directory (so, where libc6-dbg is
 installed, both see glibc's debug information and its inline frames) and
 its own Python API lists each thread's frames: type, pc, function, file and
@@ -23,11 +24,13 @@ declaration, llvm-symbolizer the line of the call in its body).
   a crash core (a fault in a worker, through an inlined function; abort();
   a fault in a signal handler), on both core paths;
 - allocation and free stacks of blocks, against gdb's frames at a
-  breakpoint on libtag's malloc, free and operator new in the same process:
-  nested calls, a thread, strdup and fopen allocating for the program,
-  recursion 50 deep, two inlined helpers, a signal handler, a free through
-  an inlined helper, libstdc++ allocating for a std::string and a
-  std::vector;
+  breakpoint on libtag's malloc, free and operator new in the same process
+  (whose core gdb then writes): nested calls, a thread, strdup and fopen
+  allocating for the program, recursion 40 deep, inlined helpers, signal
+  handlers (on the thread's stack and on a sigaltstack), a free through an
+  inlined helper, libstdc++ allocating for a std::string and a std::vector;
+- a thread whose CFI walk ends early (code without CFI or frame pointer)
+  goes on with libtag's shadow stack;
 - Debian's python3 (PYTHONMALLOC=malloc) under forensics run: the eval loop
   and Py_BytesMain in its top allocation stacks.
 """
@@ -81,6 +84,12 @@ def dump_threads():
         _frames()
     print("END")
 
+def print_blocks():
+    """The victim's blocks[] array: "block <marker> <address>"."""
+    blocks = gdb.parse_and_eval("blocks")
+    for m in range(1, blocks.type.range()[1] + 1):
+        print("block %d %#x" % (m, int(blocks[m])))
+
 class MarkedBreak(gdb.Breakpoint):
     """At libtag's entry point (frame 0 in libtag's sources) while the
     victim's `marker` is set: print the frames."""
@@ -131,35 +140,31 @@ def _parse_frames(lines) -> list[GFrame]:
     return out
 
 
-def gdb_threads(text: str) -> dict[int, list[GFrame]]:
-    """{lwp: frames} from dump_threads() output."""
-    out: dict[int, list[str]] = {}
+def _sections(text: str, opens: str) -> dict[tuple[str, ...], list[GFrame]]:
+    """{the words after `opens`: frames} of each section of gdb's output
+    that starts with a line "<opens> ..." and ends with "END" (or the next
+    section); the last of equal keys wins."""
+    out: dict[tuple[str, ...], list[str]] = {}
     cur = None
     for line in text.splitlines():
-        if line.startswith("T "):
-            cur = int(line.split()[1])
-            out[cur] = []
-        elif line == "END":
-            cur = None
-        elif cur is not None:
-            out[cur].append(line)
-    return {tid: _parse_frames(lines) for tid, lines in out.items()}
-
-
-def gdb_marked(text: str) -> dict[tuple[int, str], list[GFrame]]:
-    """{(marker, "alloc"|"free"): frames} of the last stop per marker."""
-    out: dict[tuple[int, str], list[str]] = {}
-    cur = None
-    for line in text.splitlines():
-        if line.startswith("M "):
-            _, m, what = line.split()
-            cur = (int(m), what)
+        if line.startswith(opens + " "):
+            cur = tuple(line.split()[1:])
             out[cur] = []
         elif line == "END":
             cur = None
         elif cur is not None:
             out[cur].append(line)
     return {k: _parse_frames(v) for k, v in out.items()}
+
+
+def gdb_threads(text: str) -> dict[int, list[GFrame]]:
+    """{lwp: frames} from dump_threads() output."""
+    return {int(k[0]): v for k, v in _sections(text, "T").items()}
+
+
+def gdb_marked(text: str) -> dict[tuple[int, str], list[GFrame]]:
+    """{(marker, "alloc"|"free"): frames} of the last stop per marker."""
+    return {(int(k[0]), k[1]): v for k, v in _sections(text, "M").items()}
 
 
 def gdb_on_core(exe: Path, core: Path, tmp_path: Path) -> dict[int, list[GFrame]]:
@@ -330,23 +335,25 @@ def test_snapshot_threads_equal_gdb(rs_exe, run_victim, run_cli, tmp_path, core_
 # -- crash cores ------------------------------------------------------------------
 
 CRASH_MODES = {
-    # mode: signal, the victim's own functions on the crash stack
-    "thread": (signal.SIGSEGV, ["inline_crash", "crash_here", "crash_worker"]),
-    "abort": (signal.SIGABRT, ["give_up", "check", "main"]),
-    "handler": (signal.SIGSEGV, ["inline_crash", "crash_here", "crash_handler_fn", "interrupted",
-                                 "handler_worker"]),
+    # mode: victim, signal, the victim's own functions on the crash stack
+    "thread": ("rs_stacks", signal.SIGSEGV, ["inline_crash", "crash_here", "crash_worker"]),
+    "abort": ("uw_crash", signal.SIGABRT, ["give_up", "check", "main"]),
+    "handler": ("rs_stacks", signal.SIGSEGV, ["inline_crash", "crash_here", "crash_handler_fn",
+                                              "interrupted", "handler_worker"]),
 }
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)
 @pytest.mark.parametrize("mode", list(CRASH_MODES))
-def test_crash_stack_equals_gdb(rs_exe, run_victim, run_cli, tmp_path, core_path, mode):
-    sig, names = CRASH_MODES[mode]
+def test_crash_stack_equals_gdb(build_victim, run_victim, run_cli, tmp_path, core_path, mode):
+    victim, sig, names = CRASH_MODES[mode]
+    exe = Path(os.path.realpath(build_victim(victim, instrument=False, extra_flags=O2_NO_FP)))
+    source = f"{victim}.c"
     # GIVEN rs_stacks dying (a fault in a worker two calls and an inlined
     # function deep, abort() two calls deep, a fault in a signal handler)
     snaps = tmp_path / "snaps"
     snaps.mkdir(mode=0o700)
-    done = run_victim(rs_exe, mode, snap_dir=snaps, env={"LIBTAG_CORE": core_path})
+    done = run_victim(exe, mode, snap_dir=snaps, env={"LIBTAG_CORE": core_path})
     assert done.returncode == -sig, done.stderr
     core = one_core(snaps, "-1-crash")
     # WHEN inspect reads the crash
@@ -355,26 +362,27 @@ def test_crash_stack_equals_gdb(rs_exe, run_victim, run_cli, tmp_path, core_path
     stack = crash["stack"]
     # THEN the stack runs through the victim's functions, inline frames and
     # the code a signal interrupted included, to the thread's outermost frame
-    assert own(stack, "rs_stacks.c") == names, stack
+    assert own(stack, source) == names, stack
     assert stack[-1]["function"] == ("_start" if mode == "abort" else "clone3"), stack[-1]
     # AND it is gdb's bt of the faulting thread on the same core, frame by
     # frame (on the kernel path an abort core holds the thread inside
     # libtag's handler: libtag's frame, then the signal frame, then abort)
-    theirs = gdb_on_core(rs_exe, core, tmp_path)[crash["thread"]]
-    assert_same_frames(stack, theirs, ("rs_stacks.c",), f"crash ({mode}, {core_path})")
+    theirs = gdb_on_core(exe, core, tmp_path)[crash["thread"]]
+    assert_same_frames(stack, theirs, (source,), f"crash ({mode}, {core_path})")
     # AND the thread's entry in threads is the same stack
     (thread,) = [t for t in doc["threads"] if t["tid"] == crash["thread"]]
     assert thread["stack"] == stack
 
 
-def test_human_crash_stack_leaves_libtag_out(rs_exe, run_victim, run_cli, tmp_path):
+def test_human_crash_stack_leaves_libtag_out(build_victim, run_victim, run_cli, tmp_path):
     # GIVEN an abort core the kernel wrote while libtag's handler re-raised
     # the signal (its frames and the system call it made are on the stack)
     if S.kernel_core_skip_reason():
         pytest.skip(S.kernel_core_skip_reason())
     snaps = tmp_path / "snaps"
     snaps.mkdir(mode=0o700)
-    done = run_victim(rs_exe, "abort", snap_dir=snaps, env={"LIBTAG_CORE": "kernel"})
+    exe = build_victim("uw_crash", instrument=False, extra_flags=O2_NO_FP)
+    done = run_victim(exe, "abort", snap_dir=snaps, env={"LIBTAG_CORE": "kernel"})
     assert done.returncode == -signal.SIGABRT, done.stderr
     core = one_core(snaps, "-1-crash")
     doc = inspect_json(run_cli, core, tmp_path / "state")
@@ -389,15 +397,16 @@ def test_human_crash_stack_leaves_libtag_out(rs_exe, run_victim, run_cli, tmp_pa
     # the system call it made are left out (the JSON keeps them)
     assert "crash_handler" not in faulting and " syscall " not in faulting, faulting
     assert "__pthread_kill_implementation" in lines[0], faulting
-    assert [ln.split()[2] for ln in lines if "rs_stacks.c" in ln] == ["give_up", "check", "main"], faulting
+    assert [ln.split()[2] for ln in lines if "uw_crash.c" in ln] == ["give_up", "check", "main"], faulting
 
 
 # -- allocation and free stacks, against gdb in the live process ------------------
 
 
-def _live_run(exe: Path, libtag_so, tmp_path: Path, breaks: list[tuple[str, str]]) -> tuple[str, Path]:
-    """Run exe park under gdb with libtag preloaded: the marked breakpoints,
-    then at park_done() a gcore core and every thread's frames."""
+def _live_run(exe: Path, libtag_so, tmp_path: Path, breaks: list[tuple[str, str]], *,
+              stop: str = "park_done", args: str = "park") -> tuple[str, Path]:
+    """Run exe under gdb with libtag preloaded: the marked breakpoints, then
+    at `stop` a gcore core, the victim's blocks[] and every thread's frames."""
     core = tmp_path / "gcore.core"
     script = tmp_path / "live.gdb"
     bps = "\n".join(f"MarkedBreak({spec!r}, {what!r})" for spec, what in breaks)
@@ -408,9 +417,10 @@ def _live_run(exe: Path, libtag_so, tmp_path: Path, breaks: list[tuple[str, str]
         + f"set environment LD_PRELOAD={libtag_so}\n"
         + "set environment LIBTAG_QUIET=1\n"
         + f"python\n{GDB_HELPERS}\n{bps}\nend\n"
-        + "break park_done\n"
-        + "run park\n"
+        + f"break {stop}\n"
+        + f"run {args}\n"
         + f"gcore {core}\n"
+        + "python print_blocks()\n"
         + "python dump_threads()\n"
         + "kill\n")
     out = subprocess.run(["gdb", "-q", "-batch", "-nx", "-x", str(script), str(exe)],
@@ -428,44 +438,73 @@ def _without_libtag_entry(frames: list[GFrame]) -> list[GFrame]:
     return frames[i:]
 
 
-ALLOC_MARKERS = {
-    # marker: the victim's own functions of the stack, innermost first
-    1: ["inner", "middle", "outer", "mark", "park_mode", "main"],
-    2: ["inner", "middle", "outer", "mark", "alloc_worker"],
-    3: ["dup_name", "park_mode", "main"],
-    4: ["open_self", "park_mode", "main"],
-    5: ["recurse"] * 51 + ["park_mode", "main"],
-    6: ["inline_inner", "inline_outer", "host_of_inline", "mark", "park_mode", "main"],
-    7: ["alloc_handler", "interrupted", "park_mode", "main"],
+def _block_stack(run_cli, core: Path, facts: dict, m: int, state: Path, which: str = "alloc_stack"):
+    doc = whoowns_json(run_cli, core, int(facts[f"block {m}"][0], 16), state)
+    return doc["block"], doc["block"][which]
+
+
+# uw_stacks.c's markers: the victim's own functions of each allocation
+# stack, innermost first (7, malloc under a fake frame pointer, is below)
+UW_MARKERS = {
+    1: ["inner", "middle", "outer", "mark", "main"],
+    2: ["inner", "middle", "outer", "mark", "worker"],
+    3: ["dup_name", "main"],
+    4: ["open_self", "main"],
+    5: ["recurse"] * 41 + ["main"],
+    6: ["inline_alloc", "host_of_inline", "mark", "main"],
+    8: ["handler", "interrupted", "main"],
+    9: ["alt_handler", "interrupted", "main"],
 }
 
 
-def test_alloc_free_and_thread_stacks_equal_gdb_live(rs_exe, libtag_so, run_cli, tmp_path):
-    # GIVEN rs_stacks under gdb: the frames at each marked allocation and
+def test_allocation_stacks_equal_gdb_live(build_victim, libtag_so, run_cli, tmp_path):
+    # GIVEN uw_stacks under gdb: the frames at each marked allocation, then
+    # a core of the process at its last call (fclose of the FILE of marker 4)
+    exe = Path(os.path.realpath(build_victim("uw_stacks", instrument=False, extra_flags=O2_NO_FP)))
+    out, core = _live_run(exe, libtag_so, tmp_path, [("malloc", "alloc")], stop="fclose", args="")
+    facts = printed(out)
+    marked = gdb_marked(out)
+    state = tmp_path / "state"
+    for m, names in UW_MARKERS.items():
+        assert (m, "alloc") in marked, f"gdb never stopped at marker {m}:\n{out[-3000:]}"
+        # WHEN whoowns names the block of marker m in the core
+        _, stack = _block_stack(run_cli, core, facts, m, state)
+        # THEN its allocation stack runs through the victim's functions
+        assert own(stack, "uw_stacks.c") == names, (m, stack)
+        # AND it is gdb's at the allocation, frame by frame, inline frames
+        # and the signal frames' interrupted code included
+        assert_same_frames(stack, _without_libtag_entry(marked[(m, "alloc")]), ("uw_stacks.c",),
+                           f"allocation {m}")
+    # AND the inlined helper is an inline frame of its host
+    _, stack = _block_stack(run_cli, core, facts, 6, state)
+    assert [(f["function"], f["inlined"]) for f in stack[:2]] == [("inline_alloc", True),
+                                                                  ("host_of_inline", False)]
+    # AND under a fake frame pointer the stack stops at malloc's caller,
+    # where gdb goes on into the junk
+    _, stack = _block_stack(run_cli, core, facts, 7, state)
+    gdb7 = _without_libtag_entry(marked[(7, "alloc")])
+    assert [int(f["address"], 16) for f in stack] == [gdb7[0].pc] and len(gdb7) > 1, stack
+
+
+def test_inlined_alloc_free_and_thread_stacks_equal_gdb_live(rs_exe, libtag_so, run_cli, tmp_path):
+    # GIVEN rs_stacks under gdb: the frames at the marked allocation and
     # free, then at park_done() a core (gcore) and every thread's frames
     out, core = _live_run(rs_exe, libtag_so, tmp_path, [("malloc", "alloc"), ("free", "free")])
     facts = printed(out)
     marked = gdb_marked(out)
     state = tmp_path / "state"
-    for m, names in ALLOC_MARKERS.items():
-        assert (m, "alloc") in marked, f"gdb never stopped at marker {m}:\n{out[-3000:]}"
-        # WHEN whoowns names the block of marker m in the core
-        doc = whoowns_json(run_cli, core, int(facts[f"block {m}"][0], 16), state)
-        stack = doc["block"]["alloc_stack"]
-        # THEN its allocation stack runs through the victim's functions
-        assert own(stack, "rs_stacks.c") == names, (m, stack)
-        # AND it is gdb's stack at the allocation, frame by frame
-        assert_same_frames(stack, _without_libtag_entry(marked[(m, "alloc")]), ("rs_stacks.c",),
-                           f"allocation {m}")
-    # AND marker 6's two helpers are inline frames of host_of_inline
-    doc = whoowns_json(run_cli, core, int(facts["block 6"][0], 16), state)
-    assert [f["inlined"] for f in doc["block"]["alloc_stack"][:3]] == [True, True, False]
+    # WHEN whoowns names the block allocated through two inlined helpers
+    _, stack = _block_stack(run_cli, core, facts, 1, state)
+    # THEN both are inline frames of their host, as gdb shows them
+    assert own(stack, "rs_stacks.c") == ["inline_inner", "inline_outer", "host_of_inline", "park_mode",
+                                         "main"], stack
+    assert [f["inlined"] for f in stack[:3]] == [True, True, False]
+    assert_same_frames(stack, _without_libtag_entry(marked[(1, "alloc")]), ("rs_stacks.c",), "allocation 1")
     # AND the block freed through an inlined helper has gdb's free stack
-    doc = whoowns_json(run_cli, core, int(facts["block 8"][0], 16), state)
-    assert doc["block"]["state"] == "freed"
-    free_stack = doc["block"]["free_stack"]
+    block, free_stack = _block_stack(run_cli, core, facts, 2, state, "free_stack")
+    assert block["state"] == "freed"
     assert own(free_stack, "rs_stacks.c") == ["inline_release", "release", "park_mode", "main"], free_stack
-    assert_same_frames(free_stack, _without_libtag_entry(marked[(8, "free")]), ("rs_stacks.c",), "free 8")
+    assert_same_frames(free_stack, _without_libtag_entry(marked[(2, "free")]), ("rs_stacks.c",), "free 2")
     # AND every thread's stack in the gcore core (its registers are the
     # core's notes) is gdb's in the live process at that moment
     theirs = gdb_threads(out)
@@ -489,16 +528,15 @@ def test_cxx_stacks_equal_gdb_live(cxx_exe, libtag_so, run_cli, tmp_path):
     for m, names in own_names.items():
         assert (m, "alloc") in marked, f"gdb never stopped at marker {m}:\n{out[-3000:]}"
         # WHEN whoowns names the block
-        doc = whoowns_json(run_cli, core, int(facts[f"block {m}"][0], 16), state)
-        stack = doc["block"]["alloc_stack"]
+        _, stack = _block_stack(run_cli, core, facts, m, state)
         # THEN the stack is gdb's at operator new, inline frames of the
         # victim and of the standard library's headers included
         assert [n for n in own(stack, "rs_stacks_cxx.cc")] == names, (m, stack)
         assert_same_frames(stack, _without_libtag_entry(marked[(m, "alloc")]), ("rs_stacks_cxx.cc",),
                            f"allocation {m}")
     # the vector grew through inlined library code (push_back and friends)
-    doc = whoowns_json(run_cli, core, int(facts["block 3"][0], 16), state)
-    assert any(f["inlined"] and "push_back" in (f["function"] or "") for f in doc["block"]["alloc_stack"])
+    _, stack = _block_stack(run_cli, core, facts, 3, state)
+    assert any(f["inlined"] and "push_back" in (f["function"] or "") for f in stack)
     # AND every thread's stack, the parked std::thread's too
     theirs = gdb_threads(out)
     doc = inspect_json(run_cli, core, state)

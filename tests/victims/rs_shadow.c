@@ -11,13 +11,11 @@
  * it went through park_nocfi, whose return address no hook saw), then
  * shadow_a and worker, with the lines of their calls.
  */
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "rs_park.h"
 
 extern int libtag_snapshot(void) __attribute__((weak));
 
@@ -27,7 +25,7 @@ static volatile pid_t tid;
 void park_read(void)
 {
     char c;
-    tid = (pid_t)syscall(SYS_gettid);
+    tid = rs_gettid();
     while (read(fds[0], &c, 1) < 0)
         ;
 }
@@ -70,23 +68,9 @@ int main(void)
         return 1;
     pthread_t th;
     pthread_create(&th, NULL, worker, NULL);
-    while (!tid) {
-        struct timespec t = {0, 1000000};
-        nanosleep(&t, NULL);
-    }
-    /* wait until it blocks in read(2) (system call 0) */
-    char path[64], buf[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    for (;;) {
-        int fd = open(path, O_RDONLY);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-        if (fd >= 0)
-            close(fd);
-        if (n > 1 && buf[0] == '0' && buf[1] == ' ')
-            break;
-        struct timespec t = {0, 1000000};
-        nanosleep(&t, NULL);
-    }
+    while (!tid)
+        rs_nap();
+    rs_wait_in_read(tid);
     printf("thread %d\n", (int)tid);
     if (libtag_snapshot)
         libtag_snapshot();

@@ -2,37 +2,31 @@
  *
  * Built -O2 without frame pointers and without -finstrument-functions:
  * every stack comes from the binaries' CFI, and the victim's helpers marked
- * always_inline become inline frames.
+ * always_inline become inline frames.  (uw_stacks.c has the allocation
+ * paths through nested calls, a thread, strdup, fopen, recursion and
+ * signal handlers; uw_crash.c an abort.)
  *
- *   rs_stacks park     allocations and a free with markers (see below),
- *                      then threads parked in known places, then a
- *                      snapshot from main (libtag_snapshot), then exit
+ *   rs_stacks park     a marked allocation and free, threads parked in
+ *                      known places, park_done() (a breakpoint for gdb),
+ *                      then a snapshot from main (libtag_snapshot), exit
  *   rs_stacks thread   a worker thread faults two calls deep, through an
  *                      inlined helper
- *   rs_stacks abort    main calls abort() two calls deep
  *   rs_stacks handler  a worker's SIGUSR1 handler faults: the crash stack
  *                      runs through the signal frame into the code the
  *                      signal interrupted
  *
- * In park mode, each marked allocation or free sets `marker` around the
- * call that makes it (a gdb breakpoint on malloc or free with the condition
- * `marker == N` stops at exactly that call), and the victim prints
+ * In park mode the victim sets `marker` around the call that makes each
+ * marked allocation or free (a gdb breakpoint on malloc or free with the
+ * condition `marker == N` stops at exactly that call) and prints
  *   block <marker> <address>     the block of each marker
  *   thread <name> <tid>          each parked thread
  *   main <tid>                   the thread that takes the snapshot
- * then calls park_done() (a breakpoint for gdb: every thread is parked).
  *
  * Markers:
- *   1  main -> outer -> middle -> inner -> malloc
- *   2  the same chain in a worker thread
- *   3  strdup (libc allocates for the program)
- *   4  fopen (libc allocates its FILE)
- *   5  recursion 50 deep, then malloc
- *   6  host_of_inline -> inline_outer -> inline_inner -> malloc, the two
+ *   1  host_of_inline -> inline_outer -> inline_inner -> malloc, the two
  *      helpers inlined
- *   7  malloc in a SIGUSR1 handler (the stack crosses the signal frame)
- *   8  free through an inlined helper: release -> inline_release -> free
- *      (block 8 is allocated by main unmarked and stays in the quarantine)
+ *   2  free through an inlined helper: release -> inline_release -> free
+ *      (the block stays in the quarantine)
  *
  * Parked threads (each blocks in read() on its own pipe):
  *   nested    worker_nested -> park_middle -> park_inner -> read
@@ -45,90 +39,27 @@
  *   spinning  worker_spin -> spin_clock, calling clock_gettime() in a loop:
  *             mostly stopped inside the kernel's vDSO
  */
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "rs_park.h"
+
 #define FAULT_ADDR ((volatile int *)0xdead0000)
 #define KEEP() __asm__ volatile("" ::: "memory")  /* no tail call: a real frame */
-#define MARKERS 9
+#define MARKERS 3
 
 extern int libtag_snapshot(void) __attribute__((weak));
 
 volatile int marker;
 static void *blocks[MARKERS];
 
-static pid_t gettid_(void)
-{
-    return (pid_t)syscall(SYS_gettid);
-}
 
-/* -- allocations ------------------------------------------------------- */
-
-__attribute__((noipa)) static void *inner(size_t n)
-{
-    void *p = malloc(n);
-    KEEP();
-    return p;
-}
-
-__attribute__((noipa)) static void *middle(size_t n)
-{
-    void *p = inner(n + 1);
-    KEEP();
-    return p;
-}
-
-__attribute__((noipa)) static void *outer(size_t n)
-{
-    void *p = middle(n + 1);
-    KEEP();
-    return p;
-}
-
-__attribute__((noipa)) static void *mark(int m, void *(*fn)(size_t), size_t n)
-{
-    marker = m;
-    void *p = fn(n);
-    marker = 0;
-    blocks[m] = p;
-    return p;
-}
-
-__attribute__((noipa)) static void *alloc_worker(void *arg)
-{
-    (void)arg;
-    mark(2, outer, 200);
-    return NULL;
-}
-
-__attribute__((noipa)) static char *dup_name(const char *s)
-{
-    char *p = strdup(s);
-    KEEP();
-    return p;
-}
-
-__attribute__((noipa)) static FILE *open_self(void)
-{
-    FILE *f = fopen("/proc/self/stat", "r");
-    KEEP();
-    return f;
-}
-
-__attribute__((noipa)) static void *recurse(int depth, size_t n)
-{
-    void *p = depth ? recurse(depth - 1, n) : malloc(n);
-    KEEP();
-    return p;
-}
+/* -- a marked allocation and free ------------------------------------------ */
 
 static inline __attribute__((always_inline)) void *inline_inner(size_t n)
 {
@@ -151,14 +82,6 @@ __attribute__((noipa)) static void *host_of_inline(size_t n)
     return p;
 }
 
-__attribute__((noipa)) static void alloc_handler(int sig)
-{
-    (void)sig;
-    marker = 7;
-    blocks[7] = malloc(707);  /* not async-signal-safe; fine for this test */
-    marker = 0;
-}
-
 __attribute__((noipa)) static void interrupted(int sig)
 {
     raise(sig);
@@ -173,7 +96,7 @@ static inline __attribute__((always_inline)) void inline_release(void *p)
 
 __attribute__((noipa)) static void release(void *p)
 {
-    marker = 8;
+    marker = 2;
     inline_release(p);
     marker = 0;
 }
@@ -191,7 +114,7 @@ static struct park parks[4] = {{"nested"}, {"recursive"}, {"inlined"}, {"handler
 __attribute__((noipa)) static void park_inner(struct park *p)
 {
     char c;
-    p->tid = gettid_();
+    p->tid = rs_gettid();
     while (read(p->fds[0], &c, 1) < 0)
         ;
     KEEP();
@@ -229,7 +152,7 @@ __attribute__((noipa)) static void *worker_recursive(void *arg)
 static inline __attribute__((always_inline)) void park_inline(struct park *p)
 {
     char c;
-    p->tid = gettid_();
+    p->tid = rs_gettid();
     while (read(p->fds[0], &c, 1) < 0)
         ;
     KEEP();
@@ -263,7 +186,7 @@ static volatile pid_t spin_tid;
 __attribute__((noipa)) static void spin_clock(void)
 {
     struct timespec ts;
-    spin_tid = gettid_();
+    spin_tid = rs_gettid();
     while (!stop_spinning) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
         spinning = 1;
@@ -277,23 +200,6 @@ __attribute__((noipa)) static void *worker_spin(void *arg)
     spin_clock();
     KEEP();
     return NULL;
-}
-
-/* Every parked thread is blocked in read(2): /proc says system call 0. */
-static void wait_parked(pid_t tid)
-{
-    char path[64], buf[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    for (;;) {
-        int fd = open(path, O_RDONLY);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-        if (fd >= 0)
-            close(fd);
-        if (n > 1 && buf[0] == '0' && buf[1] == ' ')
-            return;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
 }
 
 /* gdb stops here (park mode): every thread is parked.  The store is where
@@ -314,24 +220,11 @@ __attribute__((noipa)) static void take_snapshot(void)
 
 __attribute__((noipa)) static int park_mode(void)
 {
-    mark(1, outer, 100);
-    pthread_t th;
-    pthread_create(&th, NULL, alloc_worker, NULL);
-    pthread_join(th, NULL);
-    marker = 3;
-    blocks[3] = dup_name("a name that libc copies into a block of its own");
-    marker = 4;
-    FILE *f = open_self();
+    marker = 1;
+    blocks[1] = host_of_inline(100);
     marker = 0;
-    blocks[4] = f;  /* glibc's FILE is the block fopen allocated */
-    marker = 5;
-    blocks[5] = recurse(50, 500);
-    marker = 0;
-    mark(6, host_of_inline, 600);
-    signal(SIGUSR1, alloc_handler);
-    interrupted(SIGUSR1);
-    blocks[8] = malloc(808);
-    release(blocks[8]);
+    blocks[2] = malloc(200);
+    release(blocks[2]);
 
     signal(SIGUSR1, handler_park);
     void *(*fns[4])(void *) = {worker_nested, worker_recursive, worker_inlined, worker_handler};
@@ -342,24 +235,20 @@ __attribute__((noipa)) static int park_mode(void)
         pthread_create(&ts[i], NULL, fns[i], &parks[i]);
     }
     for (int i = 0; i < 4; i++) {
-        while (!parks[i].tid) {
-            struct timespec t = {0, 1000000};
-            nanosleep(&t, NULL);
-        }
-        wait_parked(parks[i].tid);
+        while (!parks[i].tid)
+            rs_nap();
+        rs_wait_in_read(parks[i].tid);
     }
     pthread_t spinner;
     pthread_create(&spinner, NULL, worker_spin, NULL);
-    while (!spinning) {
-        struct timespec t = {0, 1000000};
-        nanosleep(&t, NULL);
-    }
+    while (!spinning)
+        rs_nap();
     for (int m = 1; m < MARKERS; m++)
         printf("block %d %p\n", m, blocks[m]);
     for (int i = 0; i < 4; i++)
         printf("thread %s %d\n", parks[i].name, (int)parks[i].tid);
     printf("thread spinning %d\n", (int)spin_tid);
-    printf("main %d\n", (int)gettid_());
+    printf("main %d\n", (int)rs_gettid());
     park_done();
     take_snapshot();
     stop_spinning = 1;
@@ -369,8 +258,6 @@ __attribute__((noipa)) static int park_mode(void)
             return 1;
         pthread_join(ts[i], NULL);
     }
-    if (f)
-        fclose(f);
     return 0;
 }
 
@@ -393,18 +280,6 @@ __attribute__((noipa)) static void *crash_worker(void *arg)
     crash_here((int)(long)arg);
     KEEP();
     return NULL;
-}
-
-__attribute__((noipa)) static void give_up(void)
-{
-    abort();
-}
-
-__attribute__((noipa)) static void check(int ok)
-{
-    if (!ok)
-        give_up();
-    KEEP();
 }
 
 __attribute__((noipa)) static void crash_handler_fn(int sig)
@@ -430,10 +305,6 @@ int main(int argc, char **argv)
         int rc = park_mode();
         KEEP();  /* a call, not a tail jump: main stays on the stack */
         return rc;
-    }
-    if (strcmp(mode, "abort") == 0) {
-        check(0);
-        return 0;
     }
     pthread_t th;
     if (strcmp(mode, "handler") == 0) {

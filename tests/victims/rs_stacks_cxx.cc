@@ -14,26 +14,21 @@
 //      calls operator new for the program)
 //   3  std::vector growing (push_back -> _M_realloc_insert -> operator new)
 //      in a worker std::thread
-#include <pthread.h>
-#include <signal.h>
 #include <stdexcept>
 #include <string>
-#include <sys/syscall.h>
 #include <thread>
-#include <time.h>
-#include <unistd.h>
 #include <vector>
 
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "rs_park.h"
 
 #define KEEP() __asm__ volatile("" ::: "memory")
 
 volatile int marker;
 static void *blocks[4];
-
-static pid_t gettid_() { return (pid_t)syscall(SYS_gettid); }
 
 namespace shapes {
 
@@ -77,7 +72,7 @@ static volatile pid_t parked_tid;
 __attribute__((noipa)) static void park_here()
 {
     char c;
-    parked_tid = gettid_();
+    parked_tid = rs_gettid();
     while (read(park_fds[0], &c, 1) < 0)
         ;
     KEEP();
@@ -109,22 +104,6 @@ __attribute__((noipa)) static void throwing_worker()
     KEEP();
 }
 
-static void wait_parked(pid_t tid)
-{
-    char path[64], buf[64];
-    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    for (;;) {
-        int fd = open(path, O_RDONLY);
-        ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-        if (fd >= 0)
-            close(fd);
-        if (n > 1 && buf[0] == '0' && buf[1] == ' ')
-            return;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, nullptr);
-    }
-}
-
 int main(int argc, char **argv)
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -150,15 +129,13 @@ int main(int argc, char **argv)
     if (pipe(park_fds) != 0)
         return 1;
     std::thread p(parked_worker);
-    while (!parked_tid) {
-        struct timespec t = {0, 1000000};
-        nanosleep(&t, nullptr);
-    }
-    wait_parked(parked_tid);
+    while (!parked_tid)
+        rs_nap();
+    rs_wait_in_read(parked_tid);
     for (int m = 1; m < 4; m++)
         printf("block %d %p\n", m, blocks[m]);
     printf("thread parked %d\n", (int)parked_tid);
-    printf("main %d\n", (int)gettid_());
+    printf("main %d\n", (int)rs_gettid());
     park_done();
     if (write(park_fds[1], "x", 1) != 1)
         return 1;

@@ -507,13 +507,20 @@ def test_inlined_alloc_free_and_thread_stacks_equal_gdb_live(rs_exe, libtag_so, 
     assert_same_frames(free_stack, _without_libtag_entry(marked[(2, "free")]), ("rs_stacks.c",), "free 2")
     # AND every thread's stack in the gcore core (its registers are the
     # core's notes) is gdb's in the live process at that moment
+    ours = _threads_equal_gdb(run_cli, core, out, state, "rs_stacks.c")
+    assert own(ours[int(facts["main"][0])], "rs_stacks.c") == ["park_done", "park_mode", "main"]
+
+
+def _threads_equal_gdb(run_cli, core: Path, out: str, state: Path, source: str) -> dict[int, list]:
+    """inspect's threads of a gcore core, each checked against gdb's frames
+    of the live process (dump_threads in out); {tid: stack}."""
     theirs = gdb_threads(out)
     doc = inspect_json(run_cli, core, state)
     ours = {t["tid"]: t["stack"] for t in doc["threads"]}
     assert set(ours) == set(theirs)
     for tid, stack in ours.items():
-        assert_same_frames(stack, theirs[tid], ("rs_stacks.c",), f"thread {tid}")
-    assert own(ours[int(facts["main"][0])], "rs_stacks.c") == ["park_done", "park_mode", "main"]
+        assert_same_frames(stack, theirs[tid], (source,), f"thread {tid}")
+    return ours
 
 
 def test_cxx_stacks_equal_gdb_live(cxx_exe, libtag_so, run_cli, tmp_path):
@@ -538,12 +545,7 @@ def test_cxx_stacks_equal_gdb_live(cxx_exe, libtag_so, run_cli, tmp_path):
     _, stack = _block_stack(run_cli, core, facts, 3, state)
     assert any(f["inlined"] and "push_back" in (f["function"] or "") for f in stack)
     # AND every thread's stack, the parked std::thread's too
-    theirs = gdb_threads(out)
-    doc = inspect_json(run_cli, core, state)
-    ours = {t["tid"]: t["stack"] for t in doc["threads"]}
-    assert set(ours) == set(theirs)
-    for tid, stack in ours.items():
-        assert_same_frames(stack, theirs[tid], ("rs_stacks_cxx.cc",), f"thread {tid}")
+    ours = _threads_equal_gdb(run_cli, core, out, state, "rs_stacks_cxx.cc")
     parked = ours[int(facts["thread parked"][0])]
     assert own(parked, "rs_stacks_cxx.cc")[:2] == ["park_here", "parked_worker"], parked
 

@@ -5,27 +5,21 @@ thread's logical stack - as the inspect document (docs/json.md, "inspect")."""
 from __future__ import annotations
 
 from forensics.answers.shapes import block_json, frames_json, hexaddr, iso_time
-from forensics.reader import abi
 from forensics.reader.dump import Dump
+from forensics.reader.model import Frame
 
 
-def crash_frames(dump: Dump, tid: int):
-    """The faulting thread's stack: the faulting instruction, then its shadow
-    stack (libtag records no stack id in the signal handler: no locks there)."""
-    t = dump.heap.thread(tid)
-    regs = t.regs if t is not None else None
-    shadow = dump.symbolize(t.shadow) if t is not None else []
-    if not (regs and regs.get("rip")):
-        return shadow
-    # the pc itself, not a return address (ENTRY: looked up as is)
-    pc = dump.symbolize([(regs["rip"], abi.TAG_FRAME_ENTRY)])
-    # The shadow stack starts with the ENTRY of the innermost instrumented
-    # function; when the pc is in that function they are one frame, not two
-    # ("crash_read, crash_read, main").
-    if (shadow and t.shadow[0][1] == abi.TAG_FRAME_ENTRY and pc[0].function is not None
-            and (pc[0].function, pc[0].module) == (shadow[0].function, shadow[0].module)):
-        shadow = shadow[1:]
-    return pc + shadow
+def crash_frames(dump: Dump, tid: int) -> list[Frame]:
+    """The faulting thread's stack as gdb's bt shows it on the core: unwound
+    from the thread's registers in the core (through a signal handler's
+    frame into the code it interrupted).  Where that gives fewer frames than
+    the stack libtag recorded from the signal's context (crash.stack), or
+    none, the recorded one."""
+    t = dump.thread(tid)
+    frames = dump.thread_frames(t) if t is not None else []
+    c = dump.heap.crash
+    recorded = dump.stack(c.stack) if c is not None and c.stack else []
+    return recorded if len(recorded) > len(frames) else frames
 
 
 def inspect_reason(heap) -> str:
@@ -93,7 +87,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
     threads = []
     for t in dump.threads:
         threads.append({"tid": t.tid, "sp": hexaddr(t.sp),
-                        "stack": frames_json(dump.symbolize(t.raw))})
+                        "stack": frames_json(dump.thread_frames(t))})
 
     counters = heap.counters
     return {

@@ -25,6 +25,8 @@ def frame_json(frame: Frame) -> dict[str, Any]:
         "file": frame.file,
         "line": frame.line,
         "module": frame.module,
+        "inlined": frame.inlined,
+        "libtag": frame.libtag,
     }
 
 

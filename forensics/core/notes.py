@@ -28,6 +28,7 @@ AT_PHDR = 3
 AT_ENTRY = 9
 AT_BASE = 7
 AT_EXECFN = 31
+AT_SYSINFO_EHDR = 33
 
 # struct user_regs_struct (arch/x86/include/asm/user_64.h), in order: elf_gregset_t.
 REG_NAMES = (
@@ -212,6 +213,11 @@ class Auxv:
     def base(self) -> int | None:
         """AT_BASE: load address of the dynamic loader (0 if static)."""
         return self.get(AT_BASE)
+
+    @property
+    def sysinfo_ehdr(self) -> int | None:
+        """AT_SYSINFO_EHDR: where the kernel mapped the vDSO's ELF image."""
+        return self.get(AT_SYSINFO_EHDR)
 
     @property
     def execfn(self) -> int | None:

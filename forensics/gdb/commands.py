@@ -95,9 +95,10 @@ class GdbMemory:
             return 0
         return len(view)
 
-    def thread_sps(self) -> dict[int, int]:
-        """{kernel tid: stack pointer} of every thread gdb knows, now."""
-        out: dict[int, int] = {}
+    def thread_regs(self) -> dict[int, dict[str, int]]:
+        """{kernel tid: registers (rip, rsp, rbp and the other callee-saved
+        ones, enough to unwind)} of every thread gdb knows, now."""
+        out: dict[int, dict[str, int]] = {}
         try:
             orig_thread = gdb.selected_thread()
             orig_frame = gdb.selected_frame()
@@ -108,7 +109,9 @@ class GdbMemory:
                 lwp = t.ptid[1] or t.ptid[0]
                 try:
                     t.switch()
-                    out[int(lwp)] = int(gdb.newest_frame().read_register("sp"))
+                    frame = gdb.newest_frame()
+                    out[int(lwp)] = {name: int(frame.read_register(name)) & 0xFFFFFFFFFFFFFFFF
+                                     for name in _UNWIND_REGS}
                 except gdb.error:
                     continue
         finally:
@@ -120,12 +123,15 @@ class GdbMemory:
         return out
 
 
-class GdbDump(Dump):
-    """A Dump of a live inferior: the threads' stack pointers are gdb's
-    registers now (a core has them in its notes; libtag's saved ones are older)."""
+_UNWIND_REGS = ("rip", "rsp", "rbp", "rbx", "r12", "r13", "r14", "r15")
 
-    def live_stack_pointers(self) -> dict[int, int]:
-        return self.mem.thread_sps()
+
+class GdbDump(Dump):
+    """A Dump of a live inferior: the threads' registers are gdb's now (a
+    core has them in its notes; libtag's saved ones are older)."""
+
+    def live_registers(self) -> dict[int, dict[str, int]]:
+        return self.mem.thread_regs()
 
 
 # ------------------------------------------------------------------- dumps --

@@ -147,15 +147,52 @@ def _frame_text(f: dict) -> str:
         where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
     elif f.get("module"):
         where = f" in {f['module']}"
-    return _e(f"{f['address']}  {func}{where}")
+    text = _e(f"{f['address']}  {func}{where}")
+    return f"{text} [dim](inlined)[/dim]" if f.get("inlined") else text
+
+
+def _shown(frames: Sequence[dict]) -> list[dict | int]:
+    """The frames a person reads: libtag's own frames (its entry points, its
+    handlers, its snapshot code) are left out, and so are the C library
+    frames inside the innermost of them (a system call libtag made).  A run
+    left out between shown frames becomes its length (an int), so the gap
+    is visible.  --json keeps every frame."""
+    first = next((i for i, f in enumerate(frames) if f.get("libtag")), None)
+    lead = 0
+    if first is not None and all(_is_system_library(f.get("module")) for f in frames[:first]):
+        lead = first
+    out: list[dict | int] = []
+    hidden = 0
+    for i, f in enumerate(frames):
+        if i < lead or f.get("libtag"):
+            hidden += 1
+            continue
+        if hidden and out:
+            out.append(hidden)
+        hidden = 0
+        out.append(f)
+    return out
+
+
+def _is_system_library(module: str | None) -> bool:
+    base = (module or "").rsplit("/", 1)[-1]
+    return base.startswith(("libc.so", "libc-", "libpthread", "ld-linux", "libstdc++", "libgcc_s"))
 
 
 def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> str:
     """A stack as a tree of lines (title, then one frame per line), as one
-    string: printed whole, no frame is ever broken across lines."""
-    items = [_frame_text(f) for f in frames[:limit]] or ["[dim](no stack recorded)[/dim]"]
-    if len(frames) > limit:
-        items.append(f"[dim]... {len(frames) - limit} more frames (--json has them all)[/dim]")
+    string: printed whole, no frame is ever broken across lines.  libtag's
+    own frames are left out (see _shown); --json keeps every frame."""
+    shown = _shown(frames)
+    if not frames:
+        items = ["[dim](no stack recorded)[/dim]"]
+    elif not any(isinstance(f, dict) for f in shown):
+        items = [f"[dim](only libtag's own frames: {len(frames)}; --json has them)[/dim]"]
+    else:
+        items = [f"[dim]({f} frame{'s' if f > 1 else ''} of libtag)[/dim]" if isinstance(f, int)
+                 else _frame_text(f) for f in shown[:limit]]
+        if len(shown) > limit:
+            items.append(f"[dim]... {len(shown) - limit} more frames (--json has them all)[/dim]")
     lines = [title]
     for i, item in enumerate(items):
         lines.append(("└── " if i == len(items) - 1 else "├── ") + item)

@@ -18,10 +18,11 @@ mapping from a stack id to frames happen in one place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
 
+from forensics.reader import abi
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, ThreadState
@@ -35,12 +36,17 @@ _EDGES_VERSION = 3  # 2: forensics.reader.cachefile format; 3: keyed like the he
 
 @dataclass(frozen=True)
 class ThreadStack:
-    """One thread at the snapshot: its tid, stack pointer and bounds, frames."""
+    """One thread at the snapshot: its tid, registers, stack pointer and
+    bounds, and its shadow stack (innermost first; shadow_sp: the CFA of
+    each CALL frame of it)."""
 
     tid: int
     sp: int | None
     stack_region: Region | None
-    raw: list[RawFrame]
+    regs: dict[str, int] | None = None
+    shadow: list[RawFrame] = field(default_factory=list)
+    shadow_sp: list[int] = field(default_factory=list)
+    shadow_fn: list[int] = field(default_factory=list)
 
 
 class Dump:
@@ -55,6 +61,7 @@ class Dump:
         self.heap = Heap(mem, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
+        self._thread_frames: dict[int, list[Frame]] = {}
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Dump":
@@ -68,6 +75,8 @@ class Dump:
             raise
 
     def close(self) -> None:
+        if "unwinder" in self.__dict__:
+            self.unwinder.close()
         if self.core is not None:
             self.core.close()
 
@@ -105,14 +114,46 @@ class Dump:
             return Symbolizer(modules_from_mappings(mappings))
 
     def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
-        """Frames for raw (pc, kind) pairs, innermost first; ENTRY frames that
-        repeat the CALL frame inside them are merged, nothing else dropped."""
-        from forensics.reader.symbols import merge_entry_frames
+        """Frames for raw (pc, kind) pairs, innermost first: ENTRY frames that
+        repeat the CALL frame inside them are merged, each physical frame is
+        preceded by the calls inlined there (``inlined``), and libtag's own
+        frames are marked (``libtag``); nothing is dropped."""
+        from forensics.reader.symbols import expand_inlines, merge_entry_frames
 
         if not raw:
             return []
         frames = self.symbolizer.symbolize(raw)
-        return merge_entry_frames(frames, [k for _, k in raw])
+        frames = expand_inlines(merge_entry_frames(frames, [k for _, k in raw]))
+        return [self._vdso_frame(f) if f.module is None else
+                replace(f, libtag=True) if self._is_libtag(f) else f for f in frames]
+
+    def _vdso_frame(self, frame: Frame) -> Frame:
+        """A frame in the kernel's vDSO, named from its symbols (no file
+        holds it: the image is read from the memory)."""
+        base = self.vdso_base
+        if base is None or frame.address < base:
+            return frame
+        found = self.unwinder.vdso_symbol(frame.address)
+        return replace(frame, function=found[0], module="[vdso]") if found else frame
+
+    @cached_property
+    def _libtag_module(self) -> str | None:
+        """The path of the libtag shared object (the module that holds the
+        control block, when that is not the program: libtag.a linked in)."""
+        try:
+            module = self.symbolizer.module_at(self.heap.control_addr)
+        except Exception:
+            return None
+        if module is None or os.path.basename(module.path).split(".")[0] != "libtag":
+            return None
+        return module.path
+
+    def _is_libtag(self, frame: Frame) -> bool:
+        """libtag's own code: its shared object, or (libtag.a linked into
+        the program) a function compiled from libtag's sources."""
+        if frame.module is not None and frame.module == self._libtag_module:
+            return True
+        return frame.file is not None and "/libtag/src/" in frame.file.replace("\\", "/")
 
     def stack(self, stack_id: int | None) -> list[Frame]:
         """The symbolised frames of a stack table id (0 / None: no frames)."""
@@ -138,26 +179,97 @@ class Dump:
 
     @cached_property
     def threads(self) -> list[ThreadStack]:
-        """Every thread libtag knew that had not exited, with its stack pointer:
-        a live process's registers now (live_stack_pointers), else from the
-        core's own notes where the kernel recorded the thread, else from the
-        registers libtag saved before the snapshot's fork."""
-        live_sp = self.live_stack_pointers()
-        core_sp = {tid: regs["rsp"] for tid, regs in self.core_registers.items()}
+        """Every thread of the process, with its registers: those libtag knew
+        that had not exited, then the others the core's notes (or the live
+        process) have - a thread that never allocated has no libtag record.
+        Registers: a live process's now (live_registers), else those libtag
+        saved for the snapshot, else the core's own notes."""
+        live = self.live_registers()
+        core = self.core_registers
         # A snapshot's registers were saved by libtag for every thread at one
         # instant, before the fork; the core's own note of the snapshotting
         # thread is the fork child's, deeper inside libtag.  A crash core is
-        # the process itself: there the core's notes are the truth.
-        prefer_saved = self.heap.reason != "crash"
+        # the process itself, and a core libtag did not take (gcore) may be
+        # newer than the registers an earlier snapshot left: there the
+        # core's notes are the truth.
+        prefer_saved = self.heap.reason not in ("crash", "none")
         out = []
         for t in self.heap.threads:
             if t.exited:
                 continue
-            saved = t.regs.get("rsp") if t.regs else None
-            sp = saved if prefer_saved and saved else core_sp.get(t.tid, saved)
-            sp = live_sp.get(t.tid, sp)
-            out.append(ThreadStack(t.tid, sp, self.stack_region(t, sp), t.shadow))
+            regs = t.regs if prefer_saved and t.regs else core.get(t.tid, t.regs)
+            regs = live.get(t.tid, regs)
+            sp = regs.get("rsp") if regs else None
+            out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow,
+                                   t.shadow_sp, t.shadow_fn))
+        known = {t.tid for t in self.heap.threads}
+        for tid, regs in {**core, **live}.items():
+            if tid not in known:
+                sp = regs.get("rsp")
+                out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
         return out
+
+    def _region_at(self, addr: int | None) -> Region | None:
+        return next((r for r in self.mem.regions() if addr in r), None) if addr else None
+
+    def thread(self, tid: int) -> ThreadStack | None:
+        return next((t for t in self.threads if t.tid == tid), None)
+
+    @cached_property
+    def unwinder(self):
+        from forensics.reader.unwind import Unwinder
+
+        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base)
+
+    @cached_property
+    def vdso_base(self) -> int | None:
+        """Where the kernel's vDSO is mapped: AT_SYSINFO_EHDR in a core's
+        auxiliary vector, [vdso] in a live process's maps."""
+        if self.core is not None:
+            return self.core.auxv.sysinfo_ehdr or None
+        maps = getattr(self.mem, "maps", None)
+        try:
+            return next((m.start for m in maps() if m.path == "[vdso]"), None) if maps else None
+        except Exception:
+            return None
+
+    def thread_raw(self, t: ThreadStack) -> list[RawFrame]:
+        """Thread t's stack as (pc, kind), innermost first: unwound with CFI
+        from its registers; where that walk ends before the outermost frame,
+        the shadow stack's frames beyond it follow; with no registers, the
+        shadow stack alone."""
+        steps = []
+        if t.regs and t.regs.get("rip"):
+            bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
+            steps = self.unwinder.unwind(t.regs, stack=bounds)
+        if not steps:
+            return list(t.shadow)
+        raw = [(s.pc, s.kind) for s in steps]
+        last = steps[-1]
+        top = last.cfa if last.cfa is not None else (last.sp + 1 if last.sp is not None else None)
+        if top is None:
+            return raw
+        # The shadow stack's CALL frames whose return-address slot (CFA - 8)
+        # is at or beyond the last frame's: the callers the walk did not
+        # reach.  A slot that no longer holds the site is a frame a longjmp
+        # left (libtag pops those only at the thread's next enter).  The
+        # first one is preceded by the ENTRY of the function it returns
+        # from: the frame between, unless it is the walk's last (symbolize
+        # merges an ENTRY into the frame inside it of the same function).
+        for (pc, kind), sp, fn in zip(t.shadow[1:], t.shadow_sp, t.shadow_fn):
+            cfa = sp & ~1
+            if cfa < top or (not sp & 1 and self.unwinder.word(cfa - 8) != pc):
+                continue
+            if len(raw) == len(steps):
+                raw.append((fn, abi.TAG_FRAME_ENTRY))
+            raw.append((pc, kind))
+        return raw
+
+    def thread_frames(self, t: ThreadStack) -> list[Frame]:
+        """Thread t's symbolised stack (thread_raw), cached."""
+        if t.tid not in self._thread_frames:
+            self._thread_frames[t.tid] = self.symbolize(self.thread_raw(t))
+        return self._thread_frames[t.tid]
 
     @cached_property
     def core_registers(self) -> dict[int, dict[str, int]]:
@@ -182,9 +294,9 @@ class Dump:
             return None
         return next((r for r in self.mem.regions() if probe in r), None)
 
-    def live_stack_pointers(self) -> dict[int, int]:
-        """{tid: stack pointer} read now from a live process's registers; a
-        core has none (the gdb adapter's dump of a live process has them)."""
+    def live_registers(self) -> dict[int, dict[str, int]]:
+        """{tid: registers} read now from a live process; a core has none
+        (the gdb adapter's dump of a live process has them)."""
         return {}
 
     def thread_of_stack(self, addr: int) -> ThreadStack | None:

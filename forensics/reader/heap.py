@@ -408,34 +408,39 @@ class Heap:
             regs = None
             if flags & abi.TAG_THREAD_REGS:
                 regs = dict(zip(REG_NAMES, (int(v) for v in r["regs"]), strict=True))
-            frames, depth = [], 0
+            frames, depth, sps, fns = [], 0, [], []
             if r["shadow"] and not flags & abi.TAG_THREAD_EXITED:
-                frames, depth = self._read_shadow(int(r["shadow"]), tid)
+                frames, depth, sps, fns = self._read_shadow(int(r["shadow"]), tid)
             out.append(ThreadState(
-                tid=tid, flags=flags, regs=regs, shadow=frames, shadow_depth=depth,
+                tid=tid, flags=flags, regs=regs, shadow=frames, shadow_depth=depth, shadow_sp=sps,
+                shadow_fn=fns,
                 stack_hi=int(r["stack_hi"]), allocs=int(r["allocs"]), frees=int(r["frees"]),
                 alloc_bytes=int(r["alloc_bytes"]), free_bytes=int(r["free_bytes"]),
             ))
         return out
 
-    def _read_shadow(self, addr: int, tid: int) -> tuple[list[RawFrame], int]:
+    def _read_shadow(self, addr: int, tid: int) -> tuple[list[RawFrame], int, list[int], list[int]]:
         """A thread's shadow stack as shadow_stack.c's capture_shadow sees it:
-        [fn[d-1] (ENTRY), site[d-1], ..., site[0]] innermost first."""
+        [fn[d-1] (ENTRY), site[d-1], ..., site[0]] innermost first, its depth,
+        and for each site, in the same order, sp (the CFA of the frame the
+        site returns from; the site is stored at sp - 8; bit 0 set: a lower
+        bound only) and fn (the entry of the function of that frame)."""
         at = abi.SHADOW_OFFSETS
         try:
-            raw = self.mem.read(addr, at["site"] + 8 * abi.TAG_SHADOW_MAX)
+            raw = self.mem.read(addr, at["sp"] + 8 * abi.TAG_SHADOW_MAX)
         except CoreReadError:
             self.warnings.append(f"the shadow stack of thread {tid} at {addr:#x} is not readable")
-            return [], 0
+            return [], 0, [], []
         depth = int.from_bytes(raw[at["depth"]:at["depth"] + 4], "little")
         d = min(depth, abi.TAG_SHADOW_MAX)
         if d == 0:
-            return [], depth
+            return [], depth, [], []
         fn = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, at["fn"])
         site = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, at["site"])
+        sp = np.frombuffer(raw, "<u8", abi.TAG_SHADOW_MAX, at["sp"])
         frames = [(int(fn[d - 1]), abi.TAG_FRAME_ENTRY)]
         frames += [(int(pc), abi.TAG_FRAME_CALL) for pc in site[:d][::-1]]
-        return frames, depth
+        return frames, depth, [int(v) for v in sp[:d][::-1]], [int(v) for v in fn[:d][::-1]]
 
     # ----------------------------------------------------------------- scan --
 

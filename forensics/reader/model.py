@@ -22,6 +22,8 @@ class Frame:
     file: str | None = None
     line: int | None = None
     module: str | None = None
+    inlined: bool = False  # a call inlined into the next (outer) frame, which has the same address
+    libtag: bool = False  # libtag's own code (an entry point, a hook, the unwinder)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class ThreadState:
     regs: dict[str, int] | None  # at the last snapshot (TAG_THREAD_REGS), else None
     shadow: list[RawFrame] = field(default_factory=list)  # innermost first
     shadow_depth: int = 0  # frames entered (may exceed the stored 256)
+    shadow_sp: list[int] = field(default_factory=list)  # CFA of each CALL frame of shadow, in its order
+    shadow_fn: list[int] = field(default_factory=list)  # the function each of those returns from
     stack_hi: int = 0  # top of its stack, 0 = unknown
     allocs: int = 0
     frees: int = 0

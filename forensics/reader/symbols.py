@@ -10,7 +10,11 @@ per loaded file and works out each file's load bias from its program headers.
 node kind of ``tag_abi.h``: ``FRAME_CALL`` (a return address: the line wanted
 is the call's, so ``pc - 1`` is looked up, but the frame reports ``pc``) or
 ``FRAME_ENTRY`` (a function's entry) or ``FRAME_SIGNAL`` (the instruction a
-signal interrupted): ``pc`` itself is looked up.  Work is
+signal interrupted): ``pc`` itself is looked up.  Each address is
+resolved with the calls inlined there (llvm-symbolizer's ``--inlines``,
+addr2line's ``-i``): the frame names the physical function and the line
+executed in it, and carries the inlined functions for
+:func:`expand_inlines`.  Work is
 batched: one subprocess per module per :meth:`Symbolizer.symbolize` call, for
 all of that module's addresses not already cached.  Results are cached in
 memory and, with ``cache_dir``, in a small SQLite file (mode 0600) keyed by
@@ -69,7 +73,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
@@ -89,10 +93,20 @@ _DELETED = " (deleted)"
 
 @dataclass(frozen=True)
 class SymbolFrame(Frame):
-    """A forensics.reader.model.Frame (the JSON frame's fields) plus the two offsets."""
+    """A forensics.reader.model.Frame (the JSON frame's fields) plus the two
+    offsets and the calls inlined at its address.
+
+    ``function``, ``file`` and ``line`` name the physical function (the one
+    the code belongs to) and the line being executed in it - for a pc in
+    inlined code, the line of the inlined call.  ``inlined_calls`` are the
+    inlined functions at the address, innermost first, each with the line
+    being executed in it (the innermost's own line, the others' call sites);
+    :func:`expand_inlines` turns them into frames of their own.
+    """
 
     offset: int | None = None  # address - start of `function`'s symbol
     module_offset: int | None = None  # address - the module's load bias
+    inlined_calls: tuple[Frame, ...] = ()
 
 
 # -- modules -------------------------------------------------------------------
@@ -212,12 +226,36 @@ def modules_from_mappings(mappings: Iterable[MappingLike]) -> list[Module]:
 
 @dataclass(frozen=True)
 class _Sym:
-    """What a module says about one address (module-relative)."""
+    """What a module says about one address (module-relative): the physical
+    function, with the line executed in it, and the inlined calls there."""
 
     function: str | None
     file: str | None
     line: int | None
     start: int | None  # module-relative start of the function's symbol
+    inlines: tuple[tuple[str | None, str | None, int | None], ...] = ()  # innermost first
+
+    def inlines_json(self) -> str | None:
+        return json.dumps([list(i) for i in self.inlines]) if self.inlines else None
+
+
+def _sym_from_row(function, file, line, start, inlines) -> _Sym:
+    chain: tuple = ()
+    if inlines:
+        try:
+            chain = tuple((f, p, n) for f, p, n in json.loads(inlines))
+        except (ValueError, TypeError):
+            chain = ()
+    return _Sym(function, file, line, start, chain)
+
+
+def _chain_sym(levels: list[tuple[str | None, str | None, int | None]], start: int | None) -> _Sym:
+    """A _Sym from a tool's levels at one address, innermost first: the last
+    is the physical function, the others are inlined into it."""
+    if not levels:
+        return _NOTHING
+    function, file, line = levels[-1]
+    return _Sym(function, file, line, start, tuple(levels[:-1]))
 
 
 _NOTHING = _Sym(None, None, None, None)
@@ -236,7 +274,7 @@ def _tool_run(argv: list[str], stdin: str) -> str | None:
 
 def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sym]:
     out = _tool_run(
-        [exe, "--no-inlines", "--demangle", "--functions=linkage", "--output-style=JSON", f"--obj={path}"],
+        [exe, "--inlines", "--demangle", "--functions=linkage", "--output-style=JSON", f"--obj={path}"],
         "".join(f"{a:#x}\n" for a in addrs),
     )
     result: dict[int, _Sym] = {}
@@ -244,37 +282,51 @@ def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sy
         try:
             rec = json.loads(line)
             addr = int(rec["Address"], 16)
-        except (ValueError, KeyError, TypeError):
+            syms = [s for s in rec.get("Symbol") or [] if isinstance(s, dict)]
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        syms = rec.get("Symbol") or [{}]
-        s = syms[0]
-        start = s.get("StartAddress") or ""
-        result[addr] = _Sym(
-            function=s.get("FunctionName") or None,
-            file=s.get("FileName") or None,
-            line=s.get("Line") or None,
-            start=int(start, 16) if start else None,
-        )
+        if not syms:
+            result[addr] = _NOTHING
+            continue
+        # innermost first; only the physical function (the last) has a start
+        start = syms[-1].get("StartAddress") or ""
+        try:
+            start_addr = int(start, 16) if start else None
+        except ValueError:
+            start_addr = None
+        levels = [(s.get("FunctionName") or None, s.get("FileName") or None, s.get("Line") or None)
+                  for s in syms]
+        result[addr] = _chain_sym(levels, start_addr)
     return result
 
 
 _A2L_FILE_LINE = re.compile(r"^(.*):(\d+|\?)(?: \(discriminator \d+\))?$")
 
 
+_A2L_ADDRESS = re.compile(r"^0x[0-9a-f]{16}$")
+
+
 def _addr2line(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sym]:
-    out = _tool_run([exe, "-a", "-f", "-C", "-e", path], "".join(f"{a:#x}\n" for a in addrs))
+    out = _tool_run([exe, "-a", "-f", "-i", "-C", "-e", path], "".join(f"{a:#x}\n" for a in addrs))
     lines = (out or "").splitlines()
     result: dict[int, _Sym] = {}
-    for i in range(0, len(lines) - 2, 3):  # -a: address, function, file:line
-        try:
-            addr = int(lines[i], 16)
-        except ValueError:
+    # -a -i: the address, then a (function, file:line) pair per level,
+    # innermost first, until the next address
+    i = 0
+    while i < len(lines):
+        if not _A2L_ADDRESS.match(lines[i]):
             break  # out of step: keep what parsed, the rest falls back
-        function = lines[i + 1] if lines[i + 1] != "??" else None
-        m = _A2L_FILE_LINE.match(lines[i + 2])
-        file = m.group(1) if m and m.group(1) != "??" else None
-        line = int(m.group(2)) if m and file and m.group(2) != "?" and m.group(2) != "0" else None
-        result[addr] = _Sym(function, file, line, None)
+        addr = int(lines[i], 16)
+        i += 1
+        levels = []
+        while i + 1 < len(lines) and not _A2L_ADDRESS.match(lines[i]):
+            function = lines[i] if lines[i] != "??" else None
+            m = _A2L_FILE_LINE.match(lines[i + 1])
+            file = m.group(1) if m and m.group(1) != "??" else None
+            line = int(m.group(2)) if m and file and m.group(2) != "?" and m.group(2) != "0" else None
+            levels.append((function, file, line))
+            i += 2
+        result[addr] = _chain_sym(levels, None)
     return result
 
 
@@ -360,9 +412,10 @@ class Symbolizer:
             path = cache_dir / "symbols.sqlite"
             create_private(path)
             db = sqlite3.connect(path, timeout=1.0)
+            # sym2: rows carry the inlined calls (JSON, innermost first)
             db.execute(
-                "CREATE TABLE IF NOT EXISTS sym (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"
-                " addr INTEGER, function TEXT, file TEXT, line INTEGER, start INTEGER,"
+                "CREATE TABLE IF NOT EXISTS sym2 (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"
+                " addr INTEGER, function TEXT, file TEXT, line INTEGER, start INTEGER, inlines TEXT,"
                 " PRIMARY KEY (tool, path, mtime_ns, size, addr))"
             )
             return db
@@ -394,13 +447,13 @@ class Symbolizer:
             else:
                 missing.append(rel)
         if self._db is not None and missing:
-            q = ("SELECT function, file, line, start FROM sym"
+            q = ("SELECT function, file, line, start, inlines FROM sym2"
                  " WHERE tool=? AND path=? AND mtime_ns=? AND size=? AND addr=?")
             try:
                 for rel in missing:
                     row = self._db.execute(q, (self.tool, *ident, rel)).fetchone()
                     if row is not None:
-                        found[rel] = self._memo[(*ident, rel)] = _Sym(*row)
+                        found[rel] = self._memo[(*ident, rel)] = _sym_from_row(*row)
             except sqlite3.Error:
                 self._db = None  # damaged or locked: go on from memory
         return found
@@ -412,8 +465,8 @@ class Symbolizer:
             try:
                 with self._db:
                     self._db.executemany(
-                        "INSERT OR REPLACE INTO sym VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(self.tool, *ident, rel, s.function, s.file, s.line, s.start)
+                        "INSERT OR REPLACE INTO sym2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(self.tool, *ident, rel, s.function, s.file, s.line, s.start, s.inlines_json())
                          for rel, s in syms.items()],
                     )
             except sqlite3.Error:
@@ -438,7 +491,8 @@ class Symbolizer:
                 table = self._symtabs.get(path)
                 if table is None:
                     table = self._symtabs[path] = _SymbolTable(path)
-                got = {a: _Sym(s.function, s.file, s.line, table.start_of(a) if s.function else None)
+                got = {a: _Sym(s.function, s.file, s.line, table.start_of(a) if s.function else None,
+                               s.inlines)
                        for a, s in got.items()}
         # Only what the tool answered: a failed or timed-out run is not cached
         # (the frames get module+offset now and another try next time).
@@ -481,6 +535,8 @@ class Symbolizer:
                         pc, sym.function, sym.file, sym.line, module.path,
                         offset=mod_off - sym.start if sym.function and sym.start is not None else None,
                         module_offset=mod_off,
+                        inlined_calls=tuple(Frame(pc, f, p, n, module.path, inlined=True)
+                                            for f, p, n in sym.inlines),
                     )
         return frames  # type: ignore[return-value]  # every slot was filled
 
@@ -504,25 +560,43 @@ def merge_entry_frames(frames: Sequence[Frame], kinds: Sequence[int]) -> list[Fr
 
     A libtag stack, innermost first, is [CALL pc in the function that called
     malloc, ENTRY of the innermost instrumented function, CALL sites of its
-    callers ...].  When that ENTRY names the function the CALL frame is in,
-    they are one frame and the ENTRY goes.  When they differ (malloc was
-    called from uninstrumented code - operator new, strdup - called from the
-    instrumented function), both stay: the ENTRY frame is the instrumented
-    caller.  An ENTRY with no CALL just inside it, or with an unknown function
-    on either side, stays.  Nothing else is ever dropped.
+    callers ...].  When that ENTRY names the function the CALL frame is in -
+    the physical function or one inlined there (-finstrument-functions calls
+    the hooks for inlined functions too) - they are one frame and the ENTRY
+    goes.  When they differ (malloc was called from uninstrumented code -
+    operator new, strdup - called from the instrumented function), both
+    stay: the ENTRY frame is the instrumented caller.  An ENTRY with no CALL
+    just inside it, or with an unknown function on either side, stays.  (A
+    SIGNAL frame - an exact pc, where a thread's unwound stack ends and its
+    shadow stack goes on - counts as a CALL here.)
+
+    An ENTRY frame that stays keeps its function and file but no line: its
+    address is the function's first instruction, whose line is the
+    function's opening line, never the line being executed in it (which
+    the stack does not record).  Nothing else is ever dropped.
     """
     if len(frames) != len(kinds):
         raise ValueError(f"{len(frames)} frames but {len(kinds)} kinds")
     out: list[Frame] = []
     for i, (frame, kind) in enumerate(zip(frames, kinds)):
-        if (
-            kind == FRAME_ENTRY
-            and i > 0
-            and kinds[i - 1] == FRAME_CALL
-            and frame.function is not None
-            and frame.function == frames[i - 1].function
-            and frame.module == frames[i - 1].module
-        ):
-            continue
+        if (kind == FRAME_ENTRY and i > 0 and kinds[i - 1] in (FRAME_CALL, FRAME_SIGNAL)
+                and frame.function is not None):
+            inside = frames[i - 1]
+            names = {(f.function, f.module) for f in (inside, *getattr(inside, "inlined_calls", ()))}
+            if (frame.function, frame.module) in names:
+                continue
+        if kind == FRAME_ENTRY and frame.line is not None:
+            frame = replace(frame, line=None)
+        out.append(frame)
+    return out
+
+
+def expand_inlines(frames: Sequence[Frame]) -> list[Frame]:
+    """Each frame preceded by the calls inlined at its address (a
+    SymbolFrame's ``inlined_calls``), innermost first, as gdb's bt shows
+    them: the inlined functions (``inlined=True``), then the physical one."""
+    out: list[Frame] = []
+    for frame in frames:
+        out.extend(getattr(frame, "inlined_calls", ()))
         out.append(frame)
     return out

@@ -154,12 +154,16 @@ def test_stack_table_truncated(hostile, forensics_json):
 def test_shadow_stack_pointer_into_nothing(hostile, forensics_json):
     # GIVEN a core whose thread record points at a shadow stack at 0x10000 (unmapped)
     v = hostile("shadow")
-    # WHEN inspect reads it  THEN the thread has no stack and the warning names it
+    # WHEN inspect reads it  THEN the warning names the shadow stack, and the
+    # thread's stack still comes from its registers: unwound with CFI from
+    # libtag's snapshot code through raise() to main, where the victim raised
     code, doc, _ = forensics_json("inspect", "--json", str(v.core))
     assert code == 0
     assert any(w.startswith("the shadow stack of thread ") and w.endswith("at 0x10000 is not readable")
                for w in doc["warnings"]), doc["warnings"]
-    assert [t["stack"] for t in doc["threads"]] == [[]]
+    (stack,) = [t["stack"] for t in doc["threads"]]
+    assert (stack[0]["function"], stack[0]["libtag"]) == ("take", True), stack[0]
+    assert [f["function"] for f in stack if f["file"] and f["file"].endswith("rob_hostile.c")] == ["main"]
     # AND the blocks are still found
     code, w, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
     assert (code, w["block"]["start"]) == (0, hex(v.victim))

@@ -167,11 +167,13 @@ def test_on_demand_heap_totals_and_top_stack(build_victim, run_victim, run_cli, 
 # ------------------------------------------------------------------ crashes --
 
 # mode -> (faulting function stack in the victim, owner of the fault address, region, note)
+# the victim's own frames of the crash stack (unwound from the core to the
+# outermost frame: _start for the main thread, glibc's start_thread for a worker)
 CRASHES = {
-    "null": (["crash_read", "main"], "unmapped", None, "NULL page"),
+    "null": (["crash_read", "main", "_start"], "unmapped", None, "NULL page"),
     "wild": (["crash_read", "worker_crash"], "unmapped", None, "in no mapping of the process"),
-    "rodata": (["crash_write", "main"], "mapping", "EXE", ""),
-    "heap": (["call_block", "main"], "heap", "heap", "0 bytes into a live block of 64 bytes"),
+    "rodata": (["crash_write", "main", "_start"], "mapping", "EXE", ""),
+    "heap": (["call_block", "main", "_start"], "heap", "heap", "0 bytes into a live block of 64 bytes"),
 }
 
 

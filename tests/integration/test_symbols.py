@@ -333,7 +333,7 @@ def test_disk_cache_is_private_keyed_by_file_identity(builds, victim_of, tmp_pat
     # new Symbolizer on it gives the same frames
     assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
     with sqlite3.connect(db_path) as db:
-        rows = db.execute("SELECT count(*) FROM sym WHERE path = ?", (str(exe),)).fetchone()[0]
+        rows = db.execute("SELECT count(*) FROM sym2 WHERE path = ?", (str(exe),)).fetchone()[0]
     assert rows == 4  # sym_inner, sym_outer, main, ret - 1
     with Symbolizer(modules, cache_dir=cache) as sym:
         assert sym.symbolize(victim_pcs(v)) == first
@@ -390,9 +390,12 @@ def test_merge_entry_frames_on_real_frames(builds, victim_of):
     sym = Symbolizer(modules_from_mappings(read_maps(v.pid)))
     kinds = [FRAME_CALL, FRAME_ENTRY, FRAME_ENTRY]
     frames = sym.symbolize([(v.ret, FRAME_CALL), (v.fn["sym_outer"], FRAME_ENTRY), (v.fn["main"], FRAME_ENTRY)])
-    # WHEN merged THEN the ENTRY of sym_outer goes, main (no CALL inside it) stays
+    # WHEN merged THEN the ENTRY of sym_outer goes, main (no CALL inside it)
+    # stays, without a line: its address gives main's opening line, not the
+    # line being executed in it
+    assert frames[2].line == ENTRY_LINES["main"]
     assert [(f.function, f.line) for f in merge_entry_frames(frames, kinds)] == [
-        ("sym_outer", CALL_LINE), ("main", ENTRY_LINES["main"])]
+        ("sym_outer", CALL_LINE), ("main", None)]
 
 
 def test_merge_entry_frames_needs_one_kind_per_frame():

@@ -113,5 +113,5 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
                        for s, n, b in by_stack],
         "threads": threads,
         "counters": counters,
-        "warnings": list(heap.warnings),
+        "warnings": dump.warnings,
     }

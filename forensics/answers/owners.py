@@ -177,5 +177,5 @@ def to_json(dump: Dump, o: Owner) -> dict:
         doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
     # What the reader could not read or trust (a cut core, a corrupt table)
     # is said by every answer.  Last: reading the stacks above may add some.
-    doc["warnings"] = list(dump.heap.warnings)
+    doc["warnings"] = dump.warnings
     return doc

@@ -265,13 +265,18 @@ class ReportBuilder:
         if heap.anomaly is not None or heap.crash is not None:
             doc = inspect_doc(dump, top=0)
             self.events += events_of(doc, point["core"], self.frames)
-        for w in heap.warnings:
-            self.warnings.append(f"{point['core']}: {w}")
+        self._warn(point["core"], dump)
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
         if self._newest is None or key >= self._newest[:2]:
             self._newest = (key[0], key[1], dump)
             return True
         return False
+
+    def _warn(self, core: str, dump: Any) -> None:
+        for w in dump.warnings:
+            line = f"{core}: {w}"
+            if line not in self.warnings:
+                self.warnings.append(line)
 
     def finish(self) -> dict:
         """The page's data, from every core added; the newest must still be open."""
@@ -289,6 +294,7 @@ class ReportBuilder:
                      for s, leaf in zip(stacks, leaves)]
             distinct = len(dump.heap.by_stack("live"))
             leaks = _leaks(dump, self.frames, self.warnings)
+            self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:
             self._newest = None
         order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))

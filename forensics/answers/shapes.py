@@ -25,6 +25,9 @@ def frame_json(frame: Frame) -> dict[str, Any]:
         "file": frame.file,
         "line": frame.line,
         "module": frame.module,
+        # the address as the module's own file sees it (nm, addr2line -e):
+        # what a frame that could not be named still says for certain
+        "module_offset": hexaddr(getattr(frame, "module_offset", None)),
     }
 
 

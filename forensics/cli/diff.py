@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD", help="the earlier core")
     parser.add_argument("new", metavar="NEW", help="the later core")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
     parser.add_argument("--filter", metavar="PATTERN", action="append", default=[],
                         help="keep only stacks with a frame whose function or module matches")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=[],
@@ -37,14 +38,15 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.answers.diff import diff, diff_json
-    from forensics.cli._open import open_dump
+    from forensics.cli._open import open_dump, warn_symbols
     from forensics.output import text
 
     with ExitStack() as stack:
-        old = stack.enter_context(open_dump(args.old))
-        new = stack.enter_context(open_dump(args.new))
+        old = stack.enter_context(open_dump(args.old, args))
+        new = stack.enter_context(open_dump(args.new, args))
         d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
         doc = diff_json(old, new, d)
+        warn_symbols([old, new])
     if args.json:
         text.print_json(doc)
     else:

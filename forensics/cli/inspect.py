@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     if not gdb:
         parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
     parser.add_argument("--leaks", action="store_true",
                         help="also find leaked blocks (reachability scan from the roots)")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=10,
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
 def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
-    with open_dump(args.core) as dump:
+    with open_dump(args.core, args) as dump:
         return answer(dump, args)
 
 

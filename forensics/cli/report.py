@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 
+from forensics.cli import _args
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cores", metavar="CORE", nargs="+", help="cores taken under libtag")
     parser.add_argument("-o", "--output", metavar="FILE.html", required=True,
                         help="the HTML file to write")
+    _args.symbol_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -44,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:
-                dump = this.enter_context(open_dump(path))
+                dump = this.enter_context(open_dump(path, args))
                 if builder.add(dump):
                     newest.close()
                     newest.push(this.pop_all())

@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
         source.add_argument("--pid", metavar="PID", type=_args.pid,
                             help="snapshot this running libtag process and look there")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
 
 
 def _core_path(args: argparse.Namespace) -> str:
@@ -54,7 +55,7 @@ def _core_path(args: argparse.Namespace) -> str:
 def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
-    with open_dump(_core_path(args)) as dump:
+    with open_dump(_core_path(args), args) as dump:
         return answer(dump, args)
 
 

@@ -115,7 +115,8 @@ def _frame_text(f: dict) -> str:
     if f.get("file"):
         where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
     elif f.get("module"):
-        where = f" in {f['module']}"
+        off = f.get("module_offset")
+        where = f" in {f['module']}" + (f"+{off}" if off and not f.get("function") else "")
     return _e(f"{f['address']}  {func}{where}")
 
 

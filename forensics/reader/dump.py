@@ -47,22 +47,25 @@ class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
 
     def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, symbols=None) -> None:
         self.mem = mem
         self.core = core
         self.cache_base = cache_base
+        self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
         self.heap = Heap(mem, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Dump":
+    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
+             symbols=None) -> "Dump":
         from forensics.core import Core
 
         core = Core(path)
         try:
-            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress)
+            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress,
+                       symbols=symbols)
         except BaseException:
             core.close()
             raise
@@ -92,17 +95,36 @@ class Dump:
     @cached_property
     def symbolizer(self):
         from forensics.files import state_dir
-        from forensics.reader.symbols import Symbolizer, modules_from_mappings
+        from forensics.reader.symbols import SymbolOptions, Symbolizer, modules_from_mappings
 
         if self.core is not None:
             mappings = self.core.mappings
         else:  # a live memory (LiveMemory, the gdb adapter's) offers its maps
             mappings = self.mem.maps()
-        cache = state_dir() / "symbols"
+        opts = self.symbol_options or SymbolOptions()
+        # the build-ids and headers the process had come from its own memory
+        modules = modules_from_mappings(mappings, read=self.mem.read, sysroot=opts.sysroot)
+        kw = {"debug_dirs": opts.debug_dirs, "sysroot": opts.sysroot}
         try:
-            return Symbolizer(modules_from_mappings(mappings), cache_dir=cache)
+            return Symbolizer(modules, cache_dir=state_dir() / "symbols", **kw)
         except OSError:
-            return Symbolizer(modules_from_mappings(mappings))
+            return Symbolizer(modules, **kw)
+
+    def use_symbols(self, symbols) -> None:
+        """Symbolise from now on with other SymbolOptions (the gdb commands
+        keep one Dump across commands that may give other flags)."""
+        if symbols != self.symbol_options:
+            self.symbol_options = symbols
+            self.__dict__.pop("symbolizer", None)
+            self._frames.clear()
+
+    @property
+    def warnings(self) -> list[str]:
+        """What could not be read or trusted: the heap's warnings, then the
+        symboliser's (a module whose file is not the one the process ran)
+        for the frames symbolised so far."""
+        sym = self.__dict__.get("symbolizer")
+        return list(self.heap.warnings) + (list(sym.warnings) if sym is not None else [])
 
     def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
         """Frames for raw (pc, kind) pairs, innermost first; ENTRY frames that

@@ -194,14 +194,16 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
     c = doc.get("crash")
     if c:
         owner = c.get("address_owner") or {}
-        facts = [["core", core], ["signal", c["signal"]], ["address", c["address"]],
-                 ["thread", str(c["thread"])],
-                 ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
-                                                      owner.get("note")) if x)]]
+        facts = [["core", core], ["signal", c["signal"]], ["what", c["summary"]],
+                 ["thread", str(c["thread"])]]
+        if c["address"] is not None:
+            facts += [["address", c["address"]],
+                      ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
+                                                           owner.get("note")) if x)]]
         stacks = [_stack_json(f"crashed in thread {c['thread']}", c["stack"], frames)]
         _add_block(owner.get("block"), facts, stacks, frames)
-        out.append({"kind": "crash", "title": f"{c['signal']} at {c['address']}",
-                    "facts": facts, "stacks": stacks})
+        _add_block((c.get("cause") or {}).get("block"), facts, stacks, frames)
+        out.append({"kind": "crash", "title": c["summary"], "facts": facts, "stacks": stacks})
     return out
 
 

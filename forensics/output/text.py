@@ -210,7 +210,7 @@ def show_inspect(doc: dict) -> None:
                 con.print(item)
     c = doc.get("crash")
     if c:
-        con.print(f"\n[bold red]{c['signal']}[/bold red] at {c['address']} in thread {c['thread']}")
+        con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
         owner = c.get("address_owner") or {}
         if owner:
             con.print(f"  the address is {owner['owner']}"
@@ -219,6 +219,11 @@ def show_inspect(doc: dict) -> None:
         con.print(stack_tree("faulting thread", c["stack"]))
         if owner.get("block"):
             for item in _block_lines(owner["block"]):
+                con.print(item)
+        cause = c.get("cause") or {}
+        if cause.get("block"):
+            con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}")
+            for item in _block_lines(cause["block"], label="freed block"):
                 con.print(item)
     h = doc["heap"]
     con.print(f"\n[bold]heap[/bold] {h['live_blocks']} live blocks, {h['live_bytes']} bytes; "

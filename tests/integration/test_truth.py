@@ -173,3 +173,123 @@ def test_sysroot_finds_the_binary_under_another_root(build_victim, run_victim, r
     ours = [f["function"] for f in doc["block"]["alloc_stack"] if f["module"] == str(exe)]
     assert ours == ["make_value", "main"], doc["block"]["alloc_stack"]
     assert not [w for w in doc["warnings"] if str(exe) in w], doc["warnings"]
+
+
+# -------------------------------------------------------------- crashes --
+
+
+def crash_of(run_cli, exe: Path, args: list[str], tmp_path: Path, expect_signal: int) -> tuple[dict, Path]:
+    """Run exe under forensics run until it dies of expect_signal; what it
+    printed and its crash core."""
+    from forensics.snapshots import snapdir
+
+    snaps = tmp_path / "snaps"
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "LIBTAG_CORE": "self"}
+    done = run_cli("run", "--dir", snaps, "--", exe, *args, env=env)
+    assert done.returncode == 128 + expect_signal, (
+        f"expected exit {128 + expect_signal}, got {done.returncode}: {done.stderr}")
+    dirs = S.snapshot_dirs(snaps)
+    assert len(dirs) == 1 and dirs[0].name.endswith("-1-crash"), f"expected one *-1-crash dir, got {dirs}"
+    core = snapdir.find_core(snapdir.wait_complete(dirs[0], 60).path)
+    assert core is not None, f"expected a core in {dirs[0]}"
+    return facts(done.stdout), core
+
+
+def assert_freed_block(block: dict, start: int, size: int, offset: int, alloc_fn: str, free_fn: str,
+                       tid: int, exe: Path) -> None:
+    assert (block["start"], block["size"], block["offset"], block["state"]) == (
+        hex(start), size, offset, "freed"), block
+    assert (block["thread"], block["free_thread"]) == (tid, tid), block
+    names = lambda frames: [f["function"] for f in frames if f["module"] == str(exe)]  # noqa: E731
+    assert names(block["alloc_stack"])[:2] == [alloc_fn, "main"], block["alloc_stack"]
+    assert names(block["free_stack"])[:2] == [free_fn, "main"], block["free_stack"]
+
+
+def test_a_crash_through_a_pointer_read_from_a_freed_block_names_the_block(
+        build_victim, run_cli, tmp_path):
+    # GIVEN truth freed-ptr: next_id(n) reads n->next of a freed node and
+    # dereferences it - 0xfdfdfdfdfdfdfdfd, a general-protection fault
+    exe = build_victim("truth")
+    f, core = crash_of(run_cli, exe, ["freed-ptr"], tmp_path, signal.SIGSEGV)
+    node, tid = one(f, "node"), one(f, "tid")
+    # WHEN inspect reads the crash core
+    doc = cli_json(run_cli, tmp_path / "state", "inspect", core)
+    c = doc["crash"]
+    # THEN the kernel's missing address is not taken for one: si_code is
+    # SI_KERNEL, the address is decoded from `mov rbx, qword ptr [rax]`
+    assert (c["signal"], c["code"], c["code_name"], c["sender"]) == ("SIGSEGV", 128, "SI_KERNEL", None), c
+    assert (c["address"], c["address_source"]) == ("0xfdfdfdfdfdfdfdfd", "decoded"), c
+    assert c["instruction"] == "mov rbx, qword ptr [rax]", c["instruction"]
+    # ... the pointer came from n->next, at offset 8 of the freed node, which
+    # is named with both stacks (allocated in main, freed by drop)
+    cause = c["cause"]
+    assert (cause["kind"], cause["register"], cause["value"], cause["loaded_from"]) == (
+        "freed-pointer", "rax", "0xfdfdfdfdfdfdfdfd", hex(node + 8)), cause
+    assert cause["load"] == "mov rax, qword ptr [rbx + 8]", cause["load"]
+    block = cause["block"]
+    assert (block["start"], block["size"], block["offset"], block["state"]) == (
+        hex(node), NODE_SIZE, 8, "freed"), block
+    assert (block["thread"], block["free_thread"]) == (tid, tid), block
+    assert [x["function"] for x in block["alloc_stack"] if x["module"] == str(exe)] == ["main"], block
+    assert [x["function"] for x in block["free_stack"] if x["module"] == str(exe)] == ["drop", "main"], block
+    assert c["summary"] == (
+        f"SIGSEGV: general-protection fault (the kernel gives no address); mov rbx, qword ptr [rax] "
+        f"accesses 0xfdfdfdfdfdfdfdfd: a pointer read from freed block {node:#x} ({NODE_SIZE} bytes), "
+        f"at offset 8 of it"), c["summary"]
+    # ... and the human form says so, never "NULL page"
+    human = run_cli("inspect", core, env={"XDG_STATE_HOME": str(tmp_path / "state"),
+                                          "COLUMNS": "400"})
+    assert human.returncode == 0, human.stderr
+    assert f"a pointer read from freed block {node:#x}" in human.stdout, human.stdout
+    assert "NULL page" not in human.stdout, human.stdout
+
+
+def test_a_virtual_call_on_a_deleted_object_names_the_object(build_victim, run_cli, tmp_path):
+    # GIVEN truth_cxx: draw(s) calls s->area() on a deleted Circle
+    exe = build_victim("truth_cxx", cxx=True)
+    f, core = crash_of(run_cli, exe, [], tmp_path, signal.SIGSEGV)
+    obj, size, tid = one(f, "object"), one(f, "object", 1), one(f, "tid")
+    # WHEN inspect reads the crash core
+    c = cli_json(run_cli, tmp_path / "state", "inspect", core)["crash"]
+    # THEN the call through the vtable slot is decoded, and the vtable
+    # pointer came from offset 0 of the deleted object, named with its stacks
+    assert (c["code_name"], c["address_source"], c["instruction"]) == (
+        "SI_KERNEL", "decoded", "call qword ptr [rax + 0x10]"), c
+    assert c["address"] == hex(0xFDFDFDFDFDFDFDFD + 0x10), c["address"]
+    cause = c["cause"]
+    assert (cause["register"], cause["loaded_from"], cause["load"]) == (
+        "rax", hex(obj), "mov rax, qword ptr [rbx]"), cause
+    block = cause["block"]
+    assert (block["start"], block["size"], block["offset"], block["state"], block["alloc_kind"]) == (
+        hex(obj), size, 0, "freed", "new"), block
+    assert (block["thread"], block["free_thread"]) == (tid, tid), block
+    # (delete calls the deleting destructor, which calls operator delete)
+    assert [x["function"] for x in block["free_stack"] if x["module"] == str(exe)][:3] == [
+        "Circle::~Circle()", "forget(Shape*)", "main"], block["free_stack"]
+
+
+def test_abort_is_a_signal_from_the_process_itself(build_victim, run_cli, tmp_path):
+    # GIVEN truth abort: abort() in do_abort
+    exe = build_victim("truth")
+    f, core = crash_of(run_cli, exe, ["abort"], tmp_path, signal.SIGABRT)
+    pid = one(f, "pid")
+    # WHEN inspect reads the crash core
+    doc = cli_json(run_cli, tmp_path / "state", "inspect", core)
+    c = doc["crash"]
+    # THEN SIGABRT was sent (tgkill: SI_TKILL) by the victim's own pid, and
+    # there is no address (si_pid/si_uid are no fault address)
+    assert (c["signal"], c["code"], c["code_name"]) == ("SIGABRT", -6, "SI_TKILL"), c
+    assert c["sender"] == {"pid": pid, "uid": os.getuid(), "self": True}, c["sender"]
+    assert (c["address"], c["address_source"], c["address_owner"], c["cause"]) == (None, None, None, None), c
+    assert c["summary"] == (f"SIGABRT sent by the process itself (abort, raise) "
+                            f"(pid {pid}, uid {os.getuid()}, SI_TKILL)"), c["summary"]
+    # ... and neither the human form nor the report page shows an address
+    state = {"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "400"}
+    human = run_cli("inspect", core, env=state)
+    assert f"SIGABRT in thread {pid}: SIGABRT sent by the process itself" in human.stdout, human.stdout
+    assert f"at {pid:#x}" not in human.stdout, human.stdout
+    page = tmp_path / "report.html"
+    done = run_cli("report", core, "-o", page, env=state)
+    assert done.returncode == 0, done.stderr
+    assert f"SIGABRT at {pid:#x}" not in page.read_text() and "SIGABRT sent by the process itself" in (
+        page.read_text()), "expected the report to name the sender, not an address"

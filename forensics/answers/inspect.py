@@ -95,7 +95,7 @@ def crash_doc(dump: Dump, c) -> dict:
             "owner": where.owner,
             "region": where.region_name,
             "note": where.note or (near_note(where.near) if where.near else ""),
-            "block": block_json(where.block, dump.stack, offset=address - where.block.start)
+            "block": block_json(where.block, dump, offset=address - where.block.start)
             if where.block else None,
         }
     return {
@@ -107,6 +107,8 @@ def crash_doc(dump: Dump, c) -> dict:
         "cause": cause,
         "summary": summary,
         "thread": c.thread,
+        "time": iso_time(int(dump.heap.control.start_realtime_ns) + c.time_ms * 1_000_000),
+        "time_ms": c.time_ms,
         "stack": frames_json(crash_frames(dump, c.thread)),
         "code": code,
         "code_name": code_name,
@@ -148,7 +150,7 @@ def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | N
                 cause["loaded_from"] = hexaddr(holder)
                 cause["load"] = load
                 if block is not None and block.state == "freed":
-                    cause["block"] = block_json(block, dump.stack, offset=holder - block.start)
+                    cause["block"] = block_json(block, dump, offset=holder - block.start)
     return mem.address, mem.text, cause
 
 
@@ -205,7 +207,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
         anomalies.append({
             "kind": a.kind,
             "address": hexaddr(a.address),
-            "block": block_json(block, dump.stack, offset=a.address - block.start) if block else None,
+            "block": block_json(block, dump, offset=a.address - block.start) if block else None,
             "stack": frames_json(dump.stack(a.stack)),
             "thread": a.thread,
             "time": iso_time(a.time_ns),

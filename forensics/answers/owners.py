@@ -162,7 +162,7 @@ def to_json(dump: Dump, o: Owner) -> dict:
     doc = {
         "address": hexaddr(o.address),
         "owner": o.owner,
-        "block": block_json(o.block, dump.stack, offset=o.address - o.block.start) if o.block else None,
+        "block": block_json(o.block, dump, offset=o.address - o.block.start) if o.block else None,
         "region": region,
         "referrers": [{"address": hexaddr(r.address), "in": r.where,
                        "block_start": hexaddr(r.block_start), "interior": r.interior,
@@ -174,7 +174,7 @@ def to_json(dump: Dump, o: Owner) -> dict:
         doc["thread"] = o.thread
     if o.near is not None:
         b, past = o.near
-        doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
+        doc["near"] = {"block": block_json(b, dump), "past_end": past}
     # What the reader could not read or trust (a cut core, a corrupt table)
     # is said by every answer.  Last: reading the stacks above may add some.
     doc["warnings"] = dump.warnings

@@ -316,7 +316,7 @@ block holds the address.  --json prints the block as forensics' JSON does."""
         addr = _address(args.address)
         dump = current_dump(args)
         block = block_of(dump, addr)
-        doc = block_json(block, dump.stack, offset=addr - block.start)
+        doc = block_json(block, dump, offset=addr - block.start)
         if args.json:
             text.print_json(doc)
         else:

@@ -134,9 +134,13 @@ def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> Tree:
 def _block_lines(block: dict, *, label: str = "block") -> list:
     out = [f"[bold]{label}[/bold] {block['start']}  {block['size']} bytes  "
            f"[bold]{block['state']}[/bold]  offset {block['offset']}"]
-    out.append(stack_tree(f"allocated by thread {block['thread']}", block["alloc_stack"]))
+    when = f" at {block['alloc_time']}" if block.get("alloc_time") else ""
+    if block.get("age_s") is not None:
+        when += f" ({block['age_s']:g} s before the core)"
+    out.append(stack_tree(f"allocated by thread {block['thread']}{when}", block["alloc_stack"]))
     if block["state"] == "freed":
-        out.append(stack_tree(f"freed by thread {block['free_thread']}", block["free_stack"] or []))
+        when = f" at {block['free_time']}" if block.get("free_time") else ""
+        out.append(stack_tree(f"freed by thread {block['free_thread']}{when}", block["free_stack"] or []))
     return out
 
 

@@ -251,6 +251,17 @@ class Heap:
                      code=int(c.code), stack=int(c.stack), time_ms=int(c.time))
 
     @property
+    def taken_ms(self) -> int | None:
+        """When this memory was dumped, in libtag's ms: the snapshot's time,
+        else the crash's; None when libtag recorded neither."""
+        reason = self.reason
+        if reason == "crash":
+            return self.crash.time_ms if self.crash is not None else None
+        if reason == "none" or reason.startswith("reason-"):
+            return None  # not dumped by libtag (gcore ...): when is unknown
+        return int(self.control.snapshot_time_ms)
+
+    @property
     def counters(self) -> dict[str, int]:
         """Process counters: sums over the thread records, and the control block's."""
         ts = self.threads

@@ -293,3 +293,40 @@ def test_abort_is_a_signal_from_the_process_itself(build_victim, run_cli, tmp_pa
     assert done.returncode == 0, done.stderr
     assert f"SIGABRT at {pid:#x}" not in page.read_text() and "SIGABRT sent by the process itself" in (
         page.read_text()), "expected the report to name the sender, not an address"
+
+
+# ------------------------------------------------------ times and names --
+
+
+def epoch_ms(iso: str) -> int:
+    t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return round(t.timestamp() * 1000)
+
+
+@pytest.fixture(scope="module")
+def truth_snap(build_victim, run_victim, tmp_path_factory) -> Snap:
+    return snapshot_of(run_victim, build_victim("truth"), "snapshot", tmp_path_factory.mktemp("snaps"))
+
+
+def test_blocks_say_when_they_were_allocated_and_freed(truth_snap, run_cli, tmp_path):
+    f = truth_snap.facts
+    # libtag's times are CLOCK_MONOTONIC_COARSE ms from its start: each may be
+    # off by one tick of that clock (res_ms, which the victim read) and 1 ms
+    slack = one(f, "res_ms") + 1
+    # WHEN whoowns asks for the live block and the freed one
+    live = cli_json(run_cli, tmp_path, "whoowns", hex(one(f, "live")), "--core", truth_snap.core)["block"]
+    freed = cli_json(run_cli, tmp_path, "whoowns", hex(one(f, "freed")), "--core", truth_snap.core)["block"]
+    # THEN each carries the wall-clock time the victim saw around the call
+    at = epoch_ms(live["alloc_time"])
+    assert one(f, "t_alloc_before") - slack <= at <= one(f, "t_alloc_after") + slack, (live, f)
+    assert live["free_time"] is None, live
+    gone = epoch_ms(freed["free_time"])
+    assert one(f, "t_free_before") - slack <= gone <= one(f, "t_free_after") + slack, (freed, f)
+    assert epoch_ms(freed["alloc_time"]) <= gone, freed
+    # ... and its age at the snapshot, taken after t_snapshot
+    assert live["age_s"] >= (one(f, "t_snapshot") - one(f, "t_alloc_after") - 2 * slack) / 1000, live
+    # ... which the human form shows too
+    human = run_cli("whoowns", hex(one(f, "freed")), "--core", truth_snap.core,
+                    env={"XDG_STATE_HOME": str(tmp_path), "COLUMNS": "300"})
+    assert f"at {freed['alloc_time']} ({freed['age_s']:g} s before the core)" in human.stdout, human.stdout
+    assert f"freed by thread {one(f, 'tid')} at {freed['free_time']}" in human.stdout, human.stdout

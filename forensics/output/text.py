@@ -172,7 +172,8 @@ def show_whoowns(doc: dict) -> None:
                     return f"block {r['block_start']}"
                 if r["in"] == "stack" and r.get("thread") is not None:
                     return f"thread {r['thread']}"
-                return os.path.basename(r.get("module") or "")
+                name = os.path.basename(r.get("module") or "")
+                return f"{r['symbol']} in {name}" if r.get("symbol") else name
 
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
                       ["address", "in", "whose", "points"],

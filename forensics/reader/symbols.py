@@ -399,6 +399,73 @@ def _elf_identity(path: str) -> _Identity | None:
         return _Identity(st.st_mtime_ns, st.st_size, elf.image_build_id(read), _image_headers(read, phdrs))
 
 
+@dataclass(frozen=True)
+class DataSymbol:
+    """What a module's own file says about an address in its data: the
+    object symbol holding it (None when none does) and the section."""
+
+    name: str | None  # the symbol (demangled as the file spells it: no demangling)
+    offset: int  # address - the symbol's start (or the section's, without a symbol)
+    section: str | None  # ".data", ".bss", ".rodata" ...
+    module: str  # the module's path, as the process had it
+
+    @property
+    def label(self) -> str:
+        """"kv_inst+8", "kv_inst", or ".bss+0x40" without a symbol."""
+        base = self.name or self.section or "?"
+        if self.offset == 0:
+            return base
+        return f"{base}+{self.offset}" if self.name else f"{base}+{self.offset:#x}"
+
+
+class _DataTable:
+    """Object symbols (STT_OBJECT, STT_COMMON) and allocated sections of one
+    file, for naming data addresses."""
+
+    def __init__(self, path: str) -> None:
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+        from elftools.elf.sections import SymbolTableSection
+
+        spans: dict[int, tuple[int, str]] = {}
+        self.sections: list[tuple[int, int, str]] = []
+        f = open_regular(path)
+        try:
+            if f is None:
+                raise OSError(f"{path} is not a regular file")
+            with f:
+                elf_file = ELFFile(f)
+                for sec in elf_file.iter_sections():
+                    if sec["sh_flags"] & 2 and sec["sh_size"] and sec["sh_addr"]:  # SHF_ALLOC
+                        self.sections.append((sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name))
+                    if not isinstance(sec, SymbolTableSection):
+                        continue
+                    for sym in sec.iter_symbols():
+                        if sym["st_info"]["type"] in ("STT_OBJECT", "STT_COMMON") and sym["st_value"] \
+                                and sym.name:
+                            v = sym["st_value"]
+                            size, _ = spans.get(v, (0, ""))
+                            if sym["st_size"] >= size:
+                                spans[v] = (sym["st_size"], sym.name)
+        except (OSError, ELFError):
+            pass
+        self.starts = sorted(spans)
+        self.spans = [spans[v] for v in self.starts]
+        self.sections.sort()
+
+    def lookup(self, vaddr: int) -> tuple[str | None, int, str | None] | None:
+        section = next((name for lo, hi, name in self.sections if lo <= vaddr < hi), None)
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        if i >= 0:
+            size, name = self.spans[i]
+            if vaddr < self.starts[i] + max(size, 1):
+                return name, vaddr - self.starts[i], section
+        if section is None:
+            return None
+        lo = next(lo for lo, hi, name in self.sections if lo <= vaddr < hi)
+        return None, vaddr - lo, section
+
+
 # -- the symbolizer ------------------------------------------------------------
 
 
@@ -469,6 +536,7 @@ class Symbolizer:
         self._memo: dict[tuple[str, int], _Sym] = {}
         self._sources: dict[Module, _Source | None] = {}
         self._symtabs: dict[str, _SymbolTable] = {}
+        self._datatabs: dict[str, _DataTable] = {}
         self._db: sqlite3.Connection | None = None
         if cache_dir is not None:
             self._db = self._open_cache(Path(cache_dir))
@@ -584,6 +652,27 @@ class Symbolizer:
                 self._db = None  # damaged or locked: go on from memory
 
     # -- lookups -------------------------------------------------------------
+
+    def data_symbol(self, module_path: str, addr: int) -> DataSymbol | None:
+        """The symbol (or section) of module_path's file that holds data
+        address addr (its .data, or its .bss after the file's mappings); None
+        when the module is unknown, its file is not certainly the one the
+        process had (see source), or nothing of the file holds addr."""
+        modules = [m for m in self.modules if m.path == module_path and m.start <= addr]
+        if not modules:
+            return None
+        module = modules[-1]
+        source = self.source(module)
+        if source is None:
+            return None
+        table = self._datatabs.get(source.path)
+        if table is None:
+            table = self._datatabs[source.path] = _DataTable(source.path)
+        found = table.lookup(addr - module.load_bias)
+        if found is None:
+            return None
+        name, offset, section = found
+        return DataSymbol(name, offset, section, module.path)
 
     def module_at(self, pc: int) -> Module | None:
         """The module whose mappings span pc, or None."""

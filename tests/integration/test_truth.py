@@ -330,3 +330,21 @@ def test_blocks_say_when_they_were_allocated_and_freed(truth_snap, run_cli, tmp_
                     env={"XDG_STATE_HOME": str(tmp_path), "COLUMNS": "300"})
     assert f"at {freed['alloc_time']} ({freed['age_s']:g} s before the core)" in human.stdout, human.stdout
     assert f"freed by thread {one(f, 'tid')} at {freed['free_time']}" in human.stdout, human.stdout
+
+
+def test_a_block_held_by_a_global_names_the_global(truth_snap, run_cli, tmp_path):
+    f = truth_snap.facts
+    # WHEN whoowns asks for the live block, whose pointer is kv_inst.value
+    doc = cli_json(run_cli, tmp_path, "whoowns", hex(one(f, "live")), "--core", truth_snap.core)
+    # THEN the global referrer is named by its symbol: kv_inst+8 in truth
+    globals_ = [r for r in doc["referrers"] if r["in"] == "global"]
+    assert globals_ == [{"address": hex(one(f, "kv_inst") + 8), "in": "global", "block_start": None,
+                         "interior": False, "thread": None, "module": str(truth_snap.exe),
+                         "symbol": "kv_inst+8"}], doc["referrers"]
+    # ... and whoowns on the global's own address says the same
+    doc = cli_json(run_cli, tmp_path, "whoowns", hex(one(f, "kv_inst") + 8), "--core", truth_snap.core)
+    assert doc["symbol"] == {"name": "kv_inst", "offset": 8, "section": ".data",
+                             "module": str(truth_snap.exe)}, doc
+    human = run_cli("whoowns", hex(one(f, "live")), "--core", truth_snap.core,
+                    env={"XDG_STATE_HOME": str(tmp_path), "COLUMNS": "300"})
+    assert "kv_inst+8 in truth" in human.stdout, human.stdout

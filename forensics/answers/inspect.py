@@ -178,6 +178,35 @@ def _crash_summary(name, code, code_name, address, source, sender, insn, cause) 
     return f"{name} ({code_name or code}) at {what} {address:#x}"
 
 
+def latent_uaf_docs(dump: Dump) -> list[dict]:
+    """The use-after-free writes the core shows in freed blocks that libtag
+    has not reported (docs/json.md: anomalies with ``detected_by`` "reader"),
+    by address; the block of a recorded use-after-free is not repeated."""
+    heap = dump.heap
+    a = heap.anomaly
+    known = a.block.start if a is not None and a.kind == "use-after-free" and a.block else None
+    found = [(b, off, w) for b, off, w in heap.latent_uaf() if b.start != known]
+    dump.prefetch([s for b, _, _ in found for s in (b.alloc_stack, b.free_stack or 0)])
+    taken = heap.taken_ms
+    when = int(heap.control.start_realtime_ns) + (taken or 0) * 1_000_000
+    return [{
+        "kind": "use-after-free",
+        "address": hexaddr(b.start + off),
+        "block": block_json(b, dump, offset=off),
+        "stack": [],
+        "thread": None,
+        # found in the core: no later than the core's own time
+        "time": iso_time(when) if taken is not None else None,
+        "time_ms": taken,
+        "offset": off,
+        "written": w.hex() if w is not None else None,
+        "dealloc": None,
+        "access": None,
+        "pc": None,
+        "detected_by": "reader",
+    } for b, off, w in found]
+
+
 def inspect_reason(heap) -> str:
     """inspect's reason: "on-demand", an anomaly kind, or "crash".  A core
     libtag did not trigger (gcore, a kill the crash hook did not see) has no
@@ -219,7 +248,10 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
             "dealloc": a.dealloc,
             "access": a.access,
             "pc": hexaddr(a.pc),
+            "detected_by": "libtag",
         })
+
+    anomalies += latent_uaf_docs(dump)
 
     crash = crash_doc(dump, heap.crash) if heap.crash is not None else None
 

@@ -47,6 +47,7 @@ class Owner:
     referrer_count: int = 0
     note: str = ""
     symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
+    damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
 
     @property
     def in_block(self) -> bool:
@@ -64,8 +65,14 @@ def classify(dump: Dump, addr: int) -> Owner:
     region = next((r for r in regions if addr in r), None)
     block = heap.block_at(addr)
     if block is not None:
-        return Owner(addr, "heap", block=block, region=region, region_name="heap",
-                     note=f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes")
+        note = f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes"
+        damage = heap.freed_damage(block)
+        if damage is not None:
+            off, written = damage
+            note += (f"; written after it was freed, from offset {off}"
+                     + (f" (bytes {written.hex()})" if written else "") + ": a use-after-free")
+        return Owner(addr, "heap", block=block, region=region, region_name="heap", note=note,
+                     damage=damage)
     near = heap.near(addr)
     t = dump.thread_of_stack(addr)
     if t is not None:
@@ -194,6 +201,10 @@ def to_json(dump: Dump, o: Owner) -> dict:
         "note": o.note,
         "symbol": {"name": o.symbol.name, "offset": o.symbol.offset, "section": o.symbol.section,
                    "module": o.symbol.module} if o.symbol is not None else None,
+        "use_after_free": {
+            "address": hexaddr(o.block.start + o.damage[0]), "offset": o.damage[0],
+            "written": o.damage[1].hex() if o.damage[1] is not None else None,
+        } if o.damage is not None and o.block is not None else None,
     }
     if o.thread is not None:
         doc["thread"] = o.thread

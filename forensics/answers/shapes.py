@@ -88,7 +88,7 @@ def _clock(dump: Any) -> _Clock | None:
     start = int(c.start_realtime_ns)
     if not start:
         return None
-    return _Clock(start, dump.heap.taken_ms)
+    return _Clock(start, dump.taken_ms)
 
 
 def iso_time(ns: int) -> str:

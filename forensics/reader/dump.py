@@ -86,6 +86,20 @@ class Dump:
     def pid(self) -> int:
         return self.heap.pid
 
+    @cached_property
+    def taken_ms(self) -> int | None:
+        """When this memory was taken, in libtag's ms since its start: the
+        snapshot's or the crash's time; for a live process the instant it was
+        first read here (one Dump is one stop of the process, so its answers
+        agree); None for a core libtag did not take (gcore)."""
+        taken = self.heap.taken_ms
+        if taken is None and self.core is None:
+            import time
+
+            coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
+            taken = (time.clock_gettime_ns(coarse) - int(self.heap.control.start_mono_ns)) // 1_000_000
+        return taken
+
     @property
     def exe(self) -> str | None:
         return self.core.exe if self.core is not None else getattr(self.mem, "exe", None)

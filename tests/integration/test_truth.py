@@ -348,3 +348,36 @@ def test_a_block_held_by_a_global_names_the_global(truth_snap, run_cli, tmp_path
     human = run_cli("whoowns", hex(one(f, "live")), "--core", truth_snap.core,
                     env={"XDG_STATE_HOME": str(tmp_path), "COLUMNS": "300"})
     assert "kv_inst+8 in truth" in human.stdout, human.stdout
+
+
+# ------------------------------------------------------ use-after-free --
+
+
+def test_writes_into_freed_blocks_are_use_after_free_anomalies(build_victim, run_victim, run_cli, tmp_path):
+    # GIVEN truth uaf: four freed 64-byte blocks written through dangling
+    # pointers at offsets 0, 8, 24 and 63, then a snapshot
+    snap = snapshot_of(run_victim, build_victim("truth"), "uaf", tmp_path / "snaps")
+    wrote = sorted((int(a, 16), int(o), b) for a, o, b in snap.facts["uaf"])
+    tid = one(snap.facts, "tid")
+    # WHEN inspect reads the core
+    doc = cli_json(run_cli, tmp_path / "state", "inspect", snap.core)
+    # THEN each write is one use-after-free anomaly at its first damaged byte,
+    # with the bytes written and the block's stacks; none is reported twice
+    # (libtag's snapshot records the first one itself)
+    uafs = sorted(doc["anomalies"], key=lambda a: int(a["address"], 16))
+    assert [(a["kind"], a["address"], a["offset"], a["written"]) for a in uafs] == [
+        ("use-after-free", hex(start + off), off, data) for start, off, data in wrote], uafs
+    for a, (start, off, _) in zip(uafs, wrote):
+        b = a["block"]
+        assert (b["start"], b["size"], b["offset"], b["state"]) == (hex(start), 64, off, "freed"), b
+        assert (b["thread"], b["free_thread"]) == (tid, tid), b
+        assert [f["function"] for f in b["free_stack"] if f["module"] == str(snap.exe)][:2] == [
+            "drop", "main"], b["free_stack"]
+        assert a["time"] is not None, a
+    assert sorted(a["detected_by"] for a in uafs) == ["libtag", "reader", "reader", "reader"], uafs
+    # ... and whoowns on the block written at offset 24 says so
+    start, off, data = wrote[2]
+    who = cli_json(run_cli, tmp_path / "state", "whoowns", hex(start), "--core", snap.core)
+    assert who["use_after_free"] == {"address": hex(start + off), "offset": off, "written": data}, who
+    assert who["note"] == (f"0 bytes into a freed block of 64 bytes; written after it was freed, "
+                           f"from offset {off} (bytes {data}): a use-after-free"), who["note"]

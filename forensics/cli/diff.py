@@ -1,6 +1,7 @@
 """Show the growth between two snapshots, by allocation stack and by address.
 
     forensics diff OLD NEW [--json] [--filter PATTERN] [--exclude PATTERN] [--min-bytes N] [--top N]
+                   [--debug-dir DIR]... [--sysroot DIR]
 
 Matches the live blocks of OLD and NEW by identity - address, allocation time,
 thread and stack - so an address freed and handed out again counts as one gone
@@ -10,6 +11,8 @@ new and how many are gone, ranked by severity: bytes grown, then blocks grown,
 then the share of the new blocks that have one size (a leak repeats itself).
 --filter / --exclude PATTERN keep / drop stacks with a frame whose function or
 module name matches (a glob with * ? [ ], else a substring); both repeat.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations

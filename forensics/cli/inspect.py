@@ -1,6 +1,6 @@
 """Show a core's heap, the anomaly or crash that caused it, and the top stacks.
 
-    forensics inspect CORE [--json] [--leaks] [--top N]
+    forensics inspect CORE [--json] [--leaks] [--top N] [--debug-dir DIR]... [--sysroot DIR]
 
 Reads a core taken under libtag (a snapshot, an anomaly core or a crash core):
 the process, why the core was taken, the anomaly (kind, address, the block
@@ -9,6 +9,8 @@ fault address and what it points into, the faulting thread's stack), the heap
 totals, the allocation stacks holding the most live bytes, and every thread's
 logical stack.  The first run indexes the heap (a progress bar for big cores)
 and caches the index beside the core; later runs start at once.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Write one self-contained HTML page: allocation tree, live heap over time, anomalies.
 
-    forensics report CORE... -o FILE.html
+    forensics report CORE... -o FILE.html [--debug-dir DIR]... [--sysroot DIR]
 
 Reads every CORE (taken under libtag) and writes one page that needs no
 network: the live heap (bytes and blocks) of each snapshot as a curve over
@@ -12,6 +12,8 @@ allocation stacks that sorts and filters.  The heap is aggregated by stack
 before anything is drawn, so a core with millions of blocks still gives a
 small page that opens at once.  The file is written 0600 (it names the
 program's functions and files) and replaced atomically.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Show live bytes and blocks per allocation stack across a series of snapshots.
 
-    forensics trend CORE... [--json] [--growing] [--top N]
+    forensics trend CORE... [--json] [--growing] [--top N] [--debug-dir DIR]... [--sysroot DIR]
 
 Snapshots of one process are put in the order they were taken; each
 allocation stack gets its live blocks and bytes in every snapshot, and stacks
 whose live bytes never fall and end higher than they started are flagged as
 growing monotonically (listed first) - the shape of a leak.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Say which block holds an address: state, threads, stacks and who points to it.
 
-    forensics whoowns ADDR [--core CORE | --pid PID] [--json]
+    forensics whoowns ADDR [--core CORE | --pid PID] [--json] [--debug-dir DIR]... [--sysroot DIR]
 
 With --core, looks in that core; with --pid, takes a fresh snapshot of that
 running libtag process and looks there; with neither, uses the newest snapshot
@@ -8,6 +8,8 @@ in the catalog (forensics list).  When no tagged block holds ADDR it says what
 the address is: a thread's stack, a module's globals, another mapping, or
 nothing mapped - and "N bytes past the end of block X" just after a block.
 Exit 0 if ADDR is in a tagged block, 1 if not.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations

@@ -381,3 +381,10 @@ def test_writes_into_freed_blocks_are_use_after_free_anomalies(build_victim, run
     assert who["use_after_free"] == {"address": hex(start + off), "offset": off, "written": data}, who
     assert who["note"] == (f"0 bytes into a freed block of 64 bytes; written after it was freed, "
                            f"from offset {off} (bytes {data}): a use-after-free"), who["note"]
+
+
+def test_a_debug_dir_that_does_not_exist_is_a_one_line_error(truth_snap, run_cli, tmp_path):
+    missing = tmp_path / "no-such-dir"
+    done = run_cli("inspect", truth_snap.core, "--debug-dir", missing, env={"XDG_STATE_HOME": str(tmp_path)})
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr == f"forensics: error: --debug-dir {missing}: no such directory\n", done.stderr

@@ -336,30 +336,39 @@ def _addr2line(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sym]:
     return result
 
 
+def _elf_symbols(path: str, types: tuple[str, ...]) -> tuple[list, list]:
+    """([(value, size, name)] of the symbols of these types that have a
+    value (.symtab and .dynsym), [(start, end, name)] of the allocated
+    sections) of the ELF file at path; both empty when it cannot be read."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    symbols: list[tuple[int, int, str]] = []
+    sections: list[tuple[int, int, str]] = []
+    f = open_regular(path)
+    if f is None:
+        return symbols, sections
+    with f:
+        try:
+            for sec in ELFFile(f).iter_sections():
+                if sec["sh_flags"] & 2 and sec["sh_size"] and sec["sh_addr"]:  # SHF_ALLOC
+                    sections.append((sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name))
+                if isinstance(sec, SymbolTableSection):
+                    symbols += [(sym["st_value"], sym["st_size"], sym.name) for sym in sec.iter_symbols()
+                                if sym["st_info"]["type"] in types and sym["st_value"]]
+        except (OSError, ELFError):
+            return [], []
+    return symbols, sections
+
+
 class _SymbolTable:
     """Function symbols of one file (.symtab and .dynsym), for symbol starts."""
 
     def __init__(self, path: str) -> None:
-        from elftools.common.exceptions import ELFError
-        from elftools.elf.elffile import ELFFile
-        from elftools.elf.sections import SymbolTableSection
-
         spans: dict[int, int] = {}
-        f = open_regular(path)
-        try:
-            if f is None:
-                raise OSError(f"{path} is not a regular file")
-            with f:
-                elf = ELFFile(f)
-                for sec in elf.iter_sections():
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for sym in sec.iter_symbols():
-                        if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]:
-                            v = sym["st_value"]
-                            spans[v] = max(spans.get(v, 0), sym["st_size"])
-        except (OSError, ELFError):
-            pass
+        for v, size, _ in _elf_symbols(path, ("STT_FUNC", "STT_GNU_IFUNC"))[0]:
+            spans[v] = max(spans.get(v, 0), size)
         self.starts = sorted(spans)
         self.sizes = [spans[s] for s in self.starts]
 
@@ -423,35 +432,14 @@ class _DataTable:
     file, for naming data addresses."""
 
     def __init__(self, path: str) -> None:
-        from elftools.common.exceptions import ELFError
-        from elftools.elf.elffile import ELFFile
-        from elftools.elf.sections import SymbolTableSection
-
         spans: dict[int, tuple[int, str]] = {}
-        self.sections: list[tuple[int, int, str]] = []
-        f = open_regular(path)
-        try:
-            if f is None:
-                raise OSError(f"{path} is not a regular file")
-            with f:
-                elf_file = ELFFile(f)
-                for sec in elf_file.iter_sections():
-                    if sec["sh_flags"] & 2 and sec["sh_size"] and sec["sh_addr"]:  # SHF_ALLOC
-                        self.sections.append((sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name))
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for sym in sec.iter_symbols():
-                        if sym["st_info"]["type"] in ("STT_OBJECT", "STT_COMMON") and sym["st_value"] \
-                                and sym.name:
-                            v = sym["st_value"]
-                            size, _ = spans.get(v, (0, ""))
-                            if sym["st_size"] >= size:
-                                spans[v] = (sym["st_size"], sym.name)
-        except (OSError, ELFError):
-            pass
+        symbols, sections = _elf_symbols(path, ("STT_OBJECT", "STT_COMMON"))
+        for v, size, name in symbols:
+            if name and size >= spans.get(v, (0, ""))[0]:
+                spans[v] = (size, name)
+        self.sections = sorted(sections)
         self.starts = sorted(spans)
         self.spans = [spans[v] for v in self.starts]
-        self.sections.sort()
 
     def lookup(self, vaddr: int) -> tuple[str | None, int, str | None] | None:
         section = next((name for lo, hi, name in self.sections if lo <= vaddr < hi), None)

@@ -87,15 +87,17 @@ def snapshot_of(run_victim, exe: Path, mode: str, snaps: Path, core_path: str = 
 # ------------------------------------------------------------- rebuilds --
 
 
+@pytest.mark.parametrize("core_path", S.CORE_PATHS)
 def test_a_rebuilt_binary_never_names_frames_until_debug_dir_has_the_old_build(
-        build_victim, run_victim, run_cli, tmp_path):
+        core_path, build_victim, run_victim, run_cli, tmp_path):
     # GIVEN a snapshot of truth, then truth rebuilt in place from changed source
     exe = tmp_path / "bin" / "truth"
     exe.parent.mkdir()
     shutil.copy2(build_victim("truth"), exe)
     first = build_id(exe)
     lo, hi = symbol_range(exe, "make_value")
-    snap = snapshot_of(run_victim, exe, "snapshot", tmp_path / "snaps")
+    # (both core writers keep each module's first page: its build-id)
+    snap = snapshot_of(run_victim, exe, "snapshot", tmp_path / "snaps", core_path)
     debug = tmp_path / "debug"
     (debug / ".build-id" / first[:2]).mkdir(parents=True)
     subprocess.run(["objcopy", "--only-keep-debug", str(exe),

@@ -187,7 +187,8 @@ def events_of(doc: dict, core: str, frames: _Frames) -> list[dict]:
     out = []
     for a in doc.get("anomalies") or []:
         facts = [["core", core], ["address", a["address"]], ["thread", str(a.get("thread"))]]
-        stacks = [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)]
+        stacks = ([] if a.get("detected_by") == "reader" else
+                  [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)])
         _add_block(a.get("block"), facts, stacks, frames)
         out.append({"kind": a["kind"], "title": f"{a['kind']} of {a['address']}",
                     "facts": facts, "stacks": stacks})

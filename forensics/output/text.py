@@ -198,7 +198,9 @@ def show_inspect(doc: dict) -> None:
     if doc.get("payload") == "omitted":
         con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
     for a in doc.get("anomalies", []):
-        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} in thread {a.get('thread')}")
+        where = (f"in thread {a.get('thread')}" if a.get("detected_by") != "reader"
+                 else "found in the core (libtag had not checked the block yet)")
+        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} {where}")
         facts = [f"at {a['time']}"] if a.get("time") else []
         if a.get("offset") is not None:
             facts.append(f"offset {a['offset']} in the block")
@@ -209,7 +211,8 @@ def show_inspect(doc: dict) -> None:
                          f"released with {a['dealloc']}")
         if facts:
             con.print("  " + "; ".join(facts))
-        con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
+        if a.get("detected_by") != "reader":
+            con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
         if a.get("block"):
             for item in _block_lines(a["block"]):
                 con.print(item)

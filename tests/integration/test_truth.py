@@ -377,6 +377,11 @@ def test_writes_into_freed_blocks_are_use_after_free_anomalies(build_victim, run
             "drop", "main"], b["free_stack"]
         assert a["time"] is not None, a
     assert sorted(a["detected_by"] for a in uafs) == ["libtag", "reader", "reader", "reader"], uafs
+    # ... the human form says where each was found
+    human = run_cli("inspect", snap.core, env={"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "300"})
+    for start, off, _ in wrote:
+        assert f"use-after-free of {start + off:#x} " in human.stdout, human.stdout
+    assert human.stdout.count("found in the core (libtag had not checked the block yet)") == 3, human.stdout
     # ... and whoowns on the block written at offset 24 says so
     start, off, data = wrote[2]
     who = cli_json(run_cli, tmp_path / "state", "whoowns", hex(start), "--core", snap.core)

@@ -5,6 +5,7 @@ thread's logical stack - as the inspect document (docs/json.md, "inspect")."""
 from __future__ import annotations
 
 from forensics.answers.shapes import block_json, frames_json, hexaddr, iso_time
+from forensics.reader import abi
 from forensics.reader.dump import Dump
 from forensics.reader.model import Frame
 
@@ -22,6 +23,185 @@ def crash_frames(dump: Dump, tid: int) -> list[Frame]:
     return recorded if len(recorded) > len(frames) else frames
 
 
+# si_code values (<asm-generic/siginfo.h>): who sent the signal, and for the
+# kernel's faults what kind of fault.  si_code <= 0: a process sent it, and
+# si_pid/si_uid share si_addr's place in the union.
+SI_CODES = {0: "SI_USER", -1: "SI_QUEUE", -2: "SI_TIMER", -3: "SI_MESGQ", -4: "SI_ASYNCIO",
+            -5: "SI_SIGIO", -6: "SI_TKILL", 0x80: "SI_KERNEL"}
+SI_KERNEL = 0x80
+_SENDER_CODES = (0, -1, -3, -6)  # the codes whose siginfo carries si_pid and si_uid
+FAULT_CODES = {
+    "SIGSEGV": {1: "SEGV_MAPERR", 2: "SEGV_ACCERR", 3: "SEGV_BNDERR", 4: "SEGV_PKUERR"},
+    "SIGBUS": {1: "BUS_ADRALN", 2: "BUS_ADRERR", 3: "BUS_OBJERR", 4: "BUS_MCEERR_AR", 5: "BUS_MCEERR_AO"},
+    "SIGFPE": {1: "FPE_INTDIV", 2: "FPE_INTOVF", 3: "FPE_FLTDIV", 4: "FPE_FLTOVF", 5: "FPE_FLTUND",
+               6: "FPE_FLTRES", 7: "FPE_FLTINV", 8: "FPE_FLTSUB"},
+    "SIGILL": {1: "ILL_ILLOPC", 2: "ILL_ILLOPN", 3: "ILL_ILLADR", 4: "ILL_ILLTRP", 5: "ILL_PRVOPC",
+               6: "ILL_PRVREG", 7: "ILL_COPROC", 8: "ILL_BADSTK"},
+}
+# signals whose si_addr is the address of the faulting instruction, not of data
+_PC_SIGNALS = ("SIGFPE", "SIGILL", "SIGTRAP")
+# a word of libtag's free pattern: a pointer read from a freed block
+FREED_WORD = int.from_bytes(bytes([abi.TAG_FREE_PATTERN]) * 8, "little")
+_NEAR_FREED = 1 << 16  # a pattern pointer plus a field offset is still "from a freed block"
+
+
+def _crash_regs(dump: Dump, tid: int) -> dict[str, int] | None:
+    """The faulting thread's registers at the fault: libtag saved them from
+    the signal context; else the core's own note for the thread."""
+    t = dump.heap.thread(tid)
+    if t is not None and t.regs and t.regs.get("rip"):
+        return t.regs
+    return dump.core_registers.get(tid)
+
+
+def _freed_pointer(value: int | None) -> bool:
+    return value is not None and abs(value - FREED_WORD) < _NEAR_FREED
+
+
+def crash_doc(dump: Dump, c) -> dict:
+    """The crash of inspect's document (docs/json.md, "The crash"): what the
+    signal says (a fault address only when the kernel gave one; else the
+    sender, or the address decoded from the faulting instruction) and its
+    cause when it is known (a pointer read from a freed block)."""
+    from forensics.answers.owners import classify, near_note
+
+    name = c.signal_name
+    code = c.code - (1 << 32) if c.code >= 1 << 31 else c.code  # si_code is a signed int
+    codes = {**SI_CODES, **FAULT_CODES.get(name, {})} if 0 < code != SI_KERNEL else SI_CODES
+    code_name = codes.get(code)
+    address = source = sender = cause = insn = None
+    if code <= 0:
+        if code in _SENDER_CODES:
+            pid, uid = c.address & 0xFFFFFFFF, c.address >> 32
+            sender = {"pid": pid, "uid": uid, "self": pid == dump.pid}
+    elif code == SI_KERNEL:
+        regs = _crash_regs(dump, c.thread)
+        if regs is not None and name in ("SIGSEGV", "SIGBUS"):
+            address, insn, cause = _decode_fault(dump, regs)
+            source = "decoded" if address is not None else None
+    else:
+        address = c.address
+        source = "instruction" if name in _PC_SIGNALS else "fault"
+    summary = _crash_summary(name, code, code_name, address, source, sender, insn, cause)
+    owner = None
+    if address is not None:
+        where = classify(dump, address)
+        owner = {
+            "owner": where.owner,
+            "region": where.region_name,
+            "note": where.note or (near_note(where.near) if where.near else ""),
+            "block": block_json(where.block, dump, offset=address - where.block.start)
+            if where.block else None,
+        }
+    return {
+        "signal": name,
+        "address": hexaddr(address),
+        "address_source": source,
+        "sender": sender,
+        "instruction": insn,
+        "cause": cause,
+        "summary": summary,
+        "thread": c.thread,
+        "time": iso_time(int(dump.heap.control.start_realtime_ns) + c.time_ms * 1_000_000),
+        "time_ms": c.time_ms,
+        "stack": frames_json(crash_frames(dump, c.thread)),
+        "code": code,
+        "code_name": code_name,
+        "address_owner": owner,
+    }
+
+
+def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | None, dict | None]:
+    """(address, instruction text, cause) of a fault the kernel gave no
+    address for, from the instruction at the faulting pc and the registers."""
+    from forensics.reader import insn as ins
+
+    pc = regs.get("rip")
+    sym = dump.symbolizer
+    code = ins.read_code(dump.mem.read, sym, pc, ins.MAX_INSN) if pc else None
+    mem = ins.decode_at(code, pc, regs) if code else None
+    if mem is None:
+        return None, None, None
+    base_value = regs.get(mem.base) if mem.base else None
+    if not (_freed_pointer(mem.address) or _freed_pointer(base_value)):
+        return mem.address, mem.text, None
+    cause = {"kind": "freed-pointer", "register": mem.base, "value": hexaddr(base_value),
+             "loaded_from": None, "load": None, "block": None}
+    (frame,) = sym.symbolize([(pc, abi.TAG_FRAME_SIGNAL)])
+    if mem.base and frame.offset is not None and 0 < frame.offset <= ins.MAX_SCAN:
+        start = pc - frame.offset
+        body = ins.read_code(dump.mem.read, sym, start, frame.offset)
+        found = ins.load_source(body, start, pc, mem.base, regs) if body else None
+        if found is not None:
+            holder, load = found
+            block = dump.heap.block_at(holder)
+            # the word there must hold what the register held: the load is
+            # the one that gave the pointer, not another path's
+            try:
+                word = int.from_bytes(dump.mem.read(holder, 8), "little")
+            except Exception:  # noqa: BLE001 - unreadable: the load is not confirmed
+                word = None
+            if word == base_value:
+                cause["loaded_from"] = hexaddr(holder)
+                cause["load"] = load
+                if block is not None and block.state == "freed":
+                    cause["block"] = block_json(block, dump, offset=holder - block.start)
+    return mem.address, mem.text, cause
+
+
+def _crash_summary(name, code, code_name, address, source, sender, insn, cause) -> str:
+    """One line that says what the crash is, for people (text and report)."""
+    if sender is not None:
+        who = "the process itself (abort, raise)" if sender["self"] else f"pid {sender['pid']}"
+        return f"{name} sent by {who} (pid {sender['pid']}, uid {sender['uid']}, {code_name})"
+    if code <= 0:
+        return f"{name} sent by a process ({code_name or code})"
+    if code == SI_KERNEL:
+        head = f"{name}: general-protection fault (the kernel gives no address)"
+        if address is None:
+            return head
+        head += f"; {insn} accesses {address:#x}"
+        if cause is not None:
+            b = cause["block"]
+            if b is not None:
+                head += (f": a pointer read from freed block {b['start']} ({b['size']} bytes), "
+                         f"at offset {b['offset']} of it")
+            else:
+                head += f": a pointer read from a freed block ({cause['register']} = {cause['value']})"
+        return head
+    what = "instruction" if source == "instruction" else "address"
+    return f"{name} ({code_name or code}) at {what} {address:#x}"
+
+
+def latent_uaf_docs(dump: Dump) -> list[dict]:
+    """The use-after-free writes the core shows in freed blocks that libtag
+    has not reported (docs/json.md: anomalies with ``detected_by`` "reader"),
+    by address; the block of a recorded use-after-free is not repeated."""
+    heap = dump.heap
+    a = heap.anomaly
+    known = a.block.start if a is not None and a.kind == "use-after-free" and a.block else None
+    found = [(b, off, w) for b, off, w in heap.latent_uaf() if b.start != known]
+    dump.prefetch([s for b, _, _ in found for s in (b.alloc_stack, b.free_stack or 0)])
+    taken = heap.taken_ms
+    when = int(heap.control.start_realtime_ns) + (taken or 0) * 1_000_000
+    return [{
+        "kind": "use-after-free",
+        "address": hexaddr(b.start + off),
+        "block": block_json(b, dump, offset=off),
+        "stack": [],
+        "thread": None,
+        # found in the core: no later than the core's own time
+        "time": iso_time(when) if taken is not None else None,
+        "time_ms": taken,
+        "offset": off,
+        "written": w.hex() if w is not None else None,
+        "dealloc": None,
+        "access": None,
+        "pc": None,
+        "detected_by": "reader",
+    } for b, off, w in found]
+
+
 def inspect_reason(heap) -> str:
     """inspect's reason: "on-demand", "exit", an anomaly kind, or "crash".  A core
     libtag did not trigger (gcore, a kill the crash hook did not see) has no
@@ -33,7 +213,6 @@ def inspect_reason(heap) -> str:
 
 
 def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
-    from forensics.answers.owners import classify, near_note
 
     heap = dump.heap
     totals = heap.totals
@@ -51,7 +230,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
         anomalies.append({
             "kind": a.kind,
             "address": hexaddr(a.address),
-            "block": block_json(block, dump.stack, offset=a.address - block.start) if block else None,
+            "block": block_json(block, dump, offset=a.address - block.start) if block else None,
             "stack": frames_json(dump.stack(a.stack)),
             "thread": a.thread,
             "time": iso_time(a.time_ns),
@@ -63,26 +242,12 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
             "dealloc": a.dealloc,
             "access": a.access,
             "pc": hexaddr(a.pc),
+            "detected_by": "libtag",
         })
 
-    crash = None
-    c = heap.crash
-    if c is not None:
-        where = classify(dump, c.address)
-        crash = {
-            "signal": c.signal_name,
-            "address": hexaddr(c.address),
-            "thread": c.thread,
-            "stack": frames_json(crash_frames(dump, c.thread)),
-            "code": c.code,
-            "address_owner": {
-                "owner": where.owner,
-                "region": where.region_name,
-                "note": where.note or (near_note(where.near) if where.near else ""),
-                "block": block_json(where.block, dump.stack, offset=c.address - where.block.start)
-                if where.block else None,
-            },
-        }
+    anomalies += latent_uaf_docs(dump)
+
+    crash = crash_doc(dump, heap.crash) if heap.crash is not None else None
 
     threads = []
     for t in dump.threads:
@@ -107,5 +272,5 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
                        for s, n, b in by_stack],
         "threads": threads,
         "counters": counters,
-        "warnings": list(heap.warnings),
+        "warnings": dump.warnings,
     }

@@ -63,11 +63,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
-from forensics.core import elf
 from forensics.reader import abi
 from forensics.reader.dump import Dump
 from forensics.reader.pointers import hits
-from forensics.reader.symbols import open_regular
 
 KINDS = ("reachable", "possible", "indirect", "definite")
 _UNSET, _REACHABLE, _POSSIBLE, _INDIRECT, _DEFINITE = 0, 1, 2, 3, 4

@@ -17,6 +17,7 @@ from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
 from forensics.reader.memory import Region
 from forensics.reader.model import Block
+from forensics.reader.symbols import DataSymbol
 
 # Referrers listed at most (the total is always given).
 MAX_REFERRERS = 200
@@ -30,6 +31,7 @@ class Referrer:
     interior: bool  # points inside the block, not at its start
     thread: int | None = None  # for "stack": whose
     module: str | None = None  # for "global": whose data or bss
+    symbol: str | None = None  # for "global": "kv_inst+8", or ".bss+0x40" without a symbol
 
 
 @dataclass
@@ -44,6 +46,8 @@ class Owner:
     referrers: list[Referrer] = field(default_factory=list)
     referrer_count: int = 0
     note: str = ""
+    symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
+    damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
 
     @property
     def in_block(self) -> bool:
@@ -61,8 +65,14 @@ def classify(dump: Dump, addr: int) -> Owner:
     region = next((r for r in regions if addr in r), None)
     block = heap.block_at(addr)
     if block is not None:
-        return Owner(addr, "heap", block=block, region=region, region_name="heap",
-                     note=f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes")
+        note = f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes"
+        damage = heap.freed_damage(block)
+        if damage is not None:
+            off, written = damage
+            note += (f"; written after it was freed, from offset {off}"
+                     + (f" (bytes {written.hex()})" if written else "") + ": a use-after-free")
+        return Owner(addr, "heap", block=block, region=region, region_name="heap", note=note,
+                     damage=damage)
     near = heap.near(addr)
     t = dump.thread_of_stack(addr)
     if t is not None:
@@ -76,8 +86,11 @@ def classify(dump: Dump, addr: int) -> Owner:
     if region.writable:
         module = module_of_data(regions, region)
         if module is not None:
-            return Owner(addr, "global", region=region, near=near,
-                         region_name=f"globals of {_module_name(module)}", note=module)
+            sym = dump.symbolizer.data_symbol(module, addr)
+            note = f"{sym.label}" + (f" ({sym.section})" if sym.name and sym.section else "") \
+                + f" in {module}" if sym is not None else module
+            return Owner(addr, "global", region=region, near=near, symbol=sym,
+                         region_name=f"globals of {_module_name(module)}", note=note)
     name = region.path or "anonymous mapping"
     return Owner(addr, "mapping", region=region, near=near, region_name=name,
                  note=near_note(near) if near else "")
@@ -124,6 +137,7 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
     sl = edges.into(i)
     out: list[Referrer] = []
     regions = dump.mem.regions()
+    own = libtag_module(dump)
     for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
         holder = heap.block_at(src)
         if holder is not None:
@@ -139,9 +153,24 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
             continue
         region = next((r for r in regions if src in r), None)
         module = module_of_data(regions, region) if region is not None else None
-        if module is not None:
-            out.append(Referrer(src, "global", None, bool(interior), module=module))
+        if module is not None and module != own:
+            sym = dump.symbolizer.data_symbol(module, src)
+            out.append(Referrer(src, "global", None, bool(interior), module=module,
+                                symbol=sym.label if sym is not None else None))
     return out[:MAX_REFERRERS], len(out)
+
+
+def libtag_module(dump: Dump) -> str | None:
+    """The path of libtag's own shared object, whose data (the control block,
+    its signal and option tables) is never the program's reference to a
+    block; None when libtag is linked into the program (its data is the
+    program's module then: the scans clip libtag's tables out by address)."""
+    heap = dump.heap
+    region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
+    module = module_of_data(dump.mem.regions(), region) if region is not None else None
+    if module is None or (dump.exe and os.path.realpath(module) == os.path.realpath(dump.exe)):
+        return None
+    return module
 
 
 def whoowns(dump: Dump, addr: int) -> Owner:
@@ -162,20 +191,27 @@ def to_json(dump: Dump, o: Owner) -> dict:
     doc = {
         "address": hexaddr(o.address),
         "owner": o.owner,
-        "block": block_json(o.block, dump.stack, offset=o.address - o.block.start) if o.block else None,
+        "block": block_json(o.block, dump, offset=o.address - o.block.start) if o.block else None,
         "region": region,
         "referrers": [{"address": hexaddr(r.address), "in": r.where,
                        "block_start": hexaddr(r.block_start), "interior": r.interior,
-                       "thread": r.thread, "module": r.module} for r in o.referrers],
+                       "thread": r.thread, "module": r.module, "symbol": r.symbol}
+                      for r in o.referrers],
         "referrer_count": o.referrer_count,
         "note": o.note,
+        "symbol": {"name": o.symbol.name, "offset": o.symbol.offset, "section": o.symbol.section,
+                   "module": o.symbol.module} if o.symbol is not None else None,
+        "use_after_free": {
+            "address": hexaddr(o.block.start + o.damage[0]), "offset": o.damage[0],
+            "written": o.damage[1].hex() if o.damage[1] is not None else None,
+        } if o.damage is not None and o.block is not None else None,
     }
     if o.thread is not None:
         doc["thread"] = o.thread
     if o.near is not None:
         b, past = o.near
-        doc["near"] = {"block": block_json(b, dump.stack), "past_end": past}
+        doc["near"] = {"block": block_json(b, dump), "past_end": past}
     # What the reader could not read or trust (a cut core, a corrupt table)
     # is said by every answer.  Last: reading the stacks above may add some.
-    doc["warnings"] = list(dump.heap.warnings)
+    doc["warnings"] = dump.warnings
     return doc

@@ -239,7 +239,8 @@ def events_of(doc: dict, core: str, frames: _Frames, process: tuple = ()) -> lis
     out = []
     for a in doc.get("anomalies") or []:
         facts = [["address", a["address"]], ["thread", str(a.get("thread"))], ["time", a["time"]]]
-        stacks = [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)]
+        stacks = ([] if a.get("detected_by") == "reader" else
+                  [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)])
         _add_block(a.get("block"), facts, stacks, frames)
         out.append({"kind": a["kind"], "title": f"{a['kind']} of {a['address']}",
                     "facts": facts, "stacks": stacks, "cores": [core],
@@ -247,14 +248,16 @@ def events_of(doc: dict, core: str, frames: _Frames, process: tuple = ()) -> lis
     c = doc.get("crash")
     if c:
         owner = c.get("address_owner") or {}
-        facts = [["signal", c["signal"]], ["address", c["address"]],
-                 ["thread", str(c["thread"])],
-                 ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
-                                                      owner.get("note")) if x)]]
+        facts = [["signal", c["signal"]], ["what", c["summary"]], ["thread", str(c["thread"])]]
+        if c["address"] is not None:
+            facts += [["address", c["address"]],
+                      ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
+                                                           owner.get("note")) if x)]]
         stacks = [_stack_json(f"crashed in thread {c['thread']}", c["stack"], frames)]
         _add_block(owner.get("block"), facts, stacks, frames)
-        out.append({"kind": "crash", "title": f"{c['signal']} at {c['address']}",
-                    "facts": facts, "stacks": stacks, "cores": [core],
+        _add_block((c.get("cause") or {}).get("block"), facts, stacks, frames)
+        out.append({"kind": "crash", "title": c["summary"], "facts": facts, "stacks": stacks,
+                    "cores": [core],
                     "key": (*process, "crash", c["signal"], c["address"], c["thread"])})
     return out
 
@@ -331,13 +334,18 @@ class ReportBuilder:
                     self.events.append(ev)
                 else:
                     seen["cores"].append(point["core"])
-        for w in heap.warnings:
-            self.warnings.append(f"{point['core']}: {w}")
+        self._warn(point["core"], dump)
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
         if self._newest is None or key >= self._newest[:2]:
             self._newest = (key[0], key[1], dump)
             return True
         return False
+
+    def _warn(self, core: str, dump: Any) -> None:
+        for w in dump.warnings:
+            line = f"{core}: {w}"
+            if line not in self.warnings:
+                self.warnings.append(line)
 
     def finish(self) -> dict:
         """The page's data, from every core added; the newest must still be open."""
@@ -359,6 +367,7 @@ class ReportBuilder:
             for row in table:
                 del row["stack_id"]
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:
             self._newest = None
         order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))

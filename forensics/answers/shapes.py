@@ -27,6 +27,9 @@ def frame_json(frame: Frame) -> dict[str, Any]:
         "module": frame.module,
         "inlined": frame.inlined,
         "libtag": frame.libtag,
+        # the address as the module's own file sees it (nm, addr2line -e):
+        # what a frame that could not be named still says for certain
+        "module_offset": hexaddr(getattr(frame, "module_offset", None)),
     }
 
 
@@ -36,26 +39,58 @@ def frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
 
 def block_json(
     block: Block,
-    frames_fn: Callable[[int], Sequence[Frame]],
+    frames_fn: Callable[[int], Sequence[Frame]] | Any,
     offset: int | None = None,
 ) -> dict[str, Any]:
-    """A block (docs/json.md, "block").  frames_fn(stack_id) gives the
-    symbolised frames of a stack id; offset is ADDR - start where an address
-    was asked (else 0)."""
+    """A block (docs/json.md, "block").  frames_fn: the Dump the block is
+    from (its stacks and its clock: the times), or a function giving the
+    symbolised frames of a stack id (then the times are null); offset is
+    ADDR - start where an address was asked (else 0)."""
     freed = block.state == "freed"
+    dump = frames_fn if hasattr(frames_fn, "stack") else None
+    frames = dump.stack if dump is not None else frames_fn
+    clock = _clock(dump)
+    free_ms = block.free_time_ms if freed else None
     return {
         "start": hexaddr(block.start),
         "size": block.size,
         "offset": 0 if offset is None else offset,
         "state": block.state,
         "thread": block.thread,
-        "alloc_stack": frames_json(frames_fn(block.alloc_stack)),
+        "alloc_stack": frames_json(frames(block.alloc_stack)),
         "free_stack": (
-            frames_json(frames_fn(block.free_stack)) if freed and block.free_stack is not None else None
+            frames_json(frames(block.free_stack)) if freed and block.free_stack is not None else None
         ),
         "free_thread": block.free_thread if freed else None,
         "alloc_kind": block.alloc_kind,
+        "alloc_time": clock.iso(block.alloc_time_ms) if clock else None,
+        "free_time": clock.iso(free_ms) if clock and free_ms is not None else None,
+        "age_s": clock.age_s(block.alloc_time_ms) if clock else None,
     }
+
+
+class _Clock:
+    """A process's clock: libtag's ms (since control.start_mono_ns) as wall
+    time (control.start_realtime_ns + ms) and as ages at the core's time."""
+
+    def __init__(self, start_ns: int, now_ms: int | None) -> None:
+        self.start_ns, self.now_ms = start_ns, now_ms
+
+    def iso(self, ms: int) -> str:
+        return iso_time(self.start_ns + ms * 1_000_000)
+
+    def age_s(self, ms: int) -> float | None:
+        return None if self.now_ms is None else round(max(0, self.now_ms - ms) / 1000, 3)
+
+
+def _clock(dump: Any) -> _Clock | None:
+    if dump is None:
+        return None
+    c = dump.heap.control
+    start = int(c.start_realtime_ns)
+    if not start:
+        return None
+    return _Clock(start, dump.taken_ms)
 
 
 def iso_time(ns: int) -> str:

@@ -1,5 +1,6 @@
 """What the verbs (and the gdb commands) share in their arguments: the types
-(addresses, pids, counts, seconds) and the --json flag."""
+(addresses, pids, counts, seconds), the --json flag and the flags that say
+where a core's binaries and debug files are."""
 
 from __future__ import annotations
 
@@ -51,3 +52,23 @@ def seconds(text: str) -> float:
 def json_flag(parser: argparse.ArgumentParser) -> None:
     """--json: one JSON document on stdout (docs/json.md), nothing else there."""
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def symbol_flags(parser: argparse.ArgumentParser) -> None:
+    """--debug-dir DIR (repeatable) and --sysroot DIR: where the files that
+    name a core's frames are (docs/guide.md, "Which binary names a frame")."""
+    parser.add_argument(
+        "--debug-dir", metavar="DIR", action="append", default=[], dest="debug_dirs",
+        help="also look here for a module's file or debug file by build-id "
+             "(DIR/.build-id/xx/rest.debug, DIR/xx/rest.debug, or DIR/<module name>), "
+             "before /usr/lib/debug; repeatable")
+    parser.add_argument(
+        "--sysroot", metavar="DIR",
+        help="the process's files are under DIR here (a core from another machine)")
+
+
+def symbol_options(args: argparse.Namespace):
+    """The forensics.reader.symbols.SymbolOptions that args ask for."""
+    from forensics.reader.symbols import SymbolOptions
+
+    return SymbolOptions(tuple(getattr(args, "debug_dirs", None) or ()), getattr(args, "sysroot", None))

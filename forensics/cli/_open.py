@@ -9,12 +9,22 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def open_dump(path: str):
+def open_dump(path: str, args=None):
+    """The Dump of the core at path; args: the verb's arguments, for the
+    symbol flags (_args.symbol_flags)."""
+    from forensics.cli._args import symbol_options
     from forensics.errors import InputError
     from forensics.reader.dump import Dump
 
     if not os.path.exists(path):
         raise InputError(f"no such core: {path}")
+    if args is not None:
+        for d in getattr(args, "debug_dirs", None) or ():
+            if not os.path.isdir(d):
+                raise InputError(f"--debug-dir {d}: no such directory")
+        root = getattr(args, "sysroot", None)
+        if root is not None and not os.path.isdir(root):
+            raise InputError(f"--sysroot {root}: no such directory")
     from forensics.snapshots.complete import complete_core
 
     complete_core(path)  # a kernel-written snapshot core gets every thread's registers
@@ -33,7 +43,8 @@ def open_dump(path: str):
             bar.update(task, total=total, completed=done)
 
     try:
-        dump = Dump.open(path, progress=progress)
+        dump = Dump.open(path, progress=progress,
+                         symbols=symbol_options(args) if args is not None else None)
     finally:
         if cm is not None:
             cm.__exit__(None, None, None)
@@ -41,3 +52,12 @@ def open_dump(path: str):
         yield dump
     finally:
         dump.close()
+
+
+def warn_symbols(dumps) -> None:
+    """Say on stderr what the symbolisers of dumps could not trust (a verb
+    whose document has no warnings field: diff, trend)."""
+    for dump in dumps:
+        sym = dump.__dict__.get("symbolizer")
+        for w in sym.warnings if sym is not None else ():
+            sys.stderr.write(f"forensics: warning: {dump.mem.name}: {w}\n")

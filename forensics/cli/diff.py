@@ -1,6 +1,7 @@
 """Show the growth between two snapshots, by allocation stack and by address.
 
     forensics diff OLD NEW [--json] [--filter PATTERN] [--exclude PATTERN] [--min-bytes N] [--top N]
+                   [--debug-dir DIR]... [--sysroot DIR]
 
 Matches the live blocks of OLD and NEW by identity - address, allocation time,
 thread and stack - so an address freed and handed out again counts as one gone
@@ -10,6 +11,8 @@ new and how many are gone, ranked by severity: bytes grown, then blocks grown,
 then the share of the new blocks that have one size (a leak repeats itself).
 --filter / --exclude PATTERN keep / drop stacks with a frame whose function or
 module name matches (a glob with * ? [ ], else a substring); both repeat.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", metavar="OLD", help="the earlier core")
     parser.add_argument("new", metavar="NEW", help="the later core")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
     parser.add_argument("--filter", metavar="PATTERN", action="append", default=[],
                         help="keep only stacks with a frame whose function or module matches")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=[],
@@ -37,14 +41,15 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.answers.diff import diff, diff_json
-    from forensics.cli._open import open_dump
+    from forensics.cli._open import open_dump, warn_symbols
     from forensics.output import text
 
     with ExitStack() as stack:
-        old = stack.enter_context(open_dump(args.old))
-        new = stack.enter_context(open_dump(args.new))
+        old = stack.enter_context(open_dump(args.old, args))
+        new = stack.enter_context(open_dump(args.new, args))
         d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
         doc = diff_json(old, new, d)
+        warn_symbols([old, new])
     for w in doc["warnings"]:
         text.warn(w)
     if args.json:

@@ -1,6 +1,6 @@
 """Show a core's heap, the anomaly or crash that caused it, and the top stacks.
 
-    forensics inspect CORE [--json] [--leaks] [--top N]
+    forensics inspect CORE [--json] [--leaks] [--top N] [--debug-dir DIR]... [--sysroot DIR]
 
 Reads a core taken under libtag (a snapshot, an anomaly core or a crash core):
 the process, why the core was taken, the anomaly (kind, address, the block
@@ -9,6 +9,8 @@ fault address and what it points into, the faulting thread's stack), the heap
 totals, the allocation stacks holding the most live bytes, and every thread's
 logical stack.  The first run indexes the heap (a progress bar for big cores)
 and caches the index beside the core; later runs start at once.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     if not gdb:
         parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
     parser.add_argument("--leaks", action="store_true",
                         help="also find leaked blocks (reachability scan from the roots)")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=10,
@@ -33,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
 def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
-    with open_dump(args.core) as dump:
+    with open_dump(args.core, args) as dump:
         return answer(dump, args)
 
 

@@ -1,6 +1,6 @@
 """Write one self-contained HTML page: allocation tree, live heap over time, anomalies.
 
-    forensics report CORE... -o FILE.html
+    forensics report CORE... -o FILE.html [--debug-dir DIR]... [--sysroot DIR]
 
 Reads every CORE (taken under libtag) and writes one page that needs no
 network: the live heap (bytes and blocks) of each snapshot as a curve over
@@ -17,11 +17,15 @@ page with a warning, each with its own curve.  The heap is aggregated by stack
 before anything is drawn, so a core with millions of blocks still gives a
 small page that opens at once.  The file is written 0600 (it names the
 program's functions and files) and replaced atomically.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations
 
 import argparse
+
+from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wrapper", metavar="PATTERN", action="append", default=[],
                         help="a function that allocates for its caller (e.g. 'my_alloc*'): "
                              "'allocated at' skips it; repeat for more")
+    _args.symbol_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:
-                dump = this.enter_context(open_dump(path))
+                dump = this.enter_context(open_dump(path, args))
                 if builder.add(dump):
                     newest.close()
                     newest.push(this.pop_all())

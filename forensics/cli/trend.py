@@ -1,11 +1,13 @@
 """Show live bytes and blocks per allocation stack across a series of snapshots.
 
-    forensics trend CORE... [--json] [--growing] [--top N]
+    forensics trend CORE... [--json] [--growing] [--top N] [--debug-dir DIR]... [--sysroot DIR]
 
 Snapshots of one process are put in the order they were taken; each
 allocation stack gets its live blocks and bytes in every snapshot, and stacks
 whose live bytes never fall and end higher than they started are flagged as
 growing monotonically (listed first) - the shape of a leak.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cores", metavar="CORE", nargs="+",
                         help="snapshots of one process (or of runs of one program)")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
     parser.add_argument("--growing", action="store_true",
                         help="only the stacks that grow monotonically")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=None,
@@ -29,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from forensics.answers.trend import trend, trend_json
-    from forensics.cli._open import open_dump
+    from forensics.cli._open import open_dump, warn_symbols
     from forensics.errors import UsageError
     from forensics.output import text
 
@@ -37,8 +40,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
     top = args.top if args.top is not None else (None if args.json else 20)
     with ExitStack() as stack:
-        dumps = [stack.enter_context(open_dump(p)) for p in args.cores]
+        dumps = [stack.enter_context(open_dump(p, args)) for p in args.cores]
         doc = trend_json(trend(dumps), top=top, growing_only=args.growing)
+        warn_symbols(dumps)
     if args.json:
         text.print_json(doc)
     else:

@@ -1,6 +1,6 @@
 """Say which block holds an address: state, threads, stacks and who points to it.
 
-    forensics whoowns ADDR [--core CORE | --pid PID] [--json]
+    forensics whoowns ADDR [--core CORE | --pid PID] [--json] [--debug-dir DIR]... [--sysroot DIR]
 
 With --core, looks in that core; with --pid, takes a fresh snapshot of that
 running libtag process and looks there; with neither, uses the newest snapshot
@@ -10,6 +10,8 @@ always names it as "core".  When no tagged block holds ADDR it says what
 the address is: a thread's stack, a module's globals, another mapping, or
 nothing mapped - and "N bytes past the end of block X" just after a block.
 Exit 0 if ADDR is in a tagged block, 1 if not.
+Frames are named only from a file with the build-id the process had
+(--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
         source.add_argument("--pid", metavar="PID", type=_args.pid,
                             help="snapshot this running libtag process and look there")
     _args.json_flag(parser)
+    _args.symbol_flags(parser)
 
 
 def _core_path(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -62,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
     core, source = _core_path(args)
-    with open_dump(core) as dump:
+    with open_dump(core, args) as dump:
         return answer(dump, args, source=source)
 
 

@@ -3,16 +3,20 @@
 Only what a core file needs: the file header, program headers, section header 0
 (which holds the real program-header count when there are more than 0xfffe), and
 the note header.  Validation here is about the ELF container; what the notes say
-is forensics.core.notes.  The program headers of the executables and libraries
-a core names are read here too (file_program_headers): one parser for them.
+is forensics.core.notes.  The program headers and GNU build-ids of the
+executables and libraries a core names are read here too, from their files
+or from the first page of their mappings that the core holds
+(image_program_headers, image_build_id): one parser for them.
 Symbol tables are pyelftools' job.
 """
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from construct import Bytes, ConstructError, Int8ul, Int16ul, Int32ul, Int64ul, Struct
+
+from forensics.errors import ForensicsError
 
 from .errors import CoreParseError
 
@@ -202,21 +206,84 @@ def _extended_phnum(buf: Any, ehdr: Any, path: str, file_size: int) -> int:
     return parse_at(Elf64_Shdr, buf, ehdr.e_shoff, "section header 0").sh_info
 
 
-def file_program_headers(f: BinaryIO) -> list[Any] | None:
-    """The program headers of a 64-bit little-endian ELF file open for
-    reading (an executable or a shared library, not only a core), or None
-    when it is not one or they cannot be read."""
+def image_program_headers(read: Callable[[int, int], bytes]) -> list[Any] | None:
+    """The program headers of a 64-bit little-endian ELF image, or None when
+    it is not one or they cannot be read.  ``read(offset, n)`` gives n bytes
+    at a FILE offset and raises on failure: a file (file_reader), or the
+    memory of the file's offset-0 mapping, where file offset o lies at the
+    mapping's start + o (the first page of it is in every core: the kernel's
+    and libtag's writers dump it)."""
     try:
-        f.seek(0)
-        head = f.read(EHDR_SIZE)
+        head = read(0, EHDR_SIZE)
         if len(head) < EHDR_SIZE or head[:4] != ELFMAG or head[4] != ELFCLASS64 or head[5] != ELFDATA2LSB:
             return None
         ehdr = parse_at(Elf64_Ehdr, head, 0, "ELF header")
         size, count = ehdr.e_phentsize, ehdr.e_phnum
         if size < PHDR_SIZE or count == 0 or size * count > 1 << 16:
             return None
-        f.seek(ehdr.e_phoff)
-        raw = f.read(size * count)
+        raw = read(ehdr.e_phoff, size * count)
         return [parse_at(Elf64_Phdr, raw, i * size, f"program header {i}") for i in range(len(raw) // size)]
-    except (OSError, CoreParseError):
+    except (ValueError, OSError, ForensicsError):
         return None
+
+
+def file_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
+    """read(offset, n) over a file open for reading; raises ValueError past its end."""
+    def read(offset: int, n: int) -> bytes:
+        f.seek(offset)
+        data = f.read(n)
+        if len(data) < n:
+            raise ValueError(f"{n} bytes at {offset:#x} are past the end of the file")
+        return data
+
+    return read
+
+
+def file_program_headers(f: BinaryIO) -> list[Any] | None:
+    """The program headers of a 64-bit little-endian ELF file open for
+    reading (an executable or a shared library, not only a core), or None
+    when it is not one or they cannot be read."""
+    return image_program_headers(file_reader(f))
+
+NT_GNU_BUILD_ID = 3  # a note named "GNU" of this type holds the build-id bytes
+_BUILD_ID_MAX = 64  # longer descriptors are not build-ids (sha1: 20, md5/uuid: 16)
+
+
+def image_build_id(read: Callable[[int, int], bytes]) -> bytes | None:
+    """The GNU build-id of an ELF image (``read`` as for
+    image_program_headers), or None when it has none or it cannot be read.
+    The notes are found through the program headers (PT_NOTE), which is all
+    a stripped file or a memory image still has."""
+    try:
+        for ph in image_program_headers(read) or ():
+            if ph.p_type != PT_NOTE or not 0 < ph.p_filesz <= 1 << 16:
+                continue
+            found = _gnu_build_id(read(ph.p_offset, ph.p_filesz))
+            if found is not None:
+                return found
+    except (ValueError, OSError, ForensicsError):
+        return None
+    return None
+
+
+def _gnu_build_id(notes: bytes) -> bytes | None:
+    """The descriptor of the first NT_GNU_BUILD_ID note named "GNU" in a
+    PT_NOTE segment's bytes."""
+    pos = 0
+    while pos + NHDR_SIZE <= len(notes):
+        nh = parse_at(Elf64_Nhdr, notes, pos, "note header")
+        name_at = pos + NHDR_SIZE
+        desc_at = name_at + ((nh.n_namesz + 3) & ~3)
+        end = desc_at + ((nh.n_descsz + 3) & ~3)
+        if end > len(notes) + 3 or nh.n_namesz > 1 << 12:
+            return None
+        if (nh.n_type == NT_GNU_BUILD_ID and notes[name_at:name_at + nh.n_namesz] == b"GNU\0"
+                and 0 < nh.n_descsz <= _BUILD_ID_MAX):
+            return bytes(notes[desc_at:desc_at + nh.n_descsz])
+        pos = end
+    return None
+
+
+def file_build_id(f: BinaryIO) -> bytes | None:
+    """The GNU build-id of an ELF file open for reading, or None."""
+    return image_build_id(file_reader(f))

@@ -158,8 +158,17 @@ def _core_path() -> str:
     return m[1]
 
 
-def current_dump() -> Dump:
-    """The Dump of what gdb is looking at (kept while it cannot change)."""
+def current_dump(args: argparse.Namespace | None = None) -> Dump:
+    """The Dump of what gdb is looking at (kept while it cannot change),
+    symbolising as args' --debug-dir and --sysroot say."""
+    from forensics.cli._args import symbol_options
+
+    dump = _open_dump()
+    dump.use_symbols(symbol_options(args) if args is not None else None)
+    return dump
+
+
+def _open_dump() -> Dump:
     global _dump, _dump_key
     inferior = gdb.selected_inferior()
     conn = inferior.connection
@@ -275,7 +284,7 @@ shows the traceback of a failure."""
 class TagWhoowns(_TagCommand):
     """Who owns an address: its block, state, threads, stacks and referrers.
 
-Usage: tag whoowns [--json] EXPR
+Usage: tag whoowns [--json] [--debug-dir DIR]... [--sysroot DIR] EXPR
 EXPR is a gdb expression: 0x55d0c0a012a0, ptr, $rdi, s->name + 4.
 When no tagged block holds it, says what it is: a thread's stack, a module's
 globals, another mapping, or nothing mapped.  --json prints the same document
@@ -289,13 +298,13 @@ as forensics whoowns --json."""
 
     def run(self, args: argparse.Namespace) -> None:
         args.address = _address(args.address)
-        whoowns_verb.answer(current_dump(), args)
+        whoowns_verb.answer(current_dump(args), args)
 
 
 class TagBlock(_TagCommand):
     """The tagged heap block holding an address: start, size, state, threads, stacks.
 
-Usage: tag block [--json] EXPR
+Usage: tag block [--json] [--debug-dir DIR]... [--sysroot DIR] EXPR
 Like tag whoowns without the scan for referrers; an error when no tagged
 block holds the address.  --json prints the block as forensics' JSON does."""
 
@@ -311,9 +320,9 @@ block holds the address.  --json prints the block as forensics' JSON does."""
         from forensics.output import text
 
         addr = _address(args.address)
-        dump = current_dump()
+        dump = current_dump(args)
         block = block_of(dump, addr)
-        doc = block_json(block, dump.stack, offset=addr - block.start)
+        doc = block_json(block, dump, offset=addr - block.start)
         if args.json:
             text.print_json(doc)
         else:
@@ -323,7 +332,7 @@ block holds the address.  --json prints the block as forensics' JSON does."""
 class TagInspect(_TagCommand):
     """The heap, the anomaly or crash that caused the core, the top stacks, the threads.
 
-Usage: tag inspect [--json] [--leaks] [--top N]
+Usage: tag inspect [--json] [--leaks] [--top N] [--debug-dir DIR]... [--sysroot DIR]
 The same answer as forensics inspect CORE (on a live process: as it is now)."""
 
     name = "tag inspect"
@@ -333,7 +342,7 @@ The same answer as forensics inspect CORE (on a live process: as it is now)."""
         inspect_verb.add_arguments(parser, gdb=True)
 
     def run(self, args: argparse.Namespace) -> None:
-        inspect_verb.answer(current_dump(), args)
+        inspect_verb.answer(current_dump(args), args)
 
 
 class TagLeaks(_TagCommand):

@@ -146,7 +146,8 @@ def _frame_text(f: dict) -> str:
     if f.get("file"):
         where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
     elif f.get("module"):
-        where = f" in {f['module']}"
+        off = f.get("module_offset")
+        where = f" in {f['module']}" + (f"+{off}" if off and not f.get("function") else "")
     text = _e(f"{f['address']}  {func}{where}")
     return f"{text} [dim](inlined)[/dim]" if f.get("inlined") else text
 
@@ -202,9 +203,13 @@ def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> str:
 def _block_lines(block: dict, *, label: str = "block") -> list:
     out = [f"[bold]{label}[/bold] {block['start']}  {block['size']} bytes  "
            f"[bold]{block['state']}[/bold]  offset {block['offset']}"]
-    out.append(stack_tree(f"allocated by thread {block['thread']}", block["alloc_stack"]))
+    when = f" at {block['alloc_time']}" if block.get("alloc_time") else ""
+    if block.get("age_s") is not None:
+        when += f" ({block['age_s']:g} s before the core)"
+    out.append(stack_tree(f"allocated by thread {block['thread']}{when}", block["alloc_stack"]))
     if block["state"] == "freed":
-        out.append(stack_tree(f"freed by thread {block['free_thread']}", block["free_stack"] or []))
+        when = f" at {block['free_time']}" if block.get("free_time") else ""
+        out.append(stack_tree(f"freed by thread {block['free_thread']}{when}", block["free_stack"] or []))
     return out
 
 
@@ -246,7 +251,8 @@ def show_whoowns(doc: dict) -> None:
                     return f"block {r['block_start']}"
                 if r["in"] == "stack" and r.get("thread") is not None:
                     return f"thread {r['thread']}"
-                return os.path.basename(r.get("module") or "")
+                name = os.path.basename(r.get("module") or "")
+                return f"{r['symbol']} in {name}" if r.get("symbol") else name
 
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
                       ["address", "in", "whose", "points"],
@@ -271,7 +277,9 @@ def show_inspect(doc: dict) -> None:
     if doc.get("payload") == "omitted":
         con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
     for a in doc.get("anomalies", []):
-        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} in thread {a.get('thread')}")
+        where = (f"in thread {a.get('thread')}" if a.get("detected_by") != "reader"
+                 else "found in the core (libtag had not checked the block yet)")
+        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} {where}")
         facts = [f"at {a['time']}"] if a.get("time") else []
         if a.get("offset") is not None:
             facts.append(f"offset {a['offset']} in the block")
@@ -282,13 +290,14 @@ def show_inspect(doc: dict) -> None:
                          f"released with {a['dealloc']}")
         if facts:
             con.print("  " + "; ".join(facts))
-        con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
+        if a.get("detected_by") != "reader":
+            con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
         if a.get("block"):
             for item in _block_lines(a["block"]):
                 con.print(item)
     c = doc.get("crash")
     if c:
-        con.print(f"\n[bold red]{c['signal']}[/bold red] at {c['address']} in thread {c['thread']}")
+        con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
         owner = c.get("address_owner") or {}
         if owner:
             con.print(f"  the address is {owner['owner']}"
@@ -297,6 +306,11 @@ def show_inspect(doc: dict) -> None:
         con.print(stack_tree("faulting thread", c["stack"]))
         if owner.get("block"):
             for item in _block_lines(owner["block"]):
+                con.print(item)
+        cause = c.get("cause") or {}
+        if cause.get("block"):
+            con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}")
+            for item in _block_lines(cause["block"], label="freed block"):
                 con.print(item)
     h = doc["heap"]
     con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'live block')}, "

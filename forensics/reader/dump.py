@@ -53,10 +53,11 @@ class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
 
     def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, symbols=None) -> None:
         self.mem = mem
         self.core = core
         self.cache_base = cache_base
+        self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
         self.heap = Heap(mem, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
@@ -64,12 +65,14 @@ class Dump:
         self._thread_frames: dict[int, list[Frame]] = {}
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None) -> "Dump":
+    def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
+             symbols=None) -> "Dump":
         from forensics.core import Core
 
         core = Core(path)
         try:
-            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress)
+            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress,
+                       symbols=symbols)
         except BaseException:
             core.close()
             raise
@@ -92,6 +95,20 @@ class Dump:
     def pid(self) -> int:
         return self.heap.pid
 
+    @cached_property
+    def taken_ms(self) -> int | None:
+        """When this memory was taken, in libtag's ms since its start: the
+        snapshot's or the crash's time; for a live process the instant it was
+        first read here (one Dump is one stop of the process, so its answers
+        agree); None for a core libtag did not take (gcore)."""
+        taken = self.heap.taken_ms
+        if taken is None and self.core is None:
+            import time
+
+            coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
+            taken = (time.clock_gettime_ns(coarse) - int(self.heap.control.start_mono_ns)) // 1_000_000
+        return taken
+
     @property
     def exe(self) -> str | None:
         return self.core.exe if self.core is not None else getattr(self.mem, "exe", None)
@@ -101,17 +118,36 @@ class Dump:
     @cached_property
     def symbolizer(self):
         from forensics.files import state_dir
-        from forensics.reader.symbols import Symbolizer, modules_from_mappings
+        from forensics.reader.symbols import SymbolOptions, Symbolizer, modules_from_mappings
 
         if self.core is not None:
             mappings = self.core.mappings
         else:  # a live memory (LiveMemory, the gdb adapter's) offers its maps
             mappings = self.mem.maps()
-        cache = state_dir() / "symbols"
+        opts = self.symbol_options or SymbolOptions()
+        # the build-ids and headers the process had come from its own memory
+        modules = modules_from_mappings(mappings, read=self.mem.read, sysroot=opts.sysroot)
+        kw = {"debug_dirs": opts.debug_dirs, "sysroot": opts.sysroot}
         try:
-            return Symbolizer(modules_from_mappings(mappings), cache_dir=cache)
+            return Symbolizer(modules, cache_dir=state_dir() / "symbols", **kw)
         except OSError:
-            return Symbolizer(modules_from_mappings(mappings))
+            return Symbolizer(modules, **kw)
+
+    def use_symbols(self, symbols) -> None:
+        """Symbolise from now on with other SymbolOptions (the gdb commands
+        keep one Dump across commands that may give other flags)."""
+        if symbols != self.symbol_options:
+            self.symbol_options = symbols
+            self.__dict__.pop("symbolizer", None)
+            self._frames.clear()
+
+    @property
+    def warnings(self) -> list[str]:
+        """What could not be read or trusted: the heap's warnings, then the
+        symboliser's (a module whose file is not the one the process ran)
+        for the frames symbolised so far."""
+        sym = self.__dict__.get("symbolizer")
+        return list(self.heap.warnings) + (list(sym.warnings) if sym is not None else [])
 
     def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
         """Frames for raw (pc, kind) pairs, innermost first: ENTRY frames that

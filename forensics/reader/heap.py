@@ -251,6 +251,17 @@ class Heap:
                      code=int(c.code), stack=int(c.stack), time_ms=int(c.time))
 
     @property
+    def taken_ms(self) -> int | None:
+        """When this memory was dumped, in libtag's ms: the snapshot's time,
+        else the crash's; None when libtag recorded neither."""
+        reason = self.reason
+        if reason == "crash":
+            return self.crash.time_ms if self.crash is not None else None
+        if reason == "none" or reason.startswith("reason-"):
+            return None  # not dumped by libtag (gcore ...): when is unknown
+        return int(self.control.snapshot_time_ms)
+
+    @property
     def counters(self) -> dict[str, int]:
         """Process counters: sums over the thread records, and the control block's."""
         ts = self.threads
@@ -739,6 +750,41 @@ class Heap:
             idx = np.flatnonzero(st == code).tolist()
         for i in idx:
             yield self.block(i)
+
+    def freed_damage(self, block: Block) -> tuple[int, bytes | None] | None:
+        """A freed block's payload written after its free: (offset of the
+        first byte that no longer holds libtag's pattern, the bytes found
+        from there, as the anomaly's ``written``), or None when its pattern
+        is whole - or cannot be checked (payloads omitted, not in memory).
+        libtag fills min(size, control.quarantine_fill) bytes from offset 0."""
+        if block.state != "freed" or self.payload_omitted:
+            return None
+        n = min(block.size, int(self.control.quarantine_fill))
+        if n <= 0:
+            return None
+        region = self._region_of(block.start)
+        if region is None or block.start + n > region.end:
+            return None
+        arr = region.array
+        lo = block.start - region.start
+        if lo + n > len(arr):
+            return None  # the region's bytes are not all in this memory
+        bad = np.flatnonzero(arr[lo:lo + n] != abi.TAG_FREE_PATTERN)
+        if not len(bad):
+            return None
+        off = int(bad[0])
+        return off, self._written("use-after-free", block.start + off, block, None)
+
+    def latent_uaf(self) -> list[tuple[Block, int, bytes | None]]:
+        """Every freed block written after its free, by address, with what
+        freed_damage says of it: the writes libtag has not reported yet
+        (it checks a block when it leaves the quarantine)."""
+        out = []
+        for block in self.blocks("freed"):
+            found = self.freed_damage(block)
+            if found is not None:
+                out.append((block, *found))
+        return out
 
     def _find(self, addr: int) -> int:
         if addr < 0 or addr >= 1 << 64:

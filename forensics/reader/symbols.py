@@ -18,8 +18,10 @@ executed in it, and carries the inlined functions for
 batched: one subprocess per module per :meth:`Symbolizer.symbolize` call, for
 all of that module's addresses not already cached.  Results are cached in
 memory and, with ``cache_dir``, in a small SQLite file (mode 0600) keyed by
-module path, mtime, size and address, so a rebuilt file is never answered
-from stale entries.
+the answering file's path, mtime, size and build-id and the address, so a
+rebuilt file is never answered from stale entries.  Which file answers is
+checked first: a module is symbolised only from a file whose build-id is the
+one the process had (see :class:`Symbolizer`).
 
 A frame is never dropped, it only loses detail:
 
@@ -75,10 +77,10 @@ import stat
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 from forensics.core import elf
-from forensics.errors import InputError
+from forensics.errors import ForensicsError, InputError
 from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
 from forensics.reader.abi import TAG_FRAME_SIGNAL as FRAME_SIGNAL  # pc a signal interrupted: look up pc
@@ -125,7 +127,11 @@ class Module:
 
     ``pc - load_bias`` is the address as the file's headers see it (0 bias for
     a non-PIE executable).  ``deleted``: the process had a file that has since
-    been deleted or replaced at ``path``; it is never read.
+    been deleted or replaced at ``path``.  ``build_id``: the GNU build-id of
+    the file the process had, read from its memory (the first page of the
+    file's offset-0 mapping, which every core holds), and ``headers`` the
+    ELF and program headers there; None when the memory does not show them.
+    A file on disk is read for this module only when they match it.
     """
 
     path: str
@@ -133,6 +139,8 @@ class Module:
     end: int
     load_bias: int
     deleted: bool = False
+    build_id: bytes | None = None
+    headers: bytes | None = None
 
     def __contains__(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -159,6 +167,11 @@ def open_regular(path: str):
     return os.fdopen(fd, "rb")
 
 
+def _loads(phdrs) -> list[tuple[int, int, int]] | None:
+    loads = [(p.p_offset, p.p_vaddr, p.p_filesz) for p in phdrs or () if p.p_type == elf.PT_LOAD]
+    return loads or None
+
+
 def _load_segments(path: str) -> list[tuple[int, int, int]] | None:
     """(p_offset, p_vaddr, p_filesz) of each PT_LOAD of a 64-bit little-endian
     ELF file, or None if it is not one (or cannot be read)."""
@@ -166,12 +179,10 @@ def _load_segments(path: str) -> list[tuple[int, int, int]] | None:
     if f is None:
         return None
     with f:
-        phdrs = elf.file_program_headers(f)
-    loads = [(p.p_offset, p.p_vaddr, p.p_filesz) for p in phdrs or () if p.p_type == elf.PT_LOAD]
-    return loads or None
+        return _loads(elf.file_program_headers(f))
 
 
-def _load_bias(path: str, first: MappingLike) -> int | None:
+def _load_bias(loads: list[tuple[int, int, int]] | None, first: MappingLike) -> int | None:
     """The load bias of `path` given its mapping with the lowest file offset.
 
     The loader maps each PT_LOAD at bias + page_down(p_vaddr), from file offset
@@ -181,7 +192,6 @@ def _load_bias(path: str, first: MappingLike) -> int | None:
     start of the offset-0 mapping; for a non-PIE executable p_vaddr is
     e.g. 0x400000, where it was mapped, and the bias is 0.
     """
-    loads = _load_segments(path)
     if loads is None:
         return None
     for p_offset, p_vaddr, p_filesz in loads:
@@ -191,14 +201,44 @@ def _load_bias(path: str, first: MappingLike) -> int | None:
     return None
 
 
-def modules_from_mappings(mappings: Iterable[MappingLike]) -> list[Module]:
+Read = Callable[[int, int], bytes]  # read(addr, n) of the process's memory; raises on failure
+
+
+def _image_reader(read: Read, first: MappingLike) -> Read:
+    """read(file offset, n) of a module's image through the memory of its
+    offset-0 mapping (never past that mapping's end)."""
+    def image(offset: int, n: int) -> bytes:
+        if offset < 0 or first.start + offset + n > first.end:
+            raise ValueError(f"file offset {offset:#x} is past the mapping at {first.start:#x}")
+        return read(first.start + offset, n)
+
+    return image
+
+
+def _image_headers(image: Read, phdrs) -> bytes | None:
+    """The ELF header and program headers of an image, as bytes (what the
+    process had, compared with a file when there is no build-id)."""
+    try:
+        head = image(0, elf.EHDR_SIZE)
+        ehdr = elf.parse_at(elf.Elf64_Ehdr, head, 0, "ELF header")
+        return head + image(ehdr.e_phoff, ehdr.e_phentsize * len(phdrs))
+    except (ValueError, OSError, ForensicsError):
+        return None
+
+
+def modules_from_mappings(mappings: Iterable[MappingLike], read: Read | None = None,
+                          sysroot: str | None = None) -> list[Module]:
     """Group file mappings (Core.mappings, live.read_maps(pid)) into modules.
 
     Consecutive mappings of one path form one module; a path mapped again from
-    file offset 0 starts a new one (the same file loaded twice).  The bias comes
-    from the ELF program headers (see _load_bias); for a file that is missing,
-    deleted or not ELF, it is ``start - offset`` of its first mapping, which is
-    right for PIEs and shared libraries (first PT_LOAD at vaddr 0).
+    file offset 0 starts a new one (the same file loaded twice).  With
+    ``read`` (the process's memory: a core's, a live process's), each
+    module's build-id, ELF headers and load bias come from the first page of
+    its offset-0 mapping - what the process really had.  Otherwise (or when
+    that page is not there) the bias comes from the file's program headers
+    (under ``sysroot``, see _load_bias); for a file that is missing, deleted
+    or not ELF, it is ``start - offset`` of its first mapping, which is right
+    for PIEs and shared libraries (first PT_LOAD at vaddr 0).
     """
     groups: list[list[MappingLike]] = []
     files = (m for m in mappings if m.path and m.path.startswith("/"))  # not [heap], [vdso] ...
@@ -214,11 +254,27 @@ def modules_from_mappings(mappings: Iterable[MappingLike]) -> list[Module]:
         deleted = raw_path.endswith(_DELETED)
         path = raw_path[: -len(_DELETED)] if deleted else raw_path
         first = min(group, key=lambda m: m.offset)
-        bias = None if deleted else _load_bias(path, first)
+        build_id = headers = bias = None
+        if read is not None and first.offset == 0:
+            image = _image_reader(read, first)
+            phdrs = elf.image_program_headers(image)
+            if phdrs:
+                build_id = elf.image_build_id(image)
+                headers = _image_headers(image, phdrs)
+                bias = _load_bias(_loads(phdrs), first)
+        if bias is None and not deleted:
+            bias = _load_bias(_load_segments(in_sysroot(path, sysroot)), first)
         if bias is None:
             bias = first.start - first.offset
-        modules.append(Module(path, group[0].start, max(m.end for m in group), bias, deleted))
+        modules.append(Module(path, group[0].start, max(m.end for m in group), bias, deleted,
+                              build_id, headers))
     return modules
+
+
+def in_sysroot(path: str, sysroot: str | None) -> str:
+    """Where the file a process had at ``path`` is here: under ``sysroot``
+    (the other machine's root, for a core from there), else at path."""
+    return os.path.join(sysroot, path.lstrip("/")) if sysroot else path
 
 
 # -- symbol lookups ----------------------------------------------------------
@@ -272,9 +328,11 @@ def _tool_run(argv: list[str], stdin: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sym]:
+def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int],
+                     debug_dirs: Sequence[str] = ()) -> dict[int, _Sym]:
     out = _tool_run(
-        [exe, "--inlines", "--demangle", "--functions=linkage", "--output-style=JSON", f"--obj={path}"],
+        [exe, "--inlines", "--demangle", "--functions=linkage", "--output-style=JSON",
+         *(f"--debug-file-directory={d}" for d in debug_dirs), f"--obj={path}"],
         "".join(f"{a:#x}\n" for a in addrs),
     )
     result: dict[int, _Sym] = {}
@@ -330,30 +388,39 @@ def _addr2line(exe: str, path: str, addrs: Sequence[int]) -> dict[int, _Sym]:
     return result
 
 
+def _elf_symbols(path: str, types: tuple[str, ...]) -> tuple[list, list]:
+    """([(value, size, name)] of the symbols of these types that have a
+    value (.symtab and .dynsym), [(start, end, name)] of the allocated
+    sections) of the ELF file at path; both empty when it cannot be read."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    symbols: list[tuple[int, int, str]] = []
+    sections: list[tuple[int, int, str]] = []
+    f = open_regular(path)
+    if f is None:
+        return symbols, sections
+    with f:
+        try:
+            for sec in ELFFile(f).iter_sections():
+                if sec["sh_flags"] & 2 and sec["sh_size"] and sec["sh_addr"]:  # SHF_ALLOC
+                    sections.append((sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name))
+                if isinstance(sec, SymbolTableSection):
+                    symbols += [(sym["st_value"], sym["st_size"], sym.name) for sym in sec.iter_symbols()
+                                if sym["st_info"]["type"] in types and sym["st_value"]]
+        except (OSError, ELFError):
+            return [], []
+    return symbols, sections
+
+
 class _SymbolTable:
     """Function symbols of one file (.symtab and .dynsym), for symbol starts."""
 
     def __init__(self, path: str) -> None:
-        from elftools.common.exceptions import ELFError
-        from elftools.elf.elffile import ELFFile
-        from elftools.elf.sections import SymbolTableSection
-
         spans: dict[int, int] = {}
-        f = open_regular(path)
-        try:
-            if f is None:
-                raise OSError(f"{path} is not a regular file")
-            with f:
-                elf = ELFFile(f)
-                for sec in elf.iter_sections():
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for sym in sec.iter_symbols():
-                        if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"]:
-                            v = sym["st_value"]
-                            spans[v] = max(spans.get(v, 0), sym["st_size"])
-        except (OSError, ELFError):
-            pass
+        for v, size, _ in _elf_symbols(path, ("STT_FUNC", "STT_GNU_IFUNC"))[0]:
+            spans[v] = max(spans.get(v, 0), size)
         self.starts = sorted(spans)
         self.sizes = [spans[s] for s in self.starts]
 
@@ -366,7 +433,103 @@ class _SymbolTable:
         return self.starts[i]
 
 
+@dataclass(frozen=True)
+class _Identity:
+    """A readable ELF file as it is now."""
+
+    mtime_ns: int
+    size: int
+    build_id: bytes | None
+    headers: bytes | None  # its ELF and program headers, as Module.headers
+
+
+def _elf_identity(path: str) -> _Identity | None:
+    """The identity of a regular, readable 64-bit ELF file at path, else None."""
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
+        try:
+            st = os.fstat(f.fileno())
+        except OSError:
+            return None
+        read = elf.file_reader(f)
+        phdrs = elf.image_program_headers(read)
+        if not phdrs:
+            return None
+        return _Identity(st.st_mtime_ns, st.st_size, elf.image_build_id(read), _image_headers(read, phdrs))
+
+
+@dataclass(frozen=True)
+class DataSymbol:
+    """What a module's own file says about an address in its data: the
+    object symbol holding it (None when none does) and the section."""
+
+    name: str | None  # the symbol (demangled as the file spells it: no demangling)
+    offset: int  # address - the symbol's start (or the section's, without a symbol)
+    section: str | None  # ".data", ".bss", ".rodata" ...
+    module: str  # the module's path, as the process had it
+
+    @property
+    def label(self) -> str:
+        """"kv_inst+8", "kv_inst", or ".bss+0x40" without a symbol."""
+        base = self.name or self.section or "?"
+        if self.offset == 0:
+            return base
+        return f"{base}+{self.offset}" if self.name else f"{base}+{self.offset:#x}"
+
+
+class _DataTable:
+    """Object symbols (STT_OBJECT, STT_COMMON) and allocated sections of one
+    file, for naming data addresses."""
+
+    def __init__(self, path: str) -> None:
+        spans: dict[int, tuple[int, str]] = {}
+        symbols, sections = _elf_symbols(path, ("STT_OBJECT", "STT_COMMON"))
+        for v, size, name in symbols:
+            if name and size >= spans.get(v, (0, ""))[0]:
+                spans[v] = (size, name)
+        self.sections = sorted(sections)
+        self.starts = sorted(spans)
+        self.spans = [spans[v] for v in self.starts]
+
+    def lookup(self, vaddr: int) -> tuple[str | None, int, str | None] | None:
+        section = next((name for lo, hi, name in self.sections if lo <= vaddr < hi), None)
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        if i >= 0:
+            size, name = self.spans[i]
+            if vaddr < self.starts[i] + max(size, 1):
+                return name, vaddr - self.starts[i], section
+        if section is None:
+            return None
+        lo = next(lo for lo, hi, name in self.sections if lo <= vaddr < hi)
+        return None, vaddr - lo, section
+
+
 # -- the symbolizer ------------------------------------------------------------
+
+
+DEFAULT_DEBUG_DIR = "/usr/lib/debug"
+
+
+@dataclass(frozen=True)
+class SymbolOptions:
+    """Where the files of a core's modules are: ``debug_dirs`` searched by
+    build-id before /usr/lib/debug (``--debug-dir``), and ``sysroot``, the
+    root the process's paths are under here (``--sysroot``: a core from
+    another machine)."""
+
+    debug_dirs: tuple[str, ...] = ()
+    sysroot: str | None = None
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The file a module's addresses are looked up in, and its identity: the
+    cache key, so entries made from one file never answer for another."""
+
+    path: str
+    key: str  # JSON: [path, mtime_ns, size, build-id, the debug dirs searched]
 
 
 class Symbolizer:
@@ -374,10 +537,22 @@ class Symbolizer:
 
     ``tool``: "llvm-symbolizer" or "addr2line" (default: the first on PATH, in
     that order).  Raises InputError if neither is installed.
+
+    Which file answers for a module: the file at its path (under
+    ``sysroot``), when its build-id is the one the process had
+    (``Module.build_id``; without one, when its ELF and program headers are);
+    else a file with that build-id in the debug directories - each of
+    ``debug_dirs``, then /usr/lib/debug (under ``sysroot`` too) - as
+    ``.build-id/xx/rest.debug``, ``xx/rest.debug``, or the module's own file
+    name.  With none, the module's frames keep module+offset and
+    ``warnings`` says why, once per module: a rebuilt binary never names a
+    frame.  llvm-symbolizer also finds the separate debug information of a
+    matching file in those directories.
     """
 
     def __init__(self, modules: Iterable[Module], *, cache_dir: os.PathLike | str | None = None,
-                 tool: str | None = None) -> None:
+                 tool: str | None = None, debug_dirs: Sequence[str] = (),
+                 sysroot: str | None = None) -> None:
         self.modules = sorted(modules, key=lambda m: m.start)
         self._starts = [m.start for m in self.modules]
         names = [tool] if tool else ["llvm-symbolizer", "addr2line"]
@@ -392,9 +567,16 @@ class Symbolizer:
             )
         if self.tool not in ("llvm-symbolizer", "addr2line"):
             raise ValueError(f"unknown symbolizer tool {self.tool!r}")
-        self._memo: dict[tuple[str, int, int, int], _Sym] = {}
-        self._idents: dict[str, tuple[str, int, int] | None] = {}
+        self.sysroot = sysroot
+        system = in_sysroot(DEFAULT_DEBUG_DIR, sysroot)
+        self.debug_dirs = [os.fspath(d) for d in debug_dirs] + [system]
+        if sysroot:
+            self.debug_dirs.append(DEFAULT_DEBUG_DIR)
+        self.warnings: list[str] = []
+        self._memo: dict[tuple[str, int], _Sym] = {}
+        self._sources: dict[Module, _Source | None] = {}
         self._symtabs: dict[str, _SymbolTable] = {}
+        self._datatabs: dict[str, _DataTable] = {}
         self._db: sqlite3.Connection | None = None
         if cache_dir is not None:
             self._db = self._open_cache(Path(cache_dir))
@@ -404,7 +586,6 @@ class Symbolizer:
     def _open_cache(self, cache_dir: Path) -> sqlite3.Connection | None:
         """The on-disk cache, or None (memory only) when it cannot be used: an
         unwritable state dir, a damaged or locked file must not stop an answer."""
-        from forensics.errors import ForensicsError
         from forensics.files import create_private, ensure_private_dir
 
         try:
@@ -412,67 +593,127 @@ class Symbolizer:
             path = cache_dir / "symbols.sqlite"
             create_private(path)
             db = sqlite3.connect(path, timeout=1.0)
-            # sym2: rows carry the inlined calls (JSON, innermost first)
+            # sym3: `source` is _Source.key - the file's path, mtime, size and
+            # build-id (and the debug dirs searched), so a rebuilt file never
+            # answers from the entries of the one it replaced; rows carry the
+            # inlined calls (JSON, innermost first)
             db.execute(
-                "CREATE TABLE IF NOT EXISTS sym2 (tool TEXT, path TEXT, mtime_ns INTEGER, size INTEGER,"
-                " addr INTEGER, function TEXT, file TEXT, line INTEGER, start INTEGER, inlines TEXT,"
-                " PRIMARY KEY (tool, path, mtime_ns, size, addr))"
+                "CREATE TABLE IF NOT EXISTS sym3 (tool TEXT, source TEXT, addr INTEGER,"
+                " function TEXT, file TEXT, line INTEGER, start INTEGER, inlines TEXT,"
+                " PRIMARY KEY (tool, source, addr))"
             )
             return db
         except (OSError, sqlite3.Error, ForensicsError):
             return None
 
-    def _ident(self, module: Module) -> tuple[str, int, int] | None:
-        """(path, mtime_ns, size) of a module file that can be read, else None."""
-        if module.path not in self._idents:
-            ident = None
-            if not module.deleted:
-                try:
-                    st = os.stat(module.path)
-                    if (stat.S_ISREG(st.st_mode) and os.access(module.path, os.R_OK)
-                            and _load_segments(module.path) is not None):
-                        ident = (module.path, st.st_mtime_ns, st.st_size)
-                except OSError:
-                    pass
-            self._idents[module.path] = ident
-        return self._idents[module.path]
+    # -- which file ------------------------------------------------------------
 
-    def _cached(self, ident: tuple[str, int, int], rels: Iterable[int]) -> dict[int, _Sym]:
+    def source(self, module: Module) -> _Source | None:
+        """The file module's addresses are looked up in (see the class), or
+        None (with a warning) when there is none that is certainly its."""
+        if module not in self._sources:
+            self._sources[module] = self._choose(module)
+        return self._sources[module]
+
+    def _choose(self, module: Module) -> _Source | None:
+        local = in_sysroot(module.path, self.sysroot)
+        want = module.build_id
+        found = _elf_identity(local)
+        problem = None
+        if found is None:
+            problem = (f"{local} is missing or not a readable ELF file" if not module.deleted
+                       else f"{module.path} was deleted or replaced after the process loaded it")
+        elif want is not None and found.build_id != want:
+            have = found.build_id.hex() if found.build_id else "none"
+            problem = (f"{local} is not the file the process ran "
+                       f"(build-id {have}, the process had {want.hex()})")
+        elif want is None and module.headers is not None and found.headers != module.headers:
+            problem = f"{local} is not the file the process ran (its ELF headers differ)"
+        elif want is None and module.deleted:
+            problem = f"{module.path} was deleted or replaced after the process loaded it"
+        if problem is None:
+            return self._source(local, found)
+        if want is not None:
+            for path in self._debug_candidates(module, want):
+                other = _elf_identity(path)
+                if other is not None and other.build_id == want:
+                    return self._source(path, other)
+        hint = (f"; give --debug-dir DIR holding a file with build-id {want.hex()}" if want is not None
+                else "")
+        self.warnings.append(f"{module.path}: {problem}; its frames are shown as module+offset{hint}")
+        return None
+
+    def _debug_candidates(self, module: Module, build_id: bytes) -> Iterable[str]:
+        hexid = build_id.hex()
+        name = os.path.basename(module.path)
+        for d in self.debug_dirs:
+            yield os.path.join(d, ".build-id", hexid[:2], hexid[2:] + ".debug")
+            yield os.path.join(d, hexid[:2], hexid[2:] + ".debug")
+            yield os.path.join(d, name)
+            yield os.path.join(d, name + ".debug")
+
+    def _source(self, path: str, ident: _Identity) -> _Source:
+        key = json.dumps([path, ident.mtime_ns, ident.size,
+                          ident.build_id.hex() if ident.build_id else None,
+                          self.debug_dirs if self.tool == "llvm-symbolizer" else []])
+        return _Source(path, key)
+
+    def _cached(self, source: _Source, rels: Iterable[int]) -> dict[int, _Sym]:
         found = {}
         missing = []
         for rel in rels:
-            sym = self._memo.get((*ident, rel))
+            sym = self._memo.get((source.key, rel))
             if sym is not None:
                 found[rel] = sym
             else:
                 missing.append(rel)
         if self._db is not None and missing:
-            q = ("SELECT function, file, line, start, inlines FROM sym2"
-                 " WHERE tool=? AND path=? AND mtime_ns=? AND size=? AND addr=?")
+            q = "SELECT function, file, line, start, inlines FROM sym3 WHERE tool=? AND source=? AND addr=?"
             try:
                 for rel in missing:
-                    row = self._db.execute(q, (self.tool, *ident, rel)).fetchone()
+                    row = self._db.execute(q, (self.tool, source.key, rel)).fetchone()
                     if row is not None:
-                        found[rel] = self._memo[(*ident, rel)] = _sym_from_row(*row)
+                        found[rel] = self._memo[(source.key, rel)] = _sym_from_row(*row)
             except sqlite3.Error:
                 self._db = None  # damaged or locked: go on from memory
         return found
 
-    def _store(self, ident: tuple[str, int, int], syms: dict[int, _Sym]) -> None:
+    def _store(self, source: _Source, syms: dict[int, _Sym]) -> None:
         for rel, sym in syms.items():
-            self._memo[(*ident, rel)] = sym
+            self._memo[(source.key, rel)] = sym
         if self._db is not None and syms:
             try:
                 with self._db:
                     self._db.executemany(
-                        "INSERT OR REPLACE INTO sym2 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(self.tool, *ident, rel, s.function, s.file, s.line, s.start, s.inlines_json())
+                        "INSERT OR REPLACE INTO sym3 VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(self.tool, source.key, rel, s.function, s.file, s.line, s.start, s.inlines_json())
                          for rel, s in syms.items()],
                     )
             except sqlite3.Error:
                 self._db = None  # damaged or locked: go on from memory
 
     # -- lookups -------------------------------------------------------------
+
+    def data_symbol(self, module_path: str, addr: int) -> DataSymbol | None:
+        """The symbol (or section) of module_path's file that holds data
+        address addr (its .data, or its .bss after the file's mappings); None
+        when the module is unknown, its file is not certainly the one the
+        process had (see source), or nothing of the file holds addr."""
+        modules = [m for m in self.modules if m.path == module_path and m.start <= addr]
+        if not modules:
+            return None
+        module = modules[-1]
+        source = self.source(module)
+        if source is None:
+            return None
+        table = self._datatabs.get(source.path)
+        if table is None:
+            table = self._datatabs[source.path] = _DataTable(source.path)
+        found = table.lookup(addr - module.load_bias)
+        if found is None:
+            return None
+        name, offset, section = found
+        return DataSymbol(name, offset, section, module.path)
 
     def module_at(self, pc: int) -> Module | None:
         """The module whose mappings span pc, or None."""
@@ -484,7 +725,7 @@ class Symbolizer:
     def _lookup(self, path: str, rels: list[int]) -> dict[int, _Sym]:
         """One subprocess for all of one module's addresses."""
         if self.tool == "llvm-symbolizer":
-            got = _llvm_symbolizer(self._exe, path, rels)
+            got = _llvm_symbolizer(self._exe, path, rels, self.debug_dirs)
         else:
             got = _addr2line(self._exe, path, rels)
             if any(s.function for s in got.values()):
@@ -516,15 +757,15 @@ class Symbolizer:
             todo.setdefault(module, {}).setdefault(look - module.load_bias, []).append(i)
 
         for module, by_rel in todo.items():
-            ident = self._ident(module)
-            if ident is None:
+            source = self.source(module)
+            if source is None:
                 syms: dict[int, _Sym] = {}
             else:
-                syms = self._cached(ident, by_rel)
+                syms = self._cached(source, by_rel)
                 wanted = sorted(rel for rel in by_rel if rel not in syms)
                 if wanted:
-                    fresh = self._lookup(module.path, wanted)
-                    self._store(ident, fresh)
+                    fresh = self._lookup(source.path, wanted)
+                    self._store(source, fresh)
                     syms.update(fresh)
             for rel, indexes in by_rel.items():
                 sym = syms.get(rel, _NOTHING)

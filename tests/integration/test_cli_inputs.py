@@ -223,7 +223,7 @@ def test_core_cut_in_its_last_segment_gives_a_partial_answer_and_a_warning(cli, 
                                   " 0x10", "0x1.5", "ten"])
 def test_bad_address_string(text, cli, libtag_core):
     result = cli("whoowns", text, "--core", str(libtag_core))
-    line = assert_one_error(result, f"argument ADDR: ", repr(text))
+    line = assert_one_error(result, "argument ADDR: ", repr(text))
     assert line.endswith("see 'forensics whoowns --help'"), line
 
 

@@ -88,7 +88,7 @@ def test_log_path_writes_per_pid_0600_and_nothing_to_stderr(tmp_path, victim):
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
         lines = path.read_text().splitlines()
         assert lines[0] == expected_line(a, p), lines
-        assert lines[1].startswith(f"libtag: stats pid="), lines
+        assert lines[1].startswith("libtag: stats pid="), lines
 
 
 def test_log_path_never_follows_a_symlink(tmp_path, victim):

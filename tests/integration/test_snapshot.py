@@ -115,8 +115,8 @@ def test_snapshot_is_recorded_in_the_catalog_and_listed(build_victim, run_cli, s
     assert f"forensics inspect {core2}" in second.stdout, f"expected the next command: {second.stdout!r}"
     # ... the catalog database is private
     db = state / "forensics" / "catalog.sqlite"
-    assert stat.S_IMODE(db.stat().st_mode) == 0o600, f"expected catalog mode 0o600"
-    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700, f"expected catalog dir mode 0o700"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600, "expected catalog mode 0o600"
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700, "expected catalog dir mode 0o700"
 
     # WHEN forensics list --json
     listed = run_cli("list", "--json", env=cli_env(state))
@@ -364,6 +364,6 @@ def test_run_catalogs_the_snapshots_and_names_the_next_command(build_victim, run
     assert len(dirs) == 1, f"expected 1 snapshot dir, got {dirs}"
     core = dirs[0] / "core"
     assert f"forensics: next: forensics inspect {core}" in result.stderr.splitlines(), result.stderr
-    assert f"forensics: snapshot (double-free) of pid" in result.stderr, result.stderr
+    assert "forensics: snapshot (double-free) of pid" in result.stderr, result.stderr
     listed = json.loads(run_cli("list", "--json", env=cli_env(state)).stdout)
     assert [(r["core"], r["reason"]) for r in listed] == [(str(core), "double-free")], listed

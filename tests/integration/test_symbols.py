@@ -333,7 +333,8 @@ def test_disk_cache_is_private_keyed_by_file_identity(builds, victim_of, tmp_pat
     # new Symbolizer on it gives the same frames
     assert stat.S_IMODE(db_path.stat().st_mode) == 0o600
     with sqlite3.connect(db_path) as db:
-        rows = db.execute("SELECT count(*) FROM sym2 WHERE path = ?", (str(exe),)).fetchone()[0]
+        rows = db.execute("SELECT count(*) FROM sym3 WHERE json_extract(source, '$[0]') = ?",
+                          (str(exe),)).fetchone()[0]
     assert rows == 4  # sym_inner, sym_outer, main, ret - 1
     with Symbolizer(modules, cache_dir=cache) as sym:
         assert sym.symbolize(victim_pcs(v)) == first

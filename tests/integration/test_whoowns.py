@@ -115,9 +115,9 @@ def expected_referrers(f: Facts, exe: Path) -> list[dict]:
     """The three holders the victim printed: its global (in the victim's own
     data), a word in its holder block, and a slot in main's stack frame - each
     pointing at the block's start."""
-    common = {"interior": False, "thread": None, "module": None, "block_start": None}
+    common = {"interior": False, "thread": None, "module": None, "block_start": None, "symbol": None}
     return sorted([
-        {**common, "address": hex(f["ref_global"]), "in": "global", "module": str(exe)},
+        {**common, "address": hex(f["ref_global"]), "in": "global", "module": str(exe), "symbol": "g_ref"},
         {**common, "address": hex(f["ref_heap"]), "in": "heap", "block_start": hex(f["holder"])},
         {**common, "address": hex(f["ref_stack"]), "in": "stack", "thread": f["main_tid"]},
     ], key=lambda r: int(r["address"], 16))
@@ -200,7 +200,9 @@ def test_global(case, run_cli):
     assert rc == 1, f"expected exit 1, got {rc}"
     assert (doc["owner"], doc["block"]) == ("global", None), doc
     assert doc["region"]["name"] == f"globals of {case.exe.name}", doc["region"]
-    assert doc["note"] == str(case.exe), doc["note"]
+    # ... named by its symbol in the program's own symbol table: &g_plain[8]
+    assert doc["symbol"] == {"name": "g_plain", "offset": 8, "section": ".bss", "module": str(case.exe)}, doc
+    assert doc["note"] == f"g_plain+8 (.bss) in {case.exe}", doc["note"]
 
 
 def test_null(case, run_cli):

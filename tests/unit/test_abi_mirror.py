@@ -81,7 +81,7 @@ def _offset_by_building(struct, dotted):
     """Build struct with zeros except field dotted all 0xff: (offset, size) of the 0xff run."""
     value = _zero(struct)
     parts = dotted.split(".")
-    cur, con = value, struct
+    cur, _con = value, struct
     for p in parts[:-1]:
         cur = cur[p]
     field = dict(_leaves(struct))[dotted]
@@ -133,7 +133,7 @@ def _probe_source() -> str:
             lines.append(f"  F({cname}, {dotted});")
     for c in CONSTANTS:
         lines.append(f'  printf("const {c} %llu\\n", (unsigned long long)({c}));')
-    lines.append(f'  printf("const TAG_CONTROL_MAGIC %s\\n", TAG_CONTROL_MAGIC);')
+    lines.append('  printf("const TAG_CONTROL_MAGIC %s\\n", TAG_CONTROL_MAGIC);')
     for reg in REG_NAMES:
         lines.append(f'  printf("reg {reg} %zu\\n", offsetof(struct user_regs_struct, {reg}));')
     for n, (addr, secret, ss, ast, atid, atime, pad, fst, ftid, ftime) in enumerate(CHECK_INPUTS):

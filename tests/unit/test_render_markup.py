@@ -51,6 +51,7 @@ def test_inspect_prints_markup_like_paths_verbatim(monkeypatch):
     buf = _capture(monkeypatch)
     text.show_inspect({"core": WEIRD, "process": {"pid": 1, "exe": WEIRD}, "reason": "crash",
                          "crash": {"signal": "SIGSEGV", "address": "0x0", "thread": 1,
+                                   "summary": "SIGSEGV (SEGV_MAPERR) at address 0x0 [/y]",
                                    "stack": [_frame("0x40")],
                                    "address_owner": {"owner": "unmapped", "region": WEIRD,
                                                      "note": "[/z]", "block": None}},
@@ -60,3 +61,4 @@ def test_inspect_prints_markup_like_paths_verbatim(monkeypatch):
     assert f"core {WEIRD}" in out
     assert f"process 1 {WEIRD}" in out
     assert f"the address is unmapped ({WEIRD}): [/z]" in out
+    assert "SIGSEGV in thread 1: SIGSEGV (SEGV_MAPERR) at address 0x0 [/y]" in out

@@ -1,0 +1,179 @@
+"""The faulting instruction of a crash, decoded: which address it used, from
+which registers, and where the register that held the bad pointer was loaded
+from.
+
+A general-protection fault (SIGSEGV with si_code SI_KERNEL) gives no address:
+the kernel reports 0, for example for an access through a non-canonical
+pointer such as libtag's free pattern 0xfdfdfdfdfdfdfdfd.  The address is
+computed here the way the CPU did: the instruction's memory operand (base +
+index * scale + displacement) over the registers at the fault.  Decoding is
+capstone's.  The code bytes come from the core when it holds them, else from
+the module's file on disk - only a file the symboliser accepted for the
+module (its build-id is the one the process had) and only from a section
+with contents (a separate debug file has none).
+
+Where the bad pointer came from: scanning the function from its start to the
+faulting instruction, the last instruction that wrote the operand's base
+register is taken; when that is a load from memory whose own registers were
+not written between it and the fault, its source address is known from the
+registers at the fault.  This follows the code in address order, not the
+paths the program took: callers check that the word found there really holds
+the value the register had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from forensics.errors import ForensicsError
+
+MAX_INSN = 15  # bytes of the longest x86 instruction
+MAX_SCAN = 1 << 16  # bytes of a function scanned back from the fault, at most
+
+# 64-bit register of each general-purpose register name capstone gives
+_FULL = {}
+for _q, _d, _w, _b in (("rax", "eax", "ax", "al"), ("rbx", "ebx", "bx", "bl"), ("rcx", "ecx", "cx", "cl"),
+                       ("rdx", "edx", "dx", "dl"), ("rsi", "esi", "si", "sil"), ("rdi", "edi", "di", "dil"),
+                       ("rbp", "ebp", "bp", "bpl"), ("rsp", "esp", "sp", "spl")):
+    _FULL.update({_q: _q, _d: _q, _w: _q, _b: _q})
+for _n in range(8, 16):
+    _FULL.update({f"r{_n}": f"r{_n}", f"r{_n}d": f"r{_n}", f"r{_n}w": f"r{_n}", f"r{_n}b": f"r{_n}"})
+_FULL.update({"ah": "rax", "bh": "rbx", "ch": "rcx", "dh": "rdx"})
+
+
+@dataclass(frozen=True)
+class MemOperand:
+    """A decoded instruction's memory operand and the address it names."""
+
+    text: str  # the instruction, as capstone prints it ("mov rbx, qword ptr [rax]")
+    address: int | None  # base + index * scale + disp over the registers; None: unknown
+    base: str | None  # 64-bit base register name, None without one
+    index: str | None
+    scale: int
+    disp: int
+    size: int  # bytes of the instruction
+
+
+def _md():
+    import capstone
+
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    return md
+
+
+def _mem_operand(insn, regs: dict[str, int]) -> MemOperand | None:
+    from capstone import x86
+
+    for op in insn.operands:
+        if op.type != x86.X86_OP_MEM:
+            continue
+        m = op.mem
+        if m.segment not in (0, x86.X86_REG_DS, x86.X86_REG_SS):
+            # fs:/gs: relative (TLS): the segment base is not a register here
+            return MemOperand(f"{insn.mnemonic} {insn.op_str}", None, None, None, 1, m.disp, insn.size)
+        base = insn.reg_name(m.base) if m.base else None
+        index = insn.reg_name(m.index) if m.index else None
+        addr: int | None = m.disp
+        if base == "rip":
+            addr = insn.address + insn.size + m.disp
+        elif base is not None:
+            base = _FULL.get(base, base)
+            addr = None if base not in regs else addr + regs[base]
+        if index is not None and addr is not None:
+            index = _FULL.get(index, index)
+            addr = None if index not in regs else addr + regs[index] * m.scale
+        return MemOperand(f"{insn.mnemonic} {insn.op_str}",
+                          None if addr is None else addr & 0xFFFFFFFFFFFFFFFF,
+                          base, index, m.scale, m.disp, insn.size)
+    return None
+
+
+def decode_at(code: bytes, pc: int, regs: dict[str, int]) -> MemOperand | None:
+    """The memory operand of the instruction at pc (code starts at pc), or
+    None when it has none or does not decode."""
+    for insn in _md().disasm(code[:MAX_INSN], pc, 1):
+        return _mem_operand(insn, regs)
+    return None
+
+
+def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]) -> tuple[int, str] | None:
+    """Where register reg got its value before the instruction at pc:
+    (the address it was loaded from, the loading instruction), or None.
+    code holds [start, pc) of the function (see the module docstring)."""
+    from capstone import x86
+
+    writer = None
+    later: list = []  # instructions after the writer, up to pc
+    for insn in _md().disasm(code, start):
+        if insn.address >= pc:
+            break
+        _, written = insn.regs_access()
+        if reg in {_FULL.get(insn.reg_name(r), "") for r in written}:
+            writer, later = insn, []
+        else:
+            later.append(insn)
+    if writer is None or writer.mnemonic not in ("mov", "movabs") or len(writer.operands) != 2:
+        return None
+    dst, src = writer.operands
+    if dst.type != x86.X86_OP_REG or src.type != x86.X86_OP_MEM or src.size != 8:
+        return None
+    mem = _mem_operand(writer, regs)
+    if mem is None or mem.address is None:
+        return None
+    used = {r for r in (mem.base, mem.index) if r and r != "rip"}
+    if reg in used:
+        return None  # "mov rax, [rax + 8]": the register's old value is gone
+    for insn in later:
+        _, written = insn.regs_access()
+        if used & {_FULL.get(insn.reg_name(r), "") for r in written}:
+            return None
+        if insn.group(x86.X86_GRP_CALL) or insn.group(x86.X86_GRP_JUMP) or insn.group(x86.X86_GRP_RET):
+            return None  # another path may have led to pc: only straight-line code is trusted
+    return mem.address, mem.text
+
+
+Reader = Callable[[int, int], bytes | None]
+
+
+def module_code(path: str, vaddr: int, n: int) -> bytes | None:
+    """n bytes at file address vaddr of an ELF file, from a section that has
+    contents there (never a debug file's empty .text); fewer at a section's
+    end; None when no such section holds vaddr."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from forensics.reader.symbols import open_regular
+
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
+        try:
+            for sec in ELFFile(f).iter_sections():
+                lo, size = sec["sh_addr"], sec["sh_size"]
+                if sec["sh_type"] == "SHT_NOBITS" or not sec["sh_flags"] & 2 or not lo <= vaddr < lo + size:
+                    continue  # 2: SHF_ALLOC
+                f.seek(sec["sh_offset"] + vaddr - lo)
+                return f.read(min(n, lo + size - vaddr))
+        except (ELFError, OSError, ValueError):
+            return None
+    return None
+
+
+def read_code(mem_read: Callable[[int, int], bytes], symbolizer, addr: int, n: int) -> bytes | None:
+    """n bytes of code at addr (fewer at a section's end): from the memory
+    when it holds them, else from the module's verified file."""
+    try:
+        return mem_read(addr, n)
+    except (ForensicsError, ValueError, OSError):
+        pass
+    module = symbolizer.module_at(addr)
+    source = symbolizer.source(module) if module is not None else None
+    if source is None:
+        return None
+    return module_code(source.path, addr - module.load_bias, n)
+
+
+__all__ = ["MemOperand", "decode_at", "load_source", "module_code", "read_code"]

@@ -53,6 +53,7 @@ def block_json(
         ),
         "free_thread": block.free_thread if freed else None,
         "alloc_kind": block.alloc_kind,
+        "guarded": block.guarded,
     }
 
 

@@ -25,6 +25,11 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(--_tag_guard_countdown <= 0)) {  /* guard.c: sampled */
+        void *g = _tag_guard_alloc(t, size, align, zero, kind, ret, frame);
+        if (g)
+            return g;
+    }
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
         errno = ENOMEM;
@@ -157,6 +162,10 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(_tag_guarded(ptr))) {  /* guard.c: a guarded slot */
+        _tag_guard_free(t, ptr, dealloc, ret, frame);
+        return;
+    }
     if (!check_block(ptr, dealloc, ret, frame))
         return;
     uint64_t size = _tag_size(_tag_of(ptr));
@@ -215,7 +224,8 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         return NULL;
     }
     _tag_ensure_init();
-    if (!check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
+    if (_tag_guarded(ptr) ? !_tag_guard_check(ptr, TAG_ALLOC_MALLOC, ret, frame)  /* guard.c */
+                          : !check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -313,6 +323,8 @@ TAG_EXPORT size_t malloc_usable_size(void *ptr)
     if (!ptr)
         return 0;
     _tag_ensure_init();
+    if (_tag_guarded(ptr))  /* guard.c */
+        return _tag_guard_usable(ptr);
     if (_tag_lookup(ptr) != TAG_IS_LIVE)
         return 0;
     return (size_t)_tag_size(_tag_of(ptr));

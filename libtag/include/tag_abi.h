@@ -251,8 +251,10 @@ struct libtag_thread {
  * user as for any block; there is no canary.  The slack - from the start
  * of the page holding the tag up to the tag, and from the end of the
  * payload to the end of the slot - holds TAG_GUARD_PATTERN and is checked
- * when the block is freed.  The pages of a slot below the tag's page are
- * never touched.  A freed guarded block keeps its tag (state freed) and
+ * when the block is freed.  The pages of a slot below the tag's page hold
+ * zeros or what an earlier block of the slot left (never a tag: the tag
+ * of a slot's earlier block is cleared when the slot is reused).  A freed
+ * guarded block keeps its tag (state freed) and
  * its patterned payload, as a quarantined one does; its free record is in
  * its slot record (struct libtag_guard_slot), not in a quarantine ring.
  *

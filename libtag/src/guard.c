@@ -46,7 +46,6 @@
 
 #include "libtag_internal.h"
 
-__thread int32_t _tag_guard_countdown __attribute__((tls_model("initial-exec")));
 static __thread uint64_t rng __attribute__((tls_model("initial-exec")));
 
 #define PAGE TAG_PAGE_SIZE
@@ -137,7 +136,7 @@ static int pool_reserve(void)
 }
 
 /* A slot to place a block in, marked BUSY; NO_SLOT when none is free.
- * *reused: it held a block before (its pages must be cleared). */
+ * *reused: it holds a freed block (whose tag must be cleared). */
 static uint32_t take_slot(int *reused)
 {
     lock();
@@ -157,7 +156,10 @@ static uint32_t take_slot(int *reused)
             slots[c].next = 0;
             uint32_t want = TAG_GUARD_FREED;
             if (!__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
-                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+                (want != TAG_GUARD_EMPTY ||  /* given back by a failed placement */
+                 !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
+                                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)))
                 continue;
             if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
                 /* a fault opened it meanwhile: it stays out of the queue */
@@ -165,7 +167,7 @@ static uint32_t take_slot(int *reused)
                 continue;
             }
             i = c;
-            *reused = 1;
+            *reused = want == TAG_GUARD_FREED;
         }
     }
     unlock();
@@ -200,15 +202,14 @@ static void count(struct tag_tls *t, uint64_t *n, uint64_t *bytes, uint64_t size
 void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
                        void *ret, void *frame)
 {
-    (void)zero;  /* a slot's pages are fresh zero pages: calloc's too */
     if (TAG_UNLIKELY(rng == 0)) {
         /* this thread's first allocation: seed, and start counting */
         rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
-        _tag_guard_countdown = next_countdown();
+        t->guard_countdown = next_countdown();
         if (_tag_opt.guard_rate != 1)
             return NULL;
     }
-    _tag_guard_countdown = next_countdown();
+    t->guard_countdown = next_countdown();
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     /* the block with its tag must fit: user is the slot's end minus the
      * payload rounded up to align, the tag the 32 bytes before it */
@@ -225,21 +226,22 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
     }
     struct libtag_guard_slot *s = &slots[i];
     char *base = slot_base(i), *end = base + TAG_GUARD_SLOT_SIZE;
-    /* a reused slot's pages go back to zero: no stale tag for a reader,
-     * no old payload for calloc */
-    if ((reused && madvise(base, TAG_GUARD_SLOT_SIZE, MADV_DONTNEED) != 0) ||
-        mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0) {
-        /* out of mappings (vm.max_map_count): give the slot up */
-        if (reused)
-            mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_NONE);
-        memset(&s->rec, 0, sizeof s->rec);
-        s->user = 0;
-        __atomic_store_n(&s->state, TAG_GUARD_EMPTY, __ATOMIC_SEQ_CST);
+    if (mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0) {
+        /* out of mappings (vm.max_map_count): the slot goes back as it was */
+        __atomic_store_n(&s->state, reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY, __ATOMIC_SEQ_CST);
         enqueue(i);
         errno = saved;
         return NULL;
     }
     char *user = (char *)((uintptr_t)(end - payload) & ~(uintptr_t)(align - 1));
+    if (reused) {
+        /* The pages keep what the last block left (no madvise, no fresh
+         * page faults: the slot's cost is its two mprotect calls); its tag
+         * goes, so no reader finds a block that is gone. */
+        _tag_of((void *)(uintptr_t)s->user)->magic = 0;
+        if (zero)
+            memset(user, 0, size);
+    }
     struct libtag_tag *tg = _tag_of(user);
     char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
     memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
@@ -278,12 +280,20 @@ static uint32_t slot_of(const void *addr)
 }
 
 /* The first byte in [p, p + n) that does not hold the slack pattern, or
- * NULL. */
+ * NULL: compared a page at a time with glibc's (vectorised) memcmp, the
+ * slack before the tag being up to a page long. */
+static const unsigned char slack_page[PAGE] = {[0 ... PAGE - 1] = TAG_GUARD_PATTERN};
+
 static const unsigned char *slack_damage(const unsigned char *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != TAG_GUARD_PATTERN)
+    for (size_t i = 0; i < n; i += PAGE) {
+        size_t k = n - i < PAGE ? n - i : PAGE;
+        if (TAG_UNLIKELY(memcmp(p + i, slack_page, k) != 0)) {
+            while (p[i] == TAG_GUARD_PATTERN)
+                i++;
             return p + i;
+        }
+    }
     return NULL;
 }
 

@@ -25,7 +25,7 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
-    if (TAG_UNLIKELY(--_tag_guard_countdown <= 0)) {  /* guard.c: sampled */
+    if (TAG_UNLIKELY(--t->guard_countdown <= 0)) {  /* guard.c: sampled */
         void *g = _tag_guard_alloc(t, size, align, zero, kind, ret, frame);
         if (g)
             return g;

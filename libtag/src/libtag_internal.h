@@ -153,6 +153,12 @@ struct tag_walk_new {
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
+    /* Allocations this thread makes before its next guarded one
+     * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
+     * below, calls _tag_guard_alloc, which draws the next one.  Here, not
+     * in a TLS variable of its own: the hook then needs no second load of
+     * a TLS offset from the GOT. */
+    int32_t guard_countdown;
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
@@ -521,10 +527,6 @@ TAG_COLD int _tag_crash_dir(void);
 TAG_COLD void _tag_redact_payloads(void);
 
 /* ----------------------------------------------------------- guard.c */
-/* Allocations this thread makes before its next guarded one
- * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
- * below, calls _tag_guard_alloc, which draws the next one. */
-extern __thread int32_t _tag_guard_countdown __attribute__((tls_model("initial-exec")));
 /* A guarded block for this allocation, or NULL: the caller allocates as
  * usual (the rate is off, the block does not fit a slot, the pool is
  * full).  Normal context. */

@@ -60,11 +60,17 @@ static uint32_t capacity;
 static uint32_t fresh;                  /* slots below this were used */
 static uint32_t q_head, q_tail;         /* queue of freed slots: index + 1 */
 
+/* Normal context only.  Held for a few loads and stores, but a holder
+ * preempted (two cores shared by more threads) would keep a spinner
+ * spinning through its whole time slice: yield after a short spin. */
 static void lock(void)
 {
-    while (__atomic_exchange_n(&pool_lock, 1, __ATOMIC_ACQUIRE))
+    for (unsigned spins = 0; __atomic_exchange_n(&pool_lock, 1, __ATOMIC_ACQUIRE);)
         while (__atomic_load_n(&pool_lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
+            if (++spins % 64 == 0)
+                sched_yield();
+            else
+                __builtin_ia32_pause();
 }
 
 static void unlock(void)

@@ -356,16 +356,8 @@ static void check_live(struct libtag_guard_slot *s, void *ptr, uint32_t dealloc,
         report(over ? TAG_ANOMALY_HEAP_OVERFLOW : TAG_ANOMALY_HEAP_UNDERFLOW,
                over ? over : under, s, NULL, ret, frame);
     }
-    uint32_t kind = _tag_alloc_kind(tg);
-    if (TAG_UNLIKELY(kind != dealloc) && _tag_cxx_checked(kind, dealloc)) {
-        struct tag_report r = {
-            .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
-            .dealloc = dealloc,
-            .address = ptr,
-            .block = ptr,
-        };
-        _tag_anomaly(&r, ret, frame);
-    }
+    if (TAG_UNLIKELY(_tag_alloc_kind(tg) != dealloc))
+        _tag_report_mismatch(ptr, dealloc, ret, frame);
 }
 
 /* ptr is no live block's start: a second free, or a pointer that was

@@ -89,19 +89,6 @@ static TAG_COLD void report_overflow(void *ptr, void *ret, void *frame)
     _tag_anomaly(&r, ret, frame);
 }
 
-static TAG_COLD void report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
-{
-    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
-        return;
-    struct tag_report r = {
-        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
-        .dealloc = dealloc,
-        .address = ptr,
-        .block = ptr,
-    };
-    _tag_anomaly(&r, ret, frame);
-}
-
 static TAG_COLD void report_double_free(void *ptr, void *ret, void *frame)
 {
     struct libtag_free_rec rec;
@@ -123,7 +110,7 @@ static TAG_COLD int damaged_or_invalid(void *ptr, uint32_t dealloc, void *ret, v
         if (_tag_lookup(ptr) != TAG_IS_LIVE)
             return 0;  /* a freed block: still in the quarantine */
         if (_tag_alloc_kind(_tag_of(ptr)) != dealloc)
-            report_mismatch(ptr, dealloc, ret, frame);
+            _tag_report_mismatch(ptr, dealloc, ret, frame);
         return 1;      /* restored, marked: freed now, leaked later */
     case TAG_DAMAGE_KNOWN:
         _tag_leak_damaged(0);
@@ -147,7 +134,7 @@ static inline int check_block(void *ptr, uint32_t dealloc, void *ret, void *fram
         if (TAG_UNLIKELY(!_tag_canary_ok(ptr)) && !_tag_reported(t))
             report_overflow(ptr, ret, frame);  /* then free it: leaked later */
         if (TAG_UNLIKELY(_tag_alloc_kind(t) != dealloc))
-            report_mismatch(ptr, dealloc, ret, frame);  /* then release it */
+            _tag_report_mismatch(ptr, dealloc, ret, frame);  /* then release it */
         return 1;
     }
     case TAG_IS_FREED:

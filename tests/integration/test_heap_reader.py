@@ -180,7 +180,8 @@ def test_block_json_has_spec_shape(case: Case):
     b = case.heap.block_at(p.addr + 5)
     j = block_json(b, lambda sid: [], offset=5)
     assert j == {"start": f"{p.addr:#x}", "size": p.size, "offset": 5, "state": "freed", "thread": p.tid,
-                 "alloc_stack": [], "free_stack": [], "free_thread": p.tid, "alloc_kind": "malloc"}
+                 "alloc_stack": [], "free_stack": [], "free_thread": p.tid, "alloc_kind": "malloc",
+                 "guarded": False}
 
 
 def test_bytes_past_the_end_are_near_the_block(case: Case):

@@ -23,18 +23,30 @@ CHURN = 32
 KEEP = 10
 
 
-@pytest.fixture(scope="module")
-def series(build_victim, run_victim, tmp_path_factory):
+def _series(build_victim, run_victim, tmp_path_factory, guard_rate: str):
     victim = Path(os.path.realpath(build_victim("diff_growth")))
-    snap_dir = tmp_path_factory.mktemp("diff-snaps")
+    snap_dir = tmp_path_factory.mktemp(f"diff-snaps-{guard_rate}")
     snap_dir.chmod(0o700)
-    done = run_victim(victim, str(K), snap_dir=snap_dir, env={"LIBTAG_QUARANTINE": "0"})
+    done = run_victim(victim, str(K), snap_dir=snap_dir,
+                      env={"LIBTAG_QUARANTINE": "0", "LIBTAG_GUARD_RATE": guard_rate})
     assert done.returncode == 0, done.stderr
     fields = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     pid = int(fields["pid"])
     old_addr, new_addr = (int(x, 16) for x in fields["recycled"].split())
     cores = [S.wait_core(snap_dir, pid, seq) for seq in (1, 2, 3)]
     return cores, old_addr, new_addr
+
+
+@pytest.fixture(scope="module")
+def series(build_victim, run_victim, tmp_path_factory):
+    return _series(build_victim, run_victim, tmp_path_factory, "0")
+
+
+@pytest.fixture(scope="module")
+def guarded_series(build_victim, run_victim, tmp_path_factory):
+    """The same run with every block guarded (LIBTAG_GUARD_RATE=1): a freed
+    block's slot is not handed out again soon, so nothing is recycled."""
+    return _series(build_victim, run_victim, tmp_path_factory, "1")
 
 
 def _fn(entry: dict) -> str | None:
@@ -134,3 +146,19 @@ def test_trend_human_output_and_usage_error(series, run_cli, tmp_path):
     one = run_cli("trend", cores[0], env={"XDG_STATE_HOME": str(tmp_path)})
     assert one.returncode == 2
     assert one.stderr.startswith("forensics: error: trend needs at least two snapshots")
+
+
+def test_diff_of_guarded_blocks_shows_the_same_growth(guarded_series, run_cli, tmp_path):
+    # GIVEN snapshots 1 and 2 of the run where every block is guarded
+    cores, old_addr, new_addr = guarded_series
+    doc = run_json(run_cli, tmp_path, "diff", cores[0], cores[1])
+    growth = {_fn(g): g for g in doc["growth"]}
+    # THEN the leaking stack grew by the same K blocks of 40 bytes, and the
+    # churned blocks were all replaced
+    assert list(growth) == ["leak_alloc"]
+    g = growth["leak_alloc"]
+    assert (g["blocks"], g["bytes"], g["added"], g["survived"], g["gone"]) == (K, K * LEAK_SIZE, K, 0, 0)
+    churn = [g for g in doc["no_growth"] if _fn(g) == "churn_alloc"]
+    assert [(g["blocks"], g["added"], g["gone"], g["survived"]) for g in churn] == [(0, CHURN, CHURN, 0)]
+    # and the freed block's address was not handed out again
+    assert new_addr != old_addr

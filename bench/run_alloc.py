@@ -22,6 +22,9 @@ the same with -fno-omit-frame-pointer; instrumented: plus
   memcheck       valgrind --tool=memcheck, with --valgrind-div times fewer
                  iterations; its time is scaled per operation to compare
 
+Extra LIBTAG_* settings for every libtag run: --env (e.g. --env
+LIBTAG_GUARD_RATE=1; without it libtag runs with its defaults).
+
 Seconds are wall-clock medians with the min-max spread; ratios are against
 the base run of the SAME binary.  Memory is peak RSS (wait4's ru_maxrss, taken\nby a small C launcher: a child of Python would count Python's RSS too).
 Then, per binary and LIBTAG_UNWIND mode (auto, shadow, fp, cfi): allocbench's
@@ -170,11 +173,16 @@ def main() -> int:
     ap.add_argument("--capture-iters", type=int, default=2000000,
                     help="iterations of bench/capturebench.c (2 captures each)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
+                    help="an extra setting for every libtag run (repeatable), e.g. LIBTAG_GUARD_RATE=1")
     args = ap.parse_args()
 
+    bad = [kv for kv in args.env if "=" not in kv]
+    if bad:
+        ap.error(f"--env takes NAME=VALUE, not {bad[0]!r}")
     lib = lib_path(args.lib)
     print_machine(machine())
-    print(f"libtag: {lib}")
+    print(f"libtag: {lib}{'  ' + ' '.join(args.env) if args.env else ''}")
     tmp = Path(tempfile.mkdtemp(prefix="fx-alloc-"))
     os.chmod(tmp, 0o700)
     try:
@@ -197,7 +205,8 @@ def run(args, lib: Path, tmp: Path) -> int:
     modes = [m for m in args.modes.split(",") if m]
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
     snaps = tmp / "snaps"
-    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps))
+    settings = dict(kv.split("=", 1) for kv in args.env)
+    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps), **settings)
     tagged_q0 = dict(tagged, LIBTAG_QUARANTINE="0")
 
     iters = args.iters

@@ -40,6 +40,13 @@ def _register_helpers() -> None:
 
 _register_helpers()
 
+# Guarded sampling (LIBTAG_GUARD_RATE) is on by default and picks its blocks
+# at random: a block a test misuses on purpose would, once in a few thousand
+# runs, be a guarded one and fault instead of being found where the test
+# looks.  Every program the tests start inherits rate 0 from here; the tests
+# of guarded sampling set the rate they need themselves.
+os.environ["LIBTAG_GUARD_RATE"] = "0"
+
 # A victim that hangs must fail its test, not the whole run.
 DEFAULT_TIMEOUT = 60
 

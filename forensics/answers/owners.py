@@ -65,7 +65,8 @@ def classify(dump: Dump, addr: int) -> Owner:
     region = next((r for r in regions if addr in r), None)
     block = heap.block_at(addr)
     if block is not None:
-        note = f"{addr - block.start} bytes into a {block.state} block of {block.size} bytes"
+        guarded = "guarded " if block.guarded else ""
+        note = f"{addr - block.start} bytes into a {block.state} {guarded}block of {block.size} bytes"
         damage = heap.freed_damage(block)
         if damage is not None:
             off, written = damage
@@ -80,6 +81,10 @@ def classify(dump: Dump, addr: int) -> Owner:
         return Owner(addr, "stack", region=t.stack_region, thread=t.tid, near=near,
                      region_name=f"stack of thread {t.tid}",
                      note="" if live else f"below the stack pointer {t.sp:#x} (dead frame)")
+    c = heap.control
+    if int(c.guard_pool) <= addr < int(c.guard_pool) + int(c.guard_pool_bytes):
+        return Owner(addr, "mapping", region=region, near=near, region_name="libtag's guard pool",
+                     note=near_note(near) if near else "a guard page, or the slack of a guarded block")
     if region is None:
         return Owner(addr, "unmapped", near=near,
                      note="NULL page" if addr < 4096 else "in no mapping of the process")

@@ -66,6 +66,7 @@ def block_json(
         "alloc_time": clock.iso(block.alloc_time_ms) if clock else None,
         "free_time": clock.iso(free_ms) if clock and free_ms is not None else None,
         "age_s": clock.age_s(block.alloc_time_ms) if clock else None,
+        "guarded": block.guarded,
     }
 
 

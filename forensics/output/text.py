@@ -202,7 +202,8 @@ def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> str:
 
 def _block_lines(block: dict, *, label: str = "block") -> list:
     out = [f"[bold]{label}[/bold] {block['start']}  {block['size']} bytes  "
-           f"[bold]{block['state']}[/bold]  offset {block['offset']}"]
+           f"[bold]{block['state']}[/bold]  offset {block['offset']}"
+           + ("  guarded" if block.get("guarded") else "")]
     when = f" at {block['alloc_time']}" if block.get("alloc_time") else ""
     if block.get("age_s") is not None:
         when += f" ({block['age_s']:g} s before the core)"
@@ -285,13 +286,16 @@ def show_inspect(doc: dict) -> None:
             facts.append(f"offset {a['offset']} in the block")
         if a.get("written"):
             facts.append(f"bytes written {a['written']}")
+        if a.get("access"):
+            facts.append(f"a {a['access']} by the instruction at {a['pc']} (a guarded block)")
         if a.get("dealloc"):
             facts.append(f"allocated as {a['block']['alloc_kind'] if a.get('block') else '?'}, "
                          f"released with {a['dealloc']}")
         if facts:
             con.print("  " + "; ".join(facts))
         if a.get("detected_by") != "reader":
-            con.print(stack_tree("released at" if a.get("dealloc") else "detected at", a["stack"]))
+            con.print(stack_tree("released at" if a.get("dealloc") else
+                                 "faulting instruction" if a.get("access") else "detected at", a["stack"]))
         if a.get("block"):
             for item in _block_lines(a["block"]):
                 con.print(item)

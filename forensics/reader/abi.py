@@ -35,6 +35,7 @@ TAG_STATE_SHIFT = 48
 TAG_FLAG_REPORTED = 1 << 56  # damage to this block was reported; libtag keeps it from glibc
 TAG_ALLOC_SHIFT = 57  # size_state bits 57..59: how the block was allocated
 TAG_ALLOC_MASK = 7
+TAG_FLAG_GUARDED = 1 << 60  # the block is in a slot of the guard pool; it has no canary
 TAG_FLAG_BITS = 0x1F << 56  # bits 56..60 are flags and the alloc kind; 61..63 are zero
 
 TAG_ALLOC_MALLOC = 0
@@ -80,6 +81,13 @@ TAG_QUARANTINE_SLOTS = 4096
 TAG_REAP_REQUEST = 0x52454150  # sigqueue value: reap finished snapshot children
 TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
 TAG_QUARANTINE_BYTES = 16 + 24 * TAG_QUARANTINE_SLOTS  # struct libtag_quarantine_ring
+
+TAG_GUARD_PAGE = 4096  # bytes of a guard page of the guard pool
+TAG_GUARD_PATTERN = 0xFB  # the slack around a guarded block
+TAG_GUARD_EMPTY = 0
+TAG_GUARD_LIVE = 1
+TAG_GUARD_FREED = 2
+TAG_GUARD_BUSY = 3
 
 TAG_CONTROL_MAGIC = b"LIBTAG-CONTROL-1"  # 16 bytes, no NUL stored
 
@@ -164,6 +172,16 @@ QuarantineRing = Struct(
     "count" / Int32ul,  # entries held: e[(head + i) % TAG_QUARANTINE_SLOTS], i < count
     "bytes" / Int64ul,
     "e" / Array(TAG_QUARANTINE_SLOTS, QEntry),
+)
+
+GuardSlot = Struct(
+    "user" / Int64ul,  # the block placed in the slot last, 0 = none
+    "rec" / FreeRec,  # who freed it, while state is TAG_GUARD_FREED
+    "state" / Int32ul,  # TAG_GUARD_*
+    "retired" / Int32ul,  # a fault opened it: never inaccessible again nor reused
+    "tag" / Tag,  # libtag's copy of the block's tag
+    "next" / Int32ul,  # libtag's queue of freed slots
+    "reported" / Int32ul,  # a fault on its block was reported
 )
 
 StackNode = Struct(
@@ -256,6 +274,14 @@ Control = Struct(
     "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
     "damaged_bytes" / Int64ul,
     "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] by stack id; 0 = not recorded
+    "guard_pool" / Int64ul,  # first byte of the guard pool, 0 = none
+    "guard_pool_bytes" / Int64ul,
+    "guard_slots" / Int64ul,  # struct libtag_guard_slot[guard_capacity] (libtag's memory)
+    "guard_slot_size" / Int32ul,  # bytes of one slot
+    "guard_capacity" / Int32ul,  # slots the pool may hold
+    "guard_rate" / Int32ul,  # one allocation in guard_rate is guarded, 0 = none
+    "guard_used" / Int32ul,  # slots used at least once
+    "guard_faults" / Int64ul,  # faults in the pool libtag handled
 )
 
 StackStats = Struct(
@@ -271,8 +297,9 @@ STACK_NODE_SIZE = StackNode.sizeof()  # 16
 SHADOW_SIZE = Shadow.sizeof()  # 7192
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
 QENTRY_SIZE = QEntry.sizeof()  # 24
-CONTROL_SIZE = Control.sizeof()  # 320
+CONTROL_SIZE = Control.sizeof()  # 368
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
+GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 72
 
 STRUCTS = {
     "libtag_tag": Tag,
@@ -282,6 +309,7 @@ STRUCTS = {
     "libtag_thread": ThreadRecord,
     "libtag_qentry": QEntry,
     "libtag_quarantine_ring": QuarantineRing,
+    "libtag_guard_slot": GuardSlot,
     "libtag_anomaly": Anomaly,
     "libtag_crash": Crash,
     "libtag_control": Control,
@@ -330,6 +358,7 @@ STACK_NODE_DTYPE = numpy_dtype(StackNode)
 THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
 STACK_STATS_DTYPE = numpy_dtype(StackStats)
 QENTRY_DTYPE = numpy_dtype(QEntry, flat=True)  # user, free_stack, free_tid, free_time, check
+GUARD_SLOT_DTYPE = numpy_dtype(GuardSlot)
 assert TAG_QUARANTINE_BYTES == QuarantineRing.sizeof()
 
 

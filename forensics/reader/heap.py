@@ -38,7 +38,8 @@ from forensics.errors import InputError
 from forensics.reader.memory import Memory, Region, clip_regions
 from forensics.reader.model import Anomaly, Block, Crash, RawFrame, ThreadState
 
-CACHE_VERSION = 4  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2
+CACHE_VERSION = 5  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2;
+#                   5: guarded blocks
 MAX_STACK_NODES = 1 << 28  # options.c's bound on LIBTAG_STACK_NODES
 MAX_THREADS = 1 << 16  # far above thread.c's THREAD_CAPACITY (16384)
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
@@ -57,6 +58,7 @@ _INDEX_FIELDS = {  # name -> dtype of the index arrays (and of the cache)
     "free_time": np.uint32,
     "free_ok": np.bool_,  # a free record (from a quarantine ring) validated
     "alloc_kind": np.uint8,  # abi.TAG_ALLOC_*
+    "guarded": np.bool_,  # abi.TAG_FLAG_GUARDED: in a slot of the guard pool
 }
 
 
@@ -166,7 +168,8 @@ class Heap:
             time_ms=int(a.time),
             block=block,
             block_address=int(a.block) or None,
-            written=self._written(kind, int(a.address), block, a.tag),
+            # a fault is recorded before the access runs: nothing written yet
+            written=None if a.access else self._written(kind, int(a.address), block, a.tag),
             dealloc=abi.DEALLOC_NAMES.get(int(a.dealloc)) if a.kind == abi.TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH
             else None,
             access=abi.ACCESS_NAMES.get(int(a.access)),
@@ -240,6 +243,7 @@ class Heap:
             tag_addr=tag_addr,
             alloc_kind=abi.ALLOC_KIND_NAMES.get(
                 (tag.size_state >> abi.TAG_ALLOC_SHIFT) & abi.TAG_ALLOC_MASK, "unknown"),
+            guarded=bool(tag.size_state & abi.TAG_FLAG_GUARDED),
         )
 
     @property
@@ -280,6 +284,9 @@ class Heap:
             "latent_uaf": int(c.latent_uaf),
             "damaged_leaked": int(c.damaged_leaked),
             "damaged_bytes": int(c.damaged_bytes),
+            "guard_rate": int(c.guard_rate),
+            "guard_slots_used": int(c.guard_used),
+            "guard_faults": int(c.guard_faults),
         }
 
     # -------------------------------------------------------------- reading --
@@ -474,6 +481,9 @@ class Heap:
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
         out += self.libtag_tls_ranges()
+        if int(c.guard_slots):
+            out.append((int(c.guard_slots),
+                        int(c.guard_slots) + abi.GUARD_SLOT_SIZE * int(c.guard_capacity)))
         # Each table lies in its own mapping, so a range never extends past
         # the region its start is in: a corrupt capacity (0xffffffff) must not
         # make the scans skip the program's heap and stacks after it.
@@ -484,8 +494,16 @@ class Heap:
                 clipped.append((a, min(b, region.end)))
         return clipped
 
+    def _in_guard_pool(self, r: Region) -> bool:
+        """Does r lie in the guard pool?  Its freed slots are inaccessible in
+        the process (read-only or unreadable in a core the kernel wrote), and
+        hold blocks all the same."""
+        lo = int(self.control.guard_pool)
+        return lo <= r.start and r.end <= lo + int(self.control.guard_pool_bytes)
+
     def _scan_regions(self) -> list[Region]:
-        return clip_regions([r for r in self.mem.regions() if r.writable], self.own_ranges())
+        return clip_regions([r for r in self.mem.regions() if r.writable or self._in_guard_pool(r)],
+                            self.own_ranges())
 
     def _scan(self, progress: Progress | None) -> dict[str, np.ndarray]:
         regions = self._scan_regions()
@@ -529,7 +547,22 @@ class Heap:
                 continue
             e = np.frombuffer(raw, abi.QENTRY_DTYPE, abi.TAG_QUARANTINE_SLOTS, 16)
             out.append(e[(head + np.arange(count)) % abi.TAG_QUARANTINE_SLOTS])
-        return np.concatenate(out) if out else np.empty(0, abi.QENTRY_DTYPE)
+        out.append(self._guard_entries())
+        return np.concatenate(out)
+
+    def _guard_entries(self) -> np.ndarray:
+        """The free records of the freed guarded blocks, from the guard
+        pool's slot records, as ring entries (abi.QENTRY_DTYPE)."""
+        c = self.control
+        count = min(int(c.guard_used), int(c.guard_capacity))
+        raw = self._read_array(int(c.guard_slots), count, abi.GUARD_SLOT_SIZE, "the guard slot records")
+        slots = np.frombuffer(raw, abi.GUARD_SLOT_DTYPE)
+        slots = slots[slots["state"] == abi.TAG_GUARD_FREED]
+        e = np.zeros(len(slots), abi.QENTRY_DTYPE)
+        e["user"] = slots["user"]
+        for name in ("free_stack", "free_tid", "free_time", "check"):
+            e[name] = slots["rec"][name]
+        return e
 
     def _attach_free_records(self, index: dict[str, np.ndarray]) -> None:
         """Fill the free_* fields of the freed blocks from the rings' entries
@@ -623,6 +656,7 @@ class Heap:
             "free_ok": np.zeros(n, np.bool_),
             "alloc_kind": ((size_state >> np.uint64(abi.TAG_ALLOC_SHIFT)) & np.uint64(abi.TAG_ALLOC_MASK)
                            ).astype(np.uint8),
+            "guarded": (size_state & np.uint64(abi.TAG_FLAG_GUARDED)) != 0,
         }
 
     def _smashed_canaries(self) -> np.ndarray:
@@ -635,7 +669,8 @@ class Heap:
         region, in chunks); the smashed ones become a warning naming the
         overflowing blocks."""
         x = self._index
-        live = np.flatnonzero(x["state"] == abi.TAG_STATE_LIVE)
+        # a guarded block has no canary: its slack is checked by libtag
+        live = np.flatnonzero((x["state"] == abi.TAG_STATE_LIVE) & ~x["guarded"])
         if not len(live):
             return np.zeros(0, np.int64)
         at = x["start"][live] + x["size"][live]  # canary addresses, sorted (blocks do not overlap)
@@ -717,7 +752,7 @@ class Heap:
     def index(self) -> dict[str, np.ndarray]:
         """The sorted index arrays (read-only use): start, size, state, tid,
         alloc_time, alloc_stack, free_stack, free_tid, free_time, free_ok,
-        alloc_kind."""
+        alloc_kind, guarded."""
         return self._index
 
     def block(self, i: int) -> Block:
@@ -738,6 +773,7 @@ class Heap:
             free_stack=int(x["free_stack"][i]) if fok else None,
             tag_addr=start - abi.TAG_SIZE,
             alloc_kind=abi.ALLOC_KIND_NAMES.get(int(x["alloc_kind"][i]), "unknown"),
+            guarded=bool(x["guarded"][i]),
         )
 
     def blocks(self, state: str | None = None) -> Iterator[Block]:

@@ -41,6 +41,7 @@ class Block:
     free_stack: int | None = None
     tag_addr: int = 0
     alloc_kind: str = "malloc"  # "malloc" | "new" | "new[]" | "new-aligned" | "new[]-aligned"
+    guarded: bool = False  # in a slot of the guard pool (LIBTAG_GUARD_RATE)
 
     @property
     def end(self) -> int:

@@ -59,7 +59,10 @@
                                                   to the real allocator */
 #define TAG_ALLOC_SHIFT  57                    /* size_state bits 57..59: */
 #define TAG_ALLOC_MASK   7u                    /* how it was allocated */
-/* Bit 60 is TAG_FLAG_GUARDED (guard pages); bits 61..63 are zero. */
+#define TAG_FLAG_GUARDED (1ull << 60)          /* the block lives in a slot
+                                                  of the guard pool (below);
+                                                  it has no canary */
+/* Bits 61..63 are zero. */
 
 /* How a block was allocated, and so how it must be released. */
 enum libtag_alloc_kind {
@@ -231,6 +234,66 @@ struct libtag_thread {
     uint64_t reserved;        /* zero */
 };
 
+/* ----------------------------------------------------------- guard pool --
+ * LIBTAG_GUARD_RATE=N places one allocation in N (chosen at random per
+ * thread) in a slot of its own, in a pool of whole pages:
+ *
+ *   guard_pool: [guard page][slot 0][guard page][slot 1] ... [slot n-1][guard page]
+ *   slot i starts at guard_pool + TAG_GUARD_PAGE + i * (guard_slot_size + TAG_GUARD_PAGE)
+ *
+ * Guard pages are never accessible.  A slot is accessible while its block
+ * is live; once freed it is made inaccessible (PROT_NONE) and stays so
+ * until the pool needs the slot again (the oldest freed slot is reused
+ * first), so the first access to a freed block faults, as does the first
+ * access past its end.  The block is right-aligned: user + max(size,
+ * TAG_MIN_PAYLOAD), rounded up to the block's alignment, is the slot's end.
+ * Its tag, with TAG_FLAG_GUARDED and pad 0, is in the 32 bytes before
+ * user as for any block; there is no canary.  The slack - from the start
+ * of the page holding the tag up to the tag, and from the end of the
+ * payload to the end of the slot - holds TAG_GUARD_PATTERN and is checked
+ * when the block is freed.  The pages of a slot below the tag's page hold
+ * zeros or what an earlier block of the slot left (never a tag: the tag
+ * of a slot's earlier block is cleared when the slot is reused).  A freed
+ * guarded block keeps its tag (state freed) and
+ * its patterned payload, as a quarantined one does; its free record is in
+ * its slot record (struct libtag_guard_slot), not in a quarantine ring.
+ *
+ * A snapshot core holds the whole pool readable (the snapshot child opens
+ * it before the core is written); other cores (the kernel's core of a
+ * crash, a live process) show freed slots as unreadable memory.
+ */
+#define TAG_GUARD_PAGE    4096u  /* bytes of a guard page */
+#define TAG_GUARD_PATTERN 0xfbu  /* the slack around a guarded block */
+
+enum libtag_guard_state {
+    TAG_GUARD_EMPTY = 0,  /* never used, or given up (its block is gone) */
+    TAG_GUARD_LIVE  = 1,  /* holds a live block: accessible */
+    TAG_GUARD_FREED = 2,  /* holds a freed block: inaccessible unless
+                             retired */
+    TAG_GUARD_BUSY  = 3,  /* being placed or freed by a thread */
+};
+
+/* One per slot, in libtag's own memory (control.guard_slots). */
+struct libtag_guard_slot {
+    uint64_t user;                /* user pointer of the block placed in the
+                                     slot last; 0 = none */
+    struct libtag_free_rec rec;   /* who freed it, while state is
+                                     TAG_GUARD_FREED; all zero otherwise */
+    uint32_t state;               /* enum libtag_guard_state */
+    uint32_t retired;             /* 1: a fault in this slot or in a guard
+                                     page next to it was handled by opening
+                                     that memory, which the program may go
+                                     on using: the slot is never made
+                                     inaccessible again nor reused */
+    struct libtag_tag tag;        /* the block's tag as libtag last wrote
+                                     it: restores a damaged tag, and answers
+                                     for a freed block without reading it */
+    uint32_t next;                /* the queue of freed slots: index + 1 of
+                                     the next one; 0 = end */
+    uint32_t reported;            /* 1: a fault on this slot's block was
+                                     reported: the next ones are not */
+};
+
 /* -------------------------------------------------------- control block --
  * One per process, in libtag's data segment.  A reader finds it by
  * TAG_CONTROL_MAGIC and confirms it by self == its own address.
@@ -376,6 +439,19 @@ struct libtag_control {
     uint64_t stack_stats;     /* address of struct libtag_stack_stats[], indexed
                                  by stack id (stack_capacity entries); 0 = not
                                  recorded */
+
+    /* the guard pool (LIBTAG_GUARD_RATE; see "guard pool" above) */
+    uint64_t guard_pool;      /* address of its first byte (a guard page);
+                                 0 = no pool (yet) */
+    uint64_t guard_pool_bytes;/* its length in bytes; 0 = no pool */
+    uint64_t guard_slots;     /* address of struct libtag_guard_slot
+                                 [guard_capacity]: libtag's own memory */
+    uint32_t guard_slot_size; /* bytes of one slot (whole pages) */
+    uint32_t guard_capacity;  /* slots the pool may hold (its cap) */
+    uint32_t guard_rate;      /* one allocation in guard_rate is guarded;
+                                 0 = none */
+    uint32_t guard_used;      /* slots used at least once */
+    uint64_t guard_faults;    /* faults in the pool libtag handled */
 };
 
 /* Per allocation stack, kept cheaply on the allocation and free paths. */
@@ -406,7 +482,9 @@ _Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
 _Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
 _Static_assert(offsetof(struct libtag_control, tls_bytes) == 288, "control");
 _Static_assert(offsetof(struct libtag_control, stack_stats) == 312, "control");
-_Static_assert(sizeof(struct libtag_control) == 320, "control block");
+_Static_assert(offsetof(struct libtag_control, guard_pool) == 320, "control");
+_Static_assert(sizeof(struct libtag_control) == 368, "control block");
 _Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
+_Static_assert(sizeof(struct libtag_guard_slot) == 72, "guard slot record");
 
 #endif /* TAG_ABI_H */

@@ -6,8 +6,10 @@
  * returns so the caller skips the faulty operation, abort records and
  * aborts, ignore only records and logs.
  *
- * Called from the malloc family in the program's normal context (never from
- * a signal handler), so interning the detecting stack is allowed here.
+ * _tag_anomaly is called from the malloc family in the program's normal
+ * context, so it interns the detecting stack itself; the guard pool's fault
+ * handler unwinds the faulting context and calls _tag_anomaly_at, which is
+ * async-signal-safe.
  */
 #include <errno.h>
 #include <signal.h>
@@ -32,7 +34,7 @@ static const char *const kind_names[] = {
 };
 
 /* Another snapshot in progress (an on-demand one): wait for it rather than
- * lose this one.  Normal context, so sleeping is fine; 2 s at most. */
+ * lose this one; 2 s at most (nanosleep is async-signal-safe). */
 static void snapshot_now(void)
 {
     for (int i = 0; i < 200 && _tag_snapshot(TAG_REASON_ANOMALY) == -EBUSY; i++) {
@@ -53,11 +55,31 @@ const char *_tag_anomaly_name(uint32_t kind)
     return kind < sizeof kind_names / sizeof kind_names[0] ? kind_names[kind] : "unknown";
 }
 
+void _tag_anomaly_no_core(void)
+{
+    struct rlimit none = {0, 0};
+    getrlimit(RLIMIT_CORE, &none);
+    none.rlim_cur = 0;
+    setrlimit(RLIMIT_CORE, &none);
+}
+
 void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
+{
+    struct tag_tls *t = _tag_self();
+    _tag_anomaly_at(r, _tag_capture(t, ret, frame));
+    if (_tag_opt.on_anomaly == TAG_ON_ABORT) {
+        /* One core, the snapshot's; then the process dies of SIGABRT
+         * without a second core of its own. */
+        _tag_anomaly_no_core();
+        _tag_die(SIGABRT);
+        _tag_fatal("libtag: abort did not stop the process");
+    }
+}
+
+void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
 {
     TAG_ASSERT(r->kind > TAG_ANOMALY_NONE && r->kind <= TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH);
     struct tag_tls *t = _tag_self();
-    uint32_t stack = _tag_capture(t, ret, frame);
     __atomic_fetch_add(&_tag_ctl.anomaly_count, 1, __ATOMIC_RELAXED);
 
     /* One anomaly at a time owns the record; a second one that races it is
@@ -73,6 +95,8 @@ void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
         a->stack = stack;
         a->time = _tag_now_ms();
         a->dealloc = r->dealloc;
+        a->access = r->access;
+        a->pc = (uint64_t)(uintptr_t)r->pc;
         if (r->tag)
             a->tag = *r->tag;
         else if (r->block)
@@ -80,31 +104,20 @@ void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
         if (r->rec)
             a->free_rec = *r->rec;
     }
-    if (r->block && r->block != r->address)
+    if (r->access)
+        _tag_log("libtag: %s: %s at %p (block %p) by the instruction at %p in thread %u "
+                 "(LIBTAG_ON_ANOMALY=%s)",
+                 _tag_anomaly_name(r->kind), r->access == TAG_ACCESS_WRITE ? "write" : "read",
+                 r->address, r->block, r->pc, t->tid, on_anomaly_name());
+    else if (r->block && r->block != r->address)
         _tag_log("libtag: %s at %p (block %p) in thread %u (LIBTAG_ON_ANOMALY=%s)",
                  _tag_anomaly_name(r->kind), r->address, r->block, t->tid, on_anomaly_name());
     else
         _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
                  _tag_anomaly_name(r->kind), r->address, t->tid, on_anomaly_name());
-    switch (_tag_opt.on_anomaly) {
-    case TAG_ON_IGNORE:
-        break;
-    case TAG_ON_ABORT:
-        /* One core, the snapshot's; then the process dies of SIGABRT
-         * without a second core of its own. */
-        if (owner)
+    if (owner) {
+        if (_tag_opt.on_anomaly != TAG_ON_IGNORE)
             snapshot_now();
-        struct rlimit none = {0, 0};
-        getrlimit(RLIMIT_CORE, &none);
-        none.rlim_cur = 0;
-        setrlimit(RLIMIT_CORE, &none);
-        _tag_die(SIGABRT);
-        _tag_fatal("libtag: abort did not stop the process");
-    default:
-        if (owner)
-            snapshot_now();
-        break;
-    }
-    if (owner)
         __atomic_store_n(&anomaly_lock, 0, __ATOMIC_RELEASE);
+    }
 }

@@ -99,6 +99,11 @@ void _tag_init(void)
     _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
     _tag_ctl.tls_bytes = sizeof(struct tag_tls);
+    _tag_ctl.guard_rate = _tag_opt.guard_rate;
+    _tag_ctl.guard_slot_size = TAG_GUARD_SLOT_SIZE;
+    _tag_ctl.guard_capacity = _tag_opt.guard_slots ? _tag_opt.guard_slots
+                              : _tag_opt.guard_rate == 1 ? TAG_GUARD_ALL_SLOTS
+                                                         : TAG_GUARD_SAMPLED_SLOTS;
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
     /* The magic last: a reader that finds it finds a complete block. */
@@ -151,7 +156,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
     _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
-             "captures=%lu capture_frames=%lu",
+             "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
@@ -159,7 +164,8 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              s.snapshots, (unsigned long)_tag_ctl.damaged_leaked,
              (unsigned long)_tag_ctl.damaged_bytes,
              (unsigned long)(_tag_capture_total + _tag_tls.captures),
-             (unsigned long)(_tag_capture_frames_total + _tag_tls.capture_frames));
+             (unsigned long)(_tag_capture_frames_total + _tag_tls.capture_frames),
+             _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults);
 }
 
 TAG_EXPORT const void *libtag_control(void)

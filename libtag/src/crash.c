@@ -11,6 +11,9 @@
  * where the kernel would not write the core there (core_pattern is a pipe
  * or a path, or LIBTAG_CORE=self), a fork child writes it itself first.
  *
+ * A SIGSEGV in the guard pool on a guarded block is libtag's own (guard.c):
+ * reported and recovered from there, it never reaches the program.
+ *
  * The program's own handlers: sigaction() and signal() are interposed for
  * the crash signals, so a handler the program installs is remembered and
  * called from ours instead of replacing it.
@@ -42,6 +45,8 @@ static int is_crash_signal(int sig)
 
 static void crash_handler(int sig, siginfo_t *si, void *ucv)
 {
+    if (_tag_guard_fault(sig, si, ucv))  /* guard.c: a guarded block's fault */
+        return;
     ucontext_t *uc = ucv;
     struct tag_tls *t = _tag_self();
     if (!__atomic_exchange_n(&in_crash, 1, __ATOMIC_ACQ_REL)) {

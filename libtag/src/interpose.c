@@ -25,6 +25,11 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(--t->guard_countdown <= 0)) {  /* guard.c: sampled */
+        void *g = _tag_guard_alloc(t, size, align, zero, kind, ret, frame);
+        if (g)
+            return g;
+    }
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
         errno = ENOMEM;
@@ -84,19 +89,6 @@ static TAG_COLD void report_overflow(void *ptr, void *ret, void *frame)
     _tag_anomaly(&r, ret, frame);
 }
 
-static TAG_COLD void report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
-{
-    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
-        return;
-    struct tag_report r = {
-        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
-        .dealloc = dealloc,
-        .address = ptr,
-        .block = ptr,
-    };
-    _tag_anomaly(&r, ret, frame);
-}
-
 static TAG_COLD void report_double_free(void *ptr, void *ret, void *frame)
 {
     struct libtag_free_rec rec;
@@ -118,7 +110,7 @@ static TAG_COLD int damaged_or_invalid(void *ptr, uint32_t dealloc, void *ret, v
         if (_tag_lookup(ptr) != TAG_IS_LIVE)
             return 0;  /* a freed block: still in the quarantine */
         if (_tag_alloc_kind(_tag_of(ptr)) != dealloc)
-            report_mismatch(ptr, dealloc, ret, frame);
+            _tag_report_mismatch(ptr, dealloc, ret, frame);
         return 1;      /* restored, marked: freed now, leaked later */
     case TAG_DAMAGE_KNOWN:
         _tag_leak_damaged(0);
@@ -142,7 +134,7 @@ static inline int check_block(void *ptr, uint32_t dealloc, void *ret, void *fram
         if (TAG_UNLIKELY(!_tag_canary_ok(ptr)) && !_tag_reported(t))
             report_overflow(ptr, ret, frame);  /* then free it: leaked later */
         if (TAG_UNLIKELY(_tag_alloc_kind(t) != dealloc))
-            report_mismatch(ptr, dealloc, ret, frame);  /* then release it */
+            _tag_report_mismatch(ptr, dealloc, ret, frame);  /* then release it */
         return 1;
     }
     case TAG_IS_FREED:
@@ -157,6 +149,10 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(_tag_guarded(ptr))) {  /* guard.c: a guarded slot */
+        _tag_guard_free(t, ptr, dealloc, ret, frame);
+        return;
+    }
     if (!check_block(ptr, dealloc, ret, frame))
         return;
     uint64_t size = _tag_size(_tag_of(ptr));
@@ -215,7 +211,8 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         return NULL;
     }
     _tag_ensure_init();
-    if (!check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
+    if (_tag_guarded(ptr) ? !_tag_guard_check(ptr, TAG_ALLOC_MALLOC, ret, frame)  /* guard.c */
+                          : !check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -313,6 +310,8 @@ TAG_EXPORT size_t malloc_usable_size(void *ptr)
     if (!ptr)
         return 0;
     _tag_ensure_init();
+    if (_tag_guarded(ptr))  /* guard.c */
+        return _tag_guard_usable(ptr);
     if (_tag_lookup(ptr) != TAG_IS_LIVE)
         return 0;
     return (size_t)_tag_size(_tag_of(ptr));

@@ -47,6 +47,16 @@ enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 }
 /* LIBTAG_UNWIND: where stacks come from (unwind.c). */
 enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
 
+/* The guard pool (guard.c): the default rate, one allocation in this many;
+ * the default caps, in slots, at a sampling rate and at rate 1; and the
+ * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
+#define TAG_GUARD_DEFAULT_RATE  5000u
+#define TAG_GUARD_SAMPLED_SLOTS 64u
+#define TAG_GUARD_ALL_SLOTS     16384u
+#define TAG_GUARD_MAX_SLOTS     (1u << 18)
+/* Bytes of one slot: blocks up to this minus their tag are guarded. */
+#define TAG_GUARD_SLOT_SIZE     (4u * TAG_PAGE_SIZE)
+
 struct tag_options {
     int on_anomaly;              /* enum tag_on_anomaly */
     int core_path;               /* enum tag_core_path */
@@ -62,6 +72,8 @@ struct tag_options {
     uint64_t quarantine_bytes;   /* per-thread quarantine budget */
     uint32_t quarantine_fill;    /* payload bytes patterned when freed */
     uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
+    uint32_t guard_rate;         /* LIBTAG_GUARD_RATE: 1 in N guarded, 0 = off */
+    uint32_t guard_slots;        /* LIBTAG_GUARD_SLOTS: the pool's cap, 0 = by rate */
     char dir[512];               /* snapshot directory, "" = cwd */
     char log_path[512];          /* LIBTAG_LOG=PATH: lines go to PATH.<pid> */
 };
@@ -150,6 +162,12 @@ struct tag_walk_new {
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
+    /* Allocations this thread makes before its next guarded one
+     * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
+     * below, calls _tag_guard_alloc, which draws the next one.  Here, not
+     * in a TLS variable of its own: the hook then needs no second load of
+     * a TLS offset from the GOT. */
+    int32_t guard_countdown;
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
@@ -217,6 +235,9 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame);
  * dealloc one libtag can call a mismatch?  (Not when the program replaces
  * operator new or delete itself.) */
 TAG_COLD int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
+/* Report the release of the live block ptr by a function expecting dealloc,
+ * when _tag_cxx_checked calls it a mismatch. */
+TAG_COLD void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame);
 
 /* ------------------------------------------------------ stack_table.c */
 void _tag_stack_table_init(uint32_t capacity);
@@ -481,10 +502,20 @@ struct tag_report {
     const void *block;                  /* NULL = none */
     const struct libtag_tag *tag;       /* copied; NULL = block's own tag */
     const struct libtag_free_rec *rec;  /* copied; NULL = none */
+    uint32_t access;                    /* a fault: TAG_ACCESS_*; else 0 */
+    const void *pc;                     /* a fault: the faulting instruction */
 };
 /* Record an anomaly and act on LIBTAG_ON_ANOMALY.  Returns when the faulty
  * operation should be skipped; does not return with abort. */
 TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
+/* Record an anomaly detected at stack, log it, and take the snapshot that
+ * LIBTAG_ON_ANOMALY=snapshot or abort asks for; returns in every mode (the
+ * caller acts on abort).  Async-signal-safe: a fault handler calls it. */
+TAG_COLD void _tag_anomaly_at(const struct tag_report *r, uint32_t stack);
+/* The process is about to die of LIBTAG_ON_ANOMALY=abort after its
+ * snapshot: no second core (the soft core limit of this process goes to
+ * 0).  Async-signal-safe. */
+void _tag_anomaly_no_core(void);
 /* "double-free", ... as in the snapshot directory names and the JSON. */
 const char *_tag_anomaly_name(uint32_t kind);
 
@@ -510,6 +541,42 @@ TAG_COLD int _tag_crash_dir(void);
 /* In the snapshot child: blank every tagged block's payload (its own copy
  * of memory) so the core keeps only tags and metadata. */
 TAG_COLD void _tag_redact_payloads(void);
+
+/* ----------------------------------------------------------- guard.c */
+/* A guarded block for this allocation, or NULL: the caller allocates as
+ * usual (the rate is off, the block does not fit a slot, the pool is
+ * full).  Normal context. */
+TAG_COLD void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero,
+                                uint32_t kind, void *ret, void *frame);
+/* Is ptr in the guard pool?  One subtraction and compare, on every free:
+ * bytes is published after guard_pool, and 0 until the pool exists. */
+TAG_INLINE int _tag_guarded(const void *ptr)
+{
+    uint64_t bytes = __atomic_load_n(&_tag_ctl.guard_pool_bytes, __ATOMIC_ACQUIRE);
+    return (uint64_t)(uintptr_t)ptr - _tag_ctl.guard_pool < bytes;
+}
+/* free() and delete of a pointer into the pool, released as dealloc
+ * expects (enum libtag_alloc_kind). */
+TAG_COLD void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret,
+                              void *frame);
+/* realloc()'s check of a pointer into the pool: 1 when it is a live
+ * guarded block (damage found is reported), else reported and 0. */
+TAG_COLD int _tag_guard_check(void *ptr, uint32_t dealloc, void *ret, void *frame);
+/* malloc_usable_size() of a pointer into the pool. */
+TAG_COLD size_t _tag_guard_usable(const void *ptr);
+/* The crash hook's first question on SIGSEGV: is the fault in the guard
+ * pool, on a block of ours?  Then it is recorded, snapshotted, and 1 is
+ * returned: the faulting instruction may run again (the memory was opened,
+ * or with LIBTAG_ON_ANOMALY=abort it faults again and the process dies of
+ * it).  0: not ours.  si, uc: the handler's siginfo_t and ucontext_t. */
+TAG_COLD int _tag_guard_fault(int sig, void *si, void *uc);
+/* In the snapshot child: make the whole pool readable, so the core holds
+ * the freed guarded blocks.  Async-signal-safe. */
+TAG_COLD void _tag_guard_expose(void);
+/* The program's own fork(): the pool lock is held across it. */
+void _tag_guard_atfork_prepare(void);
+void _tag_guard_atfork_parent(void);
+void _tag_guard_atfork_child(void);
 
 /* ----------------------------------------------------------- crash.c */
 TAG_COLD void _tag_crash_init(void);

@@ -23,6 +23,8 @@ struct tag_options _tag_opt = {
     .quarantine_bytes = 1u << 20,
     .quarantine_fill = 256,
     .sweep_every = 4096,
+    .guard_rate = TAG_GUARD_DEFAULT_RATE,
+    .guard_slots = 0,
     .dir = "",
 };
 
@@ -148,6 +150,10 @@ void _tag_options_init(void)
         _tag_opt.quarantine_fill = (uint32_t)number("LIBTAG_QUARANTINE_FILL", v, 0, 1u << 20);
     if ((v = getenv("LIBTAG_SWEEP")))
         _tag_opt.sweep_every = (uint32_t)number("LIBTAG_SWEEP", v, 0, 1u << 30);
+    if ((v = getenv("LIBTAG_GUARD_RATE")))
+        _tag_opt.guard_rate = (uint32_t)number("LIBTAG_GUARD_RATE", v, 0, 1u << 30);
+    if ((v = getenv("LIBTAG_GUARD_SLOTS")))
+        _tag_opt.guard_slots = (uint32_t)number("LIBTAG_GUARD_SLOTS", v, 1, TAG_GUARD_MAX_SLOTS);
     if ((v = getenv("LIBTAG_DIR"))) {
         size_t n = strlen(v);
         if (n == 0 || n >= sizeof _tag_opt.dir)

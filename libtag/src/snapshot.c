@@ -454,6 +454,7 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     _tag_ctl.snapshot_seq = seq;
     _tag_ctl.snapshot_tid = tid;
     _tag_ctl.snapshot_time_ms = _tag_now_ms();
+    _tag_guard_expose();          /* the freed guarded blocks, readable */
     _tag_quarantine_check_all();  /* before the payloads may be blanked */
     if (_tag_opt.omit_payload)
         _tag_redact_payloads();

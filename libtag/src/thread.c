@@ -102,15 +102,21 @@ static int fork_from_main;
 static void atfork_prepare(void)
 {
     _tag_stack_table_atfork_prepare();
+    _tag_guard_atfork_prepare();
     fork_from_main = (pid_t)syscall(SYS_gettid) == getpid();
 }
-static void atfork_parent(void) { _tag_stack_table_atfork_parent(); }
+static void atfork_parent(void)
+{
+    _tag_guard_atfork_parent();
+    _tag_stack_table_atfork_parent();
+}
 
 /* The child of the program's own fork() is a new process: its one thread
  * gets a record of its own, and the control block its pid. */
 static void atfork_child(void)
 {
     struct tag_tls *t = &_tag_tls;
+    _tag_guard_atfork_child();
     _tag_stack_table_atfork_child();
     _tag_modules_atfork_child();
     _tag_ctl.pid = (uint32_t)getpid();

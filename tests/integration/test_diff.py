@@ -23,18 +23,36 @@ CHURN = 32
 KEEP = 10
 
 
-@pytest.fixture(scope="module")
-def series(build_victim, run_victim, tmp_path_factory):
+def _series(build_victim, run_victim, tmp_path_factory, guard_rate: str):
     victim = Path(os.path.realpath(build_victim("diff_growth")))
-    snap_dir = tmp_path_factory.mktemp("diff-snaps")
+    snap_dir = tmp_path_factory.mktemp(f"diff-snaps-{guard_rate}")
     snap_dir.chmod(0o700)
-    done = run_victim(victim, str(K), snap_dir=snap_dir, env={"LIBTAG_QUARANTINE": "0"})
+    done = run_victim(victim, str(K), snap_dir=snap_dir,
+                      env={"LIBTAG_QUARANTINE": "0", "LIBTAG_GUARD_RATE": guard_rate})
     assert done.returncode == 0, done.stderr
     fields = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     pid = int(fields["pid"])
     old_addr, new_addr = (int(x, 16) for x in fields["recycled"].split())
     cores = [S.wait_core(snap_dir, pid, seq) for seq in (1, 2, 3)]
     return cores, old_addr, new_addr
+
+
+@pytest.fixture(scope="module")
+def series(build_victim, run_victim, tmp_path_factory):
+    return _series(build_victim, run_victim, tmp_path_factory, "0")
+
+
+@pytest.fixture(scope="module")
+def guarded_series(build_victim, run_victim, tmp_path_factory):
+    """The same run with every block guarded (LIBTAG_GUARD_RATE=1): a freed
+    block's slot is not handed out again soon, so nothing is recycled."""
+    return _series(build_victim, run_victim, tmp_path_factory, "1")
+
+
+@pytest.fixture(params=["series", "guarded_series"])
+def either_series(request):
+    """Each test that takes it runs on both series: the growth is the same."""
+    return request.getfixturevalue(request.param)
 
 
 def _fn(entry: dict) -> str | None:
@@ -47,9 +65,9 @@ def run_json(run_cli, tmp_path, *args) -> dict:
     return json.loads(done.stdout)
 
 
-def test_diff_shows_exactly_k_new_blocks_for_the_leaking_stack(series, run_cli, tmp_path):
+def test_diff_shows_exactly_k_new_blocks_for_the_leaking_stack(either_series, run_cli, tmp_path):
     # GIVEN snapshots 1 and 2  WHEN diffed
-    cores, _, _ = series
+    cores, _, _ = either_series
     doc = run_json(run_cli, tmp_path, "diff", cores[0], cores[1])
     growth = {_fn(g): g for g in doc["growth"]}
     # THEN the leaking stack grew by K blocks of 40 bytes, all new, and ranks first
@@ -60,8 +78,8 @@ def test_diff_shows_exactly_k_new_blocks_for_the_leaking_stack(series, run_cli, 
     assert [f["function"] for f in g["stack"][:2]] == ["leak_alloc", "do_leak"]
 
 
-def test_diff_shows_no_growth_for_churn(series, run_cli, tmp_path):
-    cores, _, _ = series
+def test_diff_shows_no_growth_for_churn(either_series, run_cli, tmp_path):
+    cores, _, _ = either_series
     doc = run_json(run_cli, tmp_path, "diff", cores[0], cores[1])
     churn = [g for g in doc["no_growth"] if _fn(g) == "churn_alloc"]
     # THEN every churn block was replaced: 32 new, 32 gone, net zero
@@ -162,3 +180,11 @@ def test_trend_top_says_how_many_stacks_it_hides(series, run_cli, tmp_path):
     assert f"... {total - 1} more stacks not shown (--top N shows more; --json has them all)" in done.stdout
     capped = run_json(run_cli, tmp_path, "trend", *cores, "--top", "1")
     assert (len(capped["stacks"]), capped["stacks_total"]) == (1, total)
+
+
+def test_guarded_blocks_are_not_recycled(guarded_series):
+    # GIVEN the run where every block is guarded (the growth tests above
+    # take it too)  THEN the freed block's address was not handed out again:
+    # its slot waits, inaccessible, while the pool has others
+    _, old_addr, new_addr = guarded_series
+    assert new_addr != old_addr

@@ -182,7 +182,8 @@ def test_block_json_has_spec_shape(case: Case):
     assert j == {"start": f"{p.addr:#x}", "size": p.size, "offset": 5, "state": "freed", "thread": p.tid,
                  "alloc_stack": [], "free_stack": [], "free_thread": p.tid, "alloc_kind": "malloc",
                  # given a frames function, not the Dump, the times are unknown
-                 "alloc_time": None, "free_time": None, "age_s": None}
+                 "alloc_time": None, "free_time": None, "age_s": None,
+                 "guarded": False}
 
 
 def test_bytes_past_the_end_are_near_the_block(case: Case):

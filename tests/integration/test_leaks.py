@@ -69,17 +69,28 @@ def victim(build_victim) -> Path:
     return Path(os.path.realpath(build_victim("leak_shapes")))
 
 
+@pytest.fixture(scope="module", params=["0", "1"], ids=["unguarded", "guarded"])
+def guard_rate(request) -> str:
+    """LIBTAG_GUARD_RATE: every shape must read the same when every block
+    lives in a guarded slot (rate 1) as when none does."""
+    return request.param
+
+
 @pytest.fixture(scope="module", params=S.CORE_PATHS)
-def taken(request, victim, run_victim, tmp_path_factory):
+def taken(request, guard_rate, victim, run_victim, tmp_path_factory):
     """The victim's snapshot, its core written by libtag itself or by the kernel
     (their notes differ: libtag's has every thread, the kernel's the fork child)."""
-    snap_dir = tmp_path_factory.mktemp(f"leak-snaps-{request.param}")
+    snap_dir = tmp_path_factory.mktemp(f"leak-snaps-{request.param}-{guard_rate}")
     snap_dir.chmod(0o700)
-    done = run_victim(victim, "snapshot", snap_dir=snap_dir, env={"LIBTAG_CORE": request.param})
+    done = run_victim(victim, "snapshot", snap_dir=snap_dir,
+                      env={"LIBTAG_CORE": request.param, "LIBTAG_GUARD_RATE": guard_rate})
     assert done.returncode == 0, done.stderr
     shapes = parse(done.stdout)
     core = S.wait_core(snap_dir, shapes.pid)
     dump = Dump.open(core)
+    # at rate 1 every shape's block is a guarded one
+    guarded = {dump.heap.block_at(a).guarded for bs in shapes.blocks.values() for a, _ in bs}
+    assert guarded == {guard_rate == "1"}, guarded
     yield shapes, core, dump
     dump.close()
 

@@ -12,6 +12,11 @@ the snapshot, the snapshot directory holds that one on-demand snapshot, and
 ``forensics inspect`` reads its core: reason on-demand, no anomalies, no
 warnings, the process's own pid.
 
+Each program runs twice more on a smaller input with LIBTAG_GUARD_RATE=1:
+every block it allocates (up to the guard pool's cap) is guarded, and it
+must still give the same output, with no anomaly and guarded blocks in its
+core.
+
 Each program is found or built per module; sqlite3 is installed by .ci/run;
 the brotli sdist is fetched by .ci/run (pip download) into
 $FORENSICS_SDIST_DIR (default ~/.cache/forensics/sdists) and the brotli test
@@ -103,9 +108,15 @@ def run_program(argv: list[str], first: bytes, rest: bytes, tmp: Path, *, libtag
     return Outcome(code, out_path.read_bytes(), err_path.read_text(errors="replace"), proc.pid), core
 
 
-def check_same_and_clean(argv, first, rest, tmp: Path, run_cli, **kw) -> dict:
-    plain, _ = run_program(argv, first, rest, tmp, libtag=False, **kw)
-    tagged, core = run_program(argv, first, rest, tmp, libtag=True, **kw)
+# LIBTAG_GUARD_RATE of the runs under libtag -> (the test's input scale)
+RATES = {"0": 1.0, "1": 0.1}
+
+
+def check_same_and_clean(argv, first, rest, tmp: Path, run_cli, *, rate: str = "0",
+                         env: dict[str, str] | None = None, **kw) -> dict:
+    plain, _ = run_program(argv, first, rest, tmp, libtag=False, env=env, **kw)
+    tagged, core = run_program(argv, first, rest, tmp, libtag=True,
+                               env={**(env or {}), "LIBTAG_GUARD_RATE": rate}, **kw)
     # the same program, the same result
     assert (tagged.code, tagged.out) == (plain.code, plain.out), tagged.err
     # libtag said nothing but where the snapshot went
@@ -119,6 +130,9 @@ def check_same_and_clean(argv, first, rest, tmp: Path, run_cli, **kw) -> dict:
     assert (doc["reason"], doc["anomalies"], doc["counters"]["anomalies"], doc["warnings"]) == \
         ("on-demand", [], 0, []), doc["warnings"]
     assert doc["process"]["pid"] == tagged.pid
+    # at rate 1 every block is guarded until the pool is full
+    assert (doc["counters"]["guard_rate"], doc["counters"]["guard_slots_used"] > 0) == \
+        (int(rate), rate == "1"), doc["counters"]
     return doc
 
 
@@ -132,11 +146,11 @@ def build(n):
         key = f"k{i:06d}"
         table[key] = {"i": i, "sq": i * i, "tags": [str(i % 7), str(i % 11)], "blob": "x" * (i % 97)}
     return table
-table = build(60000)
+table = build(N)
 text = json.dumps(table, sort_keys=True)
 print("built", len(table), hashlib.sha256(text.encode()).hexdigest(), flush=True)
 sys.stdin.readline()
-for i in range(0, 60000, 3):
+for i in range(0, N, 3):
     del table[f"k{i:06d}"]
 again = json.loads(json.dumps(table, sort_keys=True))
 print("after", len(again), sum(v["sq"] for v in again.values()) % 1000003)
@@ -144,15 +158,18 @@ print(hashlib.sha256(json.dumps(again, sort_keys=True).encode()).hexdigest())
 """
 
 
-def test_python3_workload(run_cli, tmp_path):
+@pytest.mark.parametrize("rate", list(RATES))
+def test_python3_workload(rate, run_cli, tmp_path):
     # GIVEN python3 (the interpreter running these tests) building and
-    # serialising a 60000-entry table, with PYTHONMALLOC=malloc so every
-    # object is a libtag block
-    argv = [sys.executable, "-s", "-c", PY_WORKLOAD]
+    # serialising a 60000-entry table (6000 at guard rate 1), with
+    # PYTHONMALLOC=malloc so every object is a libtag block
+    n = int(60000 * RATES[rate])
+    argv = [sys.executable, "-s", "-c", f"N = {n}\n" + PY_WORKLOAD]
     # WHEN it runs plain and under libtag, snapshotted while it waits for a line
-    doc = check_same_and_clean(argv, b"", b"go\n", tmp_path, run_cli, env={"PYTHONMALLOC": "malloc"})
+    doc = check_same_and_clean(argv, b"", b"go\n", tmp_path, run_cli, rate=rate,
+                               env={"PYTHONMALLOC": "malloc"})
     # THEN (checked above) same output, no anomalies; the heap holds the table's objects
-    assert doc["heap"]["live_blocks"] > 60000
+    assert doc["heap"]["live_blocks"] > n
 
 
 SQL_FIRST = b"""
@@ -170,17 +187,20 @@ PRAGMA integrity_check;
 """
 
 
-def test_sqlite3_script(run_cli, tmp_path):
-    # GIVEN the sqlite3 shell (Debian package) on an in-memory database
+@pytest.mark.parametrize("rate", list(RATES))
+def test_sqlite3_script(rate, run_cli, tmp_path):
+    # GIVEN the sqlite3 shell (Debian package) on an in-memory database of
+    # 20000 rows (2000 at guard rate 1)
     sqlite3 = shutil.which("sqlite3")
     if sqlite3 is None:
         pytest.skip("sqlite3 is not installed (.ci/run installs it: apt-get install sqlite3)")
+    first = SQL_FIRST.replace(b"20000", b"%d" % int(20000 * RATES[rate]))
     # WHEN it runs the script plain and under libtag, snapshotted between its halves
-    check_same_and_clean([sqlite3, ":memory:"], SQL_FIRST, SQL_REST, tmp_path, run_cli)
+    check_same_and_clean([sqlite3, ":memory:"], first, SQL_REST, tmp_path, run_cli, rate=rate)
     # THEN (checked in check_same_and_clean) the same output and a clean core
 
 
-def _make_repo(repo: Path) -> list[str]:
+def _make_repo(repo: Path, commits: int) -> list[str]:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
            "GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z"}
@@ -191,7 +211,7 @@ def _make_repo(repo: Path) -> list[str]:
 
     repo.mkdir()
     git("init", "-q", "-b", "main")
-    for i in range(30):
+    for i in range(commits):
         for j in range(5):
             (repo / f"f{j}.txt").write_text("".join(f"line {k} of {i}/{j}\n" for k in range(i * 20 + j)))
         git("add", "-A")
@@ -199,18 +219,20 @@ def _make_repo(repo: Path) -> list[str]:
     return git("rev-list", "--objects", "--all").split()[::1]
 
 
-def test_git_cat_file_batch(run_cli, tmp_path):
-    # GIVEN git and a repository of 30 commits of 5 growing files
+@pytest.mark.parametrize("rate", list(RATES))
+def test_git_cat_file_batch(rate, run_cli, tmp_path):
+    # GIVEN git and a repository of 30 commits of 5 growing files (3 at
+    # guard rate 1)
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    objects = [w for w in _make_repo(tmp_path / "repo") if len(w) == 40]
+    objects = [w for w in _make_repo(tmp_path / "repo", int(30 * RATES[rate])) if len(w) == 40]
     half = len(objects) // 2
     first = "".join(f"{o}\n" for o in objects[:half]).encode()
     rest = "".join(f"{o}\n" for o in objects[half:]).encode()
     # WHEN git cat-file --batch prints every object, plain and under libtag,
     # snapshotted when it has served half of them
     argv = [shutil.which("git"), "-C", str(tmp_path / "repo"), "cat-file", "--batch"]
-    check_same_and_clean(argv, first, rest, tmp_path, run_cli)
+    check_same_and_clean(argv, first, rest, tmp_path, run_cli, rate=rate)
     # THEN (checked in check_same_and_clean) the same bytes and a clean core
 
 
@@ -238,21 +260,24 @@ def _text(n: int) -> bytes:
                     for i in range(n))
 
 
-def test_brotli_built_with_instrumentation(brotli_tool, run_cli, tmp_path):
-    # GIVEN the brotli tool built from its sdist with -finstrument-functions
-    data = _text(60000)
+@pytest.mark.parametrize("rate", list(RATES))
+def test_brotli_built_with_instrumentation(rate, brotli_tool, run_cli, tmp_path):
+    # GIVEN the brotli tool built from its sdist with -finstrument-functions,
+    # and 60000 lines of text (6000 at guard rate 1)
+    data = _text(int(60000 * RATES[rate]))
     half = len(data) // 2
     # WHEN it compresses from stdin at quality 9, plain and under libtag,
     # snapshotted when it has read half of its input
     doc = check_same_and_clean([str(brotli_tool), "-c", "-q", "9", "-w", "22"], data[:half], data[half:],
-                               tmp_path, run_cli)
+                               tmp_path, run_cli, rate=rate)
     # THEN (checked in check_same_and_clean) the same compressed bytes, a clean core,
     # and the encoder's blocks carry full instrumented stacks from brotli's main
     assert any(f["function"] == "main" and (f["file"] or "").endswith("tools/brotli.c")
                for s in doc["top_stacks"] for f in s["stack"]), doc["top_stacks"]
     # AND what it wrote decompresses, under libtag too, to the input
     packed = (tmp_path / "out-tag").read_bytes()
-    env = {**os.environ, "LD_PRELOAD": str(libpath.lib_path()), "LIBTAG_DIR": str(tmp_path / "snaps")}
+    env = {**os.environ, "LD_PRELOAD": str(libpath.lib_path()), "LIBTAG_DIR": str(tmp_path / "snaps"),
+           "LIBTAG_GUARD_RATE": rate}
     back = subprocess.run([str(brotli_tool), "-d", "-c"], input=packed, capture_output=True,
                           env=env, timeout=TIMEOUT)
     assert (back.returncode, back.stdout == data, back.stderr) == (0, True, b"")

@@ -105,6 +105,8 @@ CONSTANTS = [
     "TAG_REASON_CRASH", "TAG_REASON_EXIT", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
     "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
+    "TAG_FLAG_GUARDED", "TAG_GUARD_PAGE", "TAG_GUARD_PATTERN", "TAG_GUARD_EMPTY", "TAG_GUARD_LIVE",
+    "TAG_GUARD_FREED", "TAG_GUARD_BUSY",
 ]  # fmt: skip
 
 # (tag_addr, secret, size_state, alloc_stack, alloc_tid, alloc_time, pad, free_stack, free_tid, free_time)
@@ -198,9 +200,11 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 320
+    assert probe["sizeof"]["libtag_control"] == 368
     assert probe["field"][("libtag_control", "stack_stats")] == (312, 8)
+    assert probe["field"][("libtag_control", "guard_pool")] == (320, 8)
     assert probe["sizeof"]["libtag_stack_stats"] == 32
+    assert probe["sizeof"]["libtag_guard_slot"] == 72
     assert probe["field"][("libtag_control", "anomaly")] == (160, 96)
     assert probe["field"][("libtag_control", "tls_bytes")] == (288, 4)
     assert probe["sizeof"]["libtag_quarantine_ring"] == abi.TAG_QUARANTINE_BYTES

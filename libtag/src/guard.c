@@ -1,0 +1,562 @@
+/* guard.c - guarded sampling: one allocation in LIBTAG_GUARD_RATE gets
+ * pages of its own, so the instruction that reads or writes past it, below
+ * it or after it was freed faults, and libtag names that instruction.
+ *
+ * The pool (tag_abi.h, "guard pool") is one reserved range of PROT_NONE
+ * pages, slots and guard pages in turn; a slot becomes accessible when a
+ * block is placed in it and inaccessible again when the block is freed.
+ * The range is reserved at the first guarded allocation, sized for the cap
+ * (LIBTAG_GUARD_SLOTS, else 64 slots at a sampling rate and 16384 at rate
+ * 1): reserving costs address space only, and slots are committed one by
+ * one as the pool grows to its cap.  Never-used slots go first, then the
+ * slot freed longest ago, so a freed block stays inaccessible for as long
+ * as the pool allows.  When every slot is live (or retired) the
+ * allocation is an ordinary one.
+ *
+ * Hot path: the allocation hook decrements a per-thread countdown and the
+ * free hook compares the pointer with the pool's range (libtag_internal.h);
+ * everything here is cold.
+ *
+ * Slot states move under these rules (struct libtag_guard_slot):
+ *   placing:  pool_lock picks an EMPTY slot, or a FREED one by CAS to BUSY
+ *             and then a check of retired (a fault handler sets retired,
+ *             then reads state: with both sequentially consistent, one of
+ *             the two sees the other);  opened, written, then LIVE.
+ *   freeing:  CAS LIVE -> BUSY (a second free of the block loses: double
+ *             free); checked, patterned; FREED is stored before the slot
+ *             is made inaccessible, so a fault on it always sees FREED.
+ *   a fault:  never takes pool_lock (it may have interrupted its holder);
+ *             claims the report with an exchange of reported, retires the
+ *             slot, and opens the faulting page.
+ *
+ * A fault is classified from the address alone: inside a freed slot it is
+ * a use-after-free; in a guard page, an overflow of the block below it (it
+ * ends at the slot's end) or an underflow of the block above it, whichever
+ * is nearer.  Read or write comes from the page-fault error code the
+ * kernel saves in the signal context (REG_ERR bit 1: a write).
+ */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "libtag_internal.h"
+
+static __thread uint64_t rng __attribute__((tls_model("initial-exec")));
+
+#define PAGE TAG_PAGE_SIZE
+#define STRIDE (TAG_GUARD_SLOT_SIZE + TAG_PAGE_SIZE)
+#define NO_SLOT UINT32_MAX
+
+static int pool_lock;
+static int pool_failed;                 /* the reservation failed: no pool */
+static struct libtag_guard_slot *slots; /* [capacity] */
+static char *pool;
+static uint32_t capacity;
+static uint32_t fresh;                  /* slots below this were used */
+static uint32_t q_head, q_tail;         /* queue of freed slots: index + 1 */
+
+/* Normal context only.  Held for a few loads and stores, but a holder
+ * preempted (two cores shared by more threads) would keep a spinner
+ * spinning through its whole time slice: yield after a short spin. */
+static void lock(void)
+{
+    for (unsigned spins = 0; __atomic_exchange_n(&pool_lock, 1, __ATOMIC_ACQUIRE);)
+        while (__atomic_load_n(&pool_lock, __ATOMIC_RELAXED))
+            if (++spins % 64 == 0)
+                sched_yield();
+            else
+                __builtin_ia32_pause();
+}
+
+static void unlock(void)
+{
+    __atomic_store_n(&pool_lock, 0, __ATOMIC_RELEASE);
+}
+
+void _tag_guard_atfork_prepare(void) { lock(); }
+void _tag_guard_atfork_parent(void) { unlock(); }
+void _tag_guard_atfork_child(void) { unlock(); }
+
+static char *slot_base(uint32_t i)
+{
+    return pool + PAGE + (size_t)i * STRIDE;
+}
+
+/* ------------------------------------------------------------ sampling -- */
+
+/* The countdown to this thread's next guarded allocation: uniform in
+ * [1, 2N - 1], so one allocation in N on average, at no fixed stride a
+ * program's allocation pattern could keep missing.  xorshift64*, seeded
+ * per thread from the process secret and the thread's TLS address. */
+static int32_t next_countdown(void)
+{
+    uint32_t rate = _tag_opt.guard_rate;
+    if (rate == 0)
+        return INT32_MAX;
+    if (rate == 1)
+        return 1;
+    uint64_t x = rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng = x;
+    return (int32_t)(1 + (x * TAG_MIX1 >> 33) % (2ull * rate - 1));
+}
+
+/* ---------------------------------------------------------------- pool -- */
+
+/* Reserve the range and the slot records; called with pool_lock held. */
+static int pool_reserve(void)
+{
+    if (pool)
+        return 1;
+    if (pool_failed)
+        return 0;
+    uint32_t cap = _tag_ctl.guard_capacity;  /* set from the options at start */
+    size_t bytes = (size_t)cap * STRIDE + PAGE;
+    char *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    struct libtag_guard_slot *s =
+        p == MAP_FAILED ? NULL : _tag_map((size_t)cap * sizeof *s, 1);
+    if (!s) {
+        if (p != MAP_FAILED)
+            munmap(p, bytes);
+        pool_failed = 1;
+        _tag_log("libtag: no guard pool (%lu bytes of address space): guarded sampling is off",
+                 (unsigned long)bytes);
+        return 0;
+    }
+    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, bytes,
+          (unsigned long)"libtag-guard");
+    pool = p;
+    slots = s;
+    capacity = cap;
+    _tag_ctl.guard_slots = (uint64_t)(uintptr_t)s;
+    _tag_ctl.guard_pool = (uint64_t)(uintptr_t)p;
+    __atomic_store_n(&_tag_ctl.guard_pool_bytes, (uint64_t)bytes, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* A slot to place a block in, marked BUSY; NO_SLOT when none is free.
+ * *reused: it holds a freed block (whose tag must be cleared). */
+static uint32_t take_slot(int *reused)
+{
+    lock();
+    uint32_t i = NO_SLOT;
+    if (pool_reserve()) {
+        if (fresh < capacity) {
+            i = fresh++;
+            __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
+            __atomic_store_n(&slots[i].state, TAG_GUARD_BUSY, __ATOMIC_SEQ_CST);
+            *reused = 0;
+        }
+        while (i == NO_SLOT && q_head) {
+            uint32_t c = q_head - 1;
+            q_head = slots[c].next;
+            if (!q_head)
+                q_tail = 0;
+            slots[c].next = 0;
+            uint32_t want = TAG_GUARD_FREED;
+            if (!__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
+                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+                (want != TAG_GUARD_EMPTY ||  /* given back by a failed placement */
+                 !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
+                                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)))
+                continue;
+            if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
+                /* a fault opened it meanwhile: it stays out of the queue */
+                __atomic_store_n(&slots[c].state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
+                continue;
+            }
+            i = c;
+            *reused = want == TAG_GUARD_FREED;
+        }
+    }
+    unlock();
+    return i;
+}
+
+static void enqueue(uint32_t i)
+{
+    lock();
+    slots[i].next = 0;
+    if (q_tail)
+        slots[q_tail - 1].next = i + 1;
+    else
+        q_head = i + 1;
+    q_tail = i + 1;
+    unlock();
+}
+
+/* ---------------------------------------------------------- allocation -- */
+
+static void count(struct tag_tls *t, uint64_t *n, uint64_t *bytes, uint64_t size)
+{
+    if (TAG_LIKELY(!t->overflow_rec)) {
+        (*n)++;
+        *bytes += size;
+    } else {
+        __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(bytes, size, __ATOMIC_RELAXED);
+    }
+}
+
+void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
+                       void *ret, void *frame)
+{
+    if (TAG_UNLIKELY(rng == 0)) {
+        /* this thread's first allocation: seed, and start counting */
+        rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
+        t->guard_countdown = next_countdown();
+        if (_tag_opt.guard_rate != 1)
+            return NULL;
+    }
+    t->guard_countdown = next_countdown();
+    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
+    /* the block with its tag must fit: user is the slot's end minus the
+     * payload rounded up to align, the tag the 32 bytes before it */
+    if (_tag_opt.guard_rate == 0 || align > PAGE ||
+        payload > TAG_GUARD_SLOT_SIZE - sizeof(struct libtag_tag) ||
+        ((payload + align - 1) & ~(align - 1)) > TAG_GUARD_SLOT_SIZE - sizeof(struct libtag_tag))
+        return NULL;
+    int saved = errno;  /* malloc leaves errno alone when it succeeds */
+    int reused = 0;
+    uint32_t i = take_slot(&reused);
+    if (i == NO_SLOT) {
+        errno = saved;
+        return NULL;
+    }
+    struct libtag_guard_slot *s = &slots[i];
+    char *base = slot_base(i), *end = base + TAG_GUARD_SLOT_SIZE;
+    if (mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0) {
+        /* out of mappings (vm.max_map_count): the slot goes back as it was */
+        __atomic_store_n(&s->state, reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY, __ATOMIC_SEQ_CST);
+        enqueue(i);
+        errno = saved;
+        return NULL;
+    }
+    char *user = (char *)((uintptr_t)(end - payload) & ~(uintptr_t)(align - 1));
+    if (reused) {
+        /* The pages keep what the last block left (no madvise, no fresh
+         * page faults: the slot's cost is its two mprotect calls); its tag
+         * goes, so no reader finds a block that is gone. */
+        _tag_of((void *)(uintptr_t)s->user)->magic = 0;
+        if (zero)
+            memset(user, 0, size);
+    }
+    struct libtag_tag *tg = _tag_of(user);
+    char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
+    memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
+    memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
+
+    /* the tag as _tag_write_live writes it, with TAG_FLAG_GUARDED and no
+     * canary: the slack and the guard page after it take its place */
+    tg->size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT |
+                     (uint64_t)kind << TAG_ALLOC_SHIFT | TAG_FLAG_GUARDED;
+    tg->alloc_stack = _tag_capture(t, ret, frame);
+    tg->alloc_tid = t->tid;
+    tg->alloc_time = _tag_now_ms();
+    tg->pad = 0;
+    tg->check = tag_check_value((uint64_t)(uintptr_t)tg, _tag_ctl.secret, tg);
+    tg->magic = TAG_MAGIC;
+    s->tag = *tg;
+    memset(&s->rec, 0, sizeof s->rec);
+    s->user = (uint64_t)(uintptr_t)user;
+    s->reported = 0;
+    __atomic_store_n(&s->state, TAG_GUARD_LIVE, __ATOMIC_RELEASE);
+    count(t, &t->rec->allocs, &t->rec->alloc_bytes, size);
+    errno = saved;
+    return user;
+}
+
+/* ------------------------------------------------------------- release -- */
+
+/* The slot whose data pages hold addr; NO_SLOT for a guard page. */
+static uint32_t slot_of(const void *addr)
+{
+    uint64_t off = (uint64_t)(uintptr_t)addr - (uint64_t)(uintptr_t)pool;
+    if (off % STRIDE < PAGE)
+        return NO_SLOT;
+    uint64_t i = off / STRIDE;
+    return i < capacity ? (uint32_t)i : NO_SLOT;
+}
+
+/* The first byte in [p, p + n) that does not hold the slack pattern, or
+ * NULL: compared a page at a time with glibc's (vectorised) memcmp, the
+ * slack before the tag being up to a page long. */
+static const unsigned char slack_page[PAGE] = {[0 ... PAGE - 1] = TAG_GUARD_PATTERN};
+
+static const unsigned char *slack_damage(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += PAGE) {
+        size_t k = n - i < PAGE ? n - i : PAGE;
+        if (TAG_UNLIKELY(memcmp(p + i, slack_page, k) != 0)) {
+            while (p[i] == TAG_GUARD_PATTERN)
+                i++;
+            return p + i;
+        }
+    }
+    return NULL;
+}
+
+static TAG_COLD void report(uint32_t kind, const void *address, struct libtag_guard_slot *s,
+                            const struct libtag_free_rec *rec, void *ret, void *frame)
+{
+    struct libtag_tag copy = s->tag;
+    struct tag_report r = {
+        .kind = kind,
+        .address = address,
+        .block = (const void *)(uintptr_t)s->user,
+        .tag = &copy,
+        .rec = rec,
+    };
+    _tag_anomaly(&r, ret, frame);
+}
+
+static void mark_reported(struct libtag_guard_slot *s, void *ptr)
+{
+    _tag_set_bits(ptr, 0, TAG_FLAG_REPORTED);
+    s->tag = *_tag_of(ptr);
+}
+
+/* ptr is the live block of slot s: check its tag, its slack and how it is
+ * released, reporting what is wrong (each once).  Its tag is restored from
+ * the slot's copy when an underflow damaged it. */
+static void check_live(struct libtag_guard_slot *s, void *ptr, uint32_t dealloc, void *ret,
+                       void *frame)
+{
+    struct libtag_tag *tg = _tag_of(ptr);
+    if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)tg, tg))) {
+        s->tag = *tg;  /* only libtag writes a tag that validates (a C++
+                          retry through the next operator new sets the kind) */
+    } else {
+        const unsigned char *have = (const unsigned char *)tg;
+        const unsigned char *want = (const unsigned char *)&s->tag;
+        size_t k = 0;
+        while (k < sizeof *tg - 1 && have[k] == want[k])
+            k++;
+        if (!_tag_reported(&s->tag))  /* its snapshot shows the damage */
+            report(TAG_ANOMALY_HEAP_UNDERFLOW, have + k, s, NULL, ret, frame);
+        *tg = s->tag;
+        mark_reported(s, ptr);
+    }
+    const unsigned char *user = ptr;
+    const unsigned char *end = (const unsigned char *)slot_base(slot_of(ptr)) + TAG_GUARD_SLOT_SIZE;
+    const unsigned char *lo =
+        (const unsigned char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
+    uint64_t size = _tag_size(tg);
+    const unsigned char *over = slack_damage(user + size, (size_t)(end - (user + size)));
+    const unsigned char *under = slack_damage(lo, (size_t)((const unsigned char *)tg - lo));
+    if (TAG_UNLIKELY(over || under) && !_tag_reported(tg)) {
+        mark_reported(s, ptr);
+        report(over ? TAG_ANOMALY_HEAP_OVERFLOW : TAG_ANOMALY_HEAP_UNDERFLOW,
+               over ? over : under, s, NULL, ret, frame);
+    }
+    if (TAG_UNLIKELY(_tag_alloc_kind(tg) != dealloc))
+        _tag_report_mismatch(ptr, dealloc, ret, frame);
+}
+
+/* ptr is no live block's start: a second free, or a pointer that was
+ * never a block. */
+static TAG_COLD void bad_release(void *ptr, uint32_t i, void *ret, void *frame)
+{
+    struct libtag_guard_slot *s = i == NO_SLOT ? NULL : &slots[i];
+    if (s && s->user == (uint64_t)(uintptr_t)ptr &&
+        __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == TAG_GUARD_FREED) {
+        struct libtag_free_rec rec = s->rec;
+        report(TAG_ANOMALY_DOUBLE_FREE, ptr, s, &rec, ret, frame);
+        return;
+    }
+    struct tag_report r = {.kind = TAG_ANOMALY_INVALID_FREE, .address = ptr};
+    _tag_anomaly(&r, ret, frame);
+}
+
+void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    uint32_t i = slot_of(ptr);
+    struct libtag_guard_slot *s = i == NO_SLOT ? NULL : &slots[i];
+    uint32_t live = TAG_GUARD_LIVE;
+    if (!s || s->user != (uint64_t)(uintptr_t)ptr ||
+        !__atomic_compare_exchange_n(&s->state, &live, TAG_GUARD_BUSY, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        bad_release(ptr, i, ret, frame);
+        return;
+    }
+    check_live(s, ptr, dealloc, ret, frame);
+    struct libtag_tag *tg = _tag_of(ptr);
+    uint64_t size = _tag_size(tg);
+    struct libtag_free_rec rec = {
+        .free_stack = _tag_capture(t, ret, frame),
+        .free_tid = t->tid,
+        .free_time = _tag_now_ms(),
+    };
+    rec.check = free_rec_check_value((uint64_t)(uintptr_t)tg, _tag_ctl.secret, &rec);
+    _tag_write_freed(ptr);
+    s->tag = *tg;
+    s->rec = rec;
+    count(t, &t->rec->frees, &t->rec->free_bytes, size);
+    __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST))
+        return;  /* opened by a fault: the program may still be in it */
+    mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
+    enqueue(i);
+}
+
+int _tag_guard_check(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    uint32_t i = slot_of(ptr);
+    struct libtag_guard_slot *s = i == NO_SLOT ? NULL : &slots[i];
+    if (!s || s->user != (uint64_t)(uintptr_t)ptr ||
+        __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != TAG_GUARD_LIVE) {
+        bad_release(ptr, i, ret, frame);
+        return 0;
+    }
+    check_live(s, ptr, dealloc, ret, frame);
+    return 1;
+}
+
+size_t _tag_guard_usable(const void *ptr)
+{
+    uint32_t i = slot_of(ptr);
+    if (i == NO_SLOT || slots[i].user != (uint64_t)(uintptr_t)ptr ||
+        __atomic_load_n(&slots[i].state, __ATOMIC_ACQUIRE) != TAG_GUARD_LIVE)
+        return 0;
+    return (size_t)_tag_size(&slots[i].tag);
+}
+
+/* --------------------------------------------------------------- faults -- */
+
+/* Async-signal-safe from here on: no locks, no malloc. */
+
+static int used(uint32_t state)
+{
+    return state == TAG_GUARD_LIVE || state == TAG_GUARD_FREED;
+}
+
+/* The faulting thread's stack at the instruction.  An intern finds the
+ * table lock taken only while another thread inserts (the faulting code
+ * is the program's, which never holds it; a handler of the program that
+ * interrupted an insert of its own thread is why the wait is bounded). */
+static uint32_t fault_stack(struct tag_tls *t, const ucontext_t *uc)
+{
+    uint32_t id = 0;
+    for (int k = 0; k < 100 && !id; k++) {
+        id = _tag_capture_uc(t, uc);
+        if (id || __atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_RELAXED) >=
+                      _tag_ctl.stack_capacity)
+            break;
+        sched_yield();
+    }
+    return id;
+}
+
+int _tag_guard_fault(int sig, void *siv, void *ucv)
+{
+    siginfo_t *si = siv;
+    ucontext_t *uc = ucv;
+    uint64_t bytes = __atomic_load_n(&_tag_ctl.guard_pool_bytes, __ATOMIC_ACQUIRE);
+    uint64_t a = (uint64_t)(uintptr_t)si->si_addr;
+    uint64_t off = a - _tag_ctl.guard_pool;
+    if (sig != SIGSEGV || si->si_code <= 0 || off >= bytes)
+        return 0;
+    int saved = errno;
+    uint32_t kind, i = slot_of(si->si_addr), other = NO_SLOT;
+    char *open_lo;
+    size_t open_len;
+    if (i != NO_SLOT) {
+        /* in a slot: only a freed one is inaccessible; a slot being placed
+         * is opened in a moment (run the instruction again) */
+        uint32_t st = __atomic_load_n(&slots[i].state, __ATOMIC_SEQ_CST);
+        if (st == TAG_GUARD_BUSY) {
+            errno = saved;
+            return 1;
+        }
+        if (st != TAG_GUARD_FREED) {
+            errno = saved;
+            return 0;  /* a wild pointer into an unused slot: not a block's fault */
+        }
+        kind = TAG_ANOMALY_USE_AFTER_FREE;
+        open_lo = slot_base(i);
+        open_len = TAG_GUARD_SLOT_SIZE;
+    } else {
+        /* a guard page: the blocks it separates end at its start (below)
+         * and start at their user pointer (above); the nearer one it is */
+        uint32_t g = (uint32_t)(off / STRIDE);
+        uint64_t page = _tag_ctl.guard_pool + (uint64_t)g * STRIDE;
+        uint32_t below = g > 0 ? g - 1 : NO_SLOT, above = g < capacity ? g : NO_SLOT;
+        int ub = below != NO_SLOT && used(__atomic_load_n(&slots[below].state, __ATOMIC_SEQ_CST));
+        int ua = above != NO_SLOT && used(__atomic_load_n(&slots[above].state, __ATOMIC_SEQ_CST));
+        if (!ub && !ua) {
+            errno = saved;
+            return 0;
+        }
+        int is_below = ub && (!ua || a - page < slots[above].user - a);
+        i = is_below ? below : above;
+        other = is_below ? above : below;
+        kind = is_below ? TAG_ANOMALY_HEAP_OVERFLOW : TAG_ANOMALY_HEAP_UNDERFLOW;
+        open_lo = (char *)(uintptr_t)page;
+        open_len = PAGE;
+    }
+    struct libtag_guard_slot *s = &slots[i];
+    int abort_mode = _tag_opt.on_anomaly == TAG_ON_ABORT;
+    /* retire first (a placement checks it after taking the slot), then
+     * claim the report: one per slot */
+    __atomic_store_n(&s->retired, 1, __ATOMIC_SEQ_CST);
+    if (other != NO_SLOT)
+        __atomic_store_n(&slots[other].retired, 1, __ATOMIC_SEQ_CST);
+    if (kind == TAG_ANOMALY_USE_AFTER_FREE &&
+        __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != TAG_GUARD_FREED) {
+        errno = saved;
+        return 1;  /* placed again meanwhile: the instruction now runs */
+    }
+    if (__atomic_exchange_n(&s->reported, 1, __ATOMIC_ACQ_REL)) {
+        /* reported already: open silently - unless that report is taking
+         * the process down at this instruction */
+        if (!abort_mode)
+            mprotect(open_lo, open_len, PROT_READ | PROT_WRITE);
+        errno = saved;
+        return 1;
+    }
+    __atomic_fetch_add(&_tag_ctl.guard_faults, 1, __ATOMIC_RELAXED);
+    struct tag_tls *t = _tag_self();
+    struct libtag_tag copy = s->tag;
+    struct libtag_free_rec rec = s->rec;
+    uint32_t st = __atomic_load_n(&s->state, __ATOMIC_SEQ_CST);
+    struct tag_report r = {
+        .kind = kind,
+        .address = si->si_addr,
+        .block = (const void *)(uintptr_t)s->user,
+        .tag = &copy,
+        .rec = st == TAG_GUARD_FREED ? &rec : NULL,
+        .access = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? TAG_ACCESS_WRITE : TAG_ACCESS_READ,
+        .pc = (const void *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP],
+    };
+    /* the snapshot shows the memory as the program found it; opened after */
+    _tag_anomaly_at(&r, fault_stack(t, uc));
+    if (abort_mode) {
+        /* die at the instruction: it runs again, faults again, and the
+         * default action of SIGSEGV ends the process (with no second core) */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        _tag_anomaly_no_core();
+        __sigaction(SIGSEGV, &dfl, NULL);
+    } else {
+        mprotect(open_lo, open_len, PROT_READ | PROT_WRITE);
+    }
+    errno = saved;
+    return 1;
+}
+
+/* ------------------------------------------------------------ snapshot -- */
+
+void _tag_guard_expose(void)
+{
+    uint64_t bytes = __atomic_load_n(&_tag_ctl.guard_pool_bytes, __ATOMIC_ACQUIRE);
+    if (bytes)
+        mprotect((void *)(uintptr_t)_tag_ctl.guard_pool, bytes, PROT_READ | PROT_WRITE);
+}

@@ -1,0 +1,274 @@
+/* guard_faults.c - guarded blocks and the accesses a program must not make.
+ * Run under libtag with LIBTAG_GUARD_RATE=1: every allocation is guarded.
+ *
+ *   guard_faults CASE [OFFSET]
+ *
+ * Before the bad access it prints what the test must find:
+ *   block=0x...    the block involved (its user pointer)
+ *   address=0x...  the byte the access touches
+ *   tid=N          the thread that makes the access
+ *   line=N         the source line of the access (in read_byte/write_byte)
+ * then makes it in read_byte() or write_byte(), prints "value=N" (what a
+ * read returned) and "survived", and exits 0.
+ *
+ * Cases: overflow-write, overflow-read (the first byte past the block's
+ * aligned end), underflow-read, underflow-write (the byte below the slot
+ * of a block that fills it), uaf-read OFFSET, uaf-write OFFSET (in the
+ * freeing thread), uaf-read-other OFFSET (a thread frees, main reads),
+ * uaf-write-thread OFFSET (a thread frees and writes), uaf-twice (one
+ * block read twice after free, then a second block: two reports),
+ * slack (a write into the alignment slack: found at free), tag-underflow
+ * (p[-1]: found at free), double-free, own-handler (the program's SIGSEGV
+ * handler catches its own fault; a guarded fault does not reach it),
+ * storm (threads allocate and free while main faults and forks: "bad<k>=0"
+ * when each thread always read back what it wrote),
+ * usable (malloc_usable_size and realloc of guarded blocks), count N
+ * (N allocations of 64 bytes: prints the rate in effect and how many were
+ * guarded, from libtag's control block).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <malloc.h>
+
+#include "tag_abi.h"
+
+/* libtag's, found at run time in the preloaded library */
+extern const void *libtag_control(void) __attribute__((weak));
+
+enum { READ_LINE = __LINE__ + 3 };
+__attribute__((noinline)) int read_byte(volatile unsigned char *p)
+{
+    return *p;
+}
+
+enum { WRITE_LINE = __LINE__ + 3 };
+__attribute__((noinline)) void write_byte(volatile unsigned char *p, int v)
+{
+    *p = (unsigned char)v;
+}
+
+static unsigned tid(void)
+{
+    return (unsigned)syscall(SYS_gettid);
+}
+
+static void expect(const void *block, const volatile void *address, int line)
+{
+    printf("block=%p\naddress=%p\ntid=%u\nline=%d\n", block, (const void *)address, tid(), line);
+}
+
+static void do_read(unsigned char *block, unsigned char *at)
+{
+    expect(block, at, READ_LINE);
+    int v = read_byte(at);
+    printf("value=%d\n", v);
+}
+
+static void do_write(unsigned char *block, unsigned char *at)
+{
+    expect(block, at, WRITE_LINE);
+    write_byte(at, 0x5a);
+    printf("value=%d\n", 0x5a);
+}
+
+/* ------------------------------------------------------------- threads -- */
+
+struct job {
+    size_t offset;
+    unsigned char *block;
+};
+
+static void *free_it(void *arg)
+{
+    struct job *j = arg;
+    j->block = malloc(256);
+    memset(j->block, 1, 256);
+    free(j->block);
+    printf("free_tid=%u\n", tid());
+    return NULL;
+}
+
+static void *free_and_write(void *arg)
+{
+    struct job *j = arg;
+    unsigned char *p = malloc(256);
+    memset(p, 1, 256);
+    free(p);
+    printf("free_tid=%u\n", tid());
+    do_write(p, p + j->offset);
+    return NULL;
+}
+
+/* storm: threads that allocate, fill, check and free until told to stop */
+static volatile int stop, started;
+static unsigned long bad[4], iters[4];
+
+static void *churn(void *arg)
+{
+    unsigned long k = (unsigned long)(uintptr_t)arg;
+    for (unsigned i = 0; !stop; i++) {
+        size_t n = 16 + (i * 37 + k) % 900;
+        unsigned char *p = malloc(n);
+        memset(p, (int)(i & 0xff), n);
+        bad[k] += p[0] != (i & 0xff) || p[n - 1] != (i & 0xff);
+        free(p);
+        if (i == 0)
+            __atomic_add_fetch(&started, 1, __ATOMIC_RELEASE);
+        iters[k]++;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------- own handler -- */
+
+static sigjmp_buf back;
+static volatile int own_faults;
+
+static void own_segv(int sig)
+{
+    (void)sig;
+    own_faults++;
+    siglongjmp(back, 1);
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    const char *c = argc > 1 ? argv[1] : "";
+    size_t off = argc > 2 ? strtoul(argv[2], NULL, 0) : 0;
+
+    if (!strcmp(c, "overflow-write")) {
+        unsigned char *p = malloc(128);
+        do_write(p, p + 128);
+        free(p);
+    } else if (!strcmp(c, "overflow-read")) {
+        unsigned char *p = malloc(100);
+        do_read(p, p + 112);  /* 100 rounded up to 16: the slot's end */
+        free(p);
+    } else if (!strcmp(c, "underflow-read") || !strcmp(c, "underflow-write")) {
+        /* 16384 - 32: the block fills its slot, its tag is the first
+         * bytes of it, and the byte before is the guard page below */
+        unsigned char *p = malloc(16384 - 32);
+        if (c[10] == 'r')
+            do_read(p, p - 33);
+        else
+            do_write(p, p - 33);
+        free(p);
+    } else if (!strcmp(c, "uaf-read") || !strcmp(c, "uaf-write")) {
+        unsigned char *p = malloc(256);
+        memset(p, 1, 256);
+        free(p);
+        printf("free_tid=%u\n", tid());
+        if (c[4] == 'r')
+            do_read(p, p + off);
+        else
+            do_write(p, p + off);
+    } else if (!strcmp(c, "uaf-read-other")) {
+        struct job j = {off, NULL};
+        pthread_t th;
+        pthread_create(&th, NULL, free_it, &j);
+        pthread_join(th, NULL);
+        do_read(j.block, j.block + off);
+    } else if (!strcmp(c, "uaf-write-thread")) {
+        struct job j = {off, NULL};
+        pthread_t th;
+        pthread_create(&th, NULL, free_and_write, &j);
+        pthread_join(th, NULL);
+    } else if (!strcmp(c, "uaf-twice")) {
+        unsigned char *p = malloc(64), *q = malloc(64);
+        free(p);
+        free(q);
+        do_read(p, p + 8);
+        do_read(p, p + 16);   /* the same slot: no second report */
+        do_write(q, q + 24);  /* another slot: reported */
+    } else if (!strcmp(c, "slack")) {
+        unsigned char *p = malloc(100);
+        expect(p, p + 100, 0);
+        write_byte(p + 100, 1);  /* inside the 12 bytes up to the slot's end */
+        free(p);
+    } else if (!strcmp(c, "tag-underflow")) {
+        unsigned char *p = malloc(100);
+        expect(p, p - 1, 0);
+        write_byte(p - 1, 0x41);
+        free(p);
+    } else if (!strcmp(c, "double-free")) {
+        unsigned char *p = malloc(100);
+        expect(p, p, 0);
+        free(p);
+        free(p);
+    } else if (!strcmp(c, "own-handler")) {
+        signal(SIGSEGV, own_segv);
+        if (!sigsetjmp(back, 1))
+            read_byte((volatile unsigned char *)16);  /* the program's own fault */
+        unsigned char *p = malloc(256);
+        free(p);
+        do_read(p, p + 40);  /* libtag's */
+        printf("own_faults=%d\n", own_faults);
+    } else if (!strcmp(c, "storm")) {
+        pthread_t th[4];
+        for (unsigned long k = 0; k < 4; k++)
+            pthread_create(&th[k], NULL, churn, (void *)(uintptr_t)k);
+        while (__atomic_load_n(&started, __ATOMIC_ACQUIRE) < 4)
+            usleep(1000);
+        unsigned char *p = malloc(256);
+        free(p);
+        do_read(p, p + 100);
+        pid_t child = fork();
+        if (child == 0) {
+            /* the pool's lock is free in the child, guarded blocks work */
+            unsigned char *q = malloc(300);
+            memset(q, 3, 300);
+            int s = q[299];
+            free(q);
+            _exit(s == 3 ? 0 : 1);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        stop = 1;
+        for (int k = 0; k < 4; k++)
+            pthread_join(th[k], NULL);
+        printf("child=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        for (int k = 0; k < 4; k++)
+            printf("bad%d=%lu ran=%d\n", k, bad[k], iters[k] > 0);
+    } else if (!strcmp(c, "usable")) {
+        unsigned char *p = calloc(1, 100);
+        int zero = 1;
+        for (int i = 0; i < 100; i++)
+            zero &= p[i] == 0;
+        printf("usable=%zu zero=%d\n", malloc_usable_size(p), zero);
+        memset(p, 7, 100);
+        unsigned char *q = realloc(p, 5000);
+        printf("moved=%d kept=%d usable=%zu\n", q != p, q[99] == 7, malloc_usable_size(q));
+        free(q);
+        void *a = NULL;
+        int rc = posix_memalign(&a, 4096, 200);
+        printf("aligned=%d rc=%d\n", (int)((uintptr_t)a % 4096), rc);
+        free(a);
+        printf("freed_usable=%zu\n", malloc_usable_size(p));
+    } else if (!strcmp(c, "count")) {
+        const struct libtag_control *ctl = libtag_control ? libtag_control() : NULL;
+        if (!ctl)
+            return 3;
+        unsigned long guarded = 0;
+        for (size_t i = 0; i < off; i++) {
+            unsigned char *p = malloc(64);
+            guarded += (uintptr_t)p - ctl->guard_pool < ctl->guard_pool_bytes;
+            free(p);
+        }
+        printf("rate=%u guarded=%lu\n", ctl->guard_rate, guarded);
+    } else {
+        fprintf(stderr, "unknown case %s\n", c);
+        return 2;
+    }
+    printf("survived\n");
+    return 0;
+}

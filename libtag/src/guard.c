@@ -269,6 +269,7 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
     s->reported = 0;
     __atomic_store_n(&s->state, TAG_GUARD_LIVE, __ATOMIC_RELEASE);
     count(t, &t->rec->allocs, &t->rec->alloc_bytes, size);
+    _tag_stats_alloc(t, tg->alloc_stack, size, user);
     errno = saved;
     return user;
 }
@@ -389,6 +390,7 @@ void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, 
     check_live(s, ptr, dealloc, ret, frame);
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
+    _tag_stats_free(t, tg->alloc_stack, size, ptr);
     struct libtag_free_rec rec = {
         .free_stack = _tag_capture(t, ret, frame),
         .free_tid = t->tid,

@@ -60,6 +60,7 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
     }
     uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms(), kind);
+    _tag_stats_alloc(t, stack, size, user);
     if (_tag_opt.sweep_every)
         _tag_sweep_remember(t, user);
     struct libtag_thread *r = t->rec;
@@ -156,6 +157,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
     if (!check_block(ptr, dealloc, ret, frame))
         return;
     uint64_t size = _tag_size(_tag_of(ptr));
+    _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
     uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_freed(ptr);
     struct libtag_thread *r = t->rec;

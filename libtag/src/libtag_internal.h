@@ -65,6 +65,7 @@ struct tag_options {
     int log;                     /* enum tag_log: where log lines go */
     int at_exit;                 /* enum tag_at_exit */
     int stats;                   /* print counters at exit */
+    int stack_stats;             /* LIBTAG_STACK_STATS: per-stack counters */
     int omit_payload;            /* LIBTAG_PAYLOAD=omit */
     int unwind;                  /* enum tag_unwind */
     uint32_t fp_depth;           /* depth bound of fp and CFI walks */
@@ -172,6 +173,9 @@ struct tag_tls {
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
     uint32_t frees;                  /* this thread's frees, for pacing */
+    const void *last_alloc;          /* this thread's newest block: freed
+                                        before the next allocation, it is a
+                                        temporary (stack stats) */
     uint32_t entry_parent, entry_id; /* memo of the last ENTRY node */
     uint64_t entry_fn;
     /* What shadow.id[d+1] was computed from: (id[d], site[d]) at the time.
@@ -259,6 +263,39 @@ static inline uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t 
     if (TAG_LIKELY(t->cache[c].pc == pc && t->cache[c].parent_kind == pk && t->cache[c].id))
         return t->cache[c].id;
     return _tag_intern_slow(t, parent, kind, pc, c);
+}
+/* Per allocation stack counters (struct libtag_stack_stats, by stack id;
+ * control.stack_stats), kept on every allocation and free: relaxed atomic
+ * adds, so threads allocating from one stack lose no count.  peak_bytes is
+ * raised with a plain compare and store: under a race between threads of
+ * the same stack it may miss the last few bytes of a peak, never exceed it.
+ * A temporary is a block freed by the thread that allocated it before that
+ * thread allocated anything else (heaptrack's definition).
+ * LIBTAG_STACK_STATS=0: none kept (_tag_stats NULL, control stack_stats 0). */
+extern struct libtag_stack_stats *_tag_stats;
+TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t size,
+                                 const void *user)
+{
+    if (TAG_UNLIKELY(!_tag_stats))
+        return;
+    struct libtag_stack_stats *s = &_tag_stats[stack];
+    __atomic_fetch_add(&s->allocs, 1, __ATOMIC_RELAXED);
+    uint64_t live = __atomic_add_fetch(&s->live_bytes, size, __ATOMIC_RELAXED);
+    if (TAG_UNLIKELY(live > __atomic_load_n(&s->peak_bytes, __ATOMIC_RELAXED)))
+        __atomic_store_n(&s->peak_bytes, live, __ATOMIC_RELAXED);
+    t->last_alloc = user;
+}
+TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size,
+                                const void *user)
+{
+    if (TAG_UNLIKELY(!_tag_stats))
+        return;
+    struct libtag_stack_stats *s = &_tag_stats[stack];
+    __atomic_fetch_sub(&s->live_bytes, size, __ATOMIC_RELAXED);
+    if (TAG_UNLIKELY(user == t->last_alloc)) {
+        __atomic_fetch_add(&s->temporaries, 1, __ATOMIC_RELAXED);
+        t->last_alloc = NULL;
+    }
 }
 void _tag_stack_table_atfork_prepare(void);
 void _tag_stack_table_atfork_parent(void);

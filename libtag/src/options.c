@@ -20,6 +20,7 @@ struct tag_options _tag_opt = {
     .unwind = TAG_UNWIND_AUTO,
     .fp_depth = 64,
     .stack_nodes = 1u << 20,
+    .stack_stats = 1,
     .quarantine_bytes = 1u << 20,
     .quarantine_fill = 256,
     .sweep_every = 4096,
@@ -125,6 +126,8 @@ void _tag_options_init(void)
     }
     if ((v = getenv("LIBTAG_STATS")))
         _tag_opt.stats = choice("LIBTAG_STATS", v, boolean, 2, "0 or 1");
+    if ((v = getenv("LIBTAG_STACK_STATS")))
+        _tag_opt.stack_stats = choice("LIBTAG_STACK_STATS", v, boolean, 2, "0 or 1");
     if ((v = getenv("LIBTAG_ON_ANOMALY")))
         _tag_opt.on_anomaly = choice("LIBTAG_ON_ANOMALY", v, anomaly, 3,
                                      "snapshot, abort or ignore");

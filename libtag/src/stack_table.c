@@ -22,6 +22,7 @@ static uint32_t *slots;                   /* [slot_mask + 1], 0 = empty */
 static uint32_t capacity;
 static uint32_t slot_mask;
 static int table_lock;
+struct libtag_stack_stats *_tag_stats;    /* [capacity] */
 
 static void *reserve(size_t bytes)
 {
@@ -41,6 +42,11 @@ void _tag_stack_table_init(uint32_t cap)
     slot_mask = nslots - 1;
     nodes = reserve((size_t)cap * sizeof *nodes);
     slots = reserve((size_t)nslots * sizeof *slots);
+    /* address space only: a page is resident once a stack on it allocates */
+    if (_tag_opt.stack_stats) {
+        _tag_stats = reserve((size_t)cap * sizeof *_tag_stats);
+        _tag_ctl.stack_stats = (uint64_t)(uintptr_t)_tag_stats;
+    }
     /* node 0 is the root: the empty stack */
     _tag_ctl.stack_nodes = (uint64_t)(uintptr_t)nodes;
     _tag_ctl.stack_capacity = cap;

@@ -87,6 +87,7 @@ void _tag_init(void)
     }
     in_init = 1;
     _tag_options_init();
+    _tag_pattern_init();
     _tag_ctl.self = (uint64_t)(uintptr_t)&_tag_ctl;
     _tag_ctl.abi_version = TAG_ABI_VERSION;
     _tag_ctl.tag_size = sizeof(struct libtag_tag);

@@ -166,7 +166,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
         __atomic_fetch_add(&r->frees, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
     }
-    _tag_quarantine_put(t, ptr, stack, _tag_now_ms());
+    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)
         _tag_snapshot_reap();

@@ -85,60 +85,102 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
     return 0;
 }
 
-static void evict_one(struct libtag_quarantine_ring *q)
+/* Prefetch distances, in ring entries: the oldest blocks are cold (a
+ * budget's worth of frees ago), and each eviction reads the tag and the
+ * patterned payload of one of them.  So each eviction asks for the tag
+ * line of the block AHEAD_TAG entries on, and for the payload lines of the
+ * one AHEAD_FILL on, whose tag it asked for earlier (its size says how many
+ * lines: up to the fill cap).  Only entries in [head, head + count) are
+ * read: a stale entry's block may be unmapped. */
+#define AHEAD_TAG  16u
+#define AHEAD_FILL 8u
+
+TAG_INLINE void prefetch_ahead(const struct libtag_quarantine_ring *q)
 {
-    TAG_ASSERT(q->count > 0 && q->count <= RING_SLOTS && q->head < RING_SLOTS);
-    struct libtag_qentry e = q->e[q->head];
-    void *user = (void *)(uintptr_t)e.user;
+    uint32_t count = q->count, head = q->head;
+    if (TAG_LIKELY(count > AHEAD_TAG))
+        __builtin_prefetch((const char *)(uintptr_t)q->e[(head + AHEAD_TAG) % RING_SLOTS].user -
+                           sizeof(struct libtag_tag));
+    if (TAG_LIKELY(count > AHEAD_FILL)) {
+        const char *user = (const char *)(uintptr_t)q->e[(head + AHEAD_FILL) % RING_SLOTS].user;
+        size_t n = _tag_fill_len(_tag_of(user));
+        /* the tag's line holds the payload's first 32 bytes at least */
+        for (size_t off = 64 - sizeof(struct libtag_tag); off < n; off += 64)
+            __builtin_prefetch(user + off);
+    }
+}
+
+/* The oldest block leaves: checked, then handed back. */
+TAG_INLINE void evict_one(struct libtag_quarantine_ring *q)
+{
+    uint32_t head = q->head, count = q->count;
+    TAG_ASSERT(count > 0 && count <= RING_SLOTS && head < RING_SLOTS);
+#ifndef TAG_NO_PREFETCH
+    prefetch_ahead(q);
+#endif
+    const struct libtag_qentry *e = &q->e[head];
+    void *user = (void *)(uintptr_t)e->user;
     /* count first: in between, the range lacks the newest entry (still
-     * held, so harmless); never does it include a block handed back */
-    __atomic_store_n(&q->count, q->count - 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&q->head, (q->head + 1) % RING_SLOTS, __ATOMIC_RELEASE);
+     * held, so harmless); never does it include a block handed back.  The
+     * entry itself stays as it is until a later put reuses the slot. */
+    __atomic_store_n(&q->count, count - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&q->head, (head + 1) % RING_SLOTS, __ATOMIC_RELEASE);
     struct libtag_tag *t = _tag_of(user);
     uint64_t size;
     if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED)) {
         size = _tag_size(t);
         size_t off = _tag_freed_damage(user);
-        if (TAG_UNLIKELY(off != TAG_INTACT))
-            report_uaf(user, off, &e.rec);
+        if (TAG_UNLIKELY(off != TAG_INTACT)) {
+            struct libtag_free_rec rec = e->rec;
+            report_uaf(user, off, &rec);
+        }
         _tag_real_release(user);
     } else {
-        size = evict_damaged(user, &e.rec);
+        struct libtag_free_rec rec = e->rec;
+        size = evict_damaged(user, &rec);
     }
-    q->bytes -= size < q->bytes ? size : q->bytes;
+    uint64_t bytes = q->bytes;
+    q->bytes = bytes - (size < bytes ? size : bytes);
 }
 
-static struct libtag_quarantine_ring *ring_of(struct tag_tls *t)
+static TAG_NOINLINE void evict_all(struct libtag_quarantine_ring *q)
 {
-    if (TAG_UNLIKELY(t->quarantine == NULL)) {
-        void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
-        if (p == NULL)
-            return NULL;
-        t->quarantine = p;
-        t->rec->quarantine = (uint64_t)(uintptr_t)p;  /* readers skip it */
-    }
-    return t->quarantine;
+    while (q->count)
+        evict_one(q);
 }
 
-void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uint32_t now)
+static TAG_COLD struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
 {
-    struct libtag_tag *tag = _tag_of(user);
-    uint64_t size = _tag_size(tag);
-    struct libtag_quarantine_ring *q;
-    if (t->exiting || size > _tag_opt.quarantine_bytes || !(q = ring_of(t))) {
+    void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
+    if (p == NULL)
+        return NULL;
+    t->quarantine = p;
+    t->rec->quarantine = (uint64_t)(uintptr_t)p;  /* readers skip it */
+    return p;
+}
+
+void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size, uint32_t free_stack,
+                         uint32_t now)
+{
+    struct libtag_quarantine_ring *q = t->quarantine;
+    uint64_t budget = _tag_opt.quarantine_bytes;
+    TAG_ASSERT(size == _tag_size(_tag_of(user)));
+    if (TAG_UNLIKELY(t->exiting || size > budget || (!q && !(q = ring_new(t))))) {
         _tag_real_release(user);
         return;
     }
-    while (q->count == RING_SLOTS || (q->count && q->bytes + size > _tag_opt.quarantine_bytes))
+    while (q->count == RING_SLOTS || (q->count && q->bytes + size > budget))
         evict_one(q);
-    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= _tag_opt.quarantine_bytes);
-    TAG_ASSERT(_tag_state(tag) == TAG_STATE_FREED);
+    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= budget);
+    TAG_ASSERT(_tag_state(_tag_of(user)) == TAG_STATE_FREED);
     struct libtag_qentry *e = &q->e[(q->head + q->count) % RING_SLOTS];
     e->user = (uint64_t)(uintptr_t)user;
+    uint64_t tag_addr = (uint64_t)(uintptr_t)user - sizeof(struct libtag_tag);
     e->rec.free_stack = free_stack;
     e->rec.free_tid = t->tid;
     e->rec.free_time = now;
-    e->rec.check = free_rec_check_value((uint64_t)(uintptr_t)tag, _tag_ctl.secret, &e->rec);
+    e->rec.check = _tag_free_check_of(tag_addr, free_stack, t->tid, now);
+    TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
     q->bytes += size;
     /* the entry is complete before the range includes it */
     __atomic_store_n(&q->count, q->count + 1, __ATOMIC_RELEASE);
@@ -147,8 +189,8 @@ void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uin
 void _tag_quarantine_flush(struct tag_tls *t)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
-    while (q && q->count)
-        evict_one(q);
+    if (q)
+        evict_all(q);
 }
 
 /* Called once, when the thread exits (thread.c sets t->exiting right after,

@@ -108,11 +108,19 @@ static inline void _tag_ensure_init(void)
         _tag_init();
 }
 /* ms since start_mono_ns: on every allocation and free, so inline (the
- * clock is the vDSO's, no system call). */
+ * clock is the vDSO's, no system call, called directly when control.c
+ * found it).  Exact to the coarse clock's tick: a cached value refreshed
+ * every N operations would save the call but stamp the first operations
+ * after a thread sleeps with the time before it, by as long as it slept. */
+extern int (*_tag_vdso_gettime)(clockid_t, struct timespec *);
 TAG_INLINE uint32_t _tag_now_ms(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int (*f)(clockid_t, struct timespec *) = _tag_vdso_gettime;
+    if (TAG_LIKELY(f != NULL))
+        f(CLOCK_MONOTONIC_COARSE, &ts);
+    else
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
 }
@@ -172,6 +180,8 @@ struct tag_tls {
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
+    int *errno_at;                   /* this thread's errno (free() keeps
+                                        it): no __errno_location call */
     uint32_t frees;                  /* this thread's frees, for pacing */
     uint32_t entry_parent, entry_id; /* memo of the last ENTRY node */
     uint64_t entry_fn;
@@ -616,11 +626,48 @@ TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *
 TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 
 /* -------------------------------------------------------- quarantine.c */
+/* Evict (check, then really free) the oldest blocks of q until size more
+ * bytes fit budget. */
+void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget);
+/* The rare cases of a put: the ring to put user in, or NULL when it was
+ * released directly (the thread exits, it exceeds the budget, no ring). */
+TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user,
+                                                             uint64_t size);
 /* Put a freed block of size bytes (freed by this thread, now, from
  * free_stack) and its free record in the calling thread's quarantine;
- * evicts (checks, then really frees) the oldest blocks beyond the budget. */
-void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size, uint32_t free_stack,
-                         uint32_t now);
+ * evicts the oldest blocks beyond the budget.  Inline: once per free.
+ * head and count change so that [head, head + count) names only blocks
+ * still held, at every instant (see quarantine.c). */
+TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size,
+                                    uint32_t free_stack, uint32_t now)
+{
+    struct libtag_quarantine_ring *q = t->quarantine;
+    uint64_t budget = _tag_opt.quarantine_bytes;
+    TAG_ASSERT(size == _tag_size(_tag_of(user)));
+    if (TAG_UNLIKELY(!q || t->exiting || size > budget)) {
+        if (!(q = _tag_quarantine_slow(t, user, size)))
+            return;
+    }
+    uint32_t count = q->count;
+    if (count == TAG_QUARANTINE_SLOTS || (count && q->bytes + size > budget)) {
+        _tag_quarantine_make_room(q, size, budget);
+        count = q->count;
+    }
+    TAG_ASSERT(count < TAG_QUARANTINE_SLOTS && q->bytes + size <= budget);
+    TAG_ASSERT(_tag_state(_tag_of(user)) == TAG_STATE_FREED);
+    struct libtag_qentry *e = &q->e[(q->head + count) % TAG_QUARANTINE_SLOTS];
+    uint64_t tag_addr = (uint64_t)(uintptr_t)user - sizeof(struct libtag_tag);
+    uint32_t tid = t->tid;
+    e->user = (uint64_t)(uintptr_t)user;
+    e->rec.free_stack = free_stack;
+    e->rec.free_tid = tid;
+    e->rec.free_time = now;
+    e->rec.check = _tag_free_check_of(tag_addr, free_stack, tid, now);
+    TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
+    q->bytes += size;
+    /* the entry is complete before the range includes it */
+    __atomic_store_n(&q->count, count + 1, __ATOMIC_RELEASE);
+}
 /* Check and hand back every block of the thread's quarantine; drain also
  * unmaps the ring (thread exit), flush keeps it (process exit). */
 void _tag_quarantine_flush(struct tag_tls *t);

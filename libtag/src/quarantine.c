@@ -92,8 +92,12 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
  * one AHEAD_FILL on, whose tag it asked for earlier (its size says how many
  * lines: up to the fill cap).  Only entries in [head, head + count) are
  * read: a stale entry's block may be unmapped. */
+#ifndef AHEAD_TAG
 #define AHEAD_TAG  16u
+#endif
+#ifndef AHEAD_FILL
 #define AHEAD_FILL 8u
+#endif
 
 TAG_INLINE void prefetch_ahead(const struct libtag_quarantine_ring *q)
 {
@@ -149,7 +153,7 @@ static TAG_NOINLINE void evict_all(struct libtag_quarantine_ring *q)
         evict_one(q);
 }
 
-static TAG_COLD struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
+static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
 {
     void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
     if (p == NULL)
@@ -159,31 +163,26 @@ static TAG_COLD struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
     return p;
 }
 
-void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size, uint32_t free_stack,
-                         uint32_t now)
+/* Evict the oldest blocks until size more bytes fit the budget (the put
+ * itself is inline in free(), libtag_internal.h).  Out of line, so that
+ * only q, size and budget stay live across the calls into glibc. */
+void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget)
+{
+    do
+        evict_one(q);
+    while (q->count && (q->count == RING_SLOTS || q->bytes + size > budget));
+}
+
+/* The put's rare cases: no ring yet (mapped now), the thread is exiting,
+ * the block is larger than the whole budget, or no ring can be mapped.
+ * Returns the ring to put the block in, or NULL when it was released. */
+struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user, uint64_t size)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
-    uint64_t budget = _tag_opt.quarantine_bytes;
-    TAG_ASSERT(size == _tag_size(_tag_of(user)));
-    if (TAG_UNLIKELY(t->exiting || size > budget || (!q && !(q = ring_new(t))))) {
-        _tag_real_release(user);
-        return;
-    }
-    while (q->count == RING_SLOTS || (q->count && q->bytes + size > budget))
-        evict_one(q);
-    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= budget);
-    TAG_ASSERT(_tag_state(_tag_of(user)) == TAG_STATE_FREED);
-    struct libtag_qentry *e = &q->e[(q->head + q->count) % RING_SLOTS];
-    e->user = (uint64_t)(uintptr_t)user;
-    uint64_t tag_addr = (uint64_t)(uintptr_t)user - sizeof(struct libtag_tag);
-    e->rec.free_stack = free_stack;
-    e->rec.free_tid = t->tid;
-    e->rec.free_time = now;
-    e->rec.check = _tag_free_check_of(tag_addr, free_stack, t->tid, now);
-    TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
-    q->bytes += size;
-    /* the entry is complete before the range includes it */
-    __atomic_store_n(&q->count, q->count + 1, __ATOMIC_RELEASE);
+    if (!t->exiting && size <= _tag_opt.quarantine_bytes && (q || (q = ring_new(t))))
+        return q;
+    _tag_real_release(user);
+    return NULL;
 }
 
 void _tag_quarantine_flush(struct tag_tls *t)

@@ -85,43 +85,11 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
     return 0;
 }
 
-/* Prefetch distances, in ring entries: the oldest blocks are cold (a
- * budget's worth of frees ago), and each eviction reads the tag and the
- * patterned payload of one of them.  So each eviction asks for the tag
- * line of the block AHEAD_TAG entries on, and for the payload lines of the
- * one AHEAD_FILL on, whose tag it asked for earlier (its size says how many
- * lines: up to the fill cap).  Only entries in [head, head + count) are
- * read: a stale entry's block may be unmapped. */
-#ifndef AHEAD_TAG
-#define AHEAD_TAG  16u
-#endif
-#ifndef AHEAD_FILL
-#define AHEAD_FILL 8u
-#endif
-
-TAG_INLINE void prefetch_ahead(const struct libtag_quarantine_ring *q)
-{
-    uint32_t count = q->count, head = q->head;
-    if (TAG_LIKELY(count > AHEAD_TAG))
-        __builtin_prefetch((const char *)(uintptr_t)q->e[(head + AHEAD_TAG) % RING_SLOTS].user -
-                           sizeof(struct libtag_tag));
-    if (TAG_LIKELY(count > AHEAD_FILL)) {
-        const char *user = (const char *)(uintptr_t)q->e[(head + AHEAD_FILL) % RING_SLOTS].user;
-        size_t n = _tag_fill_len(_tag_of(user));
-        /* the tag's line holds the payload's first 32 bytes at least */
-        for (size_t off = 64 - sizeof(struct libtag_tag); off < n; off += 64)
-            __builtin_prefetch(user + off);
-    }
-}
-
 /* The oldest block leaves: checked, then handed back. */
 TAG_INLINE void evict_one(struct libtag_quarantine_ring *q)
 {
     uint32_t head = q->head, count = q->count;
     TAG_ASSERT(count > 0 && count <= RING_SLOTS && head < RING_SLOTS);
-#ifndef TAG_NO_PREFETCH
-    prefetch_ahead(q);
-#endif
     const struct libtag_qentry *e = &q->e[head];
     void *user = (void *)(uintptr_t)e->user;
     /* count first: in between, the range lacks the newest entry (still

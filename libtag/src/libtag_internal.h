@@ -457,7 +457,7 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* Is the page holding addr mapped (mincore)?  errno is kept. */
+/* Is the page holding addr mapped (msync, else mincore)?  errno is kept. */
 int _tag_page_mapped(const void *addr);
 /* Is user a live/freed block of ours?  Reads only memory on user's page
  * or, when the tag may lie on another page or in a chunk free() may have

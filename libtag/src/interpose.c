@@ -127,7 +127,7 @@ static TAG_COLD int damaged_or_invalid(void *ptr, uint32_t dealloc, void *ret, v
 /* Validate ptr as a block we handed out, released as dealloc expects; on
  * a failure that leaves the block unusable, report it and return 0 so the
  * caller skips the operation. */
-static inline int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
+TAG_INLINE int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     switch (_tag_lookup(ptr)) {
     case TAG_IS_LIVE: {
@@ -168,7 +168,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
         __atomic_fetch_add(&r->frees, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
     }
-    _tag_quarantine_put(t, ptr, stack, _tag_now_ms());
+    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)
         _tag_snapshot_reap();
@@ -186,9 +186,13 @@ TAG_EXPORT void free(void *ptr)
 {
     if (!ptr)
         return;
-    int saved = errno;  /* POSIX.1-2024: free() does not change errno */
+    /* POSIX.1-2024: free() does not change errno */
+    int *e = _tag_tls.errno_at;
+    if (TAG_UNLIKELY(!e))
+        e = _tag_tls.errno_at = &errno;
+    int saved = *e;
     _tag_free(ptr, TAG_ALLOC_MALLOC, RET, FRAME);
-    errno = saved;
+    *e = saved;
 }
 
 TAG_EXPORT void *calloc(size_t nmemb, size_t size)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <emmintrin.h>  /* SSE2: the free pattern (tag.c section) */
 #include "tag_abi.h"
 
 #define TAG_EXPORT  __attribute__((visibility("default")))
@@ -108,11 +109,19 @@ static inline void _tag_ensure_init(void)
         _tag_init();
 }
 /* ms since start_mono_ns: on every allocation and free, so inline (the
- * clock is the vDSO's, no system call). */
+ * clock is the vDSO's, no system call, called directly when control.c
+ * found it).  Exact to the coarse clock's tick: a cached value refreshed
+ * every N operations would save the call but stamp the first operations
+ * after a thread sleeps with the time before it, by as long as it slept. */
+extern int (*_tag_vdso_gettime)(clockid_t, struct timespec *);
 TAG_INLINE uint32_t _tag_now_ms(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int (*f)(clockid_t, struct timespec *) = _tag_vdso_gettime;
+    if (TAG_LIKELY(f != NULL))
+        f(CLOCK_MONOTONIC_COARSE, &ts);
+    else
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
 }
@@ -172,6 +181,8 @@ struct tag_tls {
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
+    int *errno_at;                   /* this thread's errno (free() keeps
+                                        it): no __errno_location call */
     uint32_t frees;                  /* this thread's frees, for pacing */
     const void *last_alloc;          /* this thread's newest block: freed
                                         before the next allocation, it is a
@@ -423,10 +434,52 @@ static inline uint32_t _tag_alloc_kind(const struct libtag_tag *t)
 {
     return (uint32_t)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
 }
+/* tag_check_value() and free_rec_check_value() (tag_abi.h) of fields held
+ * in registers.  The writers compute check values from these, not from the
+ * fields just stored: the ABI versions load alloc_stack and alloc_tid (and
+ * free_stack and free_tid) as one 64-bit word, which cannot be forwarded
+ * from the two 32-bit stores that wrote them - the load waits for the
+ * stores to reach the cache (perf: 17 % of the quarantine's time sat on
+ * that one load).  Debug builds check both agree. */
+TAG_INLINE uint32_t _tag_check_of(uint64_t tag_addr, uint64_t size_state, uint32_t stack,
+                                  uint32_t tid, uint32_t time, uint32_t pad)
+{
+    uint64_t h = tag_addr ^ _tag_ctl.secret;
+    h = (h ^ size_state) * TAG_MIX1;
+    h = (h ^ ((uint64_t)tid << 32 | stack)) * TAG_MIX1;
+    h = (h ^ ((uint64_t)pad << 32 | time)) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+TAG_INLINE uint32_t _tag_free_check_of(uint64_t tag_addr, uint32_t stack, uint32_t tid,
+                                       uint32_t time)
+{
+    uint64_t h = tag_addr ^ _tag_ctl.secret ^ TAG_FREE_SALT;
+    h = (h ^ ((uint64_t)tid << 32 | stack)) * TAG_MIX1;
+    h = (h ^ time) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
 /* Write a live tag and canary for a block of size bytes at user, allocated
- * as kind (enum libtag_alloc_kind). */
-void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
-                     uint32_t tid, uint32_t now, uint32_t kind);
+ * as kind (enum libtag_alloc_kind).  Inline: once per allocation. */
+TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
+                                uint32_t tid, uint32_t now, uint32_t kind)
+{
+    struct libtag_tag *t = _tag_of(user);
+    uint64_t addr = (uint64_t)(uintptr_t)t;
+    TAG_ASSERT(((uintptr_t)user & 15) == 0 && kind <= TAG_ALLOC_NEW_ARRAY_ALIGNED);
+    uint64_t size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT |
+                          (uint64_t)kind << TAG_ALLOC_SHIFT;
+    t->size_state = size_state;
+    t->alloc_stack = stack;
+    t->alloc_tid = tid;
+    t->alloc_time = now;
+    t->pad = pad;
+    t->check = _tag_check_of(addr, size_state, stack, tid, now, pad);
+    TAG_ASSERT(t->check == tag_check_value(addr, _tag_ctl.secret, t));
+    uint64_t canary = tag_canary_value(addr, _tag_ctl.secret);
+    memcpy((char *)user + size, &canary, sizeof canary);
+    t->magic = TAG_MAGIC;
+}
 /* Set bits of size_state (TAG_FLAG_REPORTED, an alloc kind) and keep the
  * check value in step. */
 void _tag_set_bits(void *user, uint64_t clear, uint64_t set);
@@ -441,7 +494,7 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* Is the page holding addr mapped (mincore)?  errno is kept. */
+/* Is the page holding addr mapped (msync, else mincore)?  errno is kept. */
 int _tag_page_mapped(const void *addr);
 /* Is user a live/freed block of ours?  Reads only memory on user's page
  * or, when the tag may lie on another page or in a chunk free() may have
@@ -478,14 +531,112 @@ TAG_INLINE int _tag_canary_ok(const void *user)
 /* The first damaged byte of a live block's canary, as an offset from the
  * canary's start (0..7); the canary must be known to be bad. */
 unsigned _tag_canary_damage(const void *user);
-/* Mark freed and pattern the payload (the free record goes to the ring). */
-void _tag_write_freed(void *user);
-/* Bytes of a freed block's payload that hold TAG_FREE_PATTERN. */
-size_t _tag_fill_len(const struct libtag_tag *t);
-/* The offset of the first byte of a freed block's patterned payload that
- * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid. */
+/* The free pattern, written and checked with AVX2 where the CPU has it
+ * (tag.c: 8 stores or 8 compares for the default 256-byte fill, no setup)
+ * and inline SSE2 (x86_64's baseline) otherwise or for the short ones: a
+ * call to memset and one to memcmp against a page of the pattern cost more
+ * (callgrind, allocbench: 80 Ir/op for the check alone).  p is 16-aligned
+ * (a user pointer); any n works. */
+#define TAG_PATTERN64 (0x0101010101010101ull * TAG_FREE_PATTERN)
+extern int _tag_have_avx2;  /* tag.c: set once, at start */
+TAG_COLD void _tag_pattern_init(void);
+void _tag_pattern_fill_avx2(void *p, size_t n);            /* n >= 32 */
+size_t _tag_pattern_damage_avx2(const void *p, size_t n);  /* n >= 32 */
+TAG_INLINE void _tag_pattern_fill(void *p, size_t n)
+{
+    char *c = (char *)p;
+    if (TAG_LIKELY(n >= 32 && _tag_have_avx2)) {
+        _tag_pattern_fill_avx2(p, n);
+        return;
+    }
+    if (TAG_LIKELY(n >= 16)) {
+        const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm_store_si128((__m128i *)(c + i), v);
+        if (i < n)  /* the last 16 bytes, overlapping */
+            _mm_storeu_si128((__m128i *)(c + n - 16), v);
+        return;
+    }
+    uint64_t w = TAG_PATTERN64;
+    if (n >= 8) {
+        memcpy(c, &w, 8);
+        memcpy(c + n - 8, &w, 8);
+    } else if (n >= 4) {
+        memcpy(c, &w, 4);
+        memcpy(c + n - 4, &w, 4);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            c[i] = (char)TAG_FREE_PATTERN;
+    }
+}
+/* The offset of the first byte of p[0..n) that is not TAG_FREE_PATTERN,
+ * or TAG_INTACT. */
 #define TAG_INTACT ((size_t)-1)
-size_t _tag_freed_damage(const void *user);
+TAG_COLD size_t _tag_pattern_first_bad(const void *p, size_t n);
+TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
+{
+    const char *c = (const char *)p;
+    if (TAG_LIKELY(n >= 32 && _tag_have_avx2))
+        return _tag_pattern_damage_avx2(p, n);
+    if (TAG_LIKELY(n >= 16)) {
+        const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);
+        __m128i a = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(c + n - 16)), v);
+        for (size_t i = 0; i + 16 <= n; i += 16)
+            a = _mm_and_si128(a, _mm_cmpeq_epi8(_mm_load_si128((const __m128i *)(c + i)), v));
+        if (TAG_LIKELY(_mm_movemask_epi8(a) == 0xffff))
+            return TAG_INTACT;
+    } else {
+        uint64_t x, y;
+        if (n >= 8) {
+            memcpy(&x, c, 8);
+            memcpy(&y, c + n - 8, 8);
+            if (TAG_LIKELY(((x ^ TAG_PATTERN64) | (y ^ TAG_PATTERN64)) == 0))
+                return TAG_INTACT;
+        } else if (n >= 4) {
+            uint32_t u, w;
+            memcpy(&u, c, 4);
+            memcpy(&w, c + n - 4, 4);
+            if (TAG_LIKELY(((u ^ (uint32_t)TAG_PATTERN64) | (w ^ (uint32_t)TAG_PATTERN64)) == 0))
+                return TAG_INTACT;
+        } else {
+            size_t i = 0;
+            while (i < n && (unsigned char)c[i] == TAG_FREE_PATTERN)
+                i++;
+            if (i == n)
+                return TAG_INTACT;
+        }
+    }
+    return _tag_pattern_first_bad(p, n);
+}
+/* Bytes of a freed block's payload that hold TAG_FREE_PATTERN. */
+TAG_INLINE size_t _tag_fill_len(const struct libtag_tag *t)
+{
+    uint64_t size = _tag_size(t);
+    return size < _tag_opt.quarantine_fill ? (size_t)size : _tag_opt.quarantine_fill;
+}
+/* Mark freed and pattern the payload (the free record goes to the ring).
+ * free() marks the tag before the block can be reused by anyone, so a
+ * reader never sees a freed block that still claims to be live.  The whole
+ * payload up to the fill cap gets the pattern: the free record is kept in
+ * the quarantine ring, so the first bytes of an object - a refcount, a
+ * vtable pointer, a next pointer, what a dangling pointer writes first - are
+ * watched like the rest. */
+TAG_INLINE void _tag_write_freed(void *user)
+{
+    struct libtag_tag *t = _tag_of(user);
+    _tag_pattern_fill(user, _tag_fill_len(t));
+    t->size_state = (t->size_state & ~((uint64_t)0xff << TAG_STATE_SHIFT)) |
+                    (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
+    t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
+}
+/* The offset of the first byte of a freed block's patterned payload that
+ * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid.
+ * Async-signal-safe (the snapshot child checks every ring with it). */
+TAG_INLINE size_t _tag_freed_damage(const void *user)
+{
+    return _tag_pattern_damage(user, _tag_fill_len(_tag_of(user)));
+}
 
 /* ---------------------------------------------------------- damage.c */
 /* Undo damage to the last bytes of a tag (an underflow of up to 4 bytes hits
@@ -512,10 +663,48 @@ TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *
 TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 
 /* -------------------------------------------------------- quarantine.c */
-/* Put a freed block (freed by this thread, now, from free_stack) and its
- * free record in the calling thread's quarantine;
- * evicts (checks, then really frees) the oldest blocks beyond the budget. */
-void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uint32_t now);
+/* Evict (check, then really free) the oldest blocks of q until size more
+ * bytes fit budget. */
+void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget);
+/* The rare cases of a put: the ring to put user in, or NULL when it was
+ * released directly (the thread exits, it exceeds the budget, no ring). */
+TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user,
+                                                             uint64_t size);
+/* Put a freed block of size bytes (freed by this thread, now, from
+ * free_stack) and its free record in the calling thread's quarantine;
+ * evicts the oldest blocks beyond the budget.  Inline: once per free.
+ * head and count change so that [head, head + count) names only blocks
+ * still held, at every instant (see quarantine.c). */
+TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size,
+                                    uint32_t free_stack, uint32_t now)
+{
+    struct libtag_quarantine_ring *q = t->quarantine;
+    uint64_t budget = _tag_opt.quarantine_bytes;
+    TAG_ASSERT(size == _tag_size(_tag_of(user)));
+    if (TAG_UNLIKELY(!q || t->exiting || size > budget)) {
+        if (!(q = _tag_quarantine_slow(t, user, size)))
+            return;
+    }
+    uint32_t count = q->count;
+    if (count == TAG_QUARANTINE_SLOTS || (count && q->bytes + size > budget)) {
+        _tag_quarantine_make_room(q, size, budget);
+        count = q->count;
+    }
+    TAG_ASSERT(count < TAG_QUARANTINE_SLOTS && q->bytes + size <= budget);
+    TAG_ASSERT(_tag_state(_tag_of(user)) == TAG_STATE_FREED);
+    struct libtag_qentry *e = &q->e[(q->head + count) % TAG_QUARANTINE_SLOTS];
+    uint64_t tag_addr = (uint64_t)(uintptr_t)user - sizeof(struct libtag_tag);
+    uint32_t tid = t->tid;
+    e->user = (uint64_t)(uintptr_t)user;
+    e->rec.free_stack = free_stack;
+    e->rec.free_tid = tid;
+    e->rec.free_time = now;
+    e->rec.check = _tag_free_check_of(tag_addr, free_stack, tid, now);
+    TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
+    q->bytes += size;
+    /* the entry is complete before the range includes it */
+    __atomic_store_n(&q->count, count + 1, __ATOMIC_RELEASE);
+}
 /* Check and hand back every block of the thread's quarantine; drain also
  * unmaps the ring (thread exit), flush keeps it (process exit). */
 void _tag_quarantine_flush(struct tag_tls *t);

@@ -85,70 +85,79 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
     return 0;
 }
 
-static void evict_one(struct libtag_quarantine_ring *q)
+/* The oldest block leaves: checked, then handed back. */
+TAG_INLINE void evict_one(struct libtag_quarantine_ring *q)
 {
-    TAG_ASSERT(q->count > 0 && q->count <= RING_SLOTS && q->head < RING_SLOTS);
-    struct libtag_qentry e = q->e[q->head];
-    void *user = (void *)(uintptr_t)e.user;
+    uint32_t head = q->head, count = q->count;
+    TAG_ASSERT(count > 0 && count <= RING_SLOTS && head < RING_SLOTS);
+    const struct libtag_qentry *e = &q->e[head];
+    void *user = (void *)(uintptr_t)e->user;
     /* count first: in between, the range lacks the newest entry (still
-     * held, so harmless); never does it include a block handed back */
-    __atomic_store_n(&q->count, q->count - 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&q->head, (q->head + 1) % RING_SLOTS, __ATOMIC_RELEASE);
+     * held, so harmless); never does it include a block handed back.  The
+     * entry itself stays as it is until a later put reuses the slot. */
+    __atomic_store_n(&q->count, count - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&q->head, (head + 1) % RING_SLOTS, __ATOMIC_RELEASE);
     struct libtag_tag *t = _tag_of(user);
     uint64_t size;
     if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED)) {
         size = _tag_size(t);
         size_t off = _tag_freed_damage(user);
-        if (TAG_UNLIKELY(off != TAG_INTACT))
-            report_uaf(user, off, &e.rec);
+        if (TAG_UNLIKELY(off != TAG_INTACT)) {
+            struct libtag_free_rec rec = e->rec;
+            report_uaf(user, off, &rec);
+        }
         _tag_real_release(user);
     } else {
-        size = evict_damaged(user, &e.rec);
+        struct libtag_free_rec rec = e->rec;
+        size = evict_damaged(user, &rec);
     }
-    q->bytes -= size < q->bytes ? size : q->bytes;
+    uint64_t bytes = q->bytes;
+    q->bytes = bytes - (size < bytes ? size : bytes);
 }
 
-static struct libtag_quarantine_ring *ring_of(struct tag_tls *t)
+static TAG_NOINLINE void evict_all(struct libtag_quarantine_ring *q)
 {
-    if (TAG_UNLIKELY(t->quarantine == NULL)) {
-        void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
-        if (p == NULL)
-            return NULL;
-        t->quarantine = p;
-        t->rec->quarantine = (uint64_t)(uintptr_t)p;  /* readers skip it */
-    }
-    return t->quarantine;
-}
-
-void _tag_quarantine_put(struct tag_tls *t, void *user, uint32_t free_stack, uint32_t now)
-{
-    struct libtag_tag *tag = _tag_of(user);
-    uint64_t size = _tag_size(tag);
-    struct libtag_quarantine_ring *q;
-    if (t->exiting || size > _tag_opt.quarantine_bytes || !(q = ring_of(t))) {
-        _tag_real_release(user);
-        return;
-    }
-    while (q->count == RING_SLOTS || (q->count && q->bytes + size > _tag_opt.quarantine_bytes))
+    while (q->count)
         evict_one(q);
-    TAG_ASSERT(q->count < RING_SLOTS && q->bytes + size <= _tag_opt.quarantine_bytes);
-    TAG_ASSERT(_tag_state(tag) == TAG_STATE_FREED);
-    struct libtag_qentry *e = &q->e[(q->head + q->count) % RING_SLOTS];
-    e->user = (uint64_t)(uintptr_t)user;
-    e->rec.free_stack = free_stack;
-    e->rec.free_tid = t->tid;
-    e->rec.free_time = now;
-    e->rec.check = free_rec_check_value((uint64_t)(uintptr_t)tag, _tag_ctl.secret, &e->rec);
-    q->bytes += size;
-    /* the entry is complete before the range includes it */
-    __atomic_store_n(&q->count, q->count + 1, __ATOMIC_RELEASE);
+}
+
+static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
+{
+    void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
+    if (p == NULL)
+        return NULL;
+    t->quarantine = p;
+    t->rec->quarantine = (uint64_t)(uintptr_t)p;  /* readers skip it */
+    return p;
+}
+
+/* Evict the oldest blocks until size more bytes fit the budget (the put
+ * itself is inline in free(), libtag_internal.h).  Out of line, so that
+ * only q, size and budget stay live across the calls into glibc. */
+void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget)
+{
+    do
+        evict_one(q);
+    while (q->count && (q->count == RING_SLOTS || q->bytes + size > budget));
+}
+
+/* The put's rare cases: no ring yet (mapped now), the thread is exiting,
+ * the block is larger than the whole budget, or no ring can be mapped.
+ * Returns the ring to put the block in, or NULL when it was released. */
+struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user, uint64_t size)
+{
+    struct libtag_quarantine_ring *q = t->quarantine;
+    if (!t->exiting && size <= _tag_opt.quarantine_bytes && (q || (q = ring_new(t))))
+        return q;
+    _tag_real_release(user);
+    return NULL;
 }
 
 void _tag_quarantine_flush(struct tag_tls *t)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
-    while (q && q->count)
-        evict_one(q);
+    if (q)
+        evict_all(q);
 }
 
 /* Called once, when the thread exits (thread.c sets t->exiting right after,

@@ -144,6 +144,12 @@ struct tag_walk_read {
 #define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
 #define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
 struct tag_walk {
+    /* The fast check (unwind.c): a capture from the same innermost frame -
+     * return address, stack pointer and, where the walk depends on it, rbp
+     * (bits under fast_bp_mask) - whose rd[0..fast_reads) all still hold
+     * is this very walk: it takes fast_id.  fast_pc 0 = none. */
+    uint64_t fast_pc, fast_sp, fast_bp, fast_bp_mask;
+    uint32_t fast_id, fast_reads;
     uint32_t n;            /* frames; 0 = nothing to reuse */
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
@@ -345,6 +351,9 @@ TAG_INLINE uint64_t _tag_hook_cfa_fast(struct tag_tls *t, uintptr_t ra, uintptr_
 }
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
+/* Forget the thread's kept walks: the bounds of its stacks changed
+ * (sigaltstack, the fork child).  Normal context of the thread. */
+void _tag_unwind_forget(struct tag_tls *t);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 /* ----------------------------------------------------- shadow_stack.c */

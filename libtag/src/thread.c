@@ -130,6 +130,7 @@ static void atfork_child(void)
         t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
+    _tag_unwind_forget(t);  /* kept walks were bounded by the parent's stack_hi */
     /* The parent's threads do not exist here: no reader or snapshot of the
      * child may take their records (or their saved registers) for live. */
     for (uint32_t i = 0; i < _tag_ctl.thread_count && i < THREAD_CAPACITY; i++)
@@ -167,6 +168,7 @@ TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
             t->alt_hi = t->alt_lo + ss->ss_size;
         }
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
+        _tag_unwind_forget(t);  /* kept walks were bounded by the old stacks */
     }
     return r == 0 ? 0 : -1;  /* syscall() set errno */
 }

@@ -364,6 +364,67 @@ static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, stru
     return id;
 }
 
+/* Arm the fast check of walk w (n > 0) for its innermost frame: what
+ * _tag_capture compares before anything else. */
+static void fast_set(struct tag_walk *w)
+{
+    const struct tag_walk_frame *f = &w->f[w->n - 1];
+    w->fast_sp = f->sp;
+    w->fast_bp = f->bp;
+    w->fast_bp_mask = f->flags & TAG_WF_DEP_BP ? ~0ull : 0;
+    w->fast_id = f->id;
+    w->fast_reads = f->reads;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    w->fast_pc = f->pc;
+}
+
+/* The fast check: is this capture, from the innermost frame s, the very
+ * walk one of the kept ones made last - the same registers, the same
+ * rules (gen) and the same bounds (_tag_unwind_forget), and every word it
+ * read still the same?  Then a full walk would give the same frames: its
+ * id is the answer, without a rule lookup or an intern.  One or two loads
+ * per frame. */
+TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, uint32_t *id)
+{
+    uint64_t sp = (uint64_t)(uintptr_t)(frame + 2);  /* as entry_state */
+    struct tag_walk *w = &t->walk[0];
+    if (w->fast_pc != pc || w->fast_sp != sp) {
+        w = &t->walk[1];
+        if (w->fast_pc != pc || w->fast_sp != sp)
+            return 0;
+    }
+    if (((w->fast_bp ^ frame[0]) & w->fast_bp_mask) ||
+        w->gen != __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE))
+        return 0;
+    /* a signal handler's capture meanwhile must not rewrite w */
+    uint32_t was = t->in_walk;
+    t->in_walk = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    const struct tag_walk_read *rd = w->rd;
+    for (uint32_t r = 0, k = w->fast_reads; r < k; r++) {
+        if (TAG_UNLIKELY(*(const uint64_t *)rd[r].addr != rd[r].value)) {
+            __atomic_signal_fence(__ATOMIC_SEQ_CST);
+            t->in_walk = was;
+            return 0;
+        }
+    }
+    *id = w->fast_id;
+    t->captures++;
+    t->capture_frames += w->n;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t->in_walk = was;
+    return 1;
+}
+
+void _tag_unwind_forget(struct tag_tls *t)
+{
+    for (unsigned i = 0; i < TAG_WALKS; i++) {
+        t->walk[i].fast_pc = 0;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        t->walk[i].n = 0;
+    }
+}
+
 /* A walk from s that stops at the first frame it shares with one of the
  * thread's last walks, then takes that frame's id and rewrites the record
  * from there inward.  Two walks are kept: allocations and frees usually
@@ -382,6 +443,10 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
             w = &t->walk[t->walk_lru];
     }
     t->walk_lru = w == &t->walk[0];  /* the other one goes next */
+    /* no fast check of w while it is rewritten (a signal handler's
+     * capture may look at it) */
+    w->fast_pc = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     struct tag_walk_new *nf = t->walk_new;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     /* The words it read lie below the top of the stack it was on: reuse
@@ -441,6 +506,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
         parent = jf->id;
         if (n == 0 && (uint32_t)junction == w->n - 1) {
             /* the very same stack as last time */
+            fast_set(w);
             t->in_walk = 0;
             t->captures++;
             t->capture_frames += w->n;
@@ -508,6 +574,8 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     w->n = keep ? total : 0;
     w->gen = gen;
     w->hi = b->hi;
+    if (keep)
+        fast_set(w);
     t->in_walk = 0;
     t->captures++;
     t->capture_frames += total;
@@ -610,7 +678,8 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
            ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
 }
 
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+/* Everything but the fast check: the shadow stack, a walk. */
+static TAG_NOINLINE uint32_t capture_slow(struct tag_tls *t, void *ret, void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
@@ -644,6 +713,43 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
         return libunwind_capture(t, s.pc);
 #endif
     return walk_capture(t, s, &b);
+}
+
+#ifdef LIBTAG_DEBUG
+/* The debug build checks every fast answer against a plain walk. */
+static TAG_NOINLINE void fast_verify(struct tag_tls *t, void *ret, void *frame, uint32_t id)
+{
+    struct ustate s = entry_state(ret, frame);
+    struct bounds b;
+    bounds_of(t, &b);
+    TAG_ASSERT(bound_for(&b, s.sp));
+    uint64_t pcs[TAG_WALK_MAX];
+    uint32_t kinds[TAG_WALK_MAX];
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    uint32_t n = walk_plain(s, &b, pcs, kinds, max, 1, 0), want = 0;
+    while (n > 0) {
+        n--;
+        want = _tag_intern(t, want, kinds[n], pcs[n]);
+    }
+    TAG_ASSERT(want == id);
+}
+#endif
+
+/* The fast check first, in a function of its own that needs no stack
+ * frame; where the shadow stack may answer (auto or shadow with
+ * instrumented frames on this thread) it does not apply. */
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+{
+    uint32_t id;
+    if (TAG_LIKELY(ret != NULL) &&
+        (t->shadow.depth == 0 || _tag_opt.unwind >= TAG_UNWIND_FP) &&
+        fast_hit(t, (uint64_t)(uintptr_t)ret, frame, &id)) {
+#ifdef LIBTAG_DEBUG
+        fast_verify(t, ret, frame, id);
+#endif
+        return id;
+    }
+    return capture_slow(t, ret, frame);
 }
 
 /* ---------------------------------------------------- signal context -- */

@@ -150,6 +150,7 @@ struct tag_walk {
      * is this very walk: it takes fast_id.  fast_pc 0 = none. */
     uint64_t fast_pc, fast_sp, fast_bp, fast_bp_mask;
     uint32_t fast_id, fast_reads;
+    uint64_t fast_hits;    /* captures it answered, not yet in captures */
     uint32_t n;            /* frames; 0 = nothing to reuse */
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
@@ -209,7 +210,8 @@ struct tag_tls {
      * (unknown_gen): a capture asks the loader once per page. */
     uint32_t unknown_gen, unknown_next;
     uint64_t unknown_pages[16];
-    uint32_t in_walk;                /* a capture runs: a nested one (from a
+    uint32_t in_walk;                /* captures under way (a walk, or the
+                                        fast check): a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
     uint32_t walk_lru;               /* the walk[] to replace next */
@@ -354,6 +356,9 @@ void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
  * (sigaltstack, the fork child).  Normal context of the thread. */
 void _tag_unwind_forget(struct tag_tls *t);
+/* Bring t->captures and capture_frames up to date (the fast check counts
+ * its hits per walk).  The thread's own normal context. */
+void _tag_unwind_settle(struct tag_tls *t);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 /* ----------------------------------------------------- shadow_stack.c */

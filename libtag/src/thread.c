@@ -48,6 +48,7 @@ static void thread_exit(void *arg)
         _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
     t->exiting = 1;
+    _tag_unwind_settle(t);
     __atomic_fetch_add(&_tag_capture_total, t->captures, __ATOMIC_RELAXED);
     __atomic_fetch_add(&_tag_capture_frames_total, t->capture_frames, __ATOMIC_RELAXED);
     t->captures = t->capture_frames = 0;

@@ -364,6 +364,14 @@ static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, stru
     return id;
 }
 
+/* Count w's fast hits in the thread's captures, before w->n changes. */
+TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_walk *w)
+{
+    t->captures += w->fast_hits;
+    t->capture_frames += (uint64_t)w->fast_hits * w->n;
+    w->fast_hits = 0;
+}
+
 /* Arm the fast check of walk w (n > 0) for its innermost frame: what
  * _tag_capture compares before anything else. */
 static void fast_set(struct tag_walk *w)
@@ -396,33 +404,45 @@ TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, u
     if (((w->fast_bp ^ frame[0]) & w->fast_bp_mask) ||
         w->gen != __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE))
         return 0;
-    /* a signal handler's capture meanwhile must not rewrite w */
-    uint32_t was = t->in_walk;
-    t->in_walk = 1;
+    /* a signal handler's capture meanwhile must not rewrite w (a count:
+     * this may itself run in a handler inside a walk) */
+    t->in_walk++;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    const struct tag_walk_read *rd = w->rd;
-    for (uint32_t r = 0, k = w->fast_reads; r < k; r++) {
-        if (TAG_UNLIKELY(*(const uint64_t *)rd[r].addr != rd[r].value)) {
-            __atomic_signal_fence(__ATOMIC_SEQ_CST);
-            t->in_walk = was;
-            return 0;
-        }
+    /* every word, one branch: a load, a xor and an or per word, two words
+     * a round */
+    const struct tag_walk_read *p = w->rd, *e = p + w->fast_reads;
+    uint64_t diff = 0;
+    if (w->fast_reads & 1) {
+        diff = *(const uint64_t *)p->addr ^ p->value;
+        p++;
     }
-    *id = w->fast_id;
-    t->captures++;
-    t->capture_frames += w->n;
+    for (; p < e; p += 2)
+        diff |= (*(const uint64_t *)p[0].addr ^ p[0].value) |
+                (*(const uint64_t *)p[1].addr ^ p[1].value);
+    int hit = diff == 0;
+    if (TAG_LIKELY(hit)) {
+        *id = w->fast_id;
+        w->fast_hits++;  /* counted in captures by fast_settle */
+    }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    t->in_walk = was;
-    return 1;
+    t->in_walk--;
+    return hit;
 }
 
 void _tag_unwind_forget(struct tag_tls *t)
 {
+    _tag_unwind_settle(t);
     for (unsigned i = 0; i < TAG_WALKS; i++) {
         t->walk[i].fast_pc = 0;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         t->walk[i].n = 0;
     }
+}
+
+void _tag_unwind_settle(struct tag_tls *t)
+{
+    for (unsigned i = 0; i < TAG_WALKS; i++)
+        fast_settle(t, &t->walk[i]);
 }
 
 /* A walk from s that stops at the first frame it shares with one of the
@@ -447,6 +467,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
      * capture may look at it) */
     w->fast_pc = 0;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    fast_settle(t, w);
     struct tag_walk_new *nf = t->walk_new;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     /* The words it read lie below the top of the stack it was on: reuse

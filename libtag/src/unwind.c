@@ -700,7 +700,9 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
 }
 
 /* Everything but the fast check: the shadow stack, a walk. */
-static TAG_NOINLINE uint32_t capture_slow(struct tag_tls *t, void *ret, void *frame)
+/* noclone: _tag_capture jumps here with its own arguments, as they are */
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tls *t, void *ret,
+                                                                 void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
@@ -759,6 +761,7 @@ static TAG_NOINLINE void fast_verify(struct tag_tls *t, void *ret, void *frame, 
 /* The fast check first, in a function of its own that needs no stack
  * frame; where the shadow stack may answer (auto or shadow with
  * instrumented frames on this thread) it does not apply. */
+__attribute__((noclone))  /* under LTO: t in a register, not &_tag_tls again */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 {
     uint32_t id;

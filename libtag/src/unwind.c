@@ -39,6 +39,13 @@
  * walk, so the reused id is exactly what a full walk would produce.  The
  * check is one or two loads per outer frame; nothing outer is looked up or
  * interned again.
+ *
+ * Fast check.  The usual capture is the last walk of its site all over
+ * again: each kept walk has a header for its innermost frame (fast_*), which
+ * _tag_capture compares before anything else - pc, sp, rbp where it
+ * matters, the code generation, then every word the walk read.  The bounds
+ * need no test: a change of them (sigaltstack, the fork child) forgets the
+ * walks.
  */
 #include <signal.h>
 #include <stddef.h>

@@ -143,14 +143,27 @@ struct tag_walk_read {
 #define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
 #define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
 #define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
+/* The fast check (unwind.c) of one complete walk: a capture from the same
+ * innermost frame - return address, stack pointer and, where the walk
+ * depends on it, rbp (bits under bp_mask) - with the same code generation,
+ * whose words read rd[0..reads) all still hold, is this very walk: it takes
+ * id.  pc 0 = none. */
+struct tag_fast {
+    uint64_t pc, sp, bp, bp_mask;
+    uint32_t id, reads;
+    uint32_t gen, frames;  /* _tag_code_gen of the walk; its frames (stats) */
+    uint32_t hits;         /* captures it answered, not yet in captures */
+    uint32_t stamp;        /* when it was filled (the cache's replacement) */
+};
+#define TAG_FAST_SLOTS 16   /* the per-thread cache of walks, by (pc, sp):
+                               two ways in each of 8 sets */
+#define TAG_FAST_READS 16   /* words it keeps per walk; deeper walks: not */
+struct tag_fast_entry {
+    struct tag_fast h;
+    struct tag_walk_read rd[TAG_FAST_READS];
+};
 struct tag_walk {
-    /* The fast check (unwind.c): a capture from the same innermost frame -
-     * return address, stack pointer and, where the walk depends on it, rbp
-     * (bits under fast_bp_mask) - whose rd[0..fast_reads) all still hold
-     * is this very walk: it takes fast_id.  fast_pc 0 = none. */
-    uint64_t fast_pc, fast_sp, fast_bp, fast_bp_mask;
-    uint32_t fast_id, fast_reads;
-    uint64_t fast_hits;    /* captures it answered, not yet in captures */
+    struct tag_fast fast;  /* this walk's, over rd[] */
     uint32_t n;            /* frames; 0 = nothing to reuse */
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
@@ -216,6 +229,11 @@ struct tag_tls {
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
     uint32_t walk_lru;               /* the walk[] to replace next */
     struct tag_walk walk[TAG_WALKS];
+    /* Complete walks of up to TAG_FAST_READS words, direct-mapped by their
+     * innermost frame: the fast check of many sites, beyond the two kept
+     * walks' own. */
+    struct tag_fast_entry fast[TAG_FAST_SLOTS];
+    uint32_t fast_clock;             /* stamps its fills */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));

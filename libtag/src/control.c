@@ -215,6 +215,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
         return;
     struct libtag_stats s;
     libtag_stats(&s);
+    _tag_unwind_settle(&_tag_tls);
     _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "

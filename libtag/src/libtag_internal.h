@@ -153,7 +153,27 @@ struct tag_walk_read {
 #define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
 #define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
 #define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
+/* The fast check (unwind.c) of one complete walk: a capture from the same
+ * innermost frame - return address, stack pointer and, where the walk
+ * depends on it, rbp (bits under bp_mask) - with the same code generation,
+ * whose words read rd[0..reads) all still hold, is this very walk: it takes
+ * id.  pc 0 = none. */
+struct tag_fast {
+    uint64_t pc, sp, bp, bp_mask;
+    uint32_t id, reads;
+    uint32_t gen, frames;  /* _tag_code_gen of the walk; its frames (stats) */
+    uint32_t hits;         /* captures it answered, not yet in captures */
+    uint32_t stamp;        /* when it was filled (the cache's replacement) */
+};
+#define TAG_FAST_SLOTS 16   /* the per-thread cache of walks, by (pc, sp):
+                               two ways in each of 8 sets */
+#define TAG_FAST_READS 16   /* words it keeps per walk; deeper walks: not */
+struct tag_fast_entry {
+    struct tag_fast h;
+    struct tag_walk_read rd[TAG_FAST_READS];
+};
 struct tag_walk {
+    struct tag_fast fast;  /* this walk's, over rd[] */
     uint32_t n;            /* frames; 0 = nothing to reuse */
     uint32_t gen;          /* _tag_code_gen when it was walked */
     uint32_t stop;         /* TAG_WALK_STOP_* */
@@ -218,11 +238,17 @@ struct tag_tls {
      * (unknown_gen): a capture asks the loader once per page. */
     uint32_t unknown_gen, unknown_next;
     uint64_t unknown_pages[16];
-    uint32_t in_walk;                /* a capture runs: a nested one (from a
+    uint32_t in_walk;                /* captures under way (a walk, or the
+                                        fast check): a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
     uint32_t walk_lru;               /* the walk[] to replace next */
     struct tag_walk walk[TAG_WALKS];
+    /* Complete walks of up to TAG_FAST_READS words, direct-mapped by their
+     * innermost frame: the fast check of many sites, beyond the two kept
+     * walks' own. */
+    struct tag_fast_entry fast[TAG_FAST_SLOTS];
+    uint32_t fast_clock;             /* stamps its fills */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
 extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
@@ -393,6 +419,12 @@ TAG_INLINE uint64_t _tag_hook_cfa_fast(struct tag_tls *t, uintptr_t ra, uintptr_
 }
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
+/* Forget the thread's kept walks: the bounds of its stacks changed
+ * (sigaltstack, the fork child).  Normal context of the thread. */
+void _tag_unwind_forget(struct tag_tls *t);
+/* Bring t->captures and capture_frames up to date (the fast check counts
+ * its hits per walk).  The thread's own normal context. */
+void _tag_unwind_settle(struct tag_tls *t);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 /* ----------------------------------------------------- shadow_stack.c */

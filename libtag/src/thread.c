@@ -48,6 +48,7 @@ static void thread_exit(void *arg)
         _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
     t->exiting = 1;
+    _tag_unwind_settle(t);
     __atomic_fetch_add(&_tag_capture_total, t->captures, __ATOMIC_RELAXED);
     __atomic_fetch_add(&_tag_capture_frames_total, t->capture_frames, __ATOMIC_RELAXED);
     t->captures = t->capture_frames = 0;
@@ -130,6 +131,7 @@ static void atfork_child(void)
         t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
+    _tag_unwind_forget(t);  /* kept walks were bounded by the parent's stack_hi */
     /* The parent's threads do not exist here: no reader or snapshot of the
      * child may take their records (or their saved registers) for live. */
     for (uint32_t i = 0; i < _tag_ctl.thread_count && i < THREAD_CAPACITY; i++)
@@ -167,6 +169,7 @@ TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
             t->alt_hi = t->alt_lo + ss->ss_size;
         }
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
+        _tag_unwind_forget(t);  /* kept walks were bounded by the old stacks */
     }
     return r == 0 ? 0 : -1;  /* syscall() set errno */
 }

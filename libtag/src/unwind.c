@@ -39,6 +39,15 @@
  * walk, so the reused id is exactly what a full walk would produce.  The
  * check is one or two loads per outer frame; nothing outer is looked up or
  * interned again.
+ *
+ * Fast check.  The usual capture is the last walk of its site all over
+ * again: each kept walk has a header for its innermost frame (struct
+ * tag_fast), which _tag_capture compares before anything else - pc, sp,
+ * rbp where it matters, the code generation, then every word the walk
+ * read.  Behind them, a small cache of complete walks (t->fast, 2 sets of
+ * 8 ways by pc and sp) does the same for programs with more sites.  The
+ * bounds need no test: a change of them (sigaltstack, the fork child)
+ * forgets the walks.
  */
 #include <signal.h>
 #include <stddef.h>
@@ -364,6 +373,136 @@ static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, stru
     return id;
 }
 
+/* Count a fast header's hits in the thread's captures, before it changes. */
+TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
+{
+    t->captures += h->hits;
+    t->capture_frames += h->hits * h->frames;
+    h->hits = 0;
+}
+
+#define FAST_WAYS 8
+#define FAST_SET_BITS 1  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
+_Static_assert(TAG_FAST_SLOTS == FAST_WAYS << FAST_SET_BITS, "fast cache shape");
+
+/* The first entry of (pc, sp)'s set.  A set holds walks from the same
+ * innermost frame too: a helper that allocates for several callers. */
+TAG_INLINE unsigned fast_slot(uint64_t pc, uint64_t sp)
+{
+    return (unsigned)(((pc ^ (sp << 12)) * TAG_MIX1) >> (64 - FAST_SET_BITS)) * FAST_WAYS;
+}
+
+/* Arm the fast checks of walk w (n > 0) for its innermost frame: w's own
+ * header and, when its words fit, the cache entry of that frame. */
+static void fast_set(struct tag_tls *t, struct tag_walk *w)
+{
+    const struct tag_walk_frame *f = &w->f[w->n - 1];
+    struct tag_fast h = {0, f->sp, f->bp, f->flags & TAG_WF_DEP_BP ? ~0ull : 0,
+                         f->id, f->reads, w->gen, w->n, 0, 0};
+    struct tag_fast *wh = &w->fast;
+    *wh = h;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    wh->pc = f->pc;
+    if (f->reads > TAG_FAST_READS)
+        return;
+    /* the way of an older walk from this frame to the same caller (the
+     * same innermost word read), else an empty one, else the way filled
+     * longest ago */
+    struct tag_fast_entry *set = &t->fast[fast_slot(f->pc, f->sp)], *e = set;
+    const struct tag_walk_read *last = h.reads ? &w->rd[h.reads - 1] : NULL;
+    for (unsigned i = 0; i < FAST_WAYS; i++) {
+        struct tag_fast_entry *x = &set[i];
+        if (x->h.pc == f->pc && x->h.sp == f->sp && x->h.reads && last &&
+            x->rd[x->h.reads - 1].addr == last->addr && x->rd[x->h.reads - 1].value == last->value) {
+            e = x;
+            break;
+        }
+        if (e->h.pc && (!x->h.pc || (int32_t)(x->h.stamp - e->h.stamp) < 0))
+            e = x;
+    }
+    if (e->h.pc == f->pc && e->h.sp == f->sp && e->h.gen == h.gen && e->h.id == h.id &&
+        e->h.reads == h.reads && !memcmp(e->rd, w->rd, h.reads * sizeof e->rd[0]))
+        return;  /* already there */
+    e->h.pc = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    fast_settle(t, &e->h);
+    h.stamp = ++t->fast_clock;
+    e->h = h;
+    memcpy(e->rd, w->rd, f->reads * sizeof e->rd[0]);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    e->h.pc = f->pc;
+}
+
+/* The fast check: is this capture, from the innermost frame (pc, frame),
+ * the very walk h describes - the same registers, the same rules (gen) and
+ * the same bounds (_tag_unwind_forget), and every word it read still the
+ * same?  Then a full walk would give the same frames: its id is the
+ * answer, without a rule lookup or an intern.  One load per word. */
+TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct tag_walk_read *p,
+                          const uint64_t *frame, uint32_t *id)
+{
+    if (((h->bp ^ frame[0]) & h->bp_mask) ||
+        h->gen != __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE))
+        return 0;
+    /* a signal handler's capture meanwhile must not rewrite h (a count:
+     * this may itself run in a handler inside a walk) */
+    t->in_walk++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    /* every word, one branch: a load, a xor and an or per word, two words
+     * a round */
+    const struct tag_walk_read *e = p + h->reads;
+    uint64_t diff = 0;
+    if (h->reads & 1) {
+        diff = *(const uint64_t *)p->addr ^ p->value;
+        p++;
+    }
+    for (; p < e; p += 2)
+        diff |= (*(const uint64_t *)p[0].addr ^ p[0].value) |
+                (*(const uint64_t *)p[1].addr ^ p[1].value);
+    int hit = diff == 0;
+    if (TAG_LIKELY(hit)) {
+        *id = h->id;
+        h->hits++;  /* counted in captures by fast_settle */
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t->in_walk--;
+    return hit;
+}
+
+/* One of the two kept walks: the usual answer, the last walk of this
+ * site. */
+TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, uint32_t *id)
+{
+    uint64_t sp = (uint64_t)(uintptr_t)(frame + 2);  /* as entry_state */
+    struct tag_walk *w = &t->walk[0];
+    if (w->fast.pc != pc || w->fast.sp != sp) {
+        w = &t->walk[1];
+        if (w->fast.pc != pc || w->fast.sp != sp)
+            return 0;
+    }
+    return fast_check(t, &w->fast, w->rd, frame, id);
+}
+
+void _tag_unwind_forget(struct tag_tls *t)
+{
+    _tag_unwind_settle(t);
+    for (unsigned i = 0; i < TAG_WALKS; i++) {
+        t->walk[i].fast.pc = 0;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        t->walk[i].n = 0;
+    }
+    for (unsigned i = 0; i < TAG_FAST_SLOTS; i++)
+        t->fast[i].h.pc = 0;
+}
+
+void _tag_unwind_settle(struct tag_tls *t)
+{
+    for (unsigned i = 0; i < TAG_WALKS; i++)
+        fast_settle(t, &t->walk[i].fast);
+    for (unsigned i = 0; i < TAG_FAST_SLOTS; i++)
+        fast_settle(t, &t->fast[i].h);
+}
+
 /* A walk from s that stops at the first frame it shares with one of the
  * thread's last walks, then takes that frame's id and rewrites the record
  * from there inward.  Two walks are kept: allocations and frees usually
@@ -382,6 +521,11 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
             w = &t->walk[t->walk_lru];
     }
     t->walk_lru = w == &t->walk[0];  /* the other one goes next */
+    /* no fast check of w while it is rewritten (a signal handler's
+     * capture may look at it) */
+    w->fast.pc = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    fast_settle(t, &w->fast);
     struct tag_walk_new *nf = t->walk_new;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     /* The words it read lie below the top of the stack it was on: reuse
@@ -441,6 +585,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
         parent = jf->id;
         if (n == 0 && (uint32_t)junction == w->n - 1) {
             /* the very same stack as last time */
+            fast_set(t, w);
             t->in_walk = 0;
             t->captures++;
             t->capture_frames += w->n;
@@ -508,6 +653,8 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
     w->n = keep ? total : 0;
     w->gen = gen;
     w->hi = b->hi;
+    if (keep)
+        fast_set(t, w);
     t->in_walk = 0;
     t->captures++;
     t->capture_frames += total;
@@ -610,7 +757,10 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
            ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
 }
 
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+/* Everything but the fast check: the shadow stack, a walk. */
+/* noclone: _tag_capture jumps here with its own arguments, as they are */
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tls *t, void *ret,
+                                                                 void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
@@ -644,6 +794,65 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
         return libunwind_capture(t, s.pc);
 #endif
     return walk_capture(t, s, &b);
+}
+
+#ifdef LIBTAG_DEBUG
+/* The debug build checks every fast answer against a plain walk. */
+static TAG_NOINLINE void fast_verify(struct tag_tls *t, void *ret, void *frame, uint32_t id)
+{
+    struct ustate s = entry_state(ret, frame);
+    struct bounds b;
+    bounds_of(t, &b);
+    TAG_ASSERT(bound_for(&b, s.sp));
+    uint64_t pcs[TAG_WALK_MAX];
+    uint32_t kinds[TAG_WALK_MAX];
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    uint32_t n = walk_plain(s, &b, pcs, kinds, max, 1, 0), want = 0;
+    while (n > 0) {
+        n--;
+        want = _tag_intern(t, want, kinds[n], pcs[n]);
+    }
+    TAG_ASSERT(want == id);
+}
+#endif
+
+/* The fast check in the cache: each way of the set of (ret, sp) holding
+ * a walk from there.  Then the rest. */
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_tls *t, void *ret,
+                                                                    void *frame)
+{
+    uint64_t pc = (uint64_t)(uintptr_t)ret, sp = (uint64_t)(uintptr_t)((uint64_t *)frame + 2);
+    struct tag_fast_entry *c = &t->fast[fast_slot(pc, sp)];
+    uint32_t id;
+    for (unsigned i = 0; i < FAST_WAYS; i++, c++) {
+        if (c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id)) {
+#ifdef LIBTAG_DEBUG
+            fast_verify(t, ret, frame, id);
+#endif
+            return id;
+        }
+    }
+    return capture_slow(t, ret, frame);
+}
+
+/* The fast check first, in a function of its own that needs no stack
+ * frame (every other way out is a jump): the two kept walks, then the
+ * cache.  Where the shadow stack may answer (auto or shadow with
+ * instrumented frames on this thread) it does not apply. */
+__attribute__((noclone))  /* under LTO: t in a register, not &_tag_tls again */
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+{
+    uint32_t id;
+    if (TAG_UNLIKELY(ret == NULL) ||
+        (t->shadow.depth != 0 && _tag_opt.unwind < TAG_UNWIND_FP))
+        return capture_slow(t, ret, frame);
+    if (TAG_LIKELY(fast_hit(t, (uint64_t)(uintptr_t)ret, frame, &id))) {
+#ifdef LIBTAG_DEBUG
+        fast_verify(t, ret, frame, id);
+#endif
+        return id;
+    }
+    return capture_cached(t, ret, frame);
 }
 
 /* ---------------------------------------------------- signal context -- */

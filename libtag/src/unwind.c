@@ -713,9 +713,9 @@ TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, ui
         /* CFI describes the function; the slot must agree before the
          * offset is trusted for every later entry through this hook */
         if (cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site) {
-            unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+            unsigned i = (unsigned)(ra ^ (ra >> 6)) & (TAG_HOOK_CACHE - 1);
             t->hook_cache[i].ra = ra;
-            t->hook_cache[i].off = off | ((rule & TAG_RULE_CFA_RBP) ? TAG_HOOK_RBP : 0);
+            t->hook_cache[i].off = cfa - c;
             return cfa;
         }
     }

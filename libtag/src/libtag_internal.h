@@ -160,6 +160,7 @@ struct tag_walk_new {
 };
 
 #define TAG_HOOK_CACHE 64  /* tag_tls.hook_cache entries, a power of 2 */
+#define TAG_CAP_MEMO 16    /* tag_tls.cap_memo entries, a power of 2 */
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
@@ -214,6 +215,13 @@ struct tag_tls {
     uint32_t in_walk;                /* a capture runs: a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
+    /* Shadow-stack captures by depth & (TAG_CAP_MEMO - 1) (unwind.c): the
+     * stack id of a capture from pc whose innermost instrumented function
+     * is fn (entered under prefix id parent) with its CFA at the capture's
+     * sp + off, while the code was gen.  The same inputs give the same
+     * stack, so a hit costs compares instead of a rule lookup and two
+     * interns. */
+    struct tag_cap_memo { uint64_t pc, fn; uint32_t parent, off, gen, id; } cap_memo[TAG_CAP_MEMO];
     uint32_t walk_lru;               /* the walk[] to replace next */
     struct tag_walk walk[TAG_WALKS];
     struct tag_walk_new walk_new[TAG_WALK_MAX];
@@ -358,6 +366,14 @@ void _tag_hook_tick(struct tag_tls *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */
 uint32_t _tag_shadow_id(struct tag_tls *t);
+/* The interned id of the shadow stack's outer d frames (CALL nodes of
+ * site[0..d-1]), d <= min(depth, TAG_SHADOW_MAX): id[d], interning the
+ * depths from valid up first. */
+uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d);
+TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
+{
+    return TAG_LIKELY(t->shadow.valid >= d) ? t->shadow.id[d] : _tag_shadow_prefix_slow(t, d);
+}
 
 /* ------------------------------------------------------------ sweep.c */
 #define TAG_SWEEP_RECENT 64

@@ -161,26 +161,31 @@ TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uin
     t->shadow.depth = d;
 }
 
+uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d)
+{
+    struct libtag_shadow *s = &t->shadow;
+    for (uint32_t i = s->valid; i < d; i++) {
+        if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
+            continue;  /* this depth came back to what it was */
+        t->used_parent[i] = s->id[i];
+        t->used_site[i] = s->site[i];
+        s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
+    }
+    s->valid = d;
+    return s->id[d];
+}
+
 uint32_t _tag_shadow_id(struct tag_tls *t)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth < TAG_SHADOW_MAX ? s->depth : TAG_SHADOW_MAX;
-    if (s->valid < d) {
-        for (uint32_t i = s->valid; i < d; i++) {
-            if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
-                continue;  /* this depth came back to what it was */
-            t->used_parent[i] = s->id[i];
-            t->used_site[i] = s->site[i];
-            s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
-        }
-        s->valid = d;
-    }
+    uint32_t parent = _tag_shadow_prefix(t, d);
     /* The innermost function's ENTRY node: the same as last time unless the
      * prefix or the function changed (a memo cheaper than the cache). */
-    if (t->entry_parent != s->id[d] || t->entry_fn != s->fn[d - 1] || !t->entry_id) {
-        t->entry_parent = s->id[d];
+    if (t->entry_parent != parent || t->entry_fn != s->fn[d - 1] || !t->entry_id) {
+        t->entry_parent = parent;
         t->entry_fn = s->fn[d - 1];
-        t->entry_id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
+        t->entry_id = _tag_intern(t, parent, TAG_FRAME_ENTRY, s->fn[d - 1]);
     }
     return t->entry_id;
 }

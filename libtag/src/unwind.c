@@ -563,6 +563,25 @@ TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
     b->hi = 0;
 }
 
+/* Remember the stack id of a shadow capture from pc at stack pointer sp
+ * (see tag_tls.cap_memo); after _tag_shadow_id, so id[depth] is valid. */
+TAG_INLINE void cap_memo_put(struct tag_tls *t, uint64_t pc, uint64_t sp, uint32_t id)
+{
+    uint32_t d = t->shadow.depth;
+    if (d > TAG_SHADOW_MAX || t->shadow.valid < d)
+        return;
+    uint64_t off = t->shadow.sp[d - 1] - sp;
+    if (off >> 32)
+        return;
+    struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+    m->pc = pc;
+    m->fn = t->shadow.fn[d - 1];
+    m->parent = t->shadow.id[d];
+    m->off = (uint32_t)off;
+    m->gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED);
+    m->id = id;
+}
+
 /* auto with instrumented frames: CFI from the allocation up to the
  * innermost instrumented function (frames the shadow stack does not see,
  * e.g. strdup called from it), then the shadow stack. */
@@ -576,8 +595,11 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
      * itself (its CFA is the innermost entry's).  One rule, no walk. */
     uint64_t rule = rule_for(s.pc, 1);
     if (TAG_LIKELY((rule & (TAG_RULE_TYPE | TAG_RULE_CFA_RBP)) == TAG_RULE_CFA) &&
-        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target)
-        return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target) {
+        uint32_t id = _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+        cap_memo_put(t, s.pc, s.sp, id);
+        return id;
+    }
     uint64_t pcs[32];
     uint32_t kinds[32];
     uint32_t n = 0;
@@ -610,10 +632,8 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
            ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
 }
 
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+static TAG_NOINLINE uint32_t capture_full(struct tag_tls *t, void *ret, void *frame)
 {
-    if (!ret)  /* a trace hook's frame: its return address is the pc */
-        ret = ((void **)frame)[1];
     struct ustate s = entry_state(ret, frame);
     int mode = _tag_opt.unwind;
     if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
@@ -624,7 +644,9 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
                 return capture_hybrid(t, s, &b);
             t->captures++;
             t->capture_frames += 1 + t->shadow.depth;
-            return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+            uint32_t id = _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+            cap_memo_put(t, s.pc, s.sp, id);
+            return id;
         }
         if (mode == TAG_UNWIND_SHADOW) {
             t->captures++;
@@ -644,6 +666,31 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
         return libunwind_capture(t, s.pc);
 #endif
     return walk_capture(t, s, &b);
+}
+
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+{
+    if (!ret)  /* a trace hook's frame: its return address is the pc */
+        ret = ((void **)frame)[1];
+    /* A shadow capture the memo knows: the innermost entry alive, the same
+     * pc, function, prefix and CFA offset as a capture before. */
+    uint32_t d = t->shadow.depth;
+    int mode = _tag_opt.unwind;
+    if ((mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) && d - 1u < TAG_SHADOW_MAX) {
+        uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
+        if (top_alive(t, sp)) {
+            const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+            if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
+                m->off == t->shadow.sp[d - 1] - sp &&
+                m->parent == _tag_shadow_prefix(t, d) && m->id &&
+                m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED)) {
+                t->captures++;
+                t->capture_frames += 1 + d;
+                return m->id;
+            }
+        }
+    }
+    return capture_full(t, ret, frame);
 }
 
 /* ---------------------------------------------------- signal context -- */

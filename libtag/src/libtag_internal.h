@@ -212,6 +212,7 @@ struct tag_tls {
      * (unknown_gen): a capture asks the loader once per page. */
     uint32_t unknown_gen, unknown_next;
     uint64_t unknown_pages[16];
+    uint32_t probing;                /* sweep.c's probe may fault now */
     uint32_t in_walk;                /* a capture runs: a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
@@ -381,6 +382,14 @@ void _tag_sweep_remember(struct tag_tls *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
 TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+/* The sweep's probe (sweep.c): a load that may fault, recovered by the
+ * crash hook.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
+ * and SIGBUS (crash.c sets it, and clears it where it gives one back).
+ * _tag_probe_fault: the crash hook's first question - is this a fault of
+ * the probe's load in a thread that is probing?  Then the context resumes
+ * at the probe's failure exit and 1 is returned.  Async-signal-safe. */
+extern int _tag_probe_armed;
+int _tag_probe_fault(int sig, void *uc);
 /* Copy n iovecs of the process's own memory with process_vm_readv, so an
  * unmapped or unreadable address shortens the copy instead of faulting.
  * Returns the iovecs handled; one that faulted gets local iov_len 0.

@@ -634,6 +634,8 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
 
 static TAG_NOINLINE uint32_t capture_full(struct tag_tls *t, void *ret, void *frame)
 {
+    if (!ret)  /* a trace hook's frame: its return address is the pc */
+        ret = ((void **)frame)[1];
     struct ustate s = entry_state(ret, frame);
     int mode = _tag_opt.unwind;
     if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
@@ -668,28 +670,35 @@ static TAG_NOINLINE uint32_t capture_full(struct tag_tls *t, void *ret, void *fr
     return walk_capture(t, s, &b);
 }
 
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+/* A shadow capture the memo knows: the innermost entry alive, the same
+ * pc, function, prefix and CFA offset as a capture before. */
+static TAG_NOINLINE uint32_t capture_memo(struct tag_tls *t, void *ret, void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
-    /* A shadow capture the memo knows: the innermost entry alive, the same
-     * pc, function, prefix and CFA offset as a capture before. */
     uint32_t d = t->shadow.depth;
-    int mode = _tag_opt.unwind;
-    if ((mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) && d - 1u < TAG_SHADOW_MAX) {
-        uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
-        if (top_alive(t, sp)) {
-            const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
-            if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
-                m->off == t->shadow.sp[d - 1] - sp &&
-                m->parent == _tag_shadow_prefix(t, d) && m->id &&
-                m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED)) {
-                t->captures++;
-                t->capture_frames += 1 + d;
-                return m->id;
-            }
+    uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
+    if (top_alive(t, sp)) {
+        const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+        if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
+            m->off == t->shadow.sp[d - 1] - sp &&
+            m->parent == _tag_shadow_prefix(t, d) && m->id &&
+            m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED)) {
+            t->captures++;
+            t->capture_frames += 1 + d;
+            return m->id;
         }
     }
+    return capture_full(t, ret, frame);
+}
+
+uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+{
+    /* two tail calls: no frame here, whatever the mode */
+    int mode = _tag_opt.unwind;
+    if ((mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) &&
+        t->shadow.depth - 1u < TAG_SHADOW_MAX)
+        return capture_memo(t, ret, frame);
     return capture_full(t, ret, frame);
 }
 

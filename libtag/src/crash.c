@@ -45,6 +45,8 @@ static int is_crash_signal(int sig)
 
 static void crash_handler(int sig, siginfo_t *si, void *ucv)
 {
+    if (_tag_probe_fault(sig, ucv))  /* sweep.c: the probe's load, resumed */
+        return;
     if (_tag_guard_fault(sig, si, ucv))  /* guard.c: a guarded block's fault */
         return;
     ucontext_t *uc = ucv;
@@ -111,6 +113,8 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
+    if (sig == SIGSEGV || sig == SIGBUS)
+        __atomic_store_n(&_tag_probe_armed, 0, __ATOMIC_RELAXED);
     __sigaction(sig, &dfl, NULL);
     if (si->si_code <= 0)
         syscall(SYS_tgkill, getpid(), t->tid, sig);
@@ -131,6 +135,8 @@ void _tag_crash_init(void)
             hooked[sig] = 1;
         }
     }
+    if (hooked[SIGSEGV] && hooked[SIGBUS])
+        __atomic_store_n(&_tag_probe_armed, 1, __ATOMIC_RELAXED);
 }
 
 /* The program asks for a crash signal: remember its wish, keep ours. */

@@ -546,6 +546,7 @@ int _tag_guard_fault(int sig, void *siv, void *ucv)
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         _tag_anomaly_no_core();
+        __atomic_store_n(&_tag_probe_armed, 0, __ATOMIC_RELAXED);
         __sigaction(SIGSEGV, &dfl, NULL);
     } else {
         mprotect(open_lo, open_len, PROT_READ | PROT_WRITE);

@@ -189,6 +189,8 @@ struct tag_walk_new {
     uint32_t flags;        /* TAG_WF_* and what its step used (unwind.c) */
 };
 
+#define TAG_HOOK_CACHE 64  /* tag_tls.hook_cache entries, a power of 2 */
+#define TAG_CAP_MEMO 16    /* tag_tls.cap_memo entries, a power of 2 */
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered */
@@ -215,7 +217,11 @@ struct tag_tls {
      * re-intern of everything above it. */
     uint32_t used_parent[TAG_SHADOW_MAX];
     uint64_t used_site[TAG_SHADOW_MAX];
-    uint32_t hook_calls;             /* enters since the last sweep */
+    /* Enters before the next hook tick (_tag_hook_tick): 0 in a new
+     * thread, so its first enter registers it; then LIBTAG_SWEEP, so a
+     * sweep is due at 0.  One decrement: the enter hook checks nothing
+     * else for either. */
+    int32_t hook_left;
     uint32_t recent_next;
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
     struct libtag_quarantine_ring *quarantine;
@@ -229,19 +235,30 @@ struct tag_tls {
     /* Shadow entries recorded at or above this address take the slow pop
      * path: stack_hi, or 0 while an alternate signal stack is set. */
     uint64_t pop_limit;
-    /* The CFA offset of instrumented functions at their enter hook call,
-     * by the hook's return address (what _tag_hook_cfa found from CFI);
-     * valid while hook_gen is _tag_code_gen. */
+    /* The CFA offset of instrumented functions from their stack pointer at
+     * their enter hook call, by the hook's return address (what
+     * _tag_hook_cfa found from CFI).  The enter hook trusts an entry only
+     * when the slot at CFA - 8 holds its call site; hook_gen: the
+     * _tag_code_gen the entries were made under (the slow path drops them
+     * when it changed). */
     uint32_t hook_gen;
-    struct { uint64_t ra, off; } hook_cache[64];
+    struct { uint64_t ra, off; } hook_cache[TAG_HOOK_CACHE];
     /* Code pages found in no module since the module list last changed
      * (unknown_gen): a capture asks the loader once per page. */
     uint32_t unknown_gen, unknown_next;
     uint64_t unknown_pages[16];
+    uint32_t probing;                /* sweep.c's probe may fault now */
     uint32_t in_walk;                /* captures under way (a walk, or the
                                         fast check): a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
+    /* Shadow-stack captures by depth & (TAG_CAP_MEMO - 1) (unwind.c): the
+     * stack id of a capture from pc whose innermost instrumented function
+     * is fn (entered under prefix id parent) with its CFA at the capture's
+     * sp + off, while the code was gen.  The same inputs give the same
+     * stack, so a hit costs compares instead of a rule lookup and two
+     * interns. */
+    struct tag_cap_memo { uint64_t pc, fn; uint32_t parent, off, gen, id; } cap_memo[TAG_CAP_MEMO];
     uint32_t walk_lru;               /* the walk[] to replace next */
     struct tag_walk walk[TAG_WALKS];
     /* Complete walks of up to TAG_FAST_READS words, direct-mapped by their
@@ -402,21 +419,10 @@ uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc);
 /* The CFA of the instrumented function whose enter hook returns to ra;
  * c: its stack pointer at the hook call, rbp: its rbp, site: its return
  * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
- * (no rule, and site not found near c).  Fills t->hook_cache. */
-#define TAG_HOOK_RBP (1ull << 63)  /* hook_cache.off is from rbp, not c */
+ * (no rule, and site not found near c).  Fills t->hook_cache with the
+ * offset from c of a CFA it found by rule (hooks.c). */
 uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                        uintptr_t site);
-TAG_INLINE uint64_t _tag_hook_cfa_fast(struct tag_tls *t, uintptr_t ra, uintptr_t c,
-                                       uintptr_t rbp, uintptr_t site)
-{
-    unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
-    if (TAG_LIKELY(t->hook_cache[i].ra == ra &&
-                   t->hook_gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED))) {
-        uint64_t off = t->hook_cache[i].off;
-        return ((off & TAG_HOOK_RBP) ? rbp : c) + (uint32_t)off;
-    }
-    return _tag_hook_cfa(t, ra, c, rbp, site);
-}
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
@@ -432,9 +438,23 @@ extern uint64_t _tag_capture_total, _tag_capture_frames_total;
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */
 uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+/* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
+ * an enter or exit its fast path does not finish, and the hook tick (the
+ * thread's first hook, a sweep due). */
+void _tag_enter_slow(struct tag_tls *t, uint64_t fn, uint64_t site);
+void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uint64_t sp);
+void _tag_hook_tick(struct tag_tls *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */
 uint32_t _tag_shadow_id(struct tag_tls *t);
+/* The interned id of the shadow stack's outer d frames (CALL nodes of
+ * site[0..d-1]), d <= min(depth, TAG_SHADOW_MAX): id[d], interning the
+ * depths from valid up first. */
+uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d);
+TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
+{
+    return TAG_LIKELY(t->shadow.valid >= d) ? t->shadow.id[d] : _tag_shadow_prefix_slow(t, d);
+}
 
 /* ------------------------------------------------------------ sweep.c */
 #define TAG_SWEEP_RECENT 64
@@ -442,6 +462,14 @@ void _tag_sweep_remember(struct tag_tls *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
 TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+/* The sweep's probe (sweep.c): a load that may fault, recovered by the
+ * crash hook.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
+ * and SIGBUS (crash.c sets it, and clears it where it gives one back).
+ * _tag_probe_fault: the crash hook's first question - is this a fault of
+ * the probe's load in a thread that is probing?  Then the context resumes
+ * at the probe's failure exit and 1 is returned.  Async-signal-safe. */
+extern int _tag_probe_armed;
+int _tag_probe_fault(int sig, void *uc);
 /* Copy n iovecs of the process's own memory with process_vm_readv, so an
  * unmapped or unreadable address shortens the copy instead of faulting.
  * Returns the iovecs handled; one that faulted gets local iov_len 0.

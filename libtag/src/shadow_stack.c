@@ -61,21 +61,47 @@ uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t 
     return d;
 }
 
-/* The hooks run on every function entry of the program: keep them tiny.
- * They must not be instrumented themselves (they would recurse), and they
- * must not allocate.  Built with frame pointers (as all of libtag):
- * frame[0] is the instrumented function's rbp, frame + 2 its stack pointer
- * at the call. */
-TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
+/* The hooks' rare paths (hooks.c has the fast ones).  The hooks are built
+ * without frame pointers and reach these by a tail jump, with nothing on
+ * the stack and rbp untouched: so in these functions (built with frame
+ * pointers, as all of libtag but hooks.c) frame[1] is the hook's return
+ * address into the instrumented function, frame[0] that function's rbp and
+ * frame + 2 its stack pointer at the hook call - what the hooks had when
+ * they were built with frame pointers themselves. */
+
+/* The next hook tick: the sweep period, or never. */
+static int32_t hook_period(void)
 {
-    struct tag_tls *t = &_tag_tls;
-    if (TAG_UNLIKELY(t->rec == NULL))
-        _tag_thread_register();    /* so a reader finds this thread's stack */
+    return _tag_opt.sweep_every ? (int32_t)_tag_opt.sweep_every : INT32_MAX;
+}
+
+/* hook_left ran out: a sweep is due (or, should a thread's first enter
+ * ever get here, register the thread, so a reader finds its stack). */
+TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_tls *t)
+{
+    if (TAG_UNLIKELY(t->rec == NULL)) {
+        _tag_thread_register();
+        t->hook_left = hook_period();
+        return;
+    }
+    t->hook_left = hook_period();
+    if (_tag_opt.sweep_every)
+        _tag_sweep(t, NULL, __builtin_frame_address(0));
+}
+
+/* Every enter the fast path does not finish: no cached CFA offset for this
+ * hook call (or it does not hold here), an innermost entry that may be
+ * dead, an empty or full shadow stack. */
+TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(struct tag_tls *t, uint64_t fn, uint64_t site)
+{
     const uint64_t *frame = __builtin_frame_address(0);
-    uint64_t site = (uint64_t)(uintptr_t)call_site;
-    uint64_t fn = (uint64_t)(uintptr_t)this_fn;
-    uint64_t cfa = _tag_hook_cfa_fast(t, (uintptr_t)__builtin_return_address(0),
-                                      (uintptr_t)(frame + 2), frame[0], site);
+    if (TAG_UNLIKELY(t->rec == NULL)) {
+        /* The thread's first enter always comes here (its hook_cache is
+         * empty): register it before its stack bounds are used. */
+        _tag_thread_register();
+        t->hook_left = hook_period();
+    }
+    uint64_t cfa = _tag_hook_cfa(t, frame[1], (uintptr_t)(frame + 2), frame[0], site);
     uint32_t d = t->shadow.depth;
     if (d > 0) {
         /* Fast check that the innermost entry is alive: recorded above us
@@ -83,9 +109,9 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
          * stack, and its return address still in place.  Anything else
          * takes the full check. */
         uint64_t e = t->shadow.sp[d <= TAG_SHADOW_MAX ? d - 1 : 0];
-        if (TAG_UNLIKELY(d > TAG_SHADOW_MAX || e >= t->pop_limit ||
-                         !(e > cfa || (e == cfa && t->shadow.fn[d - 1] != fn)) ||
-                         (!(e & 1) && ((const uint64_t *)e)[-1] != t->shadow.site[d - 1])))
+        if (d > TAG_SHADOW_MAX || e >= t->pop_limit ||
+            !(e > cfa || (e == cfa && t->shadow.fn[d - 1] != fn)) ||
+            (!(e & 1) && ((const uint64_t *)e)[-1] != t->shadow.site[d - 1]))
             d = _tag_shadow_pop(t, cfa, fn, site);
     }
     t->shadow.depth = d + 1;
@@ -102,26 +128,24 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     } else {
         t->shadow.overflows++;
     }
-    if (TAG_UNLIKELY(++t->hook_calls == _tag_opt.sweep_every)) {
-        t->hook_calls = 0;
-        _tag_sweep(t, NULL, __builtin_frame_address(0));
+    if (TAG_UNLIKELY(--t->hook_left <= 0)) {
+        t->hook_left = hook_period();
+        if (_tag_opt.sweep_every)
+            _tag_sweep(t, NULL, (void *)frame);
     }
 }
 
-TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
+/* The exit the fast path does not finish: entries recorded below the
+ * exiting function's stack pointer sp are frames it called that never
+ * exited (longjmp).  At -O2 the hook may be reached by a tail jump after
+ * the epilogue: then sp is the exiting function's own CFA, and the entry
+ * there is itself. */
+TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uint64_t sp)
 {
-    (void)call_site;
-    struct tag_tls *t = &_tag_tls;
     uint32_t d = t->shadow.depth;
-    if (TAG_UNLIKELY(d == 0))
+    if (d == 0)
         return;
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
-        /* Entries recorded below the exiting function's stack pointer are
-         * frames it called that never exited (longjmp).  At -O2 the hook
-         * may be reached by a tail jump after the epilogue: then sp is the
-         * exiting function's own CFA, and the entry there is itself. */
-        uint64_t sp = (uint64_t)(uintptr_t)__builtin_frame_address(0) + 16;
-        uint64_t fn = (uint64_t)(uintptr_t)this_fn;
         for (; d > 0; d--) {
             uint64_t e = t->shadow.sp[d - 1] & ~1ull;
             if (e > sp || (e == sp && t->shadow.fn[d - 1] == fn))
@@ -137,26 +161,31 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
     t->shadow.depth = d;
 }
 
+uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d)
+{
+    struct libtag_shadow *s = &t->shadow;
+    for (uint32_t i = s->valid; i < d; i++) {
+        if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
+            continue;  /* this depth came back to what it was */
+        t->used_parent[i] = s->id[i];
+        t->used_site[i] = s->site[i];
+        s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
+    }
+    s->valid = d;
+    return s->id[d];
+}
+
 uint32_t _tag_shadow_id(struct tag_tls *t)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth < TAG_SHADOW_MAX ? s->depth : TAG_SHADOW_MAX;
-    if (s->valid < d) {
-        for (uint32_t i = s->valid; i < d; i++) {
-            if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
-                continue;  /* this depth came back to what it was */
-            t->used_parent[i] = s->id[i];
-            t->used_site[i] = s->site[i];
-            s->id[i + 1] = _tag_intern(t, s->id[i], TAG_FRAME_CALL, s->site[i]);
-        }
-        s->valid = d;
-    }
+    uint32_t parent = _tag_shadow_prefix(t, d);
     /* The innermost function's ENTRY node: the same as last time unless the
      * prefix or the function changed (a memo cheaper than the cache). */
-    if (t->entry_parent != s->id[d] || t->entry_fn != s->fn[d - 1] || !t->entry_id) {
-        t->entry_parent = s->id[d];
+    if (t->entry_parent != parent || t->entry_fn != s->fn[d - 1] || !t->entry_id) {
+        t->entry_parent = parent;
         t->entry_fn = s->fn[d - 1];
-        t->entry_id = _tag_intern(t, s->id[d], TAG_FRAME_ENTRY, s->fn[d - 1]);
+        t->entry_id = _tag_intern(t, parent, TAG_FRAME_ENTRY, s->fn[d - 1]);
     }
     return t->entry_id;
 }

@@ -446,6 +446,7 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
+    _tag_probe_armed = 0;
     for (size_t i = 0; i < sizeof crash_signals / sizeof crash_signals[0]; i++)
         syscall(SYS_rt_sigaction, crash_signals[i], &dfl, NULL, sizeof(sigset_t) / 16);
 

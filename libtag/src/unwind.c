@@ -710,6 +710,25 @@ TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
     b->hi = 0;
 }
 
+/* Remember the stack id of a shadow capture from pc at stack pointer sp
+ * (see tag_tls.cap_memo); after _tag_shadow_id, so id[depth] is valid. */
+TAG_INLINE void cap_memo_put(struct tag_tls *t, uint64_t pc, uint64_t sp, uint32_t id)
+{
+    uint32_t d = t->shadow.depth;
+    if (d > TAG_SHADOW_MAX || t->shadow.valid < d)
+        return;
+    uint64_t off = t->shadow.sp[d - 1] - sp;
+    if (off >> 32)
+        return;
+    struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+    m->pc = pc;
+    m->fn = t->shadow.fn[d - 1];
+    m->parent = t->shadow.id[d];
+    m->off = (uint32_t)off;
+    m->gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED);
+    m->id = id;
+}
+
 /* auto with instrumented frames: CFI from the allocation up to the
  * innermost instrumented function (frames the shadow stack does not see,
  * e.g. strdup called from it), then the shadow stack. */
@@ -723,8 +742,11 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
      * itself (its CFA is the innermost entry's).  One rule, no walk. */
     uint64_t rule = rule_for(s.pc, 1);
     if (TAG_LIKELY((rule & (TAG_RULE_TYPE | TAG_RULE_CFA_RBP)) == TAG_RULE_CFA) &&
-        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target)
-        return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+        s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target) {
+        uint32_t id = _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+        cap_memo_put(t, s.pc, s.sp, id);
+        return id;
+    }
     uint64_t pcs[32];
     uint32_t kinds[32];
     uint32_t n = 0;
@@ -774,7 +796,9 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tl
                 return capture_hybrid(t, s, &b);
             t->captures++;
             t->capture_frames += 1 + t->shadow.depth;
-            return _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+            uint32_t id = _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+            cap_memo_put(t, s.pc, s.sp, id);
+            return id;
         }
         if (mode == TAG_UNWIND_SHADOW) {
             t->captures++;
@@ -835,16 +859,40 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_
     return capture_slow(t, ret, frame);
 }
 
-/* The fast check first, in a function of its own that needs no stack
- * frame (every other way out is a jump): the two kept walks, then the
- * cache.  Where the shadow stack may answer (auto or shadow with
- * instrumented frames on this thread) it does not apply. */
+/* A shadow capture the memo knows: the innermost entry alive, the same
+ * pc, function, prefix and CFA offset as a capture before. */
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tls *t, void *ret, void *frame)
+{
+    if (!ret)  /* a trace hook's frame: its return address is the pc */
+        ret = ((void **)frame)[1];
+    uint32_t d = t->shadow.depth;
+    uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
+    if (top_alive(t, sp)) {
+        const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+        if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
+            m->off == t->shadow.sp[d - 1] - sp &&
+            m->parent == _tag_shadow_prefix(t, d) && m->id &&
+            m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED)) {
+            t->captures++;
+            t->capture_frames += 1 + d;
+            return m->id;
+        }
+    }
+    return capture_slow(t, ret, frame);
+}
+
+/* The fast checks first, in a function of its own that needs no stack
+ * frame (every other way out is a jump).  Where the shadow stack answers
+ * (auto or shadow, with instrumented frames on this thread): the memo of
+ * shadow captures.  Otherwise the two kept walks, then the cache. */
 __attribute__((noclone))  /* under LTO: t in a register, not &_tag_tls again */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 {
     uint32_t id;
-    if (TAG_UNLIKELY(ret == NULL) ||
-        (t->shadow.depth != 0 && _tag_opt.unwind < TAG_UNWIND_FP))
+    if (t->shadow.depth != 0 && _tag_opt.unwind < TAG_UNWIND_FP)
+        return t->shadow.depth <= TAG_SHADOW_MAX ? capture_memo(t, ret, frame)
+                                                 : capture_slow(t, ret, frame);
+    if (TAG_UNLIKELY(ret == NULL))
         return capture_slow(t, ret, frame);
     if (TAG_LIKELY(fast_hit(t, (uint64_t)(uintptr_t)ret, frame, &id))) {
 #ifdef LIBTAG_DEBUG
@@ -922,9 +970,9 @@ TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, ui
         /* CFI describes the function; the slot must agree before the
          * offset is trusted for every later entry through this hook */
         if (cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site) {
-            unsigned i = (unsigned)(ra ^ (ra >> 6)) & 63;
+            unsigned i = (unsigned)(ra ^ (ra >> 6)) & (TAG_HOOK_CACHE - 1);
             t->hook_cache[i].ra = ra;
-            t->hook_cache[i].off = off | ((rule & TAG_RULE_CFA_RBP) ? TAG_HOOK_RBP : 0);
+            t->hook_cache[i].off = cfa - c;
             return cfa;
         }
     }

@@ -40,3 +40,24 @@ def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim,
         assert a.block.size == 40 and a.block.state == "live"
         functions = [f.function for f in dump.stack(a.stack)]
         assert functions[:2] == ["busy_step", "main"], functions
+
+
+import pytest
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["probe", "signals-blocked"])
+def test_sweep_reads_unmapped_recent_blocks_without_a_fault_reaching_the_program(
+        build_victim, tmp_path, blocked):
+    # GIVEN sweep_unmapped: each round munmaps a recent 64 MiB block, then
+    # overflows a 40-byte block and makes 3000 instrumented calls; it has
+    # its own SIGSEGV handler (and, blocked, blocks every signal)
+    exe = build_victim("sweep_unmapped")
+    env = S.victim_env("self", tmp_path / "snaps", LIBTAG_SWEEP="1000",
+                       LIBTAG_ON_ANOMALY="ignore", LIBTAG_GUARD_RATE="0", LIBTAG_STATS="1")
+    args = [str(exe)] + (["block"] if blocked else [])
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    # THEN it runs to the end, its handler never ran (the probe's faults on
+    # the unmapped blocks are libtag's), and every overflow was reported
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "segv_seen=0"
+    assert "anomalies=20 " in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,77 @@
+/* hooks.c - the fast paths of the -finstrument-functions hooks.
+ *
+ * They run around every function of an instrumented program, so they are
+ * the one file of libtag built without frame pointers (CMakeLists.txt): no
+ * prologue, no callee-saved register, the caller's stack pointer from
+ * __builtin_dwarf_cfa().  Anything but the common case is a tail jump to
+ * shadow_stack.c (_tag_enter_slow, _tag_exit_slow, _tag_hook_tick), which
+ * then finds the instrumented function's rbp and return address in its own
+ * frame, as if the hook had frame pointers.  So these functions must never
+ * touch rbp nor leave anything on the stack before those jumps: check the
+ * disassembly (objdump -d) after changing them - a push in front of a jmp
+ * would be wrong.
+ *
+ * What the enter fast path checks is what shadow_stack.c's full enter
+ * checks, in the common case only:
+ *   - the CFA of the instrumented function is the stack pointer at the hook
+ *     call plus the offset cached for this hook call (hook_cache, filled by
+ *     _tag_hook_cfa from CFI), and its return address slot (CFA - 8) holds
+ *     call_site: the load that proves the offset right for this call (a
+ *     function that realigns its stack, or code loaded at the address of
+ *     unloaded code, fails it and takes the slow path);
+ *   - the innermost entry is alive: above the new CFA (or at it, as the
+ *     host of an inlined function, when it is another function), below
+ *     pop_limit (on this thread's stack, no alternate stack set), and its
+ *     return address slot still holds its call site.
+ */
+#include "libtag_internal.h"
+
+TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
+{
+    struct tag_tls *t = &_tag_tls;
+    uint64_t fn = (uint64_t)(uintptr_t)this_fn, site = (uint64_t)(uintptr_t)call_site;
+    uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
+    uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
+    unsigned i = (unsigned)(ra ^ (ra >> 6)) & (TAG_HOOK_CACHE - 1);
+    uint64_t cfa = c + t->hook_cache[i].off;
+    if (TAG_UNLIKELY(t->hook_cache[i].ra != ra || ((const uint64_t *)cfa)[-1] != site))
+        return _tag_enter_slow(t, fn, site);
+    uint32_t d = t->shadow.depth;
+    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX - 1u)) {
+        uint64_t e = t->shadow.sp[d - 1];
+        if (TAG_UNLIKELY(e <= cfa) && (e != cfa || t->shadow.fn[d - 1] == fn))
+            return _tag_enter_slow(t, fn, site);
+        if (TAG_UNLIKELY(e >= t->pop_limit || ((const uint64_t *)e)[-1] != t->shadow.site[d - 1]))
+            return _tag_enter_slow(t, fn, site);
+    } else if (d != 0) {
+        return _tag_enter_slow(t, fn, site);  /* full */
+    }
+    t->shadow.depth = d + 1;
+    /* Re-entering a depth the same way keeps the ids cached above it: a
+     * loop that calls the same chain again captures for free. */
+    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
+        t->shadow.fn[d] = fn;
+        t->shadow.site[d] = site;
+        if (t->shadow.valid > d)
+            t->shadow.valid = d;
+    }
+    t->shadow.sp[d] = cfa;
+    /* 0 in a thread's first hook (TLS starts zeroed): it registers */
+    if (TAG_UNLIKELY(--t->hook_left <= 0))
+        return _tag_hook_tick(t);
+}
+
+TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
+{
+    (void)call_site;
+    struct tag_tls *t = &_tag_tls;
+    uint64_t sp = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
+    uint32_t d = t->shadow.depth;
+    /* The innermost entry above the exiting function's stack pointer: it
+     * is the exiting function (the slow path pops what lies below). */
+    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX) && TAG_LIKELY((t->shadow.sp[d - 1] & ~1ull) > sp)) {
+        t->shadow.depth = d - 1;
+        return;
+    }
+    return _tag_exit_slow(t, (uint64_t)(uintptr_t)this_fn, sp);
+}

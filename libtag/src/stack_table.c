@@ -46,8 +46,13 @@ void _tag_stack_table_init(uint32_t cap)
     if (_tag_opt.stack_stats) {
         _tag_stats = reserve((size_t)cap * sizeof *_tag_stats);
         _tag_ctl.stack_stats = (uint64_t)(uintptr_t)_tag_stats;
+        __atomic_store_n(&_tag_stats[0].allocs, 0, __ATOMIC_RELAXED);  /* dumped: see the root */
     }
-    /* node 0 is the root: the empty stack */
+    /* node 0 is the root: the empty stack.  Written, though it is all
+     * zeros: a kernel core leaves out a private mapping never written to,
+     * and a reader must find the root even in a process that never
+     * allocated. */
+    __atomic_store_n(&nodes[0].parent, 0, __ATOMIC_RELAXED);
     _tag_ctl.stack_nodes = (uint64_t)(uintptr_t)nodes;
     _tag_ctl.stack_capacity = cap;
     _tag_ctl.stack_count = 1;

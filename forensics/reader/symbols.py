@@ -328,6 +328,17 @@ def _tool_run(argv: list[str], stdin: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+_COLD_PART = re.compile(r"\.cold(?:\.\d+)?$")
+
+
+def _whole_function(name: str | None) -> str | None:
+    """The function a name from the symbol table belongs to: gcc moves a
+    function's unlikely code into a part of its own, "f.cold", which the
+    debug information (and gdb) call f.  llvm-symbolizer's linkage names
+    keep the part's symbol."""
+    return _COLD_PART.sub("", name) if name else None
+
+
 def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int],
                      debug_dirs: Sequence[str] = ()) -> dict[int, _Sym]:
     out = _tool_run(
@@ -352,7 +363,7 @@ def _llvm_symbolizer(exe: str, path: str, addrs: Sequence[int],
             start_addr = int(start, 16) if start else None
         except ValueError:
             start_addr = None
-        levels = [(s.get("FunctionName") or None, s.get("FileName") or None, s.get("Line") or None)
+        levels = [(_whole_function(s.get("FunctionName")), s.get("FileName") or None, s.get("Line") or None)
                   for s in syms]
         result[addr] = _chain_sym(levels, start_addr)
     return result

@@ -913,6 +913,8 @@ uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *ucv,
     struct ustate s = {(uint64_t)g[REG_RIP], (uint64_t)g[REG_RSP], (uint64_t)g[REG_RBP],
                        TAG_WF_BP_KNOWN | WS_EXACT, 0};
     struct bounds b;
+    if (!t)
+        t = &_tag_tls_none;  /* no state: bounds unknown, read only */
     bounds_of(t, &b);
     /* the kernel saved the alternate stack in effect with the context */
     if (uc->uc_stack.ss_size && !(uc->uc_stack.ss_flags & SS_DISABLE)) {

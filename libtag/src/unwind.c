@@ -885,7 +885,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tl
  * frame (every other way out is a jump).  Where the shadow stack answers
  * (auto or shadow, with instrumented frames on this thread): the memo of
  * shadow captures.  Otherwise the two kept walks, then the cache. */
-__attribute__((noclone))  /* under LTO: t in a register, not &_tag_tls again */
+__attribute__((noclone))  /* under LTO: t in a register, not _tag_tls.t loaded again */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 {
     uint32_t id;

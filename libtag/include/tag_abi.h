@@ -157,7 +157,7 @@ struct libtag_stack_node {
 };
 
 /* ------------------------------------------------------- shadow stacks --
- * One per thread, in initial-exec TLS, maintained by
+ * One per thread, in its libtag state (mapped per thread), maintained by
  * __cyg_profile_func_enter/exit.  Frame d (0 = outermost) was entered as
  * this_fn = fn[d] from call_site = site[d], and its CFA (the caller's stack
  * pointer at the call) is sp[d].  Only min(depth, TAG_SHADOW_MAX) frames are
@@ -423,7 +423,8 @@ struct libtag_control {
                                  TAG_REASON_ANOMALY; kind 0 = none yet */
     struct libtag_crash   crash;
 
-    uint32_t tls_bytes;       /* size of libtag's per-thread block, which
+    uint32_t tls_bytes;       /* size of libtag's per-thread block (its
+                                 state, mapped per thread, not TLS), which
                                  starts at each thread record's shadow
                                  address: libtag's own memory, never the
                                  program's references */

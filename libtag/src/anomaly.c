@@ -66,7 +66,7 @@ void _tag_anomaly_no_core(void)
 void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 {
     struct tag_tls *t = _tag_self();
-    _tag_anomaly_at(r, _tag_capture(t, ret, frame));
+    _tag_anomaly_at(r, t ? _tag_capture(t, ret, frame) : 0);
     if (_tag_opt.on_anomaly == TAG_ON_ABORT) {
         /* One core, the snapshot's; then the process dies of SIGABRT
          * without a second core of its own. */
@@ -79,7 +79,8 @@ void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
 {
     TAG_ASSERT(r->kind > TAG_ANOMALY_NONE && r->kind <= TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH);
-    struct tag_tls *t = _tag_self();
+    (void)_tag_self();  /* registered: its tid is known (it may have no state) */
+    uint32_t tid = _tag_tls.tid;
     __atomic_fetch_add(&_tag_ctl.anomaly_count, 1, __ATOMIC_RELAXED);
 
     /* One anomaly at a time owns the record; a second one that races it is
@@ -89,7 +90,7 @@ void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
         struct libtag_anomaly *a = &_tag_ctl.anomaly;
         memset(a, 0, sizeof *a);
         a->kind = r->kind;
-        a->tid = t->tid;
+        a->tid = tid;
         a->address = (uint64_t)(uintptr_t)r->address;
         a->block = (uint64_t)(uintptr_t)r->block;
         a->stack = stack;
@@ -108,13 +109,13 @@ void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
         _tag_log("libtag: %s: %s at %p (block %p) by the instruction at %p in thread %u "
                  "(LIBTAG_ON_ANOMALY=%s)",
                  _tag_anomaly_name(r->kind), r->access == TAG_ACCESS_WRITE ? "write" : "read",
-                 r->address, r->block, r->pc, t->tid, on_anomaly_name());
+                 r->address, r->block, r->pc, tid, on_anomaly_name());
     else if (r->block && r->block != r->address)
         _tag_log("libtag: %s at %p (block %p) in thread %u (LIBTAG_ON_ANOMALY=%s)",
-                 _tag_anomaly_name(r->kind), r->address, r->block, t->tid, on_anomaly_name());
+                 _tag_anomaly_name(r->kind), r->address, r->block, tid, on_anomaly_name());
     else
         _tag_log("libtag: %s of %p in thread %u (LIBTAG_ON_ANOMALY=%s)",
-                 _tag_anomaly_name(r->kind), r->address, t->tid, on_anomaly_name());
+                 _tag_anomaly_name(r->kind), r->address, tid, on_anomaly_name());
     if (owner) {
         if (_tag_opt.on_anomaly != TAG_ON_IGNORE)
             snapshot_now();

@@ -203,7 +203,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
 {
     if (!_tag_ready)
         return;
-    struct tag_tls *t = &_tag_tls;
+    struct tag_tls *t = _tag_tls.t;
     if (t->rec && !t->exiting) {
         if (_tag_opt.sweep_every)
             _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
@@ -215,7 +215,8 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
         return;
     struct libtag_stats s;
     libtag_stats(&s);
-    _tag_unwind_settle(&_tag_tls);
+    if (t->rec)
+        _tag_unwind_settle(t);
     _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
@@ -226,8 +227,8 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              (unsigned long)s.shadow_overflows, (unsigned long)s.stack_full, s.anomalies,
              s.snapshots, (unsigned long)_tag_ctl.damaged_leaked,
              (unsigned long)_tag_ctl.damaged_bytes,
-             (unsigned long)(_tag_capture_total + _tag_tls.captures),
-             (unsigned long)(_tag_capture_frames_total + _tag_tls.capture_frames),
+             (unsigned long)(_tag_capture_total + t->captures),
+             (unsigned long)(_tag_capture_frames_total + t->capture_frames),
              _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults);
 }
 
@@ -255,7 +256,7 @@ TAG_EXPORT void libtag_stats(struct libtag_stats *out)
     out->stack_count = __atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_ACQUIRE);
     out->thread_count = n;
     out->stack_full = _tag_ctl.stack_full;
-    out->shadow_overflows = _tag_ctl.shadow_overflows + _tag_tls.shadow.overflows;
+    out->shadow_overflows = _tag_ctl.shadow_overflows + _tag_tls.t->shadow.overflows;
     out->anomalies = _tag_ctl.anomaly_count;
     out->snapshots = _tag_ctl.snapshot_seq;
 }

@@ -54,7 +54,7 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
     if (!__atomic_exchange_n(&in_crash, 1, __ATOMIC_ACQ_REL)) {
         struct libtag_crash *c = &_tag_ctl.crash;
         c->signal = (uint32_t)sig;
-        c->tid = t->tid;
+        c->tid = _tag_tls.tid;
         c->address = (uint64_t)(uintptr_t)si->si_addr;
         c->code = (uint32_t)si->si_code;
         /* The faulting thread's stack from the interrupted context: CFI,
@@ -62,7 +62,7 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
          * for the table lock (0 if it is taken). */
         c->stack = _tag_capture_uc(t, uc);
         c->time = _tag_now_ms();
-        _tag_save_regs(t->rec, uc);
+        _tag_save_regs(_tag_tls.rec, uc);
         if (_tag_ctl.reason == TAG_REASON_NONE)
             _tag_ctl.reason = TAG_REASON_CRASH;
         /* The crash directory is made below, only once the default action
@@ -117,7 +117,7 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
         __atomic_store_n(&_tag_probe_armed, 0, __ATOMIC_RELAXED);
     __sigaction(sig, &dfl, NULL);
     if (si->si_code <= 0)
-        syscall(SYS_tgkill, getpid(), t->tid, sig);
+        syscall(SYS_tgkill, getpid(), _tag_tls.tid, sig);
 }
 
 void _tag_crash_init(void)

@@ -390,17 +390,25 @@ void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, 
     check_live(s, ptr, dealloc, ret, frame);
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
-    _tag_stats_free(t, tg->alloc_stack, size, ptr);
+    if (t)
+        _tag_stats_free(t, tg->alloc_stack, size, ptr);
+    else if (_tag_stats)  /* a thread without a state (interpose.c) */
+        __atomic_fetch_sub(&_tag_stats[tg->alloc_stack].live_bytes, size, __ATOMIC_RELAXED);
     struct libtag_free_rec rec = {
-        .free_stack = _tag_capture(t, ret, frame),
-        .free_tid = t->tid,
+        .free_stack = t ? _tag_capture(t, ret, frame) : 0,
+        .free_tid = _tag_tls.tid,
         .free_time = _tag_now_ms(),
     };
     rec.check = free_rec_check_value((uint64_t)(uintptr_t)tg, _tag_ctl.secret, &rec);
     _tag_write_freed(ptr);
     s->tag = *tg;
     s->rec = rec;
-    count(t, &t->rec->frees, &t->rec->free_bytes, size);
+    if (t) {
+        count(t, &t->rec->frees, &t->rec->free_bytes, size);
+    } else if (_tag_tls.rec) {
+        __atomic_fetch_add(&_tag_tls.rec->frees, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&_tag_tls.rec->free_bytes, size, __ATOMIC_RELAXED);
+    }
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST))
         return;  /* opened by a fault: the program may still be in it */

@@ -23,12 +23,18 @@
  *     host of an inlined function, when it is another function), below
  *     pop_limit (on this thread's stack, no alternate stack set), and its
  *     return address slot still holds its call site.
+ *
+ * A thread without a state of its own (not registered yet, or past its
+ * exit) has _tag_tls.t = &_tag_tls_none, all zeros and never written: the
+ * enter finds no hook_cache entry (ra is never 0) and the exit depth 0, so
+ * both leave for the slow paths before they write anything, and those
+ * register the thread.
  */
 #include "libtag_internal.h"
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
 {
-    struct tag_tls *t = &_tag_tls;
+    struct tag_tls *t = _tag_tls.t;
     uint64_t fn = (uint64_t)(uintptr_t)this_fn, site = (uint64_t)(uintptr_t)call_site;
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
@@ -56,7 +62,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
             t->shadow.valid = d;
     }
     t->shadow.sp[d] = cfa;
-    /* 0 in a thread's first hook (TLS starts zeroed): it registers */
+    /* 0 in a new thread's state: its first hook here ticks */
     if (TAG_UNLIKELY(--t->hook_left <= 0))
         return _tag_hook_tick(t);
 }
@@ -64,7 +70,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
 {
     (void)call_site;
-    struct tag_tls *t = &_tag_tls;
+    struct tag_tls *t = _tag_tls.t;
     uint64_t sp = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint32_t d = t->shadow.depth;
     /* The innermost entry above the exiting function's stack pointer: it

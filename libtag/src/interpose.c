@@ -21,10 +21,14 @@
 
 /* Allocate size bytes aligned to align (a power of two >= 16), tag them
  * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
+static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind);
+
 void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(t == NULL))
+        return alloc_stateless(size, align, zero, kind);
     if (TAG_UNLIKELY(--t->guard_countdown <= 0)) {  /* guard.c: sampled */
         void *g = _tag_guard_alloc(t, size, align, zero, kind, ret, frame);
         if (g)
@@ -75,6 +79,51 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
 }
 
 /* ------------------------------------------------------------ rare cases */
+
+/* Count an allocation or free of a thread without a state in its record,
+ * when it has one (the state went at its exit): atomics, as records beyond
+ * the capacity are shared. */
+static void count_stateless(int freed, uint64_t size)
+{
+    struct libtag_thread *r = _tag_tls.rec;
+    if (!r)
+        return;
+    __atomic_fetch_add(freed ? &r->frees : &r->allocs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(freed ? &r->free_bytes : &r->alloc_bytes, size, __ATOMIC_RELAXED);
+}
+
+/* An allocation of a thread without a state of its own (its mapping
+ * failed, or it is past its exit hook: see _tag_thread_register): tagged
+ * as any other, with stack 0 (no capture, which needs the state). */
+static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind)
+{
+    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
+    if (payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align || align > UINT32_MAX) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    char *raw, *user;
+    uint32_t pad = 0;
+    if (align <= 16) {
+        raw = zero ? __libc_calloc(1, OVERHEAD + payload) : __libc_malloc(OVERHEAD + payload);
+        user = raw + sizeof(struct libtag_tag);
+    } else {
+        raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
+        user = raw + align;
+        pad = (uint32_t)(align - sizeof(struct libtag_tag));
+        if (raw && zero)
+            memset(user, 0, payload);
+    }
+    if (!raw)
+        return NULL;
+    _tag_write_live(user, size, pad, 0, _tag_tls.tid, _tag_now_ms(), kind);
+    if (_tag_stats) {
+        __atomic_fetch_add(&_tag_stats[0].allocs, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&_tag_stats[0].live_bytes, size, __ATOMIC_RELAXED);
+    }
+    count_stateless(0, size);
+    return user;
+}
 
 static TAG_COLD void report_overflow(void *ptr, void *ret, void *frame)
 {
@@ -146,10 +195,33 @@ TAG_INLINE int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
     }
 }
 
+/* A free of a thread without a state of its own: checked as any other,
+ * handed back at once (no quarantine, which is the state's). */
+static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    if (_tag_guarded(ptr)) {
+        _tag_guard_free(NULL, ptr, dealloc, ret, frame);
+        return;
+    }
+    if (!check_block(ptr, dealloc, ret, frame))
+        return;
+    struct libtag_tag *tg = _tag_of(ptr);
+    uint64_t size = _tag_size(tg);
+    if (_tag_stats)
+        __atomic_fetch_sub(&_tag_stats[tg->alloc_stack].live_bytes, size, __ATOMIC_RELAXED);
+    _tag_write_freed(ptr);
+    count_stateless(1, size);
+    _tag_real_release(ptr);
+}
+
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
     struct tag_tls *t = _tag_self();
+    if (TAG_UNLIKELY(t == NULL)) {
+        free_stateless(ptr, dealloc, ret, frame);
+        return;
+    }
     if (TAG_UNLIKELY(_tag_guarded(ptr))) {  /* guard.c: a guarded slot */
         _tag_guard_free(t, ptr, dealloc, ret, frame);
         return;

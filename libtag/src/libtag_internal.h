@@ -193,7 +193,8 @@ struct tag_walk_new {
 #define TAG_CAP_MEMO 16    /* tag_tls.cap_memo entries, a power of 2 */
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
-    struct libtag_thread *rec;       /* NULL until registered */
+    struct libtag_thread *rec;       /* NULL until registered (and in
+                                        _tag_tls_none, always) */
     /* Allocations this thread makes before its next guarded one
      * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
      * below, calls _tag_guard_alloc, which draws the next one.  Here, not
@@ -203,8 +204,6 @@ struct tag_tls {
     uint32_t tid;
     int overflow_rec;                /* rec is shared: update with atomics */
     int exiting;                     /* quarantine drained, free directly */
-    int *errno_at;                   /* this thread's errno (free() keeps
-                                        it): no __errno_location call */
     uint32_t frees;                  /* this thread's frees, for pacing */
     const void *last_alloc;          /* this thread's newest block: freed
                                         before the next allocation, it is a
@@ -266,17 +265,51 @@ struct tag_tls {
      * walks' own. */
     struct tag_fast_entry fast[TAG_FAST_SLOTS];
     uint32_t fast_clock;             /* stamps its fills */
+    uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
-extern __thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
-TAG_COLD void _tag_thread_register(void);    /* first libtag use in a thread */
+/* struct tag_tls is ~34 KiB: as static TLS it would be carved out of every
+ * thread's stack by glibc, and a program whose threads have small stacks
+ * (PTHREAD_STACK_MIN, 32 KiB) would see pthread_create fail with EINVAL
+ * under libtag.  So it is mapped per thread (_tag_map, at registration;
+ * unmapped at thread exit) and static TLS holds only this: the pointer to
+ * it, and what the paths that run without it (before registration, after
+ * exit, a thread whose mapping failed) need.
+ *
+ * t points at _tag_tls_none until the thread registers: a zeroed state
+ * that nothing writes, whose rec is NULL - the test every entry point
+ * makes (_tag_self), and on which the hooks' fast paths all fail to their
+ * slow paths, which register.  So the hot paths pay one load (the pointer)
+ * for the indirection and no test of their own. */
+struct tag_tls_ref {
+    struct tag_tls *t;               /* this thread's state, or &_tag_tls_none */
+    int *errno_at;                   /* this thread's errno (free() keeps
+                                        it): no __errno_location call */
+    struct libtag_thread *rec;       /* its record (also once t is gone); NULL = none */
+    uint32_t tid;                    /* set at its first registration */
+    uint32_t gone;                   /* t unmapped at thread exit: no new one */
+};
+extern __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec")));
+union tag_tls_none {
+    struct tag_tls t;
+    char pages[(sizeof(struct tag_tls) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
+};
+extern union tag_tls_none _tag_tls_none_pages;
+#define _tag_tls_none (_tag_tls_none_pages.t)
+/* First libtag use in a thread: map its state and take a record.  Returns
+ * the state, or NULL when the thread has none (its mapping failed, or it
+ * is past its exit hook): then the caller works without one (a stack id 0,
+ * no quarantine); _tag_tls.tid is set either way. */
+TAG_COLD struct tag_tls *_tag_thread_register(void);
 TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
 TAG_COLD void _tag_threads_late_init(void);  /* pthread key, atfork: after libc init */
+/* The calling thread's state, registering it first; NULL: it has none
+ * (see _tag_thread_register). */
 static inline struct tag_tls *_tag_self(void)
 {
-    struct tag_tls *t = &_tag_tls;
+    struct tag_tls *t = _tag_tls.t;
     if (TAG_UNLIKELY(t->rec == NULL))
-        _tag_thread_register();
+        t = _tag_thread_register();
     return t;
 }
 

@@ -2,7 +2,7 @@
  *
  * Programs built with -finstrument-functions call __cyg_profile_func_enter
  * and _exit around every function; we keep (this_fn, call_site, sp) per
- * depth in initial-exec TLS, where sp is the function's CFA: the stack
+ * depth in the thread's state (thread.c), where sp is the function's CFA: the stack
  * address it was entered from.  The interned id of each prefix is cached per
  * depth (shadow.id[]) and stays valid until that depth is re-entered, so
  * capturing the stack at an allocation interns only the frames pushed since
@@ -80,8 +80,8 @@ static int32_t hook_period(void)
 TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_tls *t)
 {
     if (TAG_UNLIKELY(t->rec == NULL)) {
-        _tag_thread_register();
-        t->hook_left = hook_period();
+        if ((t = _tag_thread_register()) != NULL)
+            t->hook_left = hook_period();
         return;
     }
     t->hook_left = hook_period();
@@ -96,9 +96,11 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(struct tag_tls *t, uint64_t fn, ui
 {
     const uint64_t *frame = __builtin_frame_address(0);
     if (TAG_UNLIKELY(t->rec == NULL)) {
-        /* The thread's first enter always comes here (its hook_cache is
-         * empty): register it before its stack bounds are used. */
-        _tag_thread_register();
+        /* The thread's first enter always comes here (t is _tag_tls_none,
+         * whose hook_cache is empty): register it before its stack bounds
+         * are used.  Without a state it keeps no shadow stack. */
+        if ((t = _tag_thread_register()) == NULL)
+            return;
         t->hook_left = hook_period();
     }
     uint64_t cfa = _tag_hook_cfa(t, frame[1], (uintptr_t)(frame + 2), frame[0], site);
@@ -193,6 +195,6 @@ uint32_t _tag_shadow_id(struct tag_tls *t)
 TAG_EXPORT uint32_t libtag_current_stack(void)
 {
     _tag_ensure_init();
-    return _tag_capture(_tag_self(), __builtin_return_address(0),
-                        __builtin_frame_address(0));
+    struct tag_tls *t = _tag_self();
+    return t ? _tag_capture(t, __builtin_return_address(0), __builtin_frame_address(0)) : 0;
 }

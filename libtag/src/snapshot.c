@@ -87,6 +87,8 @@ static uint64_t mono_ns(void)
 void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
 {
     const greg_t *g = uc->uc_mcontext.gregs;
+    if (!r)
+        return;  /* a thread without a record (its state could not be mapped) */
     uint64_t *o = r->regs;
     o[0] = g[REG_R15];  o[1] = g[REG_R14];  o[2] = g[REG_R13];  o[3] = g[REG_R12];
     o[4] = g[REG_RBP];  o[5] = g[REG_RBX];  o[6] = g[REG_R11];  o[7] = g[REG_R10];
@@ -115,8 +117,8 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
         return;
     }
     uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
-    struct tag_tls *t = _tag_self();
-    _tag_save_regs(t->rec, uc);
+    (void)_tag_self();
+    _tag_save_regs(_tag_tls.rec, uc);
     __atomic_fetch_add(&acks, 1, __ATOMIC_RELEASE);
     futex(&acks, FUTEX_WAKE_PRIVATE, 1, NULL);
     /* Hold still until the fork is done, so the registers stay true; give
@@ -238,19 +240,19 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
 /* Forget every other thread's registers from an earlier snapshot (a thread
  * that exited or blocks the signal must not show stale ones), save ours when
  * given, and stop the others.  Returns the generation to release. */
-static uint32_t freeze(struct tag_tls *t, const ucontext_t *uc, uint32_t *stopped)
+static uint32_t freeze(const ucontext_t *uc, uint32_t *stopped)
 {
     struct libtag_thread *r = (struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
     uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
     if (n > _tag_ctl.thread_capacity)
         n = _tag_ctl.thread_capacity;
     for (uint32_t i = 0; i < n; i++)
-        if (&r[i] != t->rec)
+        if (&r[i] != _tag_tls.rec)
             __atomic_and_fetch(&r[i].flags, ~TAG_THREAD_REGS, __ATOMIC_RELAXED);
     if (uc)
-        _tag_save_regs(t->rec, uc);
+        _tag_save_regs(_tag_tls.rec, uc);
     uint32_t gen = __atomic_add_fetch(&next_generation, 1, __ATOMIC_RELAXED);
-    uint32_t got = stop_threads(gen, t->tid);
+    uint32_t got = stop_threads(gen, _tag_tls.tid);
     if (stopped)
         *stopped = got;
     return gen;
@@ -579,7 +581,7 @@ static int take(uint32_t reason)
     uint64_t asked = reason == TAG_REASON_ON_DEMAND ? __atomic_exchange_n(&asked_ns, 0, __ATOMIC_ACQ_REL)
                                                     : 0;
     reap();
-    struct tag_tls *t = _tag_self();
+    (void)_tag_self();  /* registered: _tag_tls.tid and rec are set */
     uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
     const char *rname = reason == TAG_REASON_ANOMALY
                             ? _tag_anomaly_name(_tag_ctl.anomaly.kind)
@@ -600,12 +602,12 @@ static int take(uint32_t reason)
     uint64_t t0 = mono_ns();
     ucontext_t uc;
     uint32_t stopped;
-    uint32_t gen = freeze(t, getcontext(&uc) == 0 ? &uc : NULL, &stopped);
+    uint32_t gen = freeze(getcontext(&uc) == 0 ? &uc : NULL, &stopped);
     uint64_t t1 = mono_ns();
     /* exit signal 0: no SIGCHLD, invisible to wait() without __WALL */
     long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
     if (child == 0)
-        child_main(dir, reason, seq, t->tid);
+        child_main(dir, reason, seq, _tag_tls.tid);
     uint64_t t2 = mono_ns();
     release_threads(gen);
     if (child < 0) {
@@ -621,7 +623,7 @@ static int take(uint32_t reason)
         size_t n = _tag_format(info, sizeof info,
             "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
             "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\nrequest_ns=%lu\n",
-            (int)getpid(), child, seq, rname, t->tid, stopped,
+            (int)getpid(), child, seq, rname, _tag_tls.tid, stopped,
             (unsigned long)(t2 - t0), (unsigned long)(t2 - t1),
             (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul,
             (unsigned long)(asked ? asked : t0));
@@ -650,7 +652,7 @@ out:
  * from the crash signal handler: async-signal-safe. */
 int _tag_crash_dir(void)
 {
-    struct tag_tls *t = _tag_self();
+    (void)_tag_self();  /* registered: _tag_tls.tid and rec are set */
     uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
     char name[128];
     int root = open_snapshot_root();
@@ -661,7 +663,7 @@ int _tag_crash_dir(void)
         return -errno;
     char info[256];
     size_t n = _tag_format(info, sizeof info, "pid=%d\nchild=0\nseq=%u\nreason=crash\ntid=%u\n",
-                           (int)getpid(), seq, t->tid);
+                           (int)getpid(), seq, _tag_tls.tid);
     int path = _tag_opt.core_path;
     if (path == TAG_CORE_AUTO)
         path = kernel_can_dump_here() ? TAG_CORE_KERNEL : TAG_CORE_SELF;
@@ -683,10 +685,10 @@ int _tag_crash_dir(void)
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
-    uint32_t gen = freeze(t, NULL, NULL);  /* our registers: the crash hook's */
+    uint32_t gen = freeze(NULL, NULL);  /* our registers: the crash hook's */
     long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
     if (child == 0)
-        child_main(dir, TAG_REASON_CRASH, seq, t->tid);
+        child_main(dir, TAG_REASON_CRASH, seq, _tag_tls.tid);
     release_threads(gen);
     if (child > 0)
         waitpid((pid_t)child, NULL, __WALL);

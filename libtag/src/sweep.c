@@ -72,7 +72,7 @@ extern const char _tag_probe_insn[], _tag_probe_fixup[];
 int _tag_probe_fault(int sig, void *ucv)
 {
     ucontext_t *uc = ucv;
-    if ((sig != SIGSEGV && sig != SIGBUS) || !_tag_tls.probing ||
+    if ((sig != SIGSEGV && sig != SIGBUS) || !_tag_tls.t->probing ||
         uc->uc_mcontext.gregs[REG_RIP] != (greg_t)(uintptr_t)_tag_probe_insn)
         return 0;
     uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)_tag_probe_fixup;

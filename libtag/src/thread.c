@@ -6,6 +6,7 @@
  * them without any lock.  The thread's own counters are written only by
  * that thread: no shared cache line on the malloc fast path.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,7 +15,13 @@
 
 #include "libtag_internal.h"
 
-__thread struct tag_tls _tag_tls __attribute__((tls_model("initial-exec")));
+/* Whole pages: the debug build makes them read-only (_tag_threads_init),
+ * so a path that writes a thread's state before registering it faults in
+ * the tests. */
+union tag_tls_none _tag_tls_none_pages __attribute__((aligned(TAG_PAGE_SIZE)));
+__thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec"))) = {
+    .t = &_tag_tls_none,
+};
 
 #define THREAD_CAPACITY 16384u
 
@@ -35,6 +42,9 @@ void _tag_threads_init(void)
                    (unsigned long)bytes);
     _tag_ctl.threads = (uint64_t)(uintptr_t)records;
     _tag_ctl.thread_capacity = THREAD_CAPACITY;
+#ifdef LIBTAG_DEBUG
+    mprotect(&_tag_tls_none_pages, sizeof _tag_tls_none_pages, PROT_READ);
+#endif
 }
 
 /* Last checks of the thread's blocks: the damage of its recent allocations
@@ -42,8 +52,30 @@ void _tag_threads_init(void)
  * goes away. */
 static void thread_exit(void *arg)
 {
-    struct tag_tls *t = &_tag_tls;
-    (void)arg;
+    struct tag_tls *t = _tag_tls.t;
+    if (t->rec == NULL)
+        return;  /* no state (its mapping failed) */
+    /* Its state goes at the last round of the thread's key destructors:
+     * the hook sets its key again until then, so destructors of other keys
+     * that run after it in earlier rounds still find the state (their
+     * allocations get stacks); one of the last round that runs after it
+     * works without (_tag_self gives NULL). */
+    if (++t->exit_rounds > 1) {
+        if (t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
+            pthread_setspecific(exit_key, arg);
+        } else {
+            struct libtag_thread *r = t->rec;
+            uint64_t mine = (uint64_t)(uintptr_t)&t->shadow;
+            /* a reader must not follow the record to unmapped memory */
+            __atomic_compare_exchange_n(&r->shadow, &mine, 0, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED);
+            _tag_tls.gone = 1;
+            _tag_tls.t = &_tag_tls_none;
+            _tag_unmap(t, sizeof *t);
+        }
+        return;
+    }
+    pthread_setspecific(exit_key, arg);
     if (_tag_opt.sweep_every)
         _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
     _tag_quarantine_drain(t);
@@ -59,13 +91,25 @@ static void thread_exit(void *arg)
     }
 }
 
-void _tag_thread_register(void)
+struct tag_tls *_tag_thread_register(void)
 {
-    struct tag_tls *t = &_tag_tls;
+    struct tag_tls_ref *ref = &_tag_tls;
+    struct tag_tls *t = ref->t;
     _tag_ensure_init();
     if (t->rec)
-        return;
-    t->tid = (uint32_t)syscall(SYS_gettid);
+        return t;
+    if (!ref->tid)
+        ref->tid = (uint32_t)syscall(SYS_gettid);
+    if (ref->gone)
+        return NULL;
+    if (t == &_tag_tls_none) {
+        /* mmap'ed memory is zeroed: the state of a thread that never ran */
+        t = _tag_map(sizeof *t, 0);
+        if (t == NULL)
+            return NULL;  /* tried again at the next entry */
+        ref->t = t;
+    }
+    t->tid = ref->tid;
     uint32_t i = __atomic_fetch_add(&_tag_ctl.thread_count, 1, __ATOMIC_RELAXED);
     struct libtag_thread *r;
     if (i < THREAD_CAPACITY) {
@@ -89,11 +133,12 @@ void _tag_thread_register(void)
     r->stack_hi = t->stack_hi;
     __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
     t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
-    t->rec = r;
+    t->rec = ref->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the
      * thread descriptor: no malloc. */
     if (__atomic_load_n(&exit_key_ready, __ATOMIC_ACQUIRE))
         pthread_setspecific(exit_key, r);
+    return t;
 }
 
 /* Did the fork() in progress come from the main thread?  Written with the
@@ -116,28 +161,32 @@ static void atfork_parent(void)
  * gets a record of its own, and the control block its pid. */
 static void atfork_child(void)
 {
-    struct tag_tls *t = &_tag_tls;
     _tag_guard_atfork_child();
     _tag_stack_table_atfork_child();
     _tag_modules_atfork_child();
     _tag_ctl.pid = (uint32_t)getpid();
-    t->rec = NULL;
-    _tag_thread_register();
+    /* the state mapping is the parent's, copied: this thread keeps it */
+    if (_tag_tls.t != &_tag_tls_none)
+        _tag_tls.t->rec = NULL;
+    _tag_tls.rec = NULL;
+    _tag_tls.tid = 0;
+    struct tag_tls *t = _tag_thread_register();
     /* In the child tid == pid even when a non-main thread forked, so
      * register() took __libc_stack_end; but this thread still runs on the
      * forking thread's stack, whose top is its descriptor.  A wrong bound
      * lets the frame-pointer walk leave the stack and misleads readers. */
-    if (!fork_from_main && t->rec) {
+    if (t && !fork_from_main) {
         t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
-    _tag_unwind_forget(t);  /* kept walks were bounded by the parent's stack_hi */
+    if (t)
+        _tag_unwind_forget(t);  /* kept walks were bounded by the parent's stack_hi */
     /* The parent's threads do not exist here: no reader or snapshot of the
      * child may take their records (or their saved registers) for live. */
     for (uint32_t i = 0; i < _tag_ctl.thread_count && i < THREAD_CAPACITY; i++)
-        if (&records[i] != t->rec)
+        if (&records[i] != _tag_tls.rec)
             records[i].flags |= TAG_THREAD_EXITED;
-    if (t->rec)
+    if (t)
         t->rec->quarantine = (uint64_t)(uintptr_t)t->quarantine;  /* still ours */
 }
 
@@ -147,8 +196,8 @@ void _tag_threads_late_init(void)
 {
     if (pthread_key_create(&exit_key, thread_exit) == 0) {
         __atomic_store_n(&exit_key_ready, 1, __ATOMIC_RELEASE);
-        if (_tag_tls.rec && _tag_tls.tid != (uint32_t)getpid())
-            pthread_setspecific(exit_key, _tag_tls.rec);
+        if (_tag_tls.t->rec && _tag_tls.tid != (uint32_t)getpid())
+            pthread_setspecific(exit_key, _tag_tls.t->rec);
     }
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -160,8 +209,9 @@ void _tag_threads_late_init(void)
 TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 {
     long r = syscall(SYS_sigaltstack, ss, old);
-    if (r == 0 && ss) {
-        struct tag_tls *t = &_tag_tls;
+    struct tag_tls *t;
+    /* the bounds go into the thread's state: registered first */
+    if (r == 0 && ss && (t = _tag_self()) != NULL) {
         if (ss->ss_flags & SS_DISABLE) {
             t->alt_lo = t->alt_hi = 0;
         } else {

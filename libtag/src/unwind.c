@@ -885,7 +885,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tl
  * frame (every other way out is a jump).  Where the shadow stack answers
  * (auto or shadow, with instrumented frames on this thread): the memo of
  * shadow captures.  Otherwise the two kept walks, then the cache. */
-__attribute__((noclone))  /* under LTO: t in a register, not &_tag_tls again */
+__attribute__((noclone))  /* under LTO: t in a register, not _tag_tls.t loaded again */
 uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 {
     uint32_t id;
@@ -913,6 +913,8 @@ uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *ucv,
     struct ustate s = {(uint64_t)g[REG_RIP], (uint64_t)g[REG_RSP], (uint64_t)g[REG_RBP],
                        TAG_WF_BP_KNOWN | WS_EXACT, 0};
     struct bounds b;
+    if (!t)
+        t = &_tag_tls_none;  /* no state: bounds unknown, read only */
     bounds_of(t, &b);
     /* the kernel saved the alternate stack in effect with the context */
     if (uc->uc_stack.ss_size && !(uc->uc_stack.ss_flags & SS_DISABLE)) {

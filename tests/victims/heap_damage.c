@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "overwrite.h"
 
 extern int libtag_snapshot(void) __attribute__((weak));
 
@@ -162,7 +163,7 @@ int main(int argc, char **argv)
         say("block", p);
         say("neighbour", q);
         say("address", p + 64);
-        memset(p + 64, 0x42, 100);
+        overwrite(p + 64, 0x42, 100);
         if (argc > 2 && !strcmp(argv[2], "q-first")) {
             free_neighbour(q);
             free_victim(p);
@@ -177,7 +178,7 @@ int main(int argc, char **argv)
         printf("size=64\ntid=%u\n", tid());
         say("block", p);
         say("address", p + 64);
-        memset(p + 64, 0x43, 8);
+        overwrite(p + 64, 0x43, 8);
         (void)q;
     } else if (!strcmp(kind, "uaf") && argc > 4) {
         uaf(strtol(argv[2], NULL, 0), argv[3], argv[4]);

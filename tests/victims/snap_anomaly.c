@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "overwrite.h"
 
 static void say(void *p)
 {
@@ -65,7 +66,7 @@ __attribute__((noinline)) static void do_heap_overflow(void)
     char *volatile end = p + 40;
     say(end);
     say_block(p);
-    memset(end, 0x41, 8);
+    overwrite(end, 0x41, 8);
     free(p);
 }
 

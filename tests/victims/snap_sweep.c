@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "overwrite.h"
 
 static volatile unsigned long sink;
 
@@ -17,7 +18,8 @@ int main(void)
     char *volatile b = make_buffer(40);
     printf("address=%p\n", (void *)b);
     fflush(stdout);
-    memset(b, 'x', 48);  /* 8 bytes past the end: the canary */
+    memset(b, 'x', 40);
+    overwrite(b + 40, 'x', 8);  /* 8 bytes past the end: the canary */
     for (unsigned long i = 0; i < 20000; i++)
         busy_step(i);
     free(b);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "overwrite.h"
 
 static volatile int segv_seen;
 
@@ -42,7 +43,7 @@ int main(int argc, char **argv)
         memset(big, 1, 100);
         free(big);
         char *volatile q = malloc(40);
-        q[40] = 'x';
+        overwrite(q + 40, 'x', 1);
         int x = 0;
         for (int i = 0; i < 3000; i++)
             x = busy_step(x);

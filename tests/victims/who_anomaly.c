@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "libtag.h"
+#include "overwrite.h"
 
 #define HOARD_BLOCKS 40
 #define HOARD_SIZE 1000
@@ -93,7 +94,7 @@ __attribute__((noinline)) static void do_overflow(void)
     char *p = make_block(40);
     char *volatile end = p + 40;
     say(p);
-    memset(end, 0x41, 8);
+    overwrite(end, 0x41, 8);
     overflow_release(p);
 }
 

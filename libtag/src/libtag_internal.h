@@ -554,8 +554,11 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* Is the page holding addr mapped (msync, else mincore)?  errno is kept. */
+/* Is the page holding addr mapped?  Inside glibc's main (brk) heap: yes,
+ * without a system call (tag.c); elsewhere msync, else mincore.  The tag at
+ * addr must lie in that page or the heap.  errno is kept. */
 int _tag_page_mapped(const void *addr);
+TAG_COLD void _tag_brk_init(void);  /* _tag_init: the break at start */
 /* Is user a live/freed block of ours?  Reads only memory on user's page
  * or, when the tag may lie on another page or in a chunk free() may have
  * unmapped, checks that page is mapped first:

@@ -14,9 +14,12 @@
  * glibc's main heap (its arena's sbrk'd memory), one mapping.  UINTPTR_MAX
  * until _tag_brk_init, or when sbrk failed: nothing is in it. */
 static uintptr_t brk_lo = UINTPTR_MAX;
+/* glibc's own name, the one its malloc calls: a program's sbrk() of its
+ * own (an allocator of its own) does not answer for glibc's break. */
+extern void *__sbrk(intptr_t);
 void _tag_brk_init(void)
 {
-    void *b = sbrk(0);
+    void *b = __sbrk(0);
     if (b != (void *)-1)
         brk_lo = (uintptr_t)b;
 }
@@ -28,8 +31,8 @@ void _tag_brk_init(void)
  * answers where msync fails for another reason (a seccomp filter). */
 int _tag_page_mapped(const void *addr)
 {
-    /* Inside the main heap, below the current break (sbrk(0) reads glibc's
-     * __curbrk: no system call): mapped, no question asked.  That heap is
+    /* Inside the main heap, below the current break (__sbrk(0) reads
+     * glibc's __curbrk: no system call): mapped, no question asked.  That heap is
      * one mapping from the initial break up, glibc never unmaps it but by
      * lowering the break, and no mmap'ed chunk lies in it - a munmapped
      * large block's second free() still takes msync.  As with msync, a
@@ -40,7 +43,7 @@ int _tag_page_mapped(const void *addr)
      * brk heap itself.  allocbench -O2, 1 thread: every probe of a single-
      * threaded program lands here (190 ns each, 1 free in 64). */
     uintptr_t a = (uintptr_t)addr;
-    if (a >= brk_lo && a + sizeof(struct libtag_tag) <= (uintptr_t)sbrk(0))
+    if (a >= brk_lo && a + sizeof(struct libtag_tag) <= (uintptr_t)__sbrk(0))
         return 1;
     void *page = (void *)((uintptr_t)addr & ~(uintptr_t)(TAG_PAGE_SIZE - 1));
     int saved = errno, ok;

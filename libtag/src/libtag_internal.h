@@ -352,22 +352,45 @@ static inline uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t 
     return _tag_intern_slow(t, parent, kind, pc, c);
 }
 /* Per allocation stack counters (struct libtag_stack_stats, by stack id;
- * control.stack_stats), kept on every allocation and free: relaxed atomic
- * adds, so threads allocating from one stack lose no count.  peak_bytes is
+ * control.stack_stats), kept on every allocation and free.  peak_bytes is
  * raised with a plain compare and store: under a race between threads of
  * the same stack it may miss the last few bytes of a peak, never exceed it.
  * A temporary is a block freed by the thread that allocated it before that
  * thread allocated anything else (heaptrack's definition).
- * LIBTAG_STACK_STATS=0: none kept (_tag_stats NULL, control stack_stats 0). */
+ * LIBTAG_STACK_STATS=0: none kept (_tag_stats NULL, control stack_stats 0).
+ *
+ * The adds: relaxed atomics (lock-prefixed), so threads allocating from one
+ * stack lose no count - but only once a second thread has registered
+ * (_tag_stats_shared, thread.c: set by the second registration, before
+ * that thread's first count, never cleared).  Until then each add is one
+ * plain read-modify-write instruction (inline asm, so the compiler cannot
+ * split it: a signal handler that allocates, in the same thread, still
+ * finds it either done or not begun).  A lock prefix drains the store
+ * buffer: behind it the allocation waited for the misses of the tag, the
+ * canary and the program's own stores (perf, allocbench -O2 1 thread: 12 %
+ * of all samples sat on the lock adds; wall 0.616 -> see the commit).
+ * The rule's one cost: an add of the first thread racing the very first
+ * adds of the second, in the few cycles between its check of the flag and
+ * its add, may be lost. */
 extern struct libtag_stack_stats *_tag_stats;
+extern int _tag_stats_shared;
+TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
+{
+    if (shared)
+        __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+    else
+        __asm__ volatile("addq %1, %0" : "+m"(*p) : "er"(v));
+}
 TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t size,
                                  const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
         return;
     struct libtag_stack_stats *s = &_tag_stats[stack];
-    __atomic_fetch_add(&s->allocs, 1, __ATOMIC_RELAXED);
-    uint64_t live = __atomic_add_fetch(&s->live_bytes, size, __ATOMIC_RELAXED);
+    int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
+    _tag_stat_add(&s->allocs, 1, shared);
+    _tag_stat_add(&s->live_bytes, size, shared);
+    uint64_t live = __atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED);
     if (TAG_UNLIKELY(live > __atomic_load_n(&s->peak_bytes, __ATOMIC_RELAXED)))
         __atomic_store_n(&s->peak_bytes, live, __ATOMIC_RELAXED);
     t->last_alloc = user;
@@ -378,9 +401,10 @@ TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size
     if (TAG_UNLIKELY(!_tag_stats))
         return;
     struct libtag_stack_stats *s = &_tag_stats[stack];
-    __atomic_fetch_sub(&s->live_bytes, size, __ATOMIC_RELAXED);
+    int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
+    _tag_stat_add(&s->live_bytes, -size, shared);
     if (TAG_UNLIKELY(user == t->last_alloc)) {
-        __atomic_fetch_add(&s->temporaries, 1, __ATOMIC_RELAXED);
+        _tag_stat_add(&s->temporaries, 1, shared);
         t->last_alloc = NULL;
     }
 }
@@ -587,8 +611,11 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* Is the page holding addr mapped (msync, else mincore)?  errno is kept. */
+/* Is the page holding addr mapped?  Inside glibc's main (brk) heap: yes,
+ * without a system call (tag.c); elsewhere msync, else mincore.  The tag at
+ * addr must lie in that page or the heap.  errno is kept. */
 int _tag_page_mapped(const void *addr);
+TAG_COLD void _tag_brk_init(void);  /* _tag_init: the break at start */
 /* Is user a live/freed block of ours?  Reads only memory on user's page
  * or, when the tag may lie on another page or in a chunk free() may have
  * unmapped, checks that page is mapped first:

@@ -23,6 +23,7 @@ static uint32_t capacity;
 static uint32_t slot_mask;
 static int table_lock;
 struct libtag_stack_stats *_tag_stats;    /* [capacity] */
+int _tag_stats_shared;                     /* libtag_internal.h: a second thread registered */
 
 static void *reserve(size_t bytes)
 {

@@ -623,9 +623,17 @@ TAG_COLD void _tag_brk_init(void);  /* _tag_init: the break at start */
  *   bytes): user may not be ours at all;
  * - user is in a page's first 64 bytes: that is where glibc puts an
  *   mmap'ed chunk (a large block), which free() munmaps - a second free()
- *   of it must be reported, not fault.
- * A system call for 1 in 64 pointers; none for the rest.  Inline: every
- * free() and realloc() starts here. */
+ *   of it must be reported, not fault;
+ * - user is at a page offset that is a power of two, or 96: where an
+ *   aligned block (posix_memalign, aligned new: alignment 32 to 1024) of
+ *   glibc's mmap'ed chunks starts, the tag at alignment - 32 before it.
+ * At most a system call for 1 in 32 pointers outside glibc's main heap;
+ * none for the rest.  Inline: every free() and realloc() starts here. */
+TAG_INLINE int _tag_may_be_unmapped(uintptr_t u)
+{
+    uintptr_t off = u & (TAG_PAGE_SIZE - 1);
+    return off < 64 || (off & (off - 1)) == 0 || off == 96;
+}
 enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
 TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
 {
@@ -633,7 +641,7 @@ TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
     uintptr_t u = (uintptr_t)user;
     if ((u & 15) != 0 || u < TAG_PAGE_SIZE + sizeof *t)
         return TAG_NOT_OURS;
-    if (TAG_UNLIKELY((u & (TAG_PAGE_SIZE - 1)) < 64) && !_tag_page_mapped(t))
+    if (TAG_UNLIKELY(_tag_may_be_unmapped(u)) && !_tag_page_mapped(t))
         return TAG_NOT_OURS;
     if (!_tag_valid_at((uint64_t)u - sizeof *t, t))
         return TAG_NOT_OURS;

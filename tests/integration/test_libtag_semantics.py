@@ -208,3 +208,18 @@ def test_reader_victim_runs_without_libtag(build_victim, run_victim):
     proc = run_victim(exe, preload=False, env={"LD_PRELOAD": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "no-libtag\n"
+
+
+@pytest.mark.parametrize("align", [16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
+def test_a_second_free_of_a_large_aligned_block_is_reported_not_a_fault(build_victim, run_victim,
+                                                                         align):
+    # GIVEN a 2 MiB block from posix_memalign(align): glibc mmaps its chunk,
+    # and the block starts at a page offset that depends on the alignment
+    exe = build_victim("lt_aligned_refree")
+    # WHEN the program frees it twice (the first free() munmaps it)
+    done = run_victim(exe, str(align), on_anomaly="ignore")
+    # THEN libtag reports the second free() and the program runs on
+    assert done.returncode == 0, f"expected exit 0, got {done.returncode}: {done.stderr}"
+    block = done.stdout.split()[0].split("=")[1]
+    assert done.stdout.endswith("survived\n"), done.stdout
+    assert f"libtag: invalid-free of {block} " in done.stderr, done.stderr

@@ -53,15 +53,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
         return _tag_enter_slow(t, fn, site);  /* full */
     }
     t->shadow.depth = d + 1;
-    /* Re-entering a depth the same way keeps the ids cached above it: a
-     * loop that calls the same chain again captures for free. */
-    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
-        t->shadow.fn[d] = fn;
-        t->shadow.site[d] = site;
-        if (t->shadow.valid > d)
-            t->shadow.valid = d;
-    }
-    t->shadow.sp[d] = cfa;
+    _tag_shadow_record(t, d, fn, site, cfa);
     /* 0 in a new thread's state: its first hook here ticks */
     if (TAG_UNLIKELY(--t->hook_left <= 0))
         return _tag_hook_tick(t);

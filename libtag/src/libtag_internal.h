@@ -495,6 +495,21 @@ extern uint64_t _tag_capture_total, _tag_capture_frames_total;
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */
 uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+/* Record function fn, entered from site with its CFA at cfa, at depth d <
+ * TAG_SHADOW_MAX.  Re-entering a depth the same way keeps the ids cached
+ * above it: a loop that calls the same chain again captures for free. */
+TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, uint64_t site,
+                                   uint64_t cfa)
+{
+    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
+        t->shadow.fn[d] = fn;
+        t->shadow.site[d] = site;
+        if (t->shadow.valid > d)
+            t->shadow.valid = d;
+    }
+    t->shadow.sp[d] = cfa;
+}
+
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */

@@ -118,15 +118,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(struct tag_tls *t, uint64_t fn, ui
     }
     t->shadow.depth = d + 1;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
-        /* Re-entering a depth the same way keeps the ids cached above it:
-         * a loop that calls the same chain again captures for free. */
-        if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
-            t->shadow.fn[d] = fn;
-            t->shadow.site[d] = site;
-            if (t->shadow.valid > d)
-                t->shadow.valid = d;
-        }
-        t->shadow.sp[d] = cfa;
+        _tag_shadow_record(t, d, fn, site, cfa);
     } else {
         t->shadow.overflows++;
     }

@@ -109,23 +109,40 @@ struct libtag_free_rec {
 #define TAG_MIX2 0xc2b2ae3d27d4eb4full
 #define TAG_FREE_SALT 0x46524545u              /* "FREE" */
 
+/* The formulas, of the fields' values (libtag computes them from the values
+ * it is about to store: a load of fields just stored waits for the stores). */
+static inline uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t size_state,
+                                        uint32_t alloc_stack, uint32_t alloc_tid,
+                                        uint32_t alloc_time, uint32_t pad)
+{
+    uint64_t h = tag_addr ^ secret;
+    h = (h ^ size_state) * TAG_MIX1;
+    h = (h ^ ((uint64_t)alloc_tid << 32 | alloc_stack)) * TAG_MIX1;
+    h = (h ^ ((uint64_t)pad << 32 | alloc_time)) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static inline uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
+                                             uint32_t free_stack, uint32_t free_tid,
+                                             uint32_t free_time)
+{
+    uint64_t h = tag_addr ^ secret ^ TAG_FREE_SALT;
+    h = (h ^ ((uint64_t)free_tid << 32 | free_stack)) * TAG_MIX1;
+    h = (h ^ free_time) * TAG_MIX2;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
 static inline uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
                                        const struct libtag_tag *t)
 {
-    uint64_t h = tag_addr ^ secret;
-    h = (h ^ t->size_state) * TAG_MIX1;
-    h = (h ^ ((uint64_t)t->alloc_tid << 32 | t->alloc_stack)) * TAG_MIX1;
-    h = (h ^ ((uint64_t)t->pad << 32 | t->alloc_time)) * TAG_MIX2;
-    return (uint32_t)(h ^ (h >> 32));
+    return tag_check_fields(tag_addr, secret, t->size_state, t->alloc_stack, t->alloc_tid,
+                            t->alloc_time, t->pad);
 }
 
 static inline uint32_t free_rec_check_value(uint64_t tag_addr, uint64_t secret,
                                             const struct libtag_free_rec *f)
 {
-    uint64_t h = tag_addr ^ secret ^ TAG_FREE_SALT;
-    h = (h ^ ((uint64_t)f->free_tid << 32 | f->free_stack)) * TAG_MIX1;
-    h = (h ^ f->free_time) * TAG_MIX2;
-    return (uint32_t)(h ^ (h >> 32));
+    return free_rec_check_fields(tag_addr, secret, f->free_stack, f->free_tid, f->free_time);
 }
 
 /* The 8 bytes stored right after the payload of a live block. */

@@ -194,17 +194,6 @@ static void enqueue(uint32_t i)
 
 /* ---------------------------------------------------------- allocation -- */
 
-static void count(struct tag_tls *t, uint64_t *n, uint64_t *bytes, uint64_t size)
-{
-    if (TAG_LIKELY(!t->overflow_rec)) {
-        (*n)++;
-        *bytes += size;
-    } else {
-        __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(bytes, size, __ATOMIC_RELAXED);
-    }
-}
-
 void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
                        void *ret, void *frame)
 {
@@ -268,7 +257,7 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
     s->user = (uint64_t)(uintptr_t)user;
     s->reported = 0;
     __atomic_store_n(&s->state, TAG_GUARD_LIVE, __ATOMIC_RELEASE);
-    count(t, &t->rec->allocs, &t->rec->alloc_bytes, size);
+    _tag_count(t, 0, size);
     _tag_stats_alloc(t, tg->alloc_stack, size, user);
     errno = saved;
     return user;
@@ -390,10 +379,7 @@ void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, 
     check_live(s, ptr, dealloc, ret, frame);
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
-    if (t)
-        _tag_stats_free(t, tg->alloc_stack, size, ptr);
-    else if (_tag_stats)  /* a thread without a state (interpose.c) */
-        __atomic_fetch_sub(&_tag_stats[tg->alloc_stack].live_bytes, size, __ATOMIC_RELAXED);
+    _tag_stats_free(t, tg->alloc_stack, size, ptr);  /* t NULL: a thread without a state */
     struct libtag_free_rec rec = {
         .free_stack = t ? _tag_capture(t, ret, frame) : 0,
         .free_tid = _tag_tls.tid,
@@ -403,12 +389,7 @@ void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, 
     _tag_write_freed(ptr);
     s->tag = *tg;
     s->rec = rec;
-    if (t) {
-        count(t, &t->rec->frees, &t->rec->free_bytes, size);
-    } else if (_tag_tls.rec) {
-        __atomic_fetch_add(&_tag_tls.rec->frees, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&_tag_tls.rec->free_bytes, size, __ATOMIC_RELAXED);
-    }
+    _tag_count(t, 1, size);
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST))
         return;  /* opened by a fault: the program may still be in it */

@@ -19,10 +19,43 @@
 
 #define OVERHEAD (sizeof(struct libtag_tag) + TAG_CANARY_SIZE)
 
-/* Allocate size bytes aligned to align (a power of two >= 16), tag them
- * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
+/* The real allocation for a block of size bytes aligned to align (a power
+ * of two >= 16): returns the user pointer (the tag in front of it, the
+ * canary after it) and its pad, or NULL with errno as glibc (ENOMEM). */
+TAG_INLINE char *alloc_block(size_t size, size_t align, int zero, uint32_t *pad)
+{
+    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
+    if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    char *raw;
+    if (TAG_LIKELY(align <= 16)) {
+        raw = zero ? __libc_calloc(1, OVERHEAD + payload)
+                   : __libc_malloc(OVERHEAD + payload);
+        if (TAG_UNLIKELY(!raw))
+            return NULL;
+        *pad = 0;
+        return raw + sizeof(struct libtag_tag);
+    }
+    /* raw is align-aligned; the tag sits just below the next boundary. */
+    if (TAG_UNLIKELY(align > UINT32_MAX)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
+    if (TAG_UNLIKELY(!raw))
+        return NULL;
+    *pad = (uint32_t)(align - sizeof(struct libtag_tag));
+    if (zero)
+        memset(raw + align, 0, payload);
+    return raw + align;
+}
+
 static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind);
 
+/* Allocate size bytes aligned to align (a power of two >= 16), tag them
+ * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
 void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
 {
     _tag_ensure_init();
@@ -34,94 +67,33 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
         if (g)
             return g;
     }
-    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
-    if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    char *raw, *user;
     uint32_t pad;
-    if (TAG_LIKELY(align <= 16)) {
-        raw = zero ? __libc_calloc(1, OVERHEAD + payload)
-                   : __libc_malloc(OVERHEAD + payload);
-        if (TAG_UNLIKELY(!raw))
-            return NULL;
-        user = raw + sizeof(struct libtag_tag);
-        pad = 0;
-    } else {
-        /* raw is align-aligned; the tag sits just below the next boundary. */
-        if (TAG_UNLIKELY(align > UINT32_MAX)) {
-            errno = ENOMEM;
-            return NULL;
-        }
-        raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
-        if (TAG_UNLIKELY(!raw))
-            return NULL;
-        user = raw + align;
-        pad = (uint32_t)(align - sizeof(struct libtag_tag));
-        if (zero)
-            memset(user, 0, payload);
-    }
+    char *user = alloc_block(size, align, zero, &pad);
+    if (TAG_UNLIKELY(!user))
+        return NULL;
     uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms(), kind);
     _tag_stats_alloc(t, stack, size, user);
     if (_tag_opt.sweep_every)
         _tag_sweep_remember(t, user);
-    struct libtag_thread *r = t->rec;
-    if (TAG_LIKELY(!t->overflow_rec)) {
-        r->allocs++;
-        r->alloc_bytes += size;
-    } else {
-        __atomic_fetch_add(&r->allocs, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&r->alloc_bytes, size, __ATOMIC_RELAXED);
-    }
+    _tag_count(t, 0, size);
     return user;
 }
 
 /* ------------------------------------------------------------ rare cases */
-
-/* Count an allocation or free of a thread without a state in its record,
- * when it has one (the state went at its exit): atomics, as records beyond
- * the capacity are shared. */
-static void count_stateless(int freed, uint64_t size)
-{
-    struct libtag_thread *r = _tag_tls.rec;
-    if (!r)
-        return;
-    __atomic_fetch_add(freed ? &r->frees : &r->allocs, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(freed ? &r->free_bytes : &r->alloc_bytes, size, __ATOMIC_RELAXED);
-}
 
 /* An allocation of a thread without a state of its own (its mapping
  * failed, or it is past its exit hook: see _tag_thread_register): tagged
  * as any other, with stack 0 (no capture, which needs the state). */
 static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind)
 {
-    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
-    if (payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align || align > UINT32_MAX) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    char *raw, *user;
-    uint32_t pad = 0;
-    if (align <= 16) {
-        raw = zero ? __libc_calloc(1, OVERHEAD + payload) : __libc_malloc(OVERHEAD + payload);
-        user = raw + sizeof(struct libtag_tag);
-    } else {
-        raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
-        user = raw + align;
-        pad = (uint32_t)(align - sizeof(struct libtag_tag));
-        if (raw && zero)
-            memset(user, 0, payload);
-    }
-    if (!raw)
+    uint32_t pad;
+    char *user = alloc_block(size, align, zero, &pad);
+    if (!user)
         return NULL;
     _tag_write_live(user, size, pad, 0, _tag_tls.tid, _tag_now_ms(), kind);
-    if (_tag_stats) {
-        __atomic_fetch_add(&_tag_stats[0].allocs, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&_tag_stats[0].live_bytes, size, __ATOMIC_RELAXED);
-    }
-    count_stateless(0, size);
+    _tag_stats_alloc(NULL, 0, size, user);
+    _tag_count(NULL, 0, size);
     return user;
 }
 
@@ -207,10 +179,9 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
         return;
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
-    if (_tag_stats)
-        __atomic_fetch_sub(&_tag_stats[tg->alloc_stack].live_bytes, size, __ATOMIC_RELAXED);
+    _tag_stats_free(NULL, tg->alloc_stack, size, ptr);
     _tag_write_freed(ptr);
-    count_stateless(1, size);
+    _tag_count(NULL, 1, size);
     _tag_real_release(ptr);
 }
 
@@ -232,14 +203,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
     _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
     uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_freed(ptr);
-    struct libtag_thread *r = t->rec;
-    if (TAG_LIKELY(!t->overflow_rec)) {
-        r->frees++;
-        r->free_bytes += size;
-    } else {
-        __atomic_fetch_add(&r->frees, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&r->free_bytes, size, __ATOMIC_RELAXED);
-    }
+    _tag_count(t, 1, size);
     _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)

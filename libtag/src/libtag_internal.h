@@ -313,6 +313,26 @@ static inline struct tag_tls *_tag_self(void)
     return t;
 }
 
+/* Count an allocation (freed 0) or a free of size bytes in the calling
+ * thread's record: plain adds where the record is the thread's own,
+ * atomics where threads beyond the record capacity share it, or where the
+ * thread has no state (t NULL: the record kept in static TLS, if any). */
+TAG_INLINE void _tag_count(struct tag_tls *t, int freed, uint64_t size)
+{
+    struct libtag_thread *r = t ? t->rec : _tag_tls.rec;
+    if (!t && !r)
+        return;
+    uint64_t *n = freed ? &r->frees : &r->allocs;
+    uint64_t *bytes = freed ? &r->free_bytes : &r->alloc_bytes;
+    if (TAG_LIKELY(t && !t->overflow_rec)) {
+        (*n)++;
+        *bytes += size;
+    } else {
+        __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(bytes, size, __ATOMIC_RELAXED);
+    }
+}
+
 /* -------------------------------------------------------- interpose.c */
 /* The malloc family's bodies, shared with the C++ operators (new_delete.c):
  * allocate as kind (enum libtag_alloc_kind); release a block the way
@@ -381,6 +401,8 @@ TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
     else
         __asm__ volatile("addq %1, %0" : "+m"(*p) : "er"(v));
 }
+/* t: the thread's state, or NULL for a thread without one (interpose.c),
+ * whose temporaries are not counted. */
 TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t size,
                                  const void *user)
 {
@@ -393,7 +415,8 @@ TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t siz
     uint64_t live = __atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED);
     if (TAG_UNLIKELY(live > __atomic_load_n(&s->peak_bytes, __ATOMIC_RELAXED)))
         __atomic_store_n(&s->peak_bytes, live, __ATOMIC_RELAXED);
-    t->last_alloc = user;
+    if (t)
+        t->last_alloc = user;
 }
 TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size,
                                 const void *user)
@@ -403,7 +426,7 @@ TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size
     struct libtag_stack_stats *s = &_tag_stats[stack];
     int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
     _tag_stat_add(&s->live_bytes, -size, shared);
-    if (TAG_UNLIKELY(user == t->last_alloc)) {
+    if (TAG_UNLIKELY(t && user == t->last_alloc)) {
         _tag_stat_add(&s->temporaries, 1, shared);
         t->last_alloc = NULL;
     }
@@ -566,31 +589,6 @@ static inline uint32_t _tag_alloc_kind(const struct libtag_tag *t)
 {
     return (uint32_t)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
 }
-/* tag_check_value() and free_rec_check_value() (tag_abi.h) of fields held
- * in registers.  The writers compute check values from these, not from the
- * fields just stored: the ABI versions load alloc_stack and alloc_tid (and
- * free_stack and free_tid) as one 64-bit word, which cannot be forwarded
- * from the two 32-bit stores that wrote them - the load waits for the
- * stores to reach the cache (perf: 17 % of the quarantine's time sat on
- * that one load).  Debug builds check both agree. */
-TAG_INLINE uint32_t _tag_check_of(uint64_t tag_addr, uint64_t size_state, uint32_t stack,
-                                  uint32_t tid, uint32_t time, uint32_t pad)
-{
-    uint64_t h = tag_addr ^ _tag_ctl.secret;
-    h = (h ^ size_state) * TAG_MIX1;
-    h = (h ^ ((uint64_t)tid << 32 | stack)) * TAG_MIX1;
-    h = (h ^ ((uint64_t)pad << 32 | time)) * TAG_MIX2;
-    return (uint32_t)(h ^ (h >> 32));
-}
-TAG_INLINE uint32_t _tag_free_check_of(uint64_t tag_addr, uint32_t stack, uint32_t tid,
-                                       uint32_t time)
-{
-    uint64_t h = tag_addr ^ _tag_ctl.secret ^ TAG_FREE_SALT;
-    h = (h ^ ((uint64_t)tid << 32 | stack)) * TAG_MIX1;
-    h = (h ^ time) * TAG_MIX2;
-    return (uint32_t)(h ^ (h >> 32));
-}
-
 /* Write a live tag and canary for a block of size bytes at user, allocated
  * as kind (enum libtag_alloc_kind).  Inline: once per allocation. */
 TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
@@ -606,7 +604,10 @@ TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t 
     t->alloc_tid = tid;
     t->alloc_time = now;
     t->pad = pad;
-    t->check = _tag_check_of(addr, size_state, stack, tid, now, pad);
+    /* from the values, not the fields just stored: a 64-bit load of
+     * alloc_stack and alloc_tid cannot be forwarded from their two 32-bit
+     * stores (perf: 17 % of the quarantine's time sat on such a load) */
+    t->check = tag_check_fields(addr, _tag_ctl.secret, size_state, stack, tid, now, pad);
     TAG_ASSERT(t->check == tag_check_value(addr, _tag_ctl.secret, t));
     uint64_t canary = tag_canary_value(addr, _tag_ctl.secret);
     memcpy((char *)user + size, &canary, sizeof canary);
@@ -842,7 +843,7 @@ TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size
     e->rec.free_stack = free_stack;
     e->rec.free_tid = tid;
     e->rec.free_time = now;
-    e->rec.check = _tag_free_check_of(tag_addr, free_stack, tid, now);
+    e->rec.check = free_rec_check_fields(tag_addr, _tag_ctl.secret, free_stack, tid, now);
     TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
     q->bytes += size;
     /* the entry is complete before the range includes it */

@@ -14,8 +14,10 @@
  * What the enter fast path checks is what shadow_stack.c's full enter
  * checks, in the common case only:
  *   - the CFA of the instrumented function is the stack pointer at the hook
- *     call plus the offset cached for this hook call (hook_cache, filled by
- *     _tag_hook_cfa from CFI), and its return address slot (CFA - 8) holds
+ *     call plus the offset cached for this hook call (hook_cache, 4 ways a
+ *     set, filled by _tag_hook_cfa from CFI; a miss costs a rule lookup, so
+ *     the cache holds the hot functions of a large program), and its
+ *     return address slot (CFA - 8) holds
  *     call_site: the load that proves the offset right for this call (a
  *     function that realigns its stack, or code loaded at the address of
  *     unloaded code, fails it and takes the slow path);
@@ -32,15 +34,28 @@
  */
 #include "libtag_internal.h"
 
+_Static_assert(TAG_HOOK_WAYS == 4, "__cyg_profile_func_enter looks in 4 ways");
+
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
 {
     struct tag_tls *t = _tag_tls.t;
     uint64_t fn = (uint64_t)(uintptr_t)this_fn, site = (uint64_t)(uintptr_t)call_site;
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
-    unsigned i = (unsigned)(ra ^ (ra >> 6)) & (TAG_HOOK_CACHE - 1);
-    uint64_t cfa = c + t->hook_cache[i].off;
-    if (TAG_UNLIKELY(t->hook_cache[i].ra != ra || ((const uint64_t *)cfa)[-1] != site))
+    const struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
+    uint64_t off;
+    if (TAG_LIKELY(h->ra[0] == ra))
+        off = h->off[0];
+    else if (h->ra[1] == ra)
+        off = h->off[1];
+    else if (h->ra[2] == ra)
+        off = h->off[2];
+    else if (h->ra[3] == ra)
+        off = h->off[3];
+    else
+        return _tag_enter_slow(t, fn, site);
+    uint64_t cfa = c + off;
+    if (TAG_UNLIKELY(((const uint64_t *)cfa)[-1] != site))
         return _tag_enter_slow(t, fn, site);
     uint32_t d = t->shadow.depth;
     if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX - 1u)) {
@@ -66,10 +81,16 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
     uint64_t sp = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint32_t d = t->shadow.depth;
     /* The innermost entry above the exiting function's stack pointer: it
-     * is the exiting function (the slow path pops what lies below). */
-    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX) && TAG_LIKELY((t->shadow.sp[d - 1] & ~1ull) > sp)) {
-        t->shadow.depth = d - 1;
-        return;
+     * is the exiting function (the slow path pops what lies below).  At
+     * the entry's CFA itself when the hook is reached after the epilogue
+     * (a tail call at -O2), if it is the same function. */
+    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX)) {
+        uint64_t e = t->shadow.sp[d - 1] & ~1ull;
+        if (TAG_LIKELY(e > sp) ||
+            (e == sp && t->shadow.fn[d - 1] == (uint64_t)(uintptr_t)this_fn)) {
+            t->shadow.depth = d - 1;
+            return;
+        }
     }
     return _tag_exit_slow(t, (uint64_t)(uintptr_t)this_fn, sp);
 }

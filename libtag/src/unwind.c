@@ -971,10 +971,16 @@ TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, ui
         uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
         /* CFI describes the function; the slot must agree before the
          * offset is trusted for every later entry through this hook */
-        if (cfa > c && cfa <= hi && !(cfa & 7) && ((const uint64_t *)cfa)[-1] == site) {
-            unsigned i = (unsigned)(ra ^ (ra >> 6)) & (TAG_HOOK_CACHE - 1);
-            t->hook_cache[i].ra = ra;
-            t->hook_cache[i].off = cfa - c;
+        if (cfa > c && cfa <= hi && cfa - c <= UINT32_MAX && !(cfa & 7) &&
+            ((const uint64_t *)cfa)[-1] == site) {
+            /* newest first: the others move down a way, the oldest leaves */
+            struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
+            for (unsigned w = TAG_HOOK_WAYS - 1; w > 0; w--) {
+                h->ra[w] = h->ra[w - 1];
+                h->off[w] = h->off[w - 1];
+            }
+            h->ra[0] = ra;
+            h->off[0] = (uint32_t)(cfa - c);
             return cfa;
         }
     }

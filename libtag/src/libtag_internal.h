@@ -166,8 +166,11 @@ struct tag_fast {
     uint32_t stamp;        /* when it was filled (the cache's replacement) */
 };
 #define TAG_FAST_SLOTS 16   /* the per-thread cache of walks, by (pc, sp):
-                               two ways in each of 8 sets */
-#define TAG_FAST_READS 16   /* words it keeps per walk; deeper walks: not */
+                               8 ways in each of 2 sets */
+#define TAG_FAST_READS 32   /* words it keeps per walk (one a frame, and a
+                               saved rbp the walk outward needs); deeper
+                               walks: not.  lua's allocations walk ~19
+                               frames: 16 words left them all uncached */
 struct tag_fast_entry {
     struct tag_fast h;
     struct tag_walk_read rd[TAG_FAST_READS];

@@ -9,7 +9,8 @@
  *                          bad_release(p + 32) <- do_invalid_interior
  *   invalid-free-stack     bad_release(&local[32]) <- do_invalid_stack
  *   heap-overflow          make_block(40) <- do_overflow; 8 bytes written past
- *                          its end; overflow_release <- do_overflow frees it
+ *                          its end (printed: "written=HEX"); overflow_release
+ *                          <- do_overflow frees it
  *   use-after-free         make_block(64) <- do_use_after_free; first_release
  *                          frees it; a write at p + 40; churn <- do_use_after_free
  *                          frees 256 blocks, pushing p out of the quarantine
@@ -95,6 +96,12 @@ __attribute__((noinline)) static void do_overflow(void)
     char *volatile end = p + 40;
     say(p);
     overwrite(end, 0x41, 8);
+    /* what overwrite() wrote: 0x41, or 0xbe where the random canary held 0x41 */
+    printf("written=");
+    for (int i = 0; i < 8; i++)
+        printf("%02x", (unsigned char)end[i]);
+    printf("\n");
+    fflush(stdout);
     overflow_release(p);
 }
 

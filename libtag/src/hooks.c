@@ -21,10 +21,12 @@
  *     call_site: the load that proves the offset right for this call (a
  *     function that realigns its stack, or code loaded at the address of
  *     unloaded code, fails it and takes the slow path);
- *   - the innermost entry is alive: above the new CFA (or at it, as the
- *     host of an inlined function, when it is another function), below
- *     pop_limit (on this thread's stack, no alternate stack set), and its
- *     return address slot still holds its call site.
+ *   - the innermost entry is above the new CFA (or at it, as the host of
+ *     an inlined function, when it is another function).  Whether it is
+ *     still alive (its return address slot holding its call site) is left
+ *     to the next capture (_tag_shadow_settle): a load and a compare on
+ *     every call, for the rare longjmp out of instrumented frames followed
+ *     by a call deeper than them.
  *
  * A thread without a state of its own (not registered yet, or past its
  * exit) has _tag_tls.t = &_tag_tls_none, all zeros and never written: the
@@ -61,8 +63,6 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX - 1u)) {
         uint64_t e = t->shadow.sp[d - 1];
         if (TAG_UNLIKELY(e <= cfa) && (e != cfa || t->shadow.fn[d - 1] == fn))
-            return _tag_enter_slow(t, fn, site);
-        if (TAG_UNLIKELY(e >= t->pop_limit || ((const uint64_t *)e)[-1] != t->shadow.site[d - 1]))
             return _tag_enter_slow(t, fn, site);
     } else if (d != 0) {
         return _tag_enter_slow(t, fn, site);  /* full */

@@ -533,19 +533,31 @@ extern uint64_t _tag_capture_total, _tag_capture_frames_total;
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */
 uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+/* Before a capture from stack pointer cur uses the shadow stack: the
+ * entries recorded since the last capture (from valid - 1 up) are alive,
+ * or the dead ones are dropped (shadow_stack.c). */
+void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur);
+TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
+{
+    uint32_t d = t->shadow.depth;
+    if (t->shadow.valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
+        _tag_shadow_settle_slow(t, cur);
+}
 /* Record function fn, entered from site with its CFA at cfa, at depth d <
  * TAG_SHADOW_MAX.  Re-entering a depth the same way keeps the ids cached
  * above it: a loop that calls the same chain again captures for free. */
 TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, uint64_t site,
                                    uint64_t cfa)
 {
-    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site) {
+    /* A changed entry lowers valid: the next capture interns it, and
+     * checks that the entry below it is alive (_tag_shadow_settle). */
+    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site || t->shadow.sp[d] != cfa) {
         t->shadow.fn[d] = fn;
         t->shadow.site[d] = site;
+        t->shadow.sp[d] = cfa;
         if (t->shadow.valid > d)
             t->shadow.valid = d;
     }
-    t->shadow.sp[d] = cfa;
 }
 
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):

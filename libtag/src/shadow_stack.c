@@ -61,6 +61,81 @@ uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t 
     return d;
 }
 
+/* What _tag_shadow_settle finds dead: drop every dead entry, wherever it
+ * is, seen from cur inward out - the innermost against cur, each other
+ * against the nearest alive entry inside it - down to the first alive
+ * entry below lo (those below it were checked by an earlier capture and
+ * are alive when it is). */
+static void shadow_repair(struct tag_tls *t, uint64_t cur, uint32_t lo)
+{
+    struct libtag_shadow *s = &t->shadow;
+    uint32_t d = s->depth, n = 0, first = d;
+    uint64_t hi = t->stack_hi, fn = 0, site = 0;
+    uint64_t keep[TAG_SHADOW_MAX / 64] = {0};
+    uint32_t rest = 0;  /* entries below this one all stay */
+    for (uint32_t i = d; i-- > 0;) {
+        int cur_alt = t->alt_hi && cur >= t->alt_lo && cur < t->alt_hi;
+        if (!cur_alt && !(hi && cur < hi)) {
+            rest = i + 1;  /* a stack libtag does not know: the rest stays */
+            break;
+        }
+        if (dead(t, i, cur, fn, site, cur_alt, hi))
+            continue;
+        keep[i / 64] |= 1ull << (i % 64);
+        if (i < lo) {
+            rest = i;
+            break;
+        }
+        cur = s->sp[i] & ~1ull;
+        fn = s->fn[i];
+        site = s->site[i];
+    }
+    for (uint32_t j = 0; j < rest; j++)
+        keep[j / 64] |= 1ull << (j % 64);
+    for (uint32_t j = 0; j < d; j++) {
+        if (!(keep[j / 64] >> (j % 64) & 1)) {
+            if (first == d)
+                first = j;
+            continue;
+        }
+        if (n != j) {
+            s->fn[n] = s->fn[j];
+            s->site[n] = s->site[j];
+            s->sp[n] = s->sp[j];
+        }
+        n++;
+    }
+    s->depth = n;
+    if (s->valid > first)
+        s->valid = first;
+}
+
+/* The enter hook's fast path checks only that a new entry is below the
+ * innermost one, not that the innermost one is still alive (its return
+ * address slot read on every call).  A longjmp out of frames and then a
+ * call deeper, through code that is not instrumented, leaves entries that
+ * are dead above a live one: so a capture first checks the entries
+ * recorded since the last capture and the one below them (valid - 1 up to
+ * the innermost, which the capture checks itself), and drops the dead. */
+void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur)
+{
+    struct libtag_shadow *s = &t->shadow;
+    uint32_t d = s->depth, lo = s->valid ? s->valid - 1 : 0;
+    uint64_t hi = t->stack_hi;
+    for (uint32_t i = lo; i + 1 < d; i++) {
+        uint64_t e = s->sp[i], at = e & ~1ull;
+        if (e & 1)
+            continue;  /* only a lower bound of its CFA: nothing to check */
+        /* read only what is on this thread's stack above cur, or on its
+         * alternate stack; anything else is for the full check */
+        int mapped = (at > cur && at <= hi) || (t->alt_hi && at > t->alt_lo && at <= t->alt_hi);
+        if (!mapped || ((const uint64_t *)at)[-1] != s->site[i]) {
+            shadow_repair(t, cur, lo);
+            return;
+        }
+    }
+}
+
 /* The hooks' rare paths (hooks.c has the fast ones).  The hooks are built
  * without frame pointers and reach these by a tail jump, with nothing on
  * the stack and rbp untouched: so in these functions (built with frame

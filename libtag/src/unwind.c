@@ -788,6 +788,23 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
            ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
 }
 
+#ifdef LIBTAG_DEBUG
+/* The debug build checks, at every shadow capture, that every entry below
+ * the innermost on this thread's stack above sp still holds its call
+ * site: no dead entry survived _tag_shadow_settle. */
+static void shadow_verify(const struct tag_tls *t, uint64_t sp)
+{
+    uint32_t d = t->shadow.depth;
+    if (d > TAG_SHADOW_MAX)
+        return;
+    for (uint32_t i = 0; i + 1 < d; i++) {
+        uint64_t e = t->shadow.sp[i];
+        if (!(e & 1) && e > sp && e <= t->stack_hi)
+            TAG_ASSERT(((const uint64_t *)e)[-1] == t->shadow.site[i]);
+    }
+}
+#endif
+
 /* Everything but the fast check: the shadow stack, a walk. */
 /* noclone: _tag_capture jumps here with its own arguments, as they are */
 static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tls *t, void *ret,
@@ -798,6 +815,10 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tl
     struct ustate s = entry_state(ret, frame);
     int mode = _tag_opt.unwind;
     if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
+        _tag_shadow_settle(t, s.sp);
+#ifdef LIBTAG_DEBUG
+        shadow_verify(t, s.sp);
+#endif
         if (t->shadow.depth > 0 && (top_alive(t, s.sp) || _tag_shadow_pop(t, s.sp, 0, 0) > 0)) {
             struct bounds b;
             bounds_of(t, &b);
@@ -874,9 +895,13 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tl
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
-    uint32_t d = t->shadow.depth;
     uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
-    if (top_alive(t, sp)) {
+    _tag_shadow_settle(t, sp);
+#ifdef LIBTAG_DEBUG
+    shadow_verify(t, sp);
+#endif
+    uint32_t d = t->shadow.depth;
+    if (d > 0 && top_alive(t, sp)) {
         const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
         if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
             m->off == t->shadow.sp[d - 1] - sp &&

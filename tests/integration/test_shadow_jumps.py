@@ -108,3 +108,25 @@ def test_cxx_exception_through_instrumented_frames(build_victim, run_victim, tmp
     assert [n.removeprefix("_ZL11") for n in names] == [
         "fresh_allocm", "fresh_allocm", "main", "<lib>"]
     assert _depth(out) == (2, 0)
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("mode", ["auto", "shadow"])
+def test_frames_left_then_a_deeper_call_through_code_not_instrumented(
+        build_victim, run_victim, tmp_path, build, mode):
+    # GIVEN a longjmp out of down, down, down, thrower; then main calls
+    # deep_call (not instrumented), whose 8 KiB frame overwrites the frames
+    # left and which calls fresh_alloc: its entry lands below theirs, so
+    # the enter hook keeps it on top of them (whether they are alive is
+    # the next capture's to check)
+    exe, out = _run(build_victim, run_victim, tmp_path, "uw_jumps", BUILDS[build], mode, "deep")
+    stacks = _stacks(out)
+    # THEN the block allocated there has the stack fresh_alloc <- deep_call
+    # (the call site of fresh_alloc's entry) <- main's caller: none of the
+    # frames that were left
+    assert [k for k, _ in stacks["alloc1"]] == [CALL, ENTRY, CALL, CALL]
+    assert _names(exe, stacks["alloc1"]) == ["fresh_alloc", "fresh_alloc", "deep_call", "<lib>"]
+    # AND main's own allocation after it, fresh_alloc <- main, with the
+    # shadow stack as deep as the real one
+    assert _names(exe, stacks["alloc"]) == FRESH_FROM_MAIN
+    assert _depth(out) == (2, 0)

@@ -14,6 +14,10 @@
  *                three frames down, level1 allocates, then longjmp to main's
  *   signal       raise() three frames down; the handler siglongjmps to main
  *   altsignal    the same with the handler on a sigaltstack
+ *   deep         longjmp out of 3 frames, then main calls deep_call (not
+ *                instrumented), whose 8 KiB frame overwrites the frames
+ *                left, and which calls fresh_alloc: deeper than the frames
+ *                left, so the enter hook sees its new entry below theirs
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -71,6 +75,18 @@ __attribute__((noipa)) static void level1(void)
     KEEP();
 }
 
+/* Not instrumented, and deeper than the frames a longjmp just left: its
+ * own writes overwrite their return address slots. */
+__attribute__((no_instrument_function, noipa)) static void *deep_call(void)
+{
+    volatile char pad[8192];
+    for (size_t i = 0; i < sizeof pad; i++)
+        pad[i] = (char)(i * 7 + 1);
+    void *p = fresh_alloc(13);
+    pad[0] = 0;
+    return p;
+}
+
 static void handler(int sig)
 {
     (void)sig;
@@ -102,6 +118,11 @@ int main(int argc, char **argv)
         for (volatile int i = 0; i < 200; i++)
             if (setjmp(main_jb) == 0)
                 down(3, main_jb, 1);
+    } else if (strcmp(what, "deep") == 0) {
+        free(fresh_alloc(1));  /* its enter hook's CFA offset is known now */
+        if (setjmp(main_jb) == 0)
+            down(3, main_jb, 0);
+        blocks[1] = deep_call();
     } else if (strcmp(what, "nested") == 0) {
         if (setjmp(main_jb) == 0)
             level1();

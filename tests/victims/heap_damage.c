@@ -164,6 +164,7 @@ int main(int argc, char **argv)
         say("neighbour", q);
         say("address", p + 64);
         overwrite(p + 64, 0x42, 100);
+        print_written(p + 64, 8);
         if (argc > 2 && !strcmp(argv[2], "q-first")) {
             free_neighbour(q);
             free_victim(p);
@@ -179,6 +180,7 @@ int main(int argc, char **argv)
         say("block", p);
         say("address", p + 64);
         overwrite(p + 64, 0x43, 8);
+        print_written(p + 64, 8);
         (void)q;
     } else if (!strcmp(kind, "uaf") && argc > 4) {
         uaf(strtol(argv[2], NULL, 0), argv[3], argv[4]);

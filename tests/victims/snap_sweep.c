@@ -20,6 +20,7 @@ int main(void)
     fflush(stdout);
     memset(b, 'x', 40);
     overwrite(b + 40, 'x', 8);  /* 8 bytes past the end: the canary */
+    print_written(b + 40, 8);
     for (unsigned long i = 0; i < 20000; i++)
         busy_step(i);
     free(b);

@@ -96,12 +96,7 @@ __attribute__((noinline)) static void do_overflow(void)
     char *volatile end = p + 40;
     say(p);
     overwrite(end, 0x41, 8);
-    /* what overwrite() wrote: 0x41, or 0xbe where the random canary held 0x41 */
-    printf("written=");
-    for (int i = 0; i < 8; i++)
-        printf("%02x", (unsigned char)end[i]);
-    printf("\n");
-    fflush(stdout);
+    print_written(end, 8);
     overflow_release(p);
 }
 

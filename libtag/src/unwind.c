@@ -385,6 +385,7 @@ TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
 #define FAST_SET_BITS 1  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
 #define FAST_KIN 4       /* ways of one set for walks of one frame and caller */
 _Static_assert(TAG_FAST_SLOTS == FAST_WAYS << FAST_SET_BITS, "fast cache shape");
+_Static_assert((1u << FAST_SET_BITS) <= sizeof(((struct tag_tls *)0)->fast_last), "fast_last");
 
 /* The first entry of (pc, sp)'s set.  A set holds walks from the same
  * innermost frame too: a helper that allocates for several callers. */
@@ -448,7 +449,7 @@ static void fast_set(struct tag_tls *t, struct tag_walk *w)
  * same?  Then a full walk would give the same frames: its id is the
  * answer, without a rule lookup or an intern.  One load per word. */
 TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct tag_walk_read *p,
-                          const uint64_t *frame, uint32_t *id)
+                          const uint64_t *frame, uint32_t *id, int early)
 {
     if (((h->bp ^ frame[0]) & h->bp_mask) ||
         h->gen != __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE))
@@ -457,22 +458,44 @@ TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct ta
      * this may itself run in a handler inside a walk) */
     t->in_walk++;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    /* every word, one branch: a load, a xor and an or per word, two words
-     * a round */
-    const struct tag_walk_read *e = p + h->reads;
+    uint32_t n = h->reads;
+    const struct tag_walk_read *e = p + n;
     uint64_t diff = 0;
-    if (h->reads & 1) {
-        diff = *(const uint64_t *)p->addr ^ p->value;
-        p++;
+    if (early && n > 8) {
+        /* A long walk in the cache: four words a round, innermost first
+         * (rd[] runs outermost to innermost), leaving at the first round
+         * that differs.  Walks from one frame to one caller (the cache's
+         * kin, fast_set) part near the inner end, so a way that is not
+         * this walk fails in a round or two, not after all its words. */
+        for (uint32_t k = n >> 2; k > 0; k--) {
+            e -= 4;
+            diff = (*(const uint64_t *)e[0].addr ^ e[0].value) |
+                   (*(const uint64_t *)e[1].addr ^ e[1].value) |
+                   (*(const uint64_t *)e[2].addr ^ e[2].value) |
+                   (*(const uint64_t *)e[3].addr ^ e[3].value);
+            if (diff)
+                break;
+        }
+        if (!diff)
+            for (uint32_t k = n & 3; k > 0; k--) {
+                e--;
+                diff |= *(const uint64_t *)e->addr ^ e->value;
+            }
+    } else {
+        /* every word, one branch: a load, a xor and an or per word, two
+         * words a round (a kept walk's short stacks) */
+        if (n & 1) {
+            diff = *(const uint64_t *)p->addr ^ p->value;
+            p++;
+        }
+        for (; p < e; p += 2)
+            diff |= (*(const uint64_t *)p[0].addr ^ p[0].value) |
+                    (*(const uint64_t *)p[1].addr ^ p[1].value);
     }
-    for (; p < e; p += 2)
-        diff |= (*(const uint64_t *)p[0].addr ^ p[0].value) |
-                (*(const uint64_t *)p[1].addr ^ p[1].value);
     int hit = diff == 0;
-    if (TAG_LIKELY(hit)) {
-        *id = h->id;
+    *id = h->id;  /* read by the caller on a hit only */
+    if (TAG_LIKELY(hit))
         h->hits++;  /* counted in captures by fast_settle */
-    }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     t->in_walk--;
     return hit;
@@ -489,7 +512,7 @@ TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, u
         if (w->fast.pc != pc || w->fast.sp != sp)
             return 0;
     }
-    return fast_check(t, &w->fast, w->rd, frame, id);
+    return fast_check(t, &w->fast, w->rd, frame, id, 0);
 }
 
 void _tag_unwind_forget(struct tag_tls *t)
@@ -876,17 +899,25 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_
                                                                     void *frame)
 {
     uint64_t pc = (uint64_t)(uintptr_t)ret, sp = (uint64_t)(uintptr_t)((uint64_t *)frame + 2);
-    struct tag_fast_entry *c = &t->fast[fast_slot(pc, sp)];
+    unsigned first = fast_slot(pc, sp), set = first / FAST_WAYS, last = t->fast_last[set];
+    struct tag_fast_entry *c = &t->fast[first];
     uint32_t id;
+    /* the way that answered last first: a helper that allocates for
+     * several callers often serves one of them many times in a row */
+    if (c[last].h.pc == pc && c[last].h.sp == sp && fast_check(t, &c[last].h, c[last].rd, frame, &id, 1))
+        goto hit;
     for (unsigned i = 0; i < FAST_WAYS; i++, c++) {
-        if (c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id)) {
-#ifdef LIBTAG_DEBUG
-            fast_verify(t, ret, frame, id);
-#endif
-            return id;
+        if (i != last && c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id, 1)) {
+            t->fast_last[set] = (uint8_t)i;
+            goto hit;
         }
     }
     return capture_slow(t, ret, frame);
+hit:
+#ifdef LIBTAG_DEBUG
+    fast_verify(t, ret, frame, id);
+#endif
+    return id;
 }
 
 /* A shadow capture the memo knows: the innermost entry alive, the same

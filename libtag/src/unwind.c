@@ -838,10 +838,8 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tl
     struct ustate s = entry_state(ret, frame);
     int mode = _tag_opt.unwind;
     if (mode == TAG_UNWIND_AUTO || mode == TAG_UNWIND_SHADOW) {
-        _tag_shadow_settle(t, s.sp);
-#ifdef LIBTAG_DEBUG
-        shadow_verify(t, s.sp);
-#endif
+        /* shadow entries here come from capture_memo, which settled them
+         * (_tag_capture sends every capture with 1..max entries there) */
         if (t->shadow.depth > 0 && (top_alive(t, s.sp) || _tag_shadow_pop(t, s.sp, 0, 0) > 0)) {
             struct bounds b;
             bounds_of(t, &b);

@@ -197,6 +197,16 @@ def have_gdb() -> bool:
     return shutil.which("gdb") is not None
 
 
+def overwritten(printed: str, value: int, n: int = 8) -> bytes:
+    """The n bytes a victim printed it wrote past a block (print_written in
+    tests/victims/overwrite.h: "written=HEX"), after checking each is value
+    or ~value - overwrite() writes ~value over a canary byte that already
+    held value, so that the first damaged byte is exact."""
+    got = bytes.fromhex(printed.removeprefix("written="))
+    assert len(got) == n and set(got) <= {value, 0xff ^ value}, printed
+    return got
+
+
 def snapshot_dirs(root: os.PathLike | str) -> list[Path]:
     root = Path(root)
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []

@@ -280,7 +280,8 @@ struct tag_tls {
      * walks' own. */
     struct tag_fast_entry fast[TAG_FAST_SLOTS];
     uint32_t fast_clock;             /* stamps its fills */
-    uint8_t fast_last[4];            /* per set: the way that answered last */
+    uint8_t fast_last[16];           /* by (pc, sp): the way that answered
+                                        last (unwind.c fast_hint) */
     uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };

@@ -385,7 +385,15 @@ TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
 #define FAST_SET_BITS 1  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
 #define FAST_KIN 4       /* ways of one set for walks of one frame and caller */
 _Static_assert(TAG_FAST_SLOTS == FAST_WAYS << FAST_SET_BITS, "fast cache shape");
-_Static_assert((1u << FAST_SET_BITS) <= sizeof(((struct tag_tls *)0)->fast_last), "fast_last");
+_Static_assert(sizeof(((struct tag_tls *)0)->fast_last) == 16, "fast_last");
+/* The hint of (pc, sp): the way of its set that answered its last capture.
+ * By key, not by set: the two call sites of one allocation helper (its
+ * realloc and its free) share a set as often as not, and one hint for
+ * both would point at the other's walk every time they alternate. */
+TAG_INLINE unsigned fast_hint(uint64_t pc, uint64_t sp)
+{
+    return (unsigned)((pc ^ (pc >> 5) ^ (sp >> 4)) & 15);
+}
 
 /* The first entry of (pc, sp)'s set.  A set holds walks from the same
  * innermost frame too: a helper that allocates for several callers. */
@@ -897,7 +905,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_
                                                                     void *frame)
 {
     uint64_t pc = (uint64_t)(uintptr_t)ret, sp = (uint64_t)(uintptr_t)((uint64_t *)frame + 2);
-    unsigned first = fast_slot(pc, sp), set = first / FAST_WAYS, last = t->fast_last[set];
+    unsigned first = fast_slot(pc, sp), hint = fast_hint(pc, sp), last = t->fast_last[hint];
     struct tag_fast_entry *c = &t->fast[first];
     uint32_t id;
     /* the way that answered last first: a helper that allocates for
@@ -906,7 +914,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_
         goto hit;
     for (unsigned i = 0; i < FAST_WAYS; i++, c++) {
         if (i != last && c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id, 1)) {
-            t->fast_last[set] = (uint8_t)i;
+            t->fast_last[hint] = (uint8_t)i;
             goto hit;
         }
     }

@@ -40,6 +40,12 @@ def build(src: Path, out: Path, flags: list[str], libs: list[str] = ()) -> Path:
     return out
 
 
+def header_shim(tmp: Path) -> Path:
+    """bench/header_shim.c built into tmp: the floor under libtag's figures
+    (a 40-byte header and canary a block through glibc, nothing else)."""
+    return build(BENCH / "header_shim.c", tmp / "header_shim.so", ["-O2", "-shared", "-fPIC"])
+
+
 # Peak RSS must come from a process that a small process forked: a child of
 # Python starts with Python's own resident set counted in ru_maxrss (it
 # survives exec), which would hide a small program's few MiB.  So each timed

@@ -21,6 +21,9 @@ CPUs of a small machine muddles the per-op figures):
   -guard          LIBTAG_GUARD_RATE=0 (the default samples 1 in 5000)
   core            all of the above off: the tag, the canary, the checks at
                   free, a one-frame (or shadow) capture, the clock reads
+  header          not libtag: bench/header_shim.c, a 40-byte header and
+                  canary a block through glibc, written and checked, nothing
+                  else - the floor any tagging interposer pays
 
 A part's cost is libtag minus libtag without it.  The instrumented build's
 hooks run in base too (glibc's empty ones); their extra cost is in "core" and
@@ -39,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, Launcher, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import BENCH, Launcher, build, header_shim, lib_path, machine, med, print_machine, spread, table  # noqa: E402
 
 BUILDS = {"O2": ["-O2"], "fp": ["-O2", "-fno-omit-frame-pointer"],
           "instr": ["-O2", "-finstrument-functions"]}
@@ -99,6 +102,7 @@ def main() -> int:
         configs = [("base", base_env), ("libtag", lt_env)]
         configs += [(f"-{name}", dict(lt_env, **off)) for name, off in PARTS]
         configs.append(("core", dict(lt_env, **CORE)))
+        configs.append(("header", dict(base_env, LD_PRELOAD=str(header_shim(tmp)))))
         for b in builds:
             exe = build(BENCH / "allocbench.c", tmp / f"ab-{b}", [*BUILDS[b], "-g", "-pthread"])
             secs: dict[str, list[float]] = {name: [] for name, _ in configs}
@@ -121,6 +125,9 @@ def main() -> int:
             row("base", ns["base"], ir.get("base", 0), spread(secs["base"]))
             for name, _ in PARTS:
                 row(name, ns["libtag"] - ns[f"-{name}"], ir.get("libtag", 0) - ir.get(f"-{name}", 0))
+            rows.append(["header-only floor (not libtag: 40 B a block, checked)",
+                         f"{ns['header'] - ns['base']:+.0f}", spread(secs["header"]),
+                         f"{ir['header'] - ir['base']:+.0f}" if ir else "-"])
             row("core (tag, canary, checks, one-frame capture, clock)", ns["core"] - ns["base"],
                 ir.get("core", 0) - ir.get("base", 0), spread(secs["core"]))
             if ir:
@@ -129,6 +136,8 @@ def main() -> int:
                          f"{ir['libtag'] - ir['base']:+.0f}" if ir else "-"])
             rows.append(["ratio libtag / base", f"{ns['libtag'] / ns['base']:.2f}x", "-",
                          f"{ir['libtag'] / ir['base']:.2f}x" if ir else "-"])
+            rows.append(["ratio header-only floor / base", f"{ns['header'] / ns['base']:.2f}x", "-",
+                         f"{ir['header'] / ir['base']:.2f}x" if ir else "-"])
             table(f"allocbench {b} ({' '.join(BUILDS[b])}): cost per malloc+free pair",
                   ["part", "wall ns/op", "spread", "Ir/op"], rows, args.markdown)
     return 0

@@ -26,8 +26,11 @@ frame walk), fp (-O2 -fno-omit-frame-pointer) and instr
 
 Each repetition runs, for every program and mode in turn (interleaved, so
 drift in the machine's load hits all alike): the binary alone (base), under
-libtag (LD_PRELOAD, full stacks at every allocation and free), and under
-heaptrack (the whole `heaptrack -o` command, its own recording included).
+libtag (LD_PRELOAD, full stacks at every allocation and free), under
+bench/header_shim.c (the floor: a 40-byte header and canary a block through
+glibc, written and checked, and nothing else libtag does; --no-header skips
+it) and under heaptrack (the whole `heaptrack -o` command, its own recording
+included).
 The table prints the median wall seconds, the spread (half the min-max range
 as a share of the median), the ratio to base of the same binary, and the
 median peak RSS.  Extra LIBTAG_* settings for the libtag runs: --env.
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, Launcher, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import BENCH, Launcher, header_shim, lib_path, machine, med, print_machine, spread, table  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
 SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
@@ -241,6 +244,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--heaptrack-reps", type=int, default=3)
     ap.add_argument("--no-heaptrack", action="store_true")
+    ap.add_argument("--no-header", action="store_true",
+                    help="skip the header-only floor (bench/header_shim.c)")
     ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
                     help="an extra setting for the libtag runs (repeatable)")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
@@ -272,6 +277,7 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     snaps = tmp / "snaps"
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps), **extra)
     have_ht = bool(shutil.which("heaptrack")) and not args.no_heaptrack
+    header = None if args.no_header else dict(clean, LD_PRELOAD=str(header_shim(tmp)))
     scratch = {p: tmp / p for p, _ in bins}
     for d in scratch.values():
         d.mkdir(exist_ok=True)
@@ -280,6 +286,8 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     for rep in range(args.reps):
         for (p, m), exe in bins.items():
             runs = [("base", clean, []), ("libtag", tagged, [])]
+            if header:
+                runs.append(("header", header, []))
             if have_ht and rep < args.heaptrack_reps:
                 runs.append(("heaptrack", clean, ["heaptrack", "-o", str(tmp / "ht")]))
             for tool, env, prefix in runs:
@@ -293,7 +301,7 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     rows = []
     for (p, m) in bins:
         base = med([t for t, _ in res[(p, m, "base")]])
-        for tool in ("base", "libtag", "heaptrack"):
+        for tool in ("base", "header", "libtag", "heaptrack"):
             got = res.get((p, m, tool))
             if not got:
                 continue
@@ -313,11 +321,14 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
                 continue
             base = med([t for t, _ in res[(p, m, "base")]])
             lt = med([t for t, _ in res[(p, m, "libtag")]])
-            ht = res.get((p, m, "heaptrack"))
-            row.append(f"{lt / base:.2f}x" + (f" (heaptrack {med([t for t, _ in ht]) / base:.1f}x)"
-                                             if ht else ""))
+            notes = []
+            for tool, fmt in (("header", ".2f"), ("heaptrack", ".1f")):
+                got = res.get((p, m, tool))
+                if got:
+                    notes.append(f"{tool} {med([t for t, _ in got]) / base:{fmt}}x")
+            row.append(f"{lt / base:.2f}x" + (f" ({', '.join(notes)})" if notes else ""))
         summary.append(row)
-    table("libtag / base per build mode (goal: at most 1.5x)",
+    table("libtag / base per build mode (goal: at most 1.5x; header: the header-only floor)",
           ["program", *[m for m in MODES if any((p, m) in bins for p, _ in bins)]], summary,
           args.markdown)
     return 0

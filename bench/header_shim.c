@@ -12,6 +12,9 @@
  * "libtag / header" is what libtag's own work costs on top.
  *
  * Build: gcc -O2 -shared -fPIC -o header_shim.so header_shim.c
+ * With -DHEADER_BYTES=16: a 16-byte header (32-bit size, the magic word),
+ * smaller than any tag that holds libtag's fields - what a more compact
+ * layout could at best save (docs/benchmarks.md, section 0).
  * Not a tool: a damaged header or canary traps (SIGILL), nothing more.
  */
 #include <errno.h>
@@ -29,12 +32,24 @@ extern void __libc_free(void *);
 #define MAGIC 0x7461672d666c6f72ull /* "tag-flor" */
 #define CANARY 0x9e3779b97f4a7c15ull
 
+#ifndef HEADER_BYTES
+#define HEADER_BYTES 32   /* libtag's tag (tag_abi.h) */
+#endif
 struct header {
+#if HEADER_BYTES == 32
     uint64_t size;
     uint64_t pad;     /* bytes from the chunk's start to this header */
     uint64_t spare;
+#elif HEADER_BYTES == 16
+    uint32_t size;
+    uint32_t pad;
+#else
+#error "HEADER_BYTES is 16 or 32"
+#endif
     uint64_t magic;   /* MAGIC ^ the header's address */
 };
+_Static_assert(sizeof(struct header) == HEADER_BYTES, "header size");
+#define OVERHEAD (HEADER_BYTES + 8)
 
 static void *finish(char *raw, size_t pad, size_t size)
 {
@@ -43,7 +58,9 @@ static void *finish(char *raw, size_t pad, size_t size)
     struct header *h = (struct header *)(raw + pad);
     h->size = size;
     h->pad = pad;
+#if HEADER_BYTES == 32
     h->spare = 0;
+#endif
     h->magic = MAGIC ^ (uintptr_t)h;
     uint64_t c = CANARY ^ (uintptr_t)h;
     memcpy((char *)(h + 1) + size, &c, sizeof c);
@@ -62,7 +79,8 @@ static struct header *checked(void *p)
 
 static int too_big(size_t size, size_t align)
 {
-    if (size > SIZE_MAX / 2 - align) {
+    size_t max = HEADER_BYTES == 16 ? UINT32_MAX : SIZE_MAX / 2;
+    if (size > max - align - OVERHEAD) {
         errno = ENOMEM;
         return 1;
     }
@@ -73,7 +91,7 @@ EXPORT void *malloc(size_t size)
 {
     if (too_big(size, 64))
         return NULL;
-    return finish(__libc_malloc(size + 40), 0, size);
+    return finish(__libc_malloc(size + OVERHEAD), 0, size);
 }
 
 EXPORT void *calloc(size_t n, size_t size)
@@ -85,7 +103,7 @@ EXPORT void *calloc(size_t n, size_t size)
     }
     if (too_big(total, 64))
         return NULL;
-    return finish(__libc_calloc(1, total + 40), 0, total);
+    return finish(__libc_calloc(1, total + OVERHEAD), 0, total);
 }
 
 EXPORT void free(void *p)
@@ -139,7 +157,7 @@ static void *aligned(size_t align, size_t size)
     if (too_big(size, align))
         return NULL;
     /* the header just below the first aligned boundary past its own size */
-    return finish(__libc_memalign(align, align + size + 8), align - 32, size);
+    return finish(__libc_memalign(align, align + size + 8), align - HEADER_BYTES, size);
 }
 
 EXPORT void *memalign(size_t align, size_t size) { return aligned(align, size); }

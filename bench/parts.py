@@ -6,6 +6,12 @@ time and measuring what goes away.
 
     python3 bench/parts.py                        # 3 builds, 5 reps
     python3 bench/parts.py --builds O2 --reps 7 --markdown
+    python3 bench/parts.py --program lua --builds O2   # a real program instead
+
+--program runs one of bench/run_real.py's programs (built the same way, from
+the same cache) on its workload instead of allocbench; its pairs are the
+frees libtag counts in one untimed run (LIBTAG_STATS=1), and callgrind runs
+the whole workload.
 
 Each build of allocbench (O2: -O2; fp: -O2 -fno-omit-frame-pointer; instr:
 -O2 -finstrument-functions) runs one thread (no contention between the two
@@ -75,6 +81,16 @@ def callgrind(cmd: list[str], env: dict, out: Path) -> tuple[int, int]:
     return total, clock
 
 
+def frees_of(cmd: list[str], env: dict) -> int:
+    """The frees libtag counted in one run of cmd (its LIBTAG_STATS line)."""
+    out = subprocess.run(cmd, env=dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="1", LIBTAG_LOG="stderr"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    m = re.search(r"libtag: stats .*?\bfrees=(\d+)", out.stderr)
+    if out.returncode != 0 or not m:
+        sys.exit(f"bench: {' '.join(cmd)}: no LIBTAG_STATS line (exit {out.returncode})")
+    return int(m.group(1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="libtag.so to preload (default: the installed package's)")
@@ -83,16 +99,28 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions of each configuration")
     ap.add_argument("--callgrind-iters", type=int, default=200_000,
                     help="iterations under callgrind (0: skip instruction counts)")
+    ap.add_argument("--program", help="a program of bench/run_real.py (lua, sqlite3, cmark, "
+                    "brotli) on its workload, instead of allocbench")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = ap.parse_args()
+    real = None
+    if args.program:
+        import run_real
+        real = run_real.PROGRAMS.get(args.program)
+        if real is None:
+            ap.error(f"unknown program {args.program!r}: choose from {', '.join(run_real.PROGRAMS)}")
     builds = [b for b in args.builds.split(",") if b]
     bad = [b for b in builds if b not in BUILDS]
     if bad:
         ap.error(f"unknown build {bad[0]!r}: choose from {', '.join(BUILDS)}")
     lib = lib_path(args.lib)
     print_machine(machine())
-    print(f"libtag: {lib}; allocbench, 1 thread, {args.iters} iterations per timed run, "
-          f"{args.reps} reps; callgrind: {args.callgrind_iters} iterations")
+    if real:
+        print(f"libtag: {lib}; {real.name}, {args.reps} reps; callgrind: the same workload"
+              + ("" if args.callgrind_iters else " (skipped)"))
+    else:
+        print(f"libtag: {lib}; allocbench, 1 thread, {args.iters} iterations per timed run, "
+              f"{args.reps} reps; callgrind: {args.callgrind_iters} iterations")
 
     with tempfile.TemporaryDirectory(prefix="forensics-parts-") as tmp_s:
         tmp = Path(tmp_s)
@@ -104,20 +132,32 @@ def main() -> int:
         configs.append(("core", dict(lt_env, **CORE)))
         configs.append(("header", dict(base_env, LD_PRELOAD=str(header_shim(tmp)))))
         for b in builds:
-            exe = build(BENCH / "allocbench.c", tmp / f"ab-{b}", [*BUILDS[b], "-g", "-pthread"])
+            if real:
+                scratch = tmp / "scratch"
+                scratch.mkdir(exist_ok=True)
+                cmd = real.workload(run_real.built(real, b), scratch)
+                pairs = cg_pairs = frees_of(cmd, lt_env)
+                cg_cmd = cmd
+                what = f"{real.name} {b} ({' '.join(run_real.MODES[b])}; {pairs} frees a run)"
+            else:
+                exe = build(BENCH / "allocbench.c", tmp / f"ab-{b}", [*BUILDS[b], "-g", "-pthread"])
+                cmd = [str(exe), "1", str(args.iters)]
+                cg_cmd = [str(exe), "1", str(args.callgrind_iters)]
+                pairs, cg_pairs = args.iters, args.callgrind_iters
+                what = f"allocbench {b} ({' '.join(BUILDS[b])})"
             secs: dict[str, list[float]] = {name: [] for name, _ in configs}
             for _ in range(args.reps):
                 for name, env in configs:  # interleaved: drift hits every configuration alike
-                    secs[name].append(launcher.timed([str(exe), "1", str(args.iters)], env)[0])
-            ns = {name: med(v) / args.iters * 1e9 for name, v in secs.items()}
+                    secs[name].append(launcher.timed(cmd, env)[0])
+            ns = {name: med(v) / pairs * 1e9 for name, v in secs.items()}
             ir: dict[str, float] = {}
             clock_ir = 0.0
             if args.callgrind_iters:
                 for name, env in configs:
-                    total, clock = callgrind([str(exe), "1", str(args.callgrind_iters)], env, tmp / "cg.out")
-                    ir[name] = total / args.callgrind_iters
+                    total, clock = callgrind(cg_cmd, env, tmp / "cg.out")
+                    ir[name] = total / cg_pairs
                     if name == "libtag":
-                        clock_ir = clock / args.callgrind_iters
+                        clock_ir = clock / cg_pairs
             rows = []
             def row(what, n, i, sp="-"):
                 rows.append([what, f"{n:+.0f}" if what != "base" else f"{n:.0f}", sp,
@@ -136,9 +176,12 @@ def main() -> int:
                          f"{ir['libtag'] - ir['base']:+.0f}" if ir else "-"])
             rows.append(["ratio libtag / base", f"{ns['libtag'] / ns['base']:.2f}x", "-",
                          f"{ir['libtag'] / ir['base']:.2f}x" if ir else "-"])
+            rows.append(["ratio libtag without its quarantine / base",
+                         f"{ns['-quarantine'] / ns['base']:.2f}x", "-",
+                         f"{ir['-quarantine'] / ir['base']:.2f}x" if ir else "-"])
             rows.append(["ratio header-only floor / base", f"{ns['header'] / ns['base']:.2f}x", "-",
                          f"{ir['header'] / ir['base']:.2f}x" if ir else "-"])
-            table(f"allocbench {b} ({' '.join(BUILDS[b])}): cost per malloc+free pair",
+            table(f"{what}: cost per malloc+free pair",
                   ["part", "wall ns/op", "spread", "Ir/op"], rows, args.markdown)
     return 0
 

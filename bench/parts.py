@@ -135,26 +135,27 @@ def main() -> int:
             if real:
                 scratch = tmp / "scratch"
                 scratch.mkdir(exist_ok=True)
-                cmd = real.workload(run_real.built(real, b), scratch)
-                pairs = cg_pairs = frees_of(cmd, lt_env)
-                cg_cmd = cmd
+                exe = run_real.built(real, b)
+                # argv anew before every run: sqlite3's starts from an empty database
+                cmd = cg_cmd = lambda: real.workload(exe, scratch)  # noqa: E731
+                pairs = cg_pairs = frees_of(cmd(), lt_env)
                 what = f"{real.name} {b} ({' '.join(run_real.MODES[b])}; {pairs} frees a run)"
             else:
                 exe = build(BENCH / "allocbench.c", tmp / f"ab-{b}", [*BUILDS[b], "-g", "-pthread"])
-                cmd = [str(exe), "1", str(args.iters)]
-                cg_cmd = [str(exe), "1", str(args.callgrind_iters)]
+                cmd = lambda: [str(exe), "1", str(args.iters)]  # noqa: E731
+                cg_cmd = lambda: [str(exe), "1", str(args.callgrind_iters)]  # noqa: E731
                 pairs, cg_pairs = args.iters, args.callgrind_iters
                 what = f"allocbench {b} ({' '.join(BUILDS[b])})"
             secs: dict[str, list[float]] = {name: [] for name, _ in configs}
             for _ in range(args.reps):
                 for name, env in configs:  # interleaved: drift hits every configuration alike
-                    secs[name].append(launcher.timed(cmd, env)[0])
+                    secs[name].append(launcher.timed(cmd(), env)[0])
             ns = {name: med(v) / pairs * 1e9 for name, v in secs.items()}
             ir: dict[str, float] = {}
             clock_ir = 0.0
             if args.callgrind_iters:
                 for name, env in configs:
-                    total, clock = callgrind(cg_cmd, env, tmp / "cg.out")
+                    total, clock = callgrind(cg_cmd(), env, tmp / "cg.out")
                     ir[name] = total / cg_pairs
                     if name == "libtag":
                         clock_ir = clock / cg_pairs

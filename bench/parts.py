@@ -139,13 +139,13 @@ def main() -> int:
                 # argv anew before every run: sqlite3's starts from an empty database
                 cmd = cg_cmd = lambda: real.workload(exe, scratch)  # noqa: E731
                 pairs = cg_pairs = frees_of(cmd(), lt_env)
-                what = f"{real.name} {b} ({' '.join(run_real.MODES[b])}; {pairs} frees a run)"
+                title = f"{real.name} {b} ({' '.join(run_real.MODES[b])}; {pairs} frees a run)"
             else:
                 exe = build(BENCH / "allocbench.c", tmp / f"ab-{b}", [*BUILDS[b], "-g", "-pthread"])
                 cmd = lambda: [str(exe), "1", str(args.iters)]  # noqa: E731
                 cg_cmd = lambda: [str(exe), "1", str(args.callgrind_iters)]  # noqa: E731
                 pairs, cg_pairs = args.iters, args.callgrind_iters
-                what = f"allocbench {b} ({' '.join(BUILDS[b])})"
+                title = f"allocbench {b} ({' '.join(BUILDS[b])})"
             secs: dict[str, list[float]] = {name: [] for name, _ in configs}
             for _ in range(args.reps):
                 for name, env in configs:  # interleaved: drift hits every configuration alike
@@ -166,23 +166,19 @@ def main() -> int:
             row("base", ns["base"], ir.get("base", 0), spread(secs["base"]))
             for name, _ in PARTS:
                 row(name, ns["libtag"] - ns[f"-{name}"], ir.get("libtag", 0) - ir.get(f"-{name}", 0))
-            rows.append(["header-only floor (not libtag: 40 B a block, checked)",
-                         f"{ns['header'] - ns['base']:+.0f}", spread(secs["header"]),
-                         f"{ir['header'] - ir['base']:+.0f}" if ir else "-"])
+            row("header-only floor (not libtag: 40 B a block, checked)", ns["header"] - ns["base"],
+                ir.get("header", 0) - ir.get("base", 0), spread(secs["header"]))
             row("core (tag, canary, checks, one-frame capture, clock)", ns["core"] - ns["base"],
                 ir.get("core", 0) - ir.get("base", 0), spread(secs["core"]))
             if ir:
                 rows.append(["  of which clock reads", "-", "-", f"{clock_ir:+.0f}"])
-            rows.append(["libtag, all parts", f"{ns['libtag'] - ns['base']:+.0f}", spread(secs["libtag"]),
-                         f"{ir['libtag'] - ir['base']:+.0f}" if ir else "-"])
-            rows.append(["ratio libtag / base", f"{ns['libtag'] / ns['base']:.2f}x", "-",
-                         f"{ir['libtag'] / ir['base']:.2f}x" if ir else "-"])
-            rows.append(["ratio libtag without its quarantine / base",
-                         f"{ns['-quarantine'] / ns['base']:.2f}x", "-",
-                         f"{ir['-quarantine'] / ir['base']:.2f}x" if ir else "-"])
-            rows.append(["ratio header-only floor / base", f"{ns['header'] / ns['base']:.2f}x", "-",
-                         f"{ir['header'] / ir['base']:.2f}x" if ir else "-"])
-            table(f"{what}: cost per malloc+free pair",
+            row("libtag, all parts", ns["libtag"] - ns["base"], ir.get("libtag", 0) - ir.get("base", 0),
+                spread(secs["libtag"]))
+            for label, name in (("libtag", "libtag"), ("libtag without its quarantine", "-quarantine"),
+                                ("header-only floor", "header")):
+                rows.append([f"ratio {label} / base", f"{ns[name] / ns['base']:.2f}x", "-",
+                             f"{ir[name] / ir['base']:.2f}x" if ir else "-"])
+            table(f"{title}: cost per malloc+free pair",
                   ["part", "wall ns/op", "spread", "Ir/op"], rows, args.markdown)
     return 0
 

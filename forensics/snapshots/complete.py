@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from construct import ConstructError
 
 from forensics.core import elf
 from forensics.core.core import Core
@@ -109,7 +110,9 @@ def complete_core(path: str | os.PathLike[str]) -> bool:
     fd, st = opened
     try:
         return _complete(fd, st.st_size)
-    except (ForensicsError, OSError, ValueError):
+    except (ForensicsError, OSError, ValueError, ConstructError):
+        # ConstructError: a value from libtag's records that no note can
+        # hold (a damaged thread record's tid past INT32_MAX, say)
         return False
     finally:
         os.close(fd)

@@ -425,3 +425,17 @@ def test_scrubbed_control_magic(seeds, tmp_path):
     r = cli("inspect", str(core))
     check(r, (2,))
     assert "no libtag control block" in r.err, str(r)
+
+
+def test_thread_record_with_a_tid_past_int32(seeds, tmp_path):
+    # GIVEN the seed core with the top bit of its first thread record's tid
+    # flipped (a tid no thread can have, past what an NT_PRSTATUS holds: the
+    # case hypothesis found in test_bit_flipped_cores)
+    # WHEN inspect and whoowns open it (which first tries to complete its
+    # notes from the thread records)  THEN exit 0/1/2, never an internal error
+    seed = seeds[0]
+    off, _ = seed.areas["threads"]
+    tid = struct.unpack_from("<I", seed.image.read(off, 4))[0]
+    assert tid and not tid >> 31, tid  # the field flipped: the record's tid
+    core = seed.image.flipped([(off + 3, 7)]).write(tmp_path / "core")
+    read_all(core, seed.blocks[:2], human=True)

@@ -174,6 +174,14 @@ void _tag_sweep(struct tag_tls *t, void *ret, void *frame)
         void *user = t->recent[i];
         if (!user)
             continue;
+        /* once each: a block freed and its memory handed out again (a
+         * large block's span, split for small blocks) is remembered twice
+         * at one address, and would be reported twice */
+        unsigned k = 0;
+        while (k < n && which[k] != user)
+            k++;
+        if (k < n)
+            continue;
         which[n] = user;
         local[n] = (struct iovec){&tags[n], sizeof tags[n]};
         remote[n] = (struct iovec){_tag_of(user), sizeof tags[n]};

@@ -168,7 +168,7 @@ void _tag_init(void)
                                                          : TAG_GUARD_SAMPLED_SLOTS;
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
-    _tag_brk_init();
+    _tag_heap_init();
     /* The magic last: a reader that finds it finds a complete block. */
     memcpy(_tag_ctl.magic, TAG_CONTROL_MAGIC, sizeof _tag_ctl.magic);
     __atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);

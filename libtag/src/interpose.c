@@ -4,8 +4,8 @@
  * the same probe with and without libtag and compare): NULL + ENOMEM on
  * exhaustion or overflow, EINVAL from posix_memalign for a bad alignment
  * with *memptr untouched, realloc(p, 0) frees and returns NULL, free()
- * keeps errno.  The real allocator is reached through glibc's exported
- * __libc_* entry points, so there is no dlsym() and no bootstrap arena.
+ * keeps errno.  The memory comes from libtag's own heap (heap.c), which
+ * needs nothing from libc: no dlsym(), no bootstrap arena.
  *
  * Every entry point is built with frame pointers so the fallback stack walk
  * can start from its frame.
@@ -19,10 +19,12 @@
 
 #define OVERHEAD (sizeof(struct libtag_tag) + TAG_CANARY_SIZE)
 
-/* The real allocation for a block of size bytes aligned to align (a power
- * of two >= 16): returns the user pointer (the tag in front of it, the
- * canary after it) and its pad, or NULL with errno as glibc (ENOMEM). */
-TAG_INLINE char *alloc_block(size_t size, size_t align, int zero, uint32_t *pad)
+/* The heap allocation for a block of size bytes aligned to align (a power
+ * of two >= 16), from the thread's cache hc (NULL: none): returns the user
+ * pointer (the tag in front of it, the canary after it) and its pad, or
+ * NULL with errno as glibc (ENOMEM). */
+TAG_INLINE char *alloc_block(struct tag_heap_cache *hc, size_t size, size_t align, int zero,
+                             uint32_t *pad)
 {
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
@@ -31,8 +33,7 @@ TAG_INLINE char *alloc_block(size_t size, size_t align, int zero, uint32_t *pad)
     }
     char *raw;
     if (TAG_LIKELY(align <= 16)) {
-        raw = zero ? __libc_calloc(1, OVERHEAD + payload)
-                   : __libc_malloc(OVERHEAD + payload);
+        raw = _tag_heap_alloc(hc, OVERHEAD + payload, zero);
         if (TAG_UNLIKELY(!raw))
             return NULL;
         *pad = 0;
@@ -43,7 +44,7 @@ TAG_INLINE char *alloc_block(size_t size, size_t align, int zero, uint32_t *pad)
         errno = ENOMEM;
         return NULL;
     }
-    raw = __libc_memalign(align, align + payload + TAG_CANARY_SIZE);
+    raw = _tag_heap_alloc_slow(hc, align + payload + TAG_CANARY_SIZE, align, 0);
     if (TAG_UNLIKELY(!raw))
         return NULL;
     *pad = (uint32_t)(align - sizeof(struct libtag_tag));
@@ -68,7 +69,7 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
             return g;
     }
     uint32_t pad;
-    char *user = alloc_block(size, align, zero, &pad);
+    char *user = alloc_block(t->heap_cache, size, align, zero, &pad);
     if (TAG_UNLIKELY(!user))
         return NULL;
     uint32_t stack = _tag_capture(t, ret, frame);
@@ -88,7 +89,7 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
 static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind)
 {
     uint32_t pad;
-    char *user = alloc_block(size, align, zero, &pad);
+    char *user = alloc_block(NULL, size, align, zero, &pad);
     if (!user)
         return NULL;
     _tag_write_live(user, size, pad, 0, _tag_tls.tid, _tag_now_ms(), kind);
@@ -182,7 +183,7 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
     _tag_stats_free(NULL, tg->alloc_stack, size, ptr);
     _tag_write_freed(ptr);
     _tag_count(NULL, 1, size);
-    _tag_real_release(ptr);
+    _tag_real_release(NULL, ptr);
 }
 
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
@@ -241,6 +242,34 @@ TAG_EXPORT void *calloc(size_t nmemb, size_t size)
     return _tag_alloc(total, 16, 1, TAG_ALLOC_MALLOC, RET, FRAME);
 }
 
+/* realloc within the block's own slot, as glibc does when the chunk has
+ * room: when the new size fits the slot and still uses more than half of
+ * it (a block that shrank to a fraction of its slot moves, so the slot's
+ * memory comes back).  The block is tagged anew - the realloc is its newest
+ * allocation: its stack, its time - and counted as a free of the old size
+ * and an allocation of the new one, as a move is.  Not for an aligned block
+ * (pad) or one whose damage was reported.  NULL: it must move. */
+static void *realloc_in_place(void *ptr, size_t size, void *ret, void *frame)
+{
+    struct libtag_tag *tg = _tag_of(ptr);
+    struct tag_tls *t = _tag_self();
+    if (t == NULL || tg->pad != 0 || _tag_reported(tg))
+        return NULL;
+    size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
+    size_t room = _tag_heap_usable(tg);
+    if (size > (size_t)TAG_SIZE_MASK - OVERHEAD || payload + OVERHEAD > room ||
+        2 * (payload + OVERHEAD) <= room)
+        return NULL;
+    uint64_t old_size = _tag_size(tg);
+    _tag_stats_free(t, tg->alloc_stack, old_size, ptr);
+    _tag_count(t, 1, old_size);
+    uint32_t stack = _tag_capture(t, ret, frame);
+    _tag_write_live(ptr, size, 0, stack, t->tid, _tag_now_ms(), TAG_ALLOC_MALLOC);
+    _tag_stats_alloc(t, stack, size, ptr);
+    _tag_count(t, 0, size);
+    return ptr;
+}
+
 static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
 {
     if (!ptr)
@@ -258,8 +287,13 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         errno = ENOMEM;
         return NULL;
     }
-    /* Always move: the old block goes through free() and the quarantine, so
-     * a stale pointer to it is caught like any other dangling pointer. */
+    if (!_tag_guarded(ptr)) {
+        void *same = realloc_in_place(ptr, size, ret, frame);
+        if (same)
+            return same;
+    }
+    /* Move: the old block goes through free() and the quarantine, so a
+     * stale pointer to it is caught like any other dangling pointer. */
     size_t old_size = (size_t)_tag_size(_tag_of(ptr));
     void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
     if (!p)
@@ -357,4 +391,116 @@ TAG_EXPORT size_t malloc_usable_size(void *ptr)
     if (_tag_lookup(ptr) != TAG_IS_LIVE)
         return 0;
     return (size_t)_tag_size(_tag_of(ptr));
+}
+
+/* ------------------------------------------------- the heap's own reports
+ * glibc's malloc_trim, mallinfo2, mallopt, malloc_stats and malloc_info
+ * would describe glibc's arenas, which hold none of the program's blocks
+ * under libtag: these describe libtag's heap in the same fields.  Bytes in
+ * use are the requested bytes of the live blocks (the threads' counters),
+ * as malloc_usable_size reports them. */
+#include <malloc.h>
+#include <stdio.h>
+
+static uint64_t live_bytes(void)
+{
+    uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    if (n > _tag_ctl.thread_capacity)
+        n = _tag_ctl.thread_capacity;
+    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+    uint64_t in = 0, out = 0;
+    for (uint32_t i = 0; r && i < n; i++) {
+        in += __atomic_load_n(&r[i].alloc_bytes, __ATOMIC_RELAXED);
+        out += __atomic_load_n(&r[i].free_bytes, __ATOMIC_RELAXED);
+    }
+    return in > out ? in - out : 0;
+}
+
+TAG_EXPORT int malloc_trim(size_t pad)
+{
+    (void)pad;
+    _tag_ensure_init();
+    return _tag_heap_trim();
+}
+
+TAG_EXPORT struct mallinfo2 mallinfo2(void)
+{
+    _tag_ensure_init();
+    struct tag_heap_stats st;
+    _tag_heap_stats(&st);
+    struct mallinfo2 m;
+    memset(&m, 0, sizeof m);
+    uint64_t live = live_bytes();
+    m.arena = st.used;                  /* bytes of the heap in use by spans */
+    m.ordblks = st.free_spans;          /* free spans */
+    m.hblks = st.large_count;           /* large blocks (a span each) */
+    m.hblkhd = st.large_bytes;
+    m.uordblks = live;
+    m.fordblks = st.used > live ? st.used - live : 0;
+    m.keepcost = 0;
+    return m;
+}
+
+TAG_EXPORT struct mallinfo mallinfo(void)
+{
+    struct mallinfo2 m2 = mallinfo2();
+    struct mallinfo m;
+    memset(&m, 0, sizeof m);
+    m.arena = (int)m2.arena;
+    m.ordblks = (int)m2.ordblks;
+    m.hblks = (int)m2.hblks;
+    m.hblkhd = (int)m2.hblkhd;
+    m.uordblks = (int)m2.uordblks;
+    m.fordblks = (int)m2.fordblks;
+    return m;
+}
+
+/* Every parameter is accepted; libtag's heap has none of glibc's to tune
+ * (M_MXFAST out of glibc's range fails as there). */
+TAG_EXPORT int mallopt(int param, int value)
+{
+    if (param == M_MXFAST && (value < 0 || value > 160))
+        return 0;
+    return 1;
+}
+
+TAG_EXPORT void malloc_stats(void)
+{
+    _tag_ensure_init();
+    struct mallinfo2 m = mallinfo2();
+    char buf[512];
+    size_t n = _tag_format(buf, sizeof buf,
+                           "Arena 0:\nsystem bytes     = %lu\nin use bytes     = %lu\n"
+                           "Total (incl. mmap):\nsystem bytes     = %lu\nin use bytes     = %lu\n"
+                           "max mmap regions = %lu\nmax mmap bytes   = %lu\n",
+                           (unsigned long)m.arena, (unsigned long)m.uordblks,
+                           (unsigned long)m.arena, (unsigned long)m.uordblks,
+                           (unsigned long)m.hblks, (unsigned long)m.hblkhd);
+    ssize_t w = write(2, buf, n);
+    (void)w;
+}
+
+TAG_EXPORT int malloc_info(int options, FILE *fp)
+{
+    if (options != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct mallinfo2 m = mallinfo2();
+    fprintf(fp,
+            "<malloc version=\"1\">\n<heap nr=\"0\">\n<sizes>\n</sizes>\n"
+            "<total type=\"fast\" count=\"0\" size=\"0\"/>\n"
+            "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n"
+            "<system type=\"current\" size=\"%zu\"/>\n<system type=\"max\" size=\"%zu\"/>\n"
+            "<aspace type=\"total\" size=\"%zu\"/>\n<aspace type=\"mprotect\" size=\"%zu\"/>\n"
+            "</heap>\n"
+            "<total type=\"fast\" count=\"0\" size=\"0\"/>\n"
+            "<total type=\"rest\" count=\"%zu\" size=\"%zu\"/>\n"
+            "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n"
+            "<system type=\"current\" size=\"%zu\"/>\n<system type=\"max\" size=\"%zu\"/>\n"
+            "<aspace type=\"total\" size=\"%zu\"/>\n<aspace type=\"mprotect\" size=\"%zu\"/>\n"
+            "</malloc>\n",
+            m.ordblks, m.fordblks, m.arena, m.arena, m.arena, m.arena,
+            m.ordblks, m.fordblks, m.hblks, m.hblkhd, m.arena, m.arena, m.arena, m.arena);
+    return 0;
 }

@@ -130,6 +130,138 @@ TAG_INLINE uint32_t _tag_now_ms(void)
 TAG_COLD void *_tag_map(size_t bytes, int noreserve);
 TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
+/* ------------------------------------------------------------- heap.c */
+/* libtag's own heap (heap.c says how it works, docs/design.md why).  A
+ * slice is 64 KiB of the heap's region; spans of slices hold the blocks of
+ * one size class, or one large block. */
+#define TAG_HEAP_SLICE     65536u
+#define TAG_HEAP_SMALL_MAX (512u * 1024)  /* larger slots: a span each */
+#define TAG_HEAP_CLASSES   56u            /* 16..128 by 16, then 4 a doubling */
+enum tag_span_kind { TAG_SPAN_FREE = 0, TAG_SPAN_SMALL = 1, TAG_SPAN_LARGE = 2 };
+#define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
+#define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */
+/* One per slice.  Every slice of a span leads back (first_off) to the
+ * span's first slice, whose entry describes the span. */
+struct tag_slice {
+    uint32_t first_off;     /* slices back to the span's first slice */
+    uint32_t slices;        /* first slice: the span's length */
+    uint32_t kind;          /* enum tag_span_kind */
+    uint32_t flags;         /* TAG_SPAN_* */
+    uint32_t cls;           /* TAG_SPAN_SMALL: its size class */
+    uint32_t block_size;    /* TAG_SPAN_SMALL: bytes of one slot */
+    uint32_t capacity;      /* slots in the span */
+    uint32_t carved;        /* slots handed out at least once: [0, carved) */
+    uint32_t nfree;         /* slots in the span's free list */
+    uint32_t reserved;
+    void *free;             /* the span's free list (class lock) */
+    struct tag_slice *next, *prev;  /* class list / free bin (locks) */
+};
+/* The heap's global state (heap.c). */
+struct tag_heap {
+    uintptr_t base;         /* slice 0 */
+    uint64_t slices_max;    /* slices the region has room for */
+    uint64_t used;          /* slices [0, used) were ever handed out */
+    uint64_t committed;     /* slices [0, committed) are read-write */
+    struct tag_slice *meta; /* one entry a slice */
+    uint64_t key;           /* free blocks' links are xor'ed with it */
+    uint64_t released;      /* bytes given back to the kernel so far */
+    uint64_t large_count, large_bytes;  /* large spans live (page lock) */
+    uint64_t broken_links;  /* free lists found overwritten */
+};
+extern struct tag_heap _tag_heap;
+/* A thread's cache of free blocks: one LIFO list per class. */
+struct tag_heap_cache {
+    void *head;
+    uint32_t count;
+    uint32_t reserved;
+};
+TAG_COLD void _tag_heap_init(void);
+/* Is p in the part of the region the heap has used?  (Arithmetic only.) */
+static inline int _tag_heap_has(const void *p)
+{
+    uint64_t used = __atomic_load_n(&_tag_heap.used, __ATOMIC_RELAXED);
+    return (uint64_t)((uintptr_t)p - _tag_heap.base) < used * TAG_HEAP_SLICE;
+}
+/* The class of a slot of n bytes, 1 <= n <= TAG_HEAP_SMALL_MAX. */
+static inline unsigned _tag_heap_class(size_t n)
+{
+    if (n <= 128)
+        return (unsigned)((n + 15) >> 4) - 1;
+    unsigned b = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1));
+    return 8u + (b - 7u) * 4u + (unsigned)(((n - 1) >> (b - 2)) & 3u);
+}
+void *_tag_heap_alloc_slow(struct tag_heap_cache *hc, size_t n, size_t align, int zero);
+void _tag_heap_free_slow(struct tag_heap_cache *hc, void *p);
+TAG_COLD void *_tag_heap_refill(struct tag_heap_cache *hc, unsigned c);
+TAG_COLD void _tag_heap_spill(struct tag_heap_cache *hc, unsigned c);
+extern uint32_t _tag_heap_cache_limit[TAG_HEAP_CLASSES];
+/* A free block's link (its first word, encoded; heap.c). */
+TAG_COLD void *_tag_heap_link_broken(const void *block);
+TAG_INLINE void *_tag_heap_link_next(void *block)
+{
+    uint64_t v;
+    memcpy(&v, block, sizeof v);
+    void *n = (void *)(uintptr_t)(v ^ _tag_heap.key);
+    if (TAG_UNLIKELY(n && !_tag_heap_has(n)))
+        return _tag_heap_link_broken(block);
+    return n;
+}
+TAG_INLINE void _tag_heap_link_set(void *block, const void *next)
+{
+    uint64_t v = (uint64_t)(uintptr_t)next ^ _tag_heap.key;
+    memcpy(block, &v, sizeof v);
+}
+/* n bytes, 16-aligned, from the calling thread's cache hc (NULL: a thread
+ * without one); zeroed if zero.  NULL with errno ENOMEM on exhaustion. */
+TAG_INLINE void *_tag_heap_alloc(struct tag_heap_cache *hc, size_t n, int zero)
+{
+    if (TAG_LIKELY(hc != NULL && n <= TAG_HEAP_SMALL_MAX)) {
+        unsigned c = _tag_heap_class(n);
+        void *b = hc[c].head;
+        if (TAG_LIKELY(b != NULL)) {
+            hc[c].head = _tag_heap_link_next(b);
+            hc[c].count--;
+            if (zero)
+                memset(b, 0, n);
+            return b;
+        }
+    }
+    return _tag_heap_alloc_slow(hc, n, 16, zero);
+}
+/* Give back the block that starts at p (as _tag_heap_alloc returned it). */
+TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
+{
+    uint64_t i = ((uintptr_t)p - _tag_heap.base) / TAG_HEAP_SLICE;
+    struct tag_slice *s = _tag_heap.meta + i;
+    s -= s->first_off;
+    if (TAG_LIKELY(hc != NULL && s->kind == TAG_SPAN_SMALL)) {
+        unsigned c = s->cls;
+        TAG_ASSERT((uint64_t)((char *)p - (char *)_tag_heap.base) % TAG_HEAP_SLICE %
+                       s->block_size == 0 || s->slices > 1);
+        _tag_heap_link_set(p, hc[c].head);
+        hc[c].head = p;
+        if (TAG_UNLIKELY(++hc[c].count > _tag_heap_cache_limit[c]))
+            _tag_heap_spill(&hc[c], c);
+        return;
+    }
+    _tag_heap_free_slow(hc, p);
+}
+/* Bytes usable from p to its slot's end. */
+size_t _tag_heap_usable(const void *p);
+/* Is p inside a slot the heap handed out (live or cached)?  The slot's
+ * start and size.  Arithmetic on the address only. */
+int _tag_heap_block(const void *p, void **slot, size_t *bytes);
+/* Give every block of a thread's caches back (thread exit). */
+void _tag_heap_flush(struct tag_heap_cache *hc);
+/* malloc_trim: free spans back to the kernel; 1 if any was. */
+int _tag_heap_trim(void);
+struct tag_heap_stats {
+    uint64_t committed, used, free_span_bytes, free_spans, large_count, large_bytes;
+};
+void _tag_heap_stats(struct tag_heap_stats *st);
+void _tag_heap_atfork_prepare(void);
+void _tag_heap_atfork_release(void);
+
 /* ----------------------------------------------------------- thread.c */
 /* A thread's last stack walk (unwind.c), outermost frame first, so the
  * next capture can prove its outer part unchanged and take its interned id:
@@ -239,6 +371,8 @@ struct tag_tls {
     uint32_t recent_next;
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
     struct libtag_quarantine_ring *quarantine;
+    /* heap.c: free blocks by class, for this thread's allocations */
+    struct tag_heap_cache heap_cache[TAG_HEAP_CLASSES];
     struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
     /* The top of this thread's stack (its record's stack_hi; kept here
      * too because threads beyond the record capacity share one record). */
@@ -656,37 +790,17 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* Is the page holding addr mapped?  Inside glibc's main (brk) heap: yes,
- * without a system call (tag.c); elsewhere msync, else mincore.  The tag at
- * addr must lie in that page or the heap.  errno is kept. */
-int _tag_page_mapped(const void *addr);
-TAG_COLD void _tag_brk_init(void);  /* _tag_init: the break at start */
-/* Is user a live/freed block of ours?  Reads only memory on user's page
- * or, when the tag may lie on another page or in a chunk free() may have
- * unmapped, checks that page is mapped first:
- * - the tag starts on the page before user (user in a page's first 32
- *   bytes): user may not be ours at all;
- * - user is in a page's first 64 bytes: that is where glibc puts an
- *   mmap'ed chunk (a large block), which free() munmaps - a second free()
- *   of it must be reported, not fault;
- * - user is at a page offset that is a power of two, or 96: where an
- *   aligned block (posix_memalign, aligned new: alignment 32 to 1024) of
- *   glibc's mmap'ed chunks starts, the tag at alignment - 32 before it.
- * At most a system call for 1 in 32 pointers outside glibc's main heap;
- * none for the rest.  Inline: every free() and realloc() starts here. */
-TAG_INLINE int _tag_may_be_unmapped(uintptr_t u)
-{
-    uintptr_t off = u & (TAG_PAGE_SIZE - 1);
-    return off < 64 || (off & (off - 1)) == 0 || off == 96;
-}
+/* Is user a live/freed block of ours?  Its tag must lie in the heap's
+ * used region (arithmetic on the address: that memory is always mapped),
+ * and validate there.  Inline: every free() and realloc() starts here. */
 enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
 TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
 {
     const struct libtag_tag *t = _tag_of(user);
     uintptr_t u = (uintptr_t)user;
-    if ((u & 15) != 0 || u < TAG_PAGE_SIZE + sizeof *t)
-        return TAG_NOT_OURS;
-    if (TAG_UNLIKELY(_tag_may_be_unmapped(u)) && !_tag_page_mapped(t))
+    uint64_t used = __atomic_load_n(&_tag_heap.used, __ATOMIC_RELAXED) * TAG_HEAP_SLICE;
+    uint64_t off = (uint64_t)(u - _tag_heap.base);
+    if ((u & 15) != 0 || off < sizeof *t || off > used)
         return TAG_NOT_OURS;
     if (!_tag_valid_at((uint64_t)u - sizeof *t, t))
         return TAG_NOT_OURS;
@@ -838,7 +952,8 @@ TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 /* -------------------------------------------------------- quarantine.c */
 /* Evict (check, then really free) the oldest blocks of q until size more
  * bytes fit budget. */
-void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget);
+void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring *q, uint64_t size,
+                               uint64_t budget);
 /* The rare cases of a put: the ring to put user in, or NULL when it was
  * released directly (the thread exits, it exceeds the budget, no ring). */
 TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user,
@@ -860,7 +975,7 @@ TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size
     }
     uint32_t count = q->count;
     if (count == TAG_QUARANTINE_SLOTS || (count && q->bytes + size > budget)) {
-        _tag_quarantine_make_room(q, size, budget);
+        _tag_quarantine_make_room(t, q, size, budget);
         count = q->count;
     }
     TAG_ASSERT(count < TAG_QUARANTINE_SLOTS && q->bytes + size <= budget);
@@ -890,7 +1005,7 @@ TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out)
 TAG_COLD void _tag_quarantine_check_all(void);
 /* Hand a block back to the real allocator, or leak it when its tag says it
  * was damaged (TAG_FLAG_REPORTED). */
-void _tag_real_release(void *user);
+void _tag_real_release(struct tag_tls *t, void *user);
 
 /* --------------------------------------------------------- anomaly.c */
 /* What an anomaly is about (see struct libtag_anomaly for each kind). */
@@ -980,11 +1095,6 @@ void _tag_guard_atfork_child(void);
 /* ----------------------------------------------------------- crash.c */
 TAG_COLD void _tag_crash_init(void);
 
-/* The real allocator (glibc exports these; no dlsym bootstrap needed). */
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_memalign(size_t, size_t);
-extern void __libc_free(void *);
 /* glibc's sigaction under another name: libtag's own handlers must not go
  * through the sigaction() it interposes for the program (crash.c). */
 struct sigaction;

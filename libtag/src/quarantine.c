@@ -24,23 +24,29 @@
 
 #define RING_SLOTS TAG_QUARANTINE_SLOTS
 
-void _tag_real_release(void *user)
+void _tag_real_release(struct tag_tls *owner, void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
     if (TAG_UNLIKELY(_tag_reported(t))) {
-        /* Its canary or its tag was damaged: so may be glibc's chunk
-         * headers around it, and glibc would abort on them.  Keep it. */
+        /* Its canary or its tag was damaged: the write that did it may
+         * have gone further, into memory the heap would hand out again.
+         * Keep it. */
         _tag_leak_damaged(_tag_size(t));
         return;
     }
-    /* glibc overwrites the first 16 bytes of the chunk with its free-list
-     * links, which kills the tag of a plain block - but an aligned block's
+    /* The heap writes its free-list link over the first 8 bytes of the
+     * slot, which kills the tag of a plain block - but an aligned block's
      * tag sits pad bytes further in and would survive in free memory as a
      * valid-looking freed tag.  Clear the magic first. */
     char *raw = (char *)t - t->pad;
+    uint32_t pad = t->pad;
     t->magic = 0;
-    __libc_free(raw);
+    struct tag_heap_cache *hc = owner ? owner->heap_cache : NULL;
+    if (TAG_LIKELY(pad == 0))
+        _tag_heap_free(hc, raw);
+    else
+        _tag_heap_free_slow(hc, raw);
 }
 
 static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)
@@ -58,7 +64,8 @@ static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free
  * (an underflow through a dangling pointer) or by an overflow of the block
  * before.  Reported and leaked; returns the bytes to take off the budget
  * (0 when its size is lost with its tag). */
-static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec *rec)
+static TAG_COLD uint64_t evict_damaged(struct tag_tls *t, void *user,
+                                       const struct libtag_free_rec *rec)
 {
     void *ret = __builtin_return_address(0), *frame = __builtin_frame_address(0);
     enum tag_damage d = _tag_damaged(user, rec, ret, frame);
@@ -66,7 +73,7 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
         /* restored with TAG_FLAG_REPORTED: its size is known again, and
          * _tag_real_release keeps it from glibc */
         uint64_t size = _tag_size(_tag_of(user));
-        _tag_real_release(user);
+        _tag_real_release(t, user);
         return size;
     }
     if (d == TAG_DAMAGE_NONE) {
@@ -93,7 +100,7 @@ static TAG_COLD uint64_t evict_damaged(void *user, const struct libtag_free_rec 
  * line or all six, prefetch or prefetchw: 0.99-1.00; skipping the pattern
  * check altogether (not allowed, for scale): 0.96; non-temporal stores for
  * the fill: 2.4x slower (the check then reads from DRAM). */
-TAG_INLINE void evict_one(struct libtag_quarantine_ring *q)
+TAG_INLINE void evict_one(struct tag_tls *owner, struct libtag_quarantine_ring *q)
 {
     uint32_t head = q->head, count = q->count;
     TAG_ASSERT(count > 0 && count <= RING_SLOTS && head < RING_SLOTS);
@@ -113,19 +120,19 @@ TAG_INLINE void evict_one(struct libtag_quarantine_ring *q)
             struct libtag_free_rec rec = e->rec;
             report_uaf(user, off, &rec);
         }
-        _tag_real_release(user);
+        _tag_real_release(owner, user);
     } else {
         struct libtag_free_rec rec = e->rec;
-        size = evict_damaged(user, &rec);
+        size = evict_damaged(owner, user, &rec);
     }
     uint64_t bytes = q->bytes;
     q->bytes = bytes - (size < bytes ? size : bytes);
 }
 
-static TAG_NOINLINE void evict_all(struct libtag_quarantine_ring *q)
+static TAG_NOINLINE void evict_all(struct tag_tls *t, struct libtag_quarantine_ring *q)
 {
     while (q->count)
-        evict_one(q);
+        evict_one(t, q);
 }
 
 static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
@@ -141,10 +148,11 @@ static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
 /* Evict the oldest blocks until size more bytes fit the budget (the put
  * itself is inline in free(), libtag_internal.h).  Out of line, so that
  * only q, size and budget stay live across the calls into glibc. */
-void _tag_quarantine_make_room(struct libtag_quarantine_ring *q, uint64_t size, uint64_t budget)
+void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring *q, uint64_t size,
+                               uint64_t budget)
 {
     do
-        evict_one(q);
+        evict_one(t, q);
     while (q->count && (q->count == RING_SLOTS || q->bytes + size > budget));
 }
 
@@ -156,7 +164,7 @@ struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *use
     struct libtag_quarantine_ring *q = t->quarantine;
     if (!t->exiting && size <= _tag_opt.quarantine_bytes && (q || (q = ring_new(t))))
         return q;
-    _tag_real_release(user);
+    _tag_real_release(t, user);
     return NULL;
 }
 
@@ -164,7 +172,7 @@ void _tag_quarantine_flush(struct tag_tls *t)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
     if (q)
-        evict_all(q);
+        evict_all(t, q);
 }
 
 /* Called once, when the thread exits (thread.c sets t->exiting right after,

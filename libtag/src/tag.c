@@ -10,56 +10,6 @@
 
 #include "libtag_internal.h"
 
-/* The program break when libtag started: [brk_lo, the current break) is
- * glibc's main heap (its arena's sbrk'd memory), one mapping.  UINTPTR_MAX
- * until _tag_brk_init, or when sbrk failed: nothing is in it. */
-static uintptr_t brk_lo = UINTPTR_MAX;
-/* glibc's own name, the one its malloc calls: a program's sbrk() of its
- * own (an allocator of its own) does not answer for glibc's break. */
-extern void *__sbrk(intptr_t);
-void _tag_brk_init(void)
-{
-    void *b = __sbrk(0);
-    if (b != (void *)-1)
-        brk_lo = (uintptr_t)b;
-}
-
-/* msync(MS_ASYNC) only looks the range up (Linux does no writeback for
- * it) and fails with ENOMEM where nothing is mapped: about 190 ns here,
- * where mincore, which takes a page of kernel memory for its answer each
- * call, costs 750 ns - and free() asks for 1 pointer in 64.  mincore
- * answers where msync fails for another reason (a seccomp filter). */
-int _tag_page_mapped(const void *addr)
-{
-    /* Inside the main heap, below the current break (__sbrk(0) reads
-     * glibc's __curbrk: no system call): mapped, no question asked.  That heap is
-     * one mapping from the initial break up, glibc never unmaps it but by
-     * lowering the break, and no mmap'ed chunk lies in it - a munmapped
-     * large block's second free() still takes msync.  As with msync, a
-     * concurrent change (another thread trimming the heap between the
-     * check and the read) is not guarded against; the block checked is
-     * live or quarantined, never in the top chunk a trim releases.  What
-     * is not covered: a program that munmaps or mprotects pages of the
-     * brk heap itself.  A single-threaded program's probes all land here
-     * (lua binary_trees: 111,241 msync calls -> 0); a thread's arena (as
-     * allocbench's worker uses) still asks msync, 190 ns each. */
-    uintptr_t a = (uintptr_t)addr;
-    if (a >= brk_lo && a + sizeof(struct libtag_tag) <= (uintptr_t)__sbrk(0))
-        return 1;
-    void *page = (void *)((uintptr_t)addr & ~(uintptr_t)(TAG_PAGE_SIZE - 1));
-    int saved = errno, ok;
-    if (msync(page, 1, MS_ASYNC) == 0) {
-        ok = 1;
-    } else if (errno == ENOMEM) {
-        ok = 0;
-    } else {
-        unsigned char vec;
-        ok = mincore(page, 1, &vec) == 0;
-    }
-    errno = saved;
-    return ok;
-}
-
 void _tag_set_bits(void *user, uint64_t clear, uint64_t set)
 {
     struct libtag_tag *t = _tag_of(user);

@@ -71,6 +71,8 @@ static void thread_exit(void *arg)
                                         __ATOMIC_RELAXED);
             _tag_tls.gone = 1;
             _tag_tls.t = &_tag_tls_none;
+            /* what it freed since its quarantine went: to the central lists */
+            _tag_heap_flush(t->heap_cache);
             _tag_unmap(t, sizeof *t);
         }
         return;
@@ -152,10 +154,12 @@ static void atfork_prepare(void)
 {
     _tag_stack_table_atfork_prepare();
     _tag_guard_atfork_prepare();
+    _tag_heap_atfork_prepare();
     fork_from_main = (pid_t)syscall(SYS_gettid) == getpid();
 }
 static void atfork_parent(void)
 {
+    _tag_heap_atfork_release();
     _tag_guard_atfork_parent();
     _tag_stack_table_atfork_parent();
 }
@@ -164,6 +168,7 @@ static void atfork_parent(void)
  * gets a record of its own, and the control block its pid. */
 static void atfork_child(void)
 {
+    _tag_heap_atfork_release();
     _tag_guard_atfork_child();
     _tag_stack_table_atfork_child();
     _tag_modules_atfork_child();

@@ -1,8 +1,8 @@
 """Smashed headers, writes after free and mismatched releases: each gives
 exactly the one anomaly the victim caused - kind, block, size, offset, the
 bytes written, both stacks, thread - no extra anomaly, and the program runs on
-to exit 0 (libtag never hands a damaged chunk back to glibc, whose own checks
-would abort it).
+to exit 0 (libtag never hands a damaged block back to its heap, where the
+same write may have gone on into memory the heap hands out again).
 
 Victims: tests/victims/heap_damage.c (an underflow, an overflow into the
 next block, an overflow of a block never freed, writes after free at chosen
@@ -105,7 +105,7 @@ def test_one_byte_underflow_is_a_heap_underflow_of_its_own_block(case, damage, r
     assert functions(b["alloc_stack"], damage) == ["alloc_victim", "main"], b["alloc_stack"]
     if case == "underflow":
         assert functions(a["stack"], damage) == ["free_victim", "main"], a["stack"]
-        # ... and the block, freed, is kept from glibc at exit, and counted
+        # ... and the block, freed, is kept from the heap at exit, and counted
         assert stats(done.stderr)["damaged_leaked"] == "1", done.stderr
     assert a["thread"] == tid
     assert stats(done.stderr)["anomalies"] == "1", done.stderr
@@ -118,7 +118,7 @@ def test_one_byte_underflow_is_a_heap_underflow_of_its_own_block(case, damage, r
 def test_overflow_into_the_next_block_is_one_heap_overflow_of_the_block_before(
         order, damage, run_victim, run_cli, tmp_path):
     # GIVEN 100 bytes written past the end of a 64-byte block p, over the
-    # header and tag of the 256-byte block q right after it, then both freed
+    # tag of the 64-byte block q in the next slot, then both freed
     # (in either order) and p pushed out of the quarantine
     snaps = tmp_path / "snaps"
     done = run(run_victim, damage, snaps, "overflow-neighbour", order)
@@ -135,7 +135,7 @@ def test_overflow_into_the_next_block_is_one_heap_overflow_of_the_block_before(
     assert functions(b["alloc_stack"], damage) == ["alloc_victim", "main"], b["alloc_stack"]
     detect = "free_victim" if order == "p-first" else "free_neighbour"
     assert functions(a["stack"], damage) == [detect, "main"], a["stack"]
-    # ... and neither p nor q was handed to glibc (which would have aborted)
+    # ... and neither p nor q was handed back to the heap
     s = stats(done.stderr)
     assert (s["anomalies"], s["damaged_leaked"]) == ("1", "2"), done.stderr
 

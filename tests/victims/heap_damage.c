@@ -3,7 +3,8 @@
  *   underflow           p[-1] = 0x41 on a live 40-byte block, then free(p)
  *   underflow-exit      p[-1] = 0x41, never freed; the program just exits
  *   overflow-neighbour  100 bytes past the end of a 64-byte block p, into
- *                       the 256-byte block q right after it; then free(p),
+ *                       the 64-byte block q right after it (the next slot
+ *                       of the same size class); then free(p),
  *                       free(q) (or q first with "overflow-neighbour q-first")
  *   overflow-kept       8 bytes past the end of a 64-byte block that is
  *                       never freed; the program just exits
@@ -158,7 +159,7 @@ int main(int argc, char **argv)
             free_victim(p);
     } else if (!strcmp(kind, "overflow-neighbour")) {
         char *p = alloc_victim(64);
-        char *q = alloc_neighbour(256);
+        char *q = alloc_neighbour(64);
         printf("size=64\ntid=%u\n", tid());
         say("block", p);
         say("neighbour", q);
@@ -172,7 +173,7 @@ int main(int argc, char **argv)
             free_victim(p);
             free_neighbour(q);
         }
-        churn();  /* p leaves the quarantine: libtag must not give it to glibc */
+        churn();  /* p leaves the quarantine: libtag must not give it back */
     } else if (!strcmp(kind, "overflow-kept")) {
         char *p = alloc_victim(64);
         char *q = alloc_neighbour(64);

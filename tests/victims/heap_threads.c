@@ -2,7 +2,7 @@
  *
  * Built with -finstrument-functions and run under libtag (LD_PRELOAD) with
  * LIBTAG_QUARANTINE=1500, so blocks up to 1500 bytes wait in the quarantine
- * when freed and bigger ones go straight back to glibc.
+ * when freed and bigger ones go straight back to the heap.
  *
  * Prints (one fact per line):
  *   pid PID
@@ -11,8 +11,8 @@
  *   copy ADDR HOLDER                     ADDR: 32 bytes copied from another
  *                                        block's tag, inside block HOLDER
  *   recycled OLD NEW                     OLD: a freed big block whose memory
- *                                        glibc merged and handed out again as
- *                                        NEW (so OLD's tag is stale inside NEW)
+ *                                        the heap merged and handed out again
+ *                                        as NEW (OLD's old tag inside NEW)
  *   dangling ADDR                        a pointer main keeps to a freed block
  *   stats LIVE_BLOCKS LIVE_BYTES         libtag_stats() just before the snapshot
  *   snapped | ready
@@ -113,21 +113,22 @@ int main(int argc, char **argv)
     printf("pid %d\n", getpid());
     fflush(stdout);
 
-    /* A stale tag at its own address: P and A are bigger than the quarantine
-     * budget, so free() hands them to glibc at once; A merges backward into
-     * P's free chunk, and NEW is carved from the merged chunk, its payload
-     * covering A's old (valid, freed) tag.  guard keeps them off the top. */
-    void *p = make_record(2000);
-    void *a = make_record(5000);
+    /* A stale tag at its own address: P and A are large blocks (a span of
+     * 10 slices each, one after the other) bigger than the quarantine
+     * budget, so free() hands them to the heap at once; A's span merges
+     * with P's, and NEW (19 slices) is carved from the merged span, its
+     * payload covering A's old tag. */
+    void *p = make_record(600000);
+    void *a = make_record(600000);
     void *guard = make_record(100);
     release_record(p);
     release_record(a);
-    char *fresh = make_record(6000);
-    if ((char *)a >= fresh && (char *)a < fresh + 6000)
+    char *fresh = make_record(1200000);
+    if ((char *)a >= fresh && (char *)a < fresh + 1200000)
         printf("recycled %p %p\n", a, (void *)fresh);
     else
         printf("recycled-miss %p %p\n", a, (void *)fresh);
-    report("main", fresh, 6000, "live");
+    report("main", fresh, 1200000, "live");
     report("main", guard, 100, "live");
 
     char *m1 = make_record(40);

@@ -53,13 +53,13 @@ static void give_back()
     std::set_new_handler(nullptr);
 }
 
-static size_t vm_size()
+static size_t vm_data()
 {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     size_t kib = 0;
     while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %zu kB", &kib) == 1)
+        if (sscanf(line, "VmData: %zu kB", &kib) == 1)
             break;
     if (f)
         fclose(f);
@@ -166,15 +166,18 @@ int main()
     // A new that fails until its new_handler frees memory: the retry runs
     // in libstdc++'s operator new, over libtag's malloc, and the block it
     // returns is still a new[] block (delete[] of it is no mismatch).
-    // With the 40 MiB reserve held, the address space is capped 24 MiB above
-    // what is used: the new fails until the handler frees the reserve (above
-    // the quarantine budget, so free() hands it straight back).
+    // With the 40 MiB reserve held, the writable memory (RLIMIT_DATA: what
+    // glibc's mmap and libtag's heap commits both count against) is capped
+    // 24 MiB above what is used: the new fails until the handler frees the
+    // reserve (above the quarantine budget, so free() hands it straight
+    // back).  Not RLIMIT_AS: libtag's heap reserved its address space at
+    // start, so a cap set later does not limit it.
     const size_t big = (size_t)40 << 20;
     reserve = malloc(big);
-    struct rlimit as;
-    getrlimit(RLIMIT_AS, &as);
-    as.rlim_cur = vm_size() + ((size_t)24 << 20);
-    setrlimit(RLIMIT_AS, &as);
+    struct rlimit data;
+    getrlimit(RLIMIT_DATA, &data);
+    data.rlim_cur = vm_data() + ((size_t)24 << 20);
+    setrlimit(RLIMIT_DATA, &data);
     std::set_new_handler(give_back);
     char *retried = new char[opaque(big)];
     tagged("new[]-after-handler", retried);

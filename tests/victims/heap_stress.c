@@ -1,0 +1,210 @@
+/* heap_stress: 16 threads allocate blocks of every size class (and large
+ * and aligned ones), fill each with a pattern of its own address, and hand
+ * a share of them to the next thread, which checks the pattern and frees
+ * them: cross-thread frees, under churn.  A block handed out twice, or
+ * memory the heap gave to two blocks at once, breaks some pattern.  Midway
+ * one thread forks; the child allocates and frees on the heap it inherited.
+ * Prints what it checked; the test compares with the expected counts. */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "libtag.h"
+/* weak: the test preloads libtag; built alone the victim still links */
+extern void libtag_stats(struct libtag_stats *) __attribute__((weak));
+
+#define THREADS 16
+#define ROUNDS 20000
+#define LIVE 256
+#define QUEUE 1024
+
+struct queue {
+    pthread_mutex_t lock;
+    void *items[QUEUE];
+    size_t sizes[QUEUE];
+    unsigned head, count;
+};
+static struct queue queues[THREADS];
+static long corrupt, handed, received, aligned_bad, zero_bad, fork_status = -1;
+
+static uint64_t rng(uint64_t *s) { *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17; return *s; }
+
+static size_t pick_size(uint64_t r)
+{
+    switch (r % 16) {
+    case 0: return 600 * 1024 + (r >> 8) % (3 << 20);   /* large: a span each */
+    case 1: case 2: return 8192 + (r >> 8) % (400 * 1024); /* medium classes */
+    default: return 1 + (r >> 8) % 2048;                /* small classes */
+    }
+}
+
+static void fill(unsigned char *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    size_t m = n < 256 ? n : 256;
+    for (size_t i = 0; i < m; i++)
+        p[i] = (unsigned char)(a >> (i % 8 * 8)) ^ (unsigned char)i;
+    if (n > 8)
+        memcpy(p + n - 8, &a, 8);
+}
+
+static int intact(const unsigned char *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p, tail;
+    size_t m = n < 256 ? n : 256;
+    if (n > 8 && m > n - 8)
+        m = n - 8;  /* the last 8 bytes hold the address */
+    for (size_t i = 0; i < m; i++)
+        if (p[i] != ((unsigned char)(a >> (i % 8 * 8)) ^ (unsigned char)i))
+            return 0;
+    if (n > 8) {
+        memcpy(&tail, p + n - 8, 8);
+        if (tail != a)
+            return 0;
+    }
+    return 1;
+}
+
+static void *alloc_one(uint64_t r, size_t *n)
+{
+    *n = pick_size(r);
+    unsigned char *p;
+    switch ((r >> 40) % 8) {
+    case 0: {
+        size_t align = (size_t)64 << ((r >> 44) % 8);  /* 64 .. 8192 */
+        p = aligned_alloc(align, *n);
+        if (p && ((uintptr_t)p & (align - 1)))
+            __atomic_fetch_add(&aligned_bad, 1, __ATOMIC_RELAXED);
+        break;
+    }
+    case 1:
+        p = calloc(1, *n);
+        if (p) {
+            for (size_t i = 0; i < *n; i += 509)
+                if (p[i]) {
+                    __atomic_fetch_add(&zero_bad, 1, __ATOMIC_RELAXED);
+                    break;
+                }
+        }
+        break;
+    case 2:
+        p = malloc(*n / 2 + 1);
+        p = realloc(p, *n);
+        break;
+    default:
+        p = malloc(*n);
+    }
+    if (p)
+        fill(p, *n);
+    return p;
+}
+
+static void check_free(void *p, size_t n)
+{
+    if (!intact(p, n))
+        __atomic_fetch_add(&corrupt, 1, __ATOMIC_RELAXED);
+    free(p);
+}
+
+static void drain(unsigned me)
+{
+    struct queue *q = &queues[me];
+    pthread_mutex_lock(&q->lock);
+    while (q->count) {
+        check_free(q->items[q->head], q->sizes[q->head]);
+        q->head = (q->head + 1) % QUEUE;
+        q->count--;
+        __atomic_fetch_add(&received, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+static void *worker(void *arg)
+{
+    unsigned me = (unsigned)(uintptr_t)arg;
+    uint64_t s = me * 2654435761u + 17;
+    void *live[LIVE] = {0};
+    size_t sizes[LIVE] = {0};
+    for (long i = 0; i < ROUNDS; i++) {
+        uint64_t r = rng(&s);
+        unsigned k = r % LIVE;
+        if (live[k]) {
+            struct queue *q = &queues[(me + 1) % THREADS];
+            int handed_off = 0;
+            if ((r >> 20) % 3 == 0) {  /* a third go to the next thread */
+                pthread_mutex_lock(&q->lock);
+                if (q->count < QUEUE) {
+                    unsigned at = (q->head + q->count) % QUEUE;
+                    q->items[at] = live[k];
+                    q->sizes[at] = sizes[k];
+                    q->count++;
+                    handed_off = 1;
+                }
+                pthread_mutex_unlock(&q->lock);
+            }
+            if (handed_off)
+                __atomic_fetch_add(&handed, 1, __ATOMIC_RELAXED);
+            else
+                check_free(live[k], sizes[k]);
+        }
+        live[k] = alloc_one(r >> 3, &sizes[k]);
+        if (i % 64 == 0)
+            drain(me);
+        if (me == 3 && i == ROUNDS / 2) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                /* the child: one thread, the heap as the fork found it */
+                for (int j = 0; j < 2000; j++) {
+                    size_t n;
+                    void *p = alloc_one(rng(&s), &n);
+                    check_free(p, n);
+                }
+                _exit(corrupt == 0 ? 0 : 1);
+            }
+            int st;
+            waitpid(pid, &st, 0);
+            fork_status = WIFEXITED(st) ? WEXITSTATUS(st) : 100 + WTERMSIG(st);
+        }
+    }
+    for (unsigned k = 0; k < LIVE; k++)
+        if (live[k])
+            check_free(live[k], sizes[k]);
+    return NULL;
+}
+
+int main(void)
+{
+    pthread_t t[THREADS];
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_mutex_init(&queues[i].lock, NULL);
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (unsigned i = 0; i < THREADS; i++)
+        drain(i);
+    /* mallinfo2 says what libtag's counters say is in use (no allocation
+     * between the two) */
+    struct mallinfo2 mi = mallinfo2();
+    struct libtag_stats st = {0};
+    if (libtag_stats)
+        libtag_stats(&st);
+    printf("handed=%ld received=%ld\n", handed, received);
+    printf("corrupt=%ld aligned_bad=%ld zero_bad=%ld fork_child=%ld\n", corrupt, aligned_bad,
+           zero_bad, fork_status);
+    printf("in_use=%zu live_bytes=%lu\n", mi.uordblks, (unsigned long)st.live_bytes);
+    printf("trim=%d\n", malloc_trim(0));
+    /* realloc within the slot keeps the block where it is (100 bytes and a
+     * tag sit in a 160-byte slot; 104 fit it too), beyond it moves it */
+    char *p = malloc(100), *q = realloc(p, 104);
+    printf("realloc_in_place=%d\n", p == q);
+    char *r = realloc(q, 4000);
+    printf("realloc_moved=%d\n", r != q);
+    free(r);
+    return 0;
+}

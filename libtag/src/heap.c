@@ -218,8 +218,10 @@ static void bin_remove(struct tag_slice *s)
     s->next = s->prev = NULL;
 }
 
-/* Called with the page lock held: a span of n slices, or NULL. */
-static struct tag_slice *slices_take(uint64_t n)
+/* Called with the page lock held: a span of n slices, or NULL, marked as
+ * kind before the lock is dropped (a neighbour's merge reads kind under the
+ * lock: a span whose kind still said free would be merged while in use). */
+static struct tag_slice *slices_take(uint64_t n, uint32_t kind)
 {
     struct tag_slice *s = NULL;
     uint64_t above = n < BINS ? bin_mask & ~((1ull << n) - 1) & ~1ull : 0;
@@ -252,6 +254,7 @@ static struct tag_slice *slices_take(uint64_t n)
         __atomic_store_n(&_tag_heap.used, at + n, __ATOMIC_RELEASE);
     }
     mark_span(s, n);
+    s->kind = kind;
     return s;
 }
 
@@ -390,11 +393,10 @@ static unsigned central_take(unsigned c, unsigned want, void **out)
         s = ct->carving;
         if (!s || s->carved == s->capacity) {
             spin_lock(&page_lock);
-            s = slices_take(ci->slices);
+            s = slices_take(ci->slices, TAG_SPAN_SMALL);
             spin_unlock(&page_lock);
             if (!s)
                 break;
-            s->kind = TAG_SPAN_SMALL;
             s->cls = c;
             s->block_size = ci->block_size;
             s->capacity = ci->capacity;
@@ -437,8 +439,7 @@ static void central_give(unsigned c, void *list)
             /* every block of the span is free: the span goes */
             if (s->flags & TAG_SPAN_PARTIAL)
                 partial_remove(ct, s);
-            s->kind = TAG_SPAN_FREE;
-            s->flags &= ~TAG_SPAN_ZERO;
+            s->flags &= ~TAG_SPAN_ZERO;  /* kind: slices_give, under the lock */
             spin_lock(&page_lock);
             slices_give(s);
             spin_unlock(&page_lock);
@@ -527,9 +528,8 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
     if (bytes > (1ull << 46) || n > _tag_heap.slices_max)
         return NULL;
     spin_lock(&page_lock);
-    struct tag_slice *s = slices_take(n);
+    struct tag_slice *s = slices_take(n, TAG_SPAN_LARGE);
     if (s) {
-        s->kind = TAG_SPAN_LARGE;
         s->cls = 0;
         s->block_size = 0;
         s->capacity = 1;
@@ -555,7 +555,6 @@ static void large_free(struct tag_slice *s)
     spin_lock(&page_lock);
     _tag_heap.large_count--;
     _tag_heap.large_bytes -= (uint64_t)s->slices * TAG_HEAP_SLICE;
-    s->kind = TAG_SPAN_FREE;
     slices_give(s);
     spin_unlock(&page_lock);
 }

@@ -46,6 +46,15 @@ def header_shim(tmp: Path) -> Path:
     return build(BENCH / "header_shim.c", tmp / "header_shim.so", ["-O2", "-shared", "-fPIC"])
 
 
+def heap_shim(tmp: Path) -> Path:
+    """bench/heap_shim.c built into tmp: libtag's heap (libtag/src/heap.c)
+    alone, with no tag, stack or quarantine - the backing allocator's column."""
+    src = BENCH.parent / "libtag"
+    return build(BENCH / "heap_shim.c", tmp / "heap_shim.so",
+                 ["-O2", "-shared", "-fPIC", "-pthread", "-D_GNU_SOURCE",
+                  f"-I{src / 'include'}", f"-I{src / 'src'}"])
+
+
 # Peak RSS must come from a process that a small process forked: a child of
 # Python starts with Python's own resident set counted in ru_maxrss (it
 # survives exec), which would hide a small program's few MiB.  So each timed

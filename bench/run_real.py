@@ -29,8 +29,11 @@ drift in the machine's load hits all alike): the binary alone (base), under
 libtag (LD_PRELOAD, full stacks at every allocation and free), under
 bench/header_shim.c (the floor: a 40-byte header and canary a block through
 glibc, written and checked, and nothing else libtag does; --no-header skips
-it) and under heaptrack (the whole `heaptrack -o` command, its own recording
-included).
+it), under bench/heap_shim.c (libtag's own heap alone, the allocator libtag's
+blocks live in, with nothing of libtag's around it; --no-heap skips it) and
+under heaptrack (the whole `heaptrack -o` command, its own recording
+included).  --preload NAME=LIB adds a column of any other preloaded library
+(Debian's mimalloc, an older libtag.so) in the same interleaved runs.
 The table prints the median wall seconds, the spread (half the min-max range
 as a share of the median), the ratio to base of the same binary, and the
 median peak RSS.  Extra LIBTAG_* settings for the libtag runs: --env.
@@ -51,7 +54,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, Launcher, header_shim, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import (BENCH, Launcher, header_shim, heap_shim, lib_path, machine, med,  # noqa: E402
+                      print_machine, spread, table)
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
 SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
@@ -246,6 +250,11 @@ def main() -> int:
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--no-header", action="store_true",
                     help="skip the header-only floor (bench/header_shim.c)")
+    ap.add_argument("--no-heap", action="store_true",
+                    help="skip libtag's heap alone (bench/heap_shim.c)")
+    ap.add_argument("--preload", action="append", default=[], metavar="NAME=LIB",
+                    help="one more column: the binary with LIB preloaded (repeatable), "
+                         "e.g. mimalloc=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2")
     ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
                     help="an extra setting for the libtag runs (repeatable)")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
@@ -278,6 +287,12 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps), **extra)
     have_ht = bool(shutil.which("heaptrack")) and not args.no_heaptrack
     header = None if args.no_header else dict(clean, LD_PRELOAD=str(header_shim(tmp)))
+    others = [] if args.no_heap else [("heap", dict(clean, LD_PRELOAD=str(heap_shim(tmp))))]
+    for spec in args.preload:
+        name, _, path = spec.partition("=")
+        if not name or not Path(path).is_file():
+            sys.exit(f"run_real: --preload wants NAME=LIB with an existing LIB, not {spec!r}")
+        others.append((name, dict(clean, LD_PRELOAD=str(Path(path).resolve()))))
     scratch = {p: tmp / p for p, _ in bins}
     for d in scratch.values():
         d.mkdir(exist_ok=True)
@@ -288,6 +303,7 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
             runs = [("base", clean, []), ("libtag", tagged, [])]
             if header:
                 runs.append(("header", header, []))
+            runs += [(name, env, []) for name, env in others]
             if have_ht and rep < args.heaptrack_reps:
                 runs.append(("heaptrack", clean, ["heaptrack", "-o", str(tmp / "ht")]))
             for tool, env, prefix in runs:
@@ -301,7 +317,7 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     rows = []
     for (p, m) in bins:
         base = med([t for t, _ in res[(p, m, "base")]])
-        for tool in ("base", "header", "libtag", "heaptrack"):
+        for tool in ("base", *(name for name, _ in others), "header", "libtag", "heaptrack"):
             got = res.get((p, m, tool))
             if not got:
                 continue
@@ -322,13 +338,15 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
             base = med([t for t, _ in res[(p, m, "base")]])
             lt = med([t for t, _ in res[(p, m, "libtag")]])
             notes = []
-            for tool, fmt in (("header", ".2f"), ("heaptrack", ".1f")):
+            for tool, fmt in ((*((name, ".2f") for name, _ in others), ("header", ".2f"),
+                               ("heaptrack", ".1f"))):
                 got = res.get((p, m, tool))
                 if got:
                     notes.append(f"{tool} {med([t for t, _ in got]) / base:{fmt}}x")
             row.append(f"{lt / base:.2f}x" + (f" ({', '.join(notes)})" if notes else ""))
         summary.append(row)
-    table("libtag / base per build mode (goal: at most 1.5x; header: the header-only floor)",
+    table("libtag / base per build mode (goal: at most 1.5x; heap: libtag's heap alone; "
+          "header: the header-only floor)",
           ["program", *[m for m in MODES if any((p, m) in bins for p, _ in bins)]], summary,
           args.markdown)
     return 0

@@ -15,6 +15,7 @@
  * With -DHEADER_BYTES=16: a 16-byte header (32-bit size, the magic word),
  * smaller than any tag that holds libtag's fields - what a more compact
  * layout could at best save (docs/benchmarks.md, section 0).
+ * With -DSHIM_MIMALLOC (and -lmimalloc): the same on mimalloc's blocks.
  * Not a tool: a damaged header or canary traps (SIGILL), nothing more.
  */
 #include <errno.h>
@@ -23,10 +24,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef SHIM_MIMALLOC
+/* -DSHIM_MIMALLOC -lmimalloc (Debian's libmimalloc-dev): the same header
+ * on mimalloc's blocks, the measurement behind docs/design.md "The heap". */
+#include <mimalloc.h>
+#define __libc_malloc mi_malloc
+#define __libc_calloc mi_calloc
+#define __libc_memalign(align, n) mi_malloc_aligned(n, align)
+#define __libc_free mi_free
+#else
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAGIC 0x7461672d666c6f72ull /* "tag-flor" */

@@ -894,6 +894,8 @@ class GlibcHeap:
             name = bin_name(state, b, 0)
             name = f"arena {a.address:#x} {name}"
             prev, p = head, self.words.u64(head + CHUNK_HDR)
+            if not p:
+                continue  # never initialised (malloc never ran in this arena)
             steps = 0
             while p is not None and p != head and steps < MAX_LIST:
                 steps += 1

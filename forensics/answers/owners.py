@@ -202,12 +202,12 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
     """Who points into a chunk in use (without libtag): words in other chunks
     in use, in live stack frames and in modules' globals - glibc's own
     lists hold pointers to free chunks only."""
-    from forensics.reader.glibc_heap import CHUNK_HDR, S
+    from forensics.reader.glibc_heap import CHUNK_HDR
 
     heap = dump.glibc
-    inuse = np.flatnonzero(heap.state == S["inuse"])
-    i = int(np.searchsorted(heap.start[inuse], np.uint64(chunk.start)))
-    if i >= len(inuse) or int(heap.start[inuse[i]]) != chunk.start:
+    starts, _ = dump.blocks
+    i = int(np.searchsorted(starts, np.uint64(chunk.user)))
+    if i >= len(starts) or int(starts[i]) != chunk.user:
         return [], 0
     edges = dump.edges
     out: list[Referrer] = []
@@ -215,7 +215,7 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
     for src, interior in zip(edges.source[edges.into(i)].tolist(), edges.interior[edges.into(i)].tolist()):
         holder = heap.chunk_at(src)
         if holder is not None and holder.state != "top":
-            if holder.state == "inuse" and src >= holder.user:
+            if holder.state in ("inuse", "mmapped") and src >= holder.user:
                 out.append(Referrer(src, "heap", holder.start + CHUNK_HDR, bool(interior)))
             continue
         t = dump.thread_of_stack(src)
@@ -238,7 +238,7 @@ def whoowns(dump: Dump, addr: int) -> Owner:
     owner = classify(dump, addr)
     if owner.block is not None:
         owner.referrers, owner.referrer_count = referrers(dump, owner.block)
-    elif owner.chunk is not None and owner.chunk.state == "inuse":
+    elif owner.chunk is not None and owner.chunk.state in ("inuse", "mmapped"):
         owner.referrers, owner.referrer_count = chunk_referrers(dump, owner.chunk)
     return owner
 

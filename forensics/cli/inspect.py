@@ -52,16 +52,16 @@ def answer(dump, args: argparse.Namespace) -> int:
 
     if not dump.libtag:
         from forensics.answers.glibc import plain_inspect_doc
-        from forensics.errors import UsageError
 
-        if args.leaks:
-            raise UsageError(f"--leaks needs libtag for now: {dump.no_libtag}; inspect without "
-                             f"--leaks reads glibc's heap")
         doc = plain_inspect_doc(dump, top=args.top)
+        if args.leaks:
+            doc["leaks"] = leaks_json(dump)
         if args.json:
             text.print_json(doc)
         else:
             text.show_plain_inspect(doc)
+            if args.leaks:
+                text.show_leaks(doc["leaks"])
         return 0
     doc = inspect_doc(dump, top=args.top)
     if args.leaks:

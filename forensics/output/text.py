@@ -439,8 +439,13 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
         age = g.get("age_ms") or {}
         when = f", allocated {age['oldest']}-{age['newest']} ms before the snapshot" if age else ""
         color = {"definite": "red", "indirect": "yellow"}.get(g["kind"], "magenta")
-        con.print(stack_tree(f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
-                             f"{plural(g['blocks'], 'block')}{extra}{when}", g["stack"], limit=8))
+        title = (f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
+                 f"{plural(g['blocks'], 'block')}{extra}{when}")
+        if g.get("usable_size") is not None:  # no libtag: no stack, the blocks' size instead
+            examples = ", ".join(g["examples"][:4])
+            con.print(f"{title} of {g['usable_size']} usable bytes: {examples}")
+            continue
+        con.print(stack_tree(title, g["stack"], limit=8))
     if len(leaks) > limit:
         con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
 

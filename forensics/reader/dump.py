@@ -448,17 +448,23 @@ class PlainDump(Dump):
         return out
 
     @cached_property
-    def edges(self) -> Edges:
-        """Every aligned word of writable memory that points into a chunk in
-        use (its user bytes: start + 16 to its end)."""
+    def blocks(self):
+        """(user pointers, usable sizes) of the chunks the program holds -
+        in use in an arena, or mmapped - sorted: the blocks of this dump
+        for the pointer edges and the leak scan."""
         import numpy as np
 
         from forensics.reader.glibc_heap import CHUNK_HDR, S
 
         heap = self.glibc
-        sel = heap.state == S["inuse"]
-        starts = heap.start[sel] + np.uint64(CHUNK_HDR)
-        sizes = heap.usable(sel).astype(np.uint64)
+        sel = np.isin(heap.state, [S["inuse"], S["mmapped"]])
+        return heap.start[sel] + np.uint64(CHUNK_HDR), heap.usable(sel).astype(np.uint64)
+
+    @cached_property
+    def edges(self) -> Edges:
+        """Every aligned word of writable memory that points into a block
+        (``blocks``: targets are its indexes)."""
+        starts, sizes = self.blocks
         regions = [r for r in self.mem.regions() if r.writable]
         return build_edges(regions, starts, sizes, progress=self._progress)
 

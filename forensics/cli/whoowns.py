@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
         parser.add_argument("address", metavar="ADDR", type=_args.address,
                             help="the address, 0x... hex or decimal")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--core", metavar="CORE", help="a core taken under libtag")
+        source.add_argument("--core", metavar="CORE",
+                            help="a core taken under libtag, or any core of a glibc program")
         source.add_argument("--pid", metavar="PID", type=_args.pid,
                             help="snapshot this running libtag process and look there")
     _args.json_flag(parser)

@@ -368,3 +368,50 @@ def test_the_built_in_table_reads_a_core_as_the_debug_file_does(make_case):
         assert [f.message for f in other.findings] == [f.message for f in heap.findings]
         for name in ("start", "size", "state", "bin", "thread", "arena_ix"):
             assert np.array_equal(getattr(other, name), getattr(heap, name)), name
+
+
+# --------------------------------------------------------- a real program --
+
+MALLINFO_PROBE = r'''
+import ctypes, os, signal
+class MI2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                              "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MI2
+junk = [bytearray(1000 + i) for i in range(2000)]   # malloc'd: the arena
+big = bytearray(1 << 21)                            # mmapped
+mi = libc.mallinfo2()
+os.write(1, b"mallinfo2 %d %d %d %d\n" % (mi.arena, mi.uordblks, mi.hblks, mi.hblkhd))
+os.kill(os.getpid(), signal.SIGABRT)
+'''
+
+
+def test_python3s_heap_agrees_with_its_own_mallinfo2(tmp_path):
+    """Debian's python3, killed with SIGABRT right after printing glibc's
+    mallinfo2(): the heap map's bytes in use (chunks in use and in tcaches:
+    mallinfo counts those as allocated), its mmapped chunks and its arena
+    bytes are glibc's own figures.  Nothing is malloc'd in between: the
+    line is written with os.write, its small objects come from Python's
+    own allocator."""
+    import numpy as np
+
+    from forensics.reader.dump import Dump
+    from forensics.reader.glibc_heap import S as STATE
+
+    python = "/usr/bin/python3"
+    if not os.path.exists(python):
+        pytest.skip(f"no {python}")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("PYTHON")}
+    done = subprocess.run([python, "-c", MALLINFO_PROBE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60, preexec_fn=_raise_soft_core_limit, check=False)
+    assert done.returncode == -6, f"expected SIGABRT, got {done.returncode}: {done.stderr}"
+    arena, uordblks, hblks, hblkhd = map(int, done.stdout.split()[1:])
+    (core,) = [p for p in tmp_path.iterdir() if p.name.startswith("core")]
+    with Dump.open(core, plain=True) as dump:
+        heap = dump.glibc
+        held = np.isin(heap.state, [STATE["inuse"], STATE["tcache"]])
+        mapped = heap.state == STATE["mmapped"]
+        assert (int(heap.size[held].sum()), int(mapped.sum()), int(heap.size[mapped].sum()),
+                sum(a.system_mem for a in heap.arenas)) == (uordblks, hblks, hblkhd, arena)
+        assert heap.findings == [] and heap.warnings == []

@@ -657,9 +657,11 @@ class GlibcHeap:
             if size == CHUNK_HDR and not arena.main and p + 2 * CHUNK_HDR <= limit \
                     and int(words[(p - lo) // 8 + 3]) & ~FLAG_BITS == 0:
                 break  # the fencepost pair (16, then 0) that ends an older heap
+            # (a free chunk of a thread arena has lost NON_MAIN_ARENA: glibc sets
+            # the head without it when it consolidates; only the main arena's
+            # chunks are certain of the bit)
             if size < MINSIZE or size & (ALIGN - 1) or p + size > end or (
-                    raw & IS_MMAPPED) or (arena.main and raw & NON_MAIN_ARENA) or (
-                    not arena.main and not raw & NON_MAIN_ARENA):
+                    raw & IS_MMAPPED) or (arena.main and raw & NON_MAIN_ARENA):
                 why = _bad_size_reason(raw, size, p, end, arena.main)
                 q = self._resync(words, lo, p, limit, top, arena.main)
                 extent = (q if q is not None else limit) - p
@@ -693,7 +695,6 @@ class GlibcHeap:
         """The first 16-aligned address after the bad chunk at which a chain
         of sane sizes begins that reaches the top (or the heap's end), or
         runs _RESYNC_CHAIN chunks; None when there is none."""
-        want = 0 if main else NON_MAIN_ARENA
         end = top if top and bad < top <= limit else limit
         q = bad + ALIGN
         tries = 0
@@ -704,7 +705,7 @@ class GlibcHeap:
                 raw = int(words[(p - lo) // 8 + 1])
                 size = raw & ~FLAG_BITS
                 if size < MINSIZE or size & (ALIGN - 1) or p + size > end or raw & IS_MMAPPED \
-                        or raw & NON_MAIN_ARENA != want:
+                        or (main and raw & NON_MAIN_ARENA):
                     break
                 p += size
                 n += 1
@@ -1126,8 +1127,7 @@ def _bad_size_reason(raw: int, size: int, p: int, end: int, main: bool) -> str:
         return f"runs past the heap's end {end:#x}"
     if raw & IS_MMAPPED:
         return "has IS_MMAPPED set inside an arena's heap"
-    return ("has NON_MAIN_ARENA set in the main arena" if main
-            else "lacks NON_MAIN_ARENA in a thread arena")
+    return "has NON_MAIN_ARENA set in the main arena"
 
 
 __all__ = [

@@ -310,6 +310,10 @@ def test_each_threads_chunks_are_in_its_own_arena(threads_case):
             assert (arena.main, arena.threads) == (i == 0, (f.threads[i],)), (i, arena)
         assert len({a.address for (a,) in arenas.values()}) == 5
         assert len(heap.arenas) == 5 and heap.findings == []
+        # worker 4's arena spans two heap_info heaps, walked oldest first: the
+        # first holds the malloc_state (2200 bytes), its chunks 16-aligned after it
+        (arena4,) = arenas[4]
+        assert len(arena4.heaps) == 2 and arena4.heaps[0][0] == arena4.address + 2208
 
 
 def test_whoowns_names_a_thread_arena_and_its_thread(threads_case, run_cli):

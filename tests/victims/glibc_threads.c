@@ -13,6 +13,11 @@
  *                                tcache (freed by I: in I's tcache)
  *
  * Worker I's blocks are 100 + 48 * I bytes, a size class of its own.
+ * Worker 4 then fills more than one 64 MiB heap of its arena (BIG blocks of
+ * 100000 bytes, one byte of each touched), frees every third - they lose
+ * NON_MAIN_ARENA when glibc files them - and mallocs once more, which
+ * sorts them into the large bins; it prints a few of them (state inuse or
+ * largebin).
  * Built -O2 without libtag.
  */
 #define _GNU_SOURCE
@@ -25,6 +30,7 @@
 
 #define WORKERS 4
 #define BLOCKS 6
+#define BIG 800
 
 static pthread_barrier_t ready;
 static pthread_mutex_t out = PTHREAD_MUTEX_INITIALIZER;
@@ -54,10 +60,36 @@ static void blocks(int i, size_t size)
     sink = b[0];
 }
 
+static void *big[BIG];
+
+static void big_blocks(int i)
+{
+    for (int k = 0; k < BIG; k++) {
+        big[k] = malloc(100000);
+        *(volatile char *)big[k] = 1;
+    }
+    for (int k = 0; k < BIG; k += 3)
+        free(big[k]);
+    void *sort = malloc(120000);  /* sorts the unsorted bin */
+    *(volatile char *)sort = 1;
+    sink = sort;
+    pthread_mutex_lock(&out);
+    fact(i, sort, 120000, "inuse");
+    fact(i, big[1], 100000, "inuse");
+    fact(i, big[BIG - 1], 100000, "inuse");
+    fact(i, big[0], 100000, "largebin");
+    fact(i, big[399], 100000, "largebin");
+    fact(i, big[BIG - 2], 100000, "largebin");
+    fflush(stdout);
+    pthread_mutex_unlock(&out);
+}
+
 static void *worker(void *arg)
 {
     int i = (int)(long)arg;
     blocks(i, 100 + 48 * i);
+    if (i == WORKERS)
+        big_blocks(i);
     pthread_barrier_wait(&ready);
     for (;;)
         pause();  /* alive until the core */

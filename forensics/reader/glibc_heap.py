@@ -470,6 +470,28 @@ class _Words:
             return None
         return int.from_bytes(arr[off:off + 8].tobytes(), "little")
 
+    def gather(self, addrs: np.ndarray) -> np.ndarray:
+        """The 64-bit words at many 8-aligned addresses at once (uint64; 0
+        where this memory does not hold one)."""
+        addrs = np.asarray(addrs, np.uint64)
+        out = np.zeros(len(addrs), np.uint64)
+        if not len(addrs):
+            return out
+        starts = np.array(self._starts, np.uint64)
+        which = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+        for k in np.unique(which[which >= 0]).tolist():
+            r = self.regions[k]
+            try:
+                arr = r.array
+            except InputError:
+                continue
+            words = arr[:len(arr) // 8 * 8].view("<u8")
+            sel = np.flatnonzero(which == k)
+            off = (addrs[sel] - np.uint64(r.start)) // np.uint64(8)
+            ok = (off < np.uint64(len(words))) & (addrs[sel] % np.uint64(8) == 0)
+            out[sel[ok]] = words[off[ok].astype(np.int64)]
+        return out
+
     def u32(self, addr: int) -> int | None:
         raw = self.read(addr, 4)
         return int.from_bytes(raw, "little") if raw is not None else None
@@ -824,8 +846,12 @@ class GlibcHeap:
         self._orphans()
         self._prev_sizes()
         self._top_sizes()
-        free = self.state == S["free"]
-        for i in np.flatnonzero(free).tolist()[:20]:
+        free = np.flatnonzero(self.state == S["free"])
+        if len(free) > 20:
+            self.findings.append(Finding(
+                "not-a-chunk", None, f"{len(free)} chunks are free by the next chunk's PREV_INUSE bit "
+                f"but on no bin; the first 20 follow"))
+        for i in free.tolist()[:20]:
             p = int(self.start[i])
             self.findings.append(Finding(
                 "not-a-chunk", p, f"{_c(p)} ({int(self.size[i])} bytes) is free by the next "
@@ -983,7 +1009,7 @@ class GlibcHeap:
         if not len(idx):
             return None
         users = self.start[idx] + np.uint64(CHUNK_HDR)
-        firsts = np.array([self.words.u64(int(u)) or 0 for u in users.tolist()], np.uint64)
+        firsts = self.words.gather(users)
         got = (users >> np.uint64(12)) ^ firsts if self.layout.safe_linking else firsts
         hit = np.flatnonzero(got == np.uint64(e))
         return int(self.start[idx[hit[0]]]) if len(hit) == 1 else None
@@ -997,8 +1023,7 @@ class GlibcHeap:
         cand = np.flatnonzero((self.state == S["inuse"]) & (self.size <= np.uint64(1040)))
         if not len(cand):
             return
-        keys = np.array([self.words.u64(int(p) + CHUNK_HDR + 8) or 0
-                         for p in self.start[cand].tolist()], np.uint64)
+        keys = self.words.gather(self.start[cand] + np.uint64(CHUNK_HDR + 8))
         hit = cand[keys == np.uint64(self.tcache_key)]
         for i in hit.tolist():
             p = int(self.start[i])

@@ -260,6 +260,7 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
         "process": {"pid": dump.pid, "exe": dump.exe},
         "reason": inspect_reason(heap),
         "payload": "omitted" if heap.payload_omitted else "kept",
+        "libtag": True,
         "crash": crash,
         "heap": {
             "live_blocks": totals.live_blocks,

@@ -143,6 +143,7 @@ class LeakGroup:
     indirect_blocks: int = 0  # definite groups: blocks lost through these
     indirect_bytes: int = 0
     cycle_leaders: int = 0  # definite blocks chosen as the owner of a cycle
+    size: int | None = None  # without libtag: the blocks' usable size (they have no stack)
 
 
 @dataclass(frozen=True)
@@ -160,12 +161,8 @@ class LeakScan:
 
     def __init__(self, dump: Dump) -> None:
         self.dump = dump
-        heap = dump.heap
-        idx = heap.index
-        self._starts = idx["start"]
-        self._sizes = idx["size"]
+        self._starts, self._sizes, self._live = _blocks(dump)
         n = len(self._starts)
-        self._live = idx["state"] == abi.TAG_STATE_LIVE
         self.contexts = thread_contexts(dump)
         self.root_ranges = root_ranges(dump, self.contexts)
         self._reg_names: list[tuple[int, str]] = []  # via id -> (tid, register)
@@ -398,8 +395,15 @@ class LeakScan:
         return out
 
     def groups(self, kinds=("definite", "indirect", "possible")) -> list[LeakGroup]:
-        """Lost blocks by (kind, allocation stack): definite first, then most bytes."""
-        idx = self.dump.heap.index
+        """Lost blocks by (kind, allocation stack): definite first, then most
+        bytes.  Without libtag there are no stacks: by (kind, usable size),
+        the size in ``stack_id``'s place (LeakGroup.size)."""
+        plain = not self.dump.libtag
+        if plain:
+            idx = {"alloc_stack": self._sizes.astype(np.int64),
+                   "alloc_time": np.zeros(len(self._sizes), np.int64)}
+        else:
+            idx = self.dump.heap.index
         codes = [c for c, nm in _KIND_NAME.items() if nm in kinds]
         sel = np.flatnonzero(self._live & np.isin(self.kind, codes))
         if not len(sel):
@@ -441,11 +445,11 @@ class LeakScan:
             kcode, sid = int(keys[j] >> 32), int(keys[j] & 0xFFFFFFFF)
             b0 = int(first[j])
             ex = self._starts[by_group[b0:b0 + min(int(blocks[j]), self.MAX_EXAMPLES)]].tolist()
-            out.append(LeakGroup(_KIND_NAME[kcode], sid, int(blocks[j]), int(nbytes[j]),
+            out.append(LeakGroup(_KIND_NAME[kcode], 0 if plain else sid, int(blocks[j]), int(nbytes[j]),
                                  int(oldest[j]), int(newest[j]), ex, int(ind_blocks[j]),
-                                 int(ind_bytes[j]), int(cyc[j])))
+                                 int(ind_bytes[j]), int(cyc[j]), size=sid if plain else None))
         rank = {"definite": 0, "indirect": 1, "possible": 2, "reachable": 3}
-        out.sort(key=lambda g: (rank[g.kind], -g.bytes, g.stack_id))
+        out.sort(key=lambda g: (rank[g.kind], -g.bytes, g.stack_id, g.size or 0))
         return out
 
 
@@ -553,6 +557,13 @@ def thread_contexts(dump: Dump) -> list[ThreadContext]:
     hold every thread as it died, and the records are from an older snapshot.
     """
     heap = dump.heap
+    if heap is None:  # no libtag: the core's own notes, every thread as it died
+        out = []
+        for t in dump.threads:
+            stack = (t.sp if t.sp and t.stack_region is not None and t.sp in t.stack_region
+                     else t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
+            out.append(ThreadContext(t.tid, dict(t.regs or {}), t.sp, stack))
+        return out
     reason = int(heap.control.reason)
     fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_REASON_EXIT)
     notes = dump.core_registers
@@ -587,7 +598,18 @@ def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
     """[start, end) of libtag's per-thread block in every thread (struct
     tag_tls: shadow stacks, caches, the last allocations for the overflow
     sweep): libtag's references, not the program's (Heap.libtag_tls_ranges)."""
-    return dump.heap.libtag_tls_ranges()
+    return dump.heap.libtag_tls_ranges() if dump.heap is not None else []
+
+
+def _blocks(dump: Dump) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, sizes, live mask) of the dump's blocks, sorted: the tagged
+    blocks, or without libtag glibc's chunks the program holds (user
+    pointers and usable sizes, every one live)."""
+    if dump.heap is None:
+        starts, sizes = dump.blocks
+        return starts, sizes, np.ones(len(starts), bool)
+    idx = dump.heap.index
+    return idx["start"], idx["size"], idx["state"] == abi.TAG_STATE_LIVE
 
 
 def _u64(mem, addr: int) -> int | None:
@@ -632,7 +654,7 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
         contexts = thread_contexts(dump)
     heap = dump.heap
     regions = dump.mem.regions()
-    starts = heap.index["start"]
+    starts = _blocks(dump)[0]
     out: list[RootRange] = []
     stacks = []
     for ctx in contexts:
@@ -647,7 +669,7 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
             continue  # a pthread's TLS and descriptor: at the top of its stack
         for a, b in _tls_ranges(dump, ctx, fs):
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
-    ctl = next((r for r in regions if heap.control_addr in r), None)
+    ctl = next((r for r in regions if heap.control_addr in r), None) if heap is not None else None
     libtag_module = module_of_data(regions, ctl) if ctl is not None else None
     if libtag_module is not None and libtag_module == dump.exe:
         # libtag.a linked into the program: its data is the program's too and
@@ -691,6 +713,8 @@ def leaks_json(dump: Dump) -> list[dict]:
     snapshot) and, for definite groups, what is lost through them."""
     scan = find_leaks(dump)
     groups = scan.groups()
+    if not dump.libtag:
+        return [_plain_group_json(g) for g in groups]
     dump.prefetch([g.stack_id for g in groups])
     now = int(dump.heap.control.snapshot_time_ms)
     out = []
@@ -701,6 +725,7 @@ def leaks_json(dump: Dump) -> list[dict]:
             "bytes": g.bytes,
             "stack": frames_json(dump.stack(g.stack_id)),
             "stack_id": g.stack_id,
+            "usable_size": None,
             "oldest_alloc_ms": g.oldest_ms,
             "newest_alloc_ms": g.newest_ms,
             "age_ms": {"oldest": max(0, now - g.oldest_ms), "newest": max(0, now - g.newest_ms)}
@@ -713,6 +738,18 @@ def leaks_json(dump: Dump) -> list[dict]:
             doc["cycle_leaders"] = g.cycle_leaders
         out.append(doc)
     return out
+
+
+def _plain_group_json(g: LeakGroup) -> dict:
+    """A leak group without libtag: by usable size, no stack and no times."""
+    doc = {"kind": g.kind, "blocks": g.blocks, "bytes": g.bytes, "stack": [], "stack_id": None,
+           "usable_size": g.size, "oldest_alloc_ms": None, "newest_alloc_ms": None, "age_ms": None,
+           "examples": [hexaddr(a) for a in g.examples]}
+    if g.kind == "definite":
+        doc["indirect_blocks"] = g.indirect_blocks
+        doc["indirect_bytes"] = g.indirect_bytes
+        doc["cycle_leaders"] = g.cycle_leaders
+    return doc
 
 
 def reached_json(dump: Dump, addr: int) -> dict | None:

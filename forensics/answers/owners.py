@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from forensics.answers.glibc import chunk_json, chunk_note, is_block
 from forensics.answers.shapes import block_json, hexaddr
 from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
+from forensics.reader.glibc_heap import Chunk
 from forensics.reader.memory import Region
 from forensics.reader.model import Block
 from forensics.reader.symbols import DataSymbol
@@ -48,10 +50,11 @@ class Owner:
     note: str = ""
     symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
     damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
+    chunk: Chunk | None = None  # without libtag: glibc's chunk holding it
 
     @property
     def in_block(self) -> bool:
-        return self.block is not None
+        return self.block is not None or is_block(self.chunk)
 
 
 def _module_name(path: str | None) -> str:
@@ -63,6 +66,16 @@ def classify(dump: Dump, addr: int) -> Owner:
     heap = dump.heap
     regions = dump.mem.regions()
     region = next((r for r in regions if addr in r), None)
+    if heap is None:  # no libtag: glibc's chunks
+        chunk = dump.glibc.chunk_at(addr)
+        if chunk is not None:
+            arena = chunk.arena
+            name = ("heap" if arena is None or arena.main else f"heap of thread arena {arena.address:#x}")
+            if chunk.state == "mmapped":
+                name = "mmapped chunk"
+            return Owner(addr, "heap", region=region, region_name=name, chunk=chunk,
+                         note=chunk_note(chunk, addr))
+        return _place(dump, addr, region, regions, None)
     block = heap.block_at(addr)
     if block is not None:
         guarded = "guarded " if block.guarded else ""
@@ -74,15 +87,22 @@ def classify(dump: Dump, addr: int) -> Owner:
                      + (f" (bytes {written.hex()})" if written else "") + ": a use-after-free")
         return Owner(addr, "heap", block=block, region=region, region_name="heap", note=note,
                      damage=damage)
-    near = heap.near(addr)
+    return _place(dump, addr, region, regions, heap.near(addr))
+
+
+def _place(dump: Dump, addr: int, region: Region | None, regions: list[Region],
+           near: tuple[Block, int] | None) -> Owner:
+    """What holds an address no block holds: a thread's stack, libtag's
+    guard pool, nothing, a module's globals, another mapping."""
+    heap = dump.heap
     t = dump.thread_of_stack(addr)
     if t is not None:
         live = t.sp is None or addr >= t.sp
         return Owner(addr, "stack", region=t.stack_region, thread=t.tid, near=near,
                      region_name=f"stack of thread {t.tid}",
                      note="" if live else f"below the stack pointer {t.sp:#x} (dead frame)")
-    c = heap.control
-    if int(c.guard_pool) <= addr < int(c.guard_pool) + int(c.guard_pool_bytes):
+    c = heap.control if heap is not None else None
+    if c is not None and int(c.guard_pool) <= addr < int(c.guard_pool) + int(c.guard_pool_bytes):
         return Owner(addr, "mapping", region=region, near=near, region_name="libtag's guard pool",
                      note=near_note(near) if near else "a guard page, or the slack of a guarded block")
     if region is None:
@@ -178,10 +198,48 @@ def libtag_module(dump: Dump) -> str | None:
     return module
 
 
+def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
+    """Who points into a chunk in use (without libtag): words in other chunks
+    in use, in live stack frames and in modules' globals - glibc's own
+    lists hold pointers to free chunks only."""
+    from forensics.reader.glibc_heap import CHUNK_HDR
+
+    heap = dump.glibc
+    starts, _ = dump.blocks
+    i = int(np.searchsorted(starts, np.uint64(chunk.user)))
+    if i >= len(starts) or int(starts[i]) != chunk.user:
+        return [], 0
+    edges = dump.edges
+    out: list[Referrer] = []
+    regions = dump.mem.regions()
+    for src, interior in zip(edges.source[edges.into(i)].tolist(), edges.interior[edges.into(i)].tolist()):
+        holder = heap.chunk_at(src)
+        if holder is not None and holder.state != "top":
+            if holder.state in ("inuse", "mmapped") and src >= holder.user:
+                out.append(Referrer(src, "heap", holder.start + CHUNK_HDR, bool(interior)))
+            continue
+        t = dump.thread_of_stack(src)
+        if t is not None:
+            if t.sp is None or src >= t.sp:
+                out.append(Referrer(src, "stack", None, bool(interior), t.tid))
+            continue
+        region = next((r for r in regions if src in r), None)
+        module = module_of_data(regions, region) if region is not None else None
+        if module is not None and os.path.basename(module).startswith(("libc.so", "libc-")):
+            continue  # glibc's own state (arenas, mp_): not the program's reference
+        if module is not None:
+            sym = dump.symbolizer.data_symbol(module, src)
+            out.append(Referrer(src, "global", None, bool(interior), module=module,
+                                symbol=sym.label if sym is not None else None))
+    return out[:MAX_REFERRERS], len(out)
+
+
 def whoowns(dump: Dump, addr: int) -> Owner:
     owner = classify(dump, addr)
     if owner.block is not None:
         owner.referrers, owner.referrer_count = referrers(dump, owner.block)
+    elif owner.chunk is not None and owner.chunk.state in ("inuse", "mmapped"):
+        owner.referrers, owner.referrer_count = chunk_referrers(dump, owner.chunk)
     return owner
 
 
@@ -211,6 +269,13 @@ def to_json(dump: Dump, o: Owner) -> dict:
             "written": o.damage[1].hex() if o.damage[1] is not None else None,
         } if o.damage is not None and o.block is not None else None,
     }
+    # without libtag: glibc's chunk instead of a block (docs/json.md, "Without libtag")
+    doc["libtag"] = dump.libtag
+    doc["chunk"] = chunk_json(o.chunk, offset=o.address - o.chunk.user) if o.chunk is not None else None
+    if not dump.libtag:
+        from forensics.answers.glibc import WITHOUT_LIBTAG
+
+        doc["without_libtag"] = WITHOUT_LIBTAG
     if o.thread is not None:
         doc["thread"] = o.thread
     if o.near is not None:

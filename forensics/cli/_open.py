@@ -9,9 +9,11 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def open_dump(path: str, args=None):
+def open_dump(path: str, args=None, *, plain: bool = False):
     """The Dump of the core at path; args: the verb's arguments, for the
-    symbol flags (_args.symbol_flags)."""
+    symbol flags (_args.symbol_flags); plain: a core without libtag opens
+    as a PlainDump (glibc's heap) instead of failing (the verbs that can
+    answer from glibc's heap)."""
     from forensics.cli._args import symbol_options
     from forensics.errors import InputError
     from forensics.reader.dump import Dump
@@ -43,7 +45,7 @@ def open_dump(path: str, args=None):
             bar.update(task, total=total, completed=done)
 
     try:
-        dump = Dump.open(path, progress=progress,
+        dump = Dump.open(path, progress=progress, plain=plain,
                          symbols=symbol_options(args) if args is not None else None)
     finally:
         if cm is not None:

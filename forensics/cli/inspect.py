@@ -7,7 +7,11 @@ the process, why the core was taken, the anomaly (kind, address, the block
 with its allocation and free stacks, the detecting stack) or the crash (signal,
 fault address and what it points into, the faulting thread's stack), the heap
 totals, the allocation stacks holding the most live bytes, and every thread's
-logical stack.  The first run indexes the heap (a progress bar for big cores)
+logical stack.  A core of a process that never ran libtag (the kernel's, gcore's)
+is read from glibc's own heap instead: its arenas, every chunk's size and state,
+the corruption found, the most common chunk sizes, and a crash inside malloc or
+free explained - without stacks, times or threads (docs/guide.md, "Cores
+without libtag").  The first run indexes the heap (a progress bar for big cores)
 and caches the index beside the core; later runs start at once.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
@@ -24,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     """The verb's arguments; gdb: the ``tag inspect`` form, which reads the
     core or process gdb has open instead of a CORE argument."""
     if not gdb:
-        parser.add_argument("core", metavar="CORE", help="a core taken under libtag")
+        parser.add_argument("core", metavar="CORE",
+                            help="a core taken under libtag, or any core of a glibc program")
     _args.json_flag(parser)
     _args.symbol_flags(parser)
     parser.add_argument("--leaks", action="store_true",
@@ -36,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
 def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
-    with open_dump(args.core, args) as dump:
+    with open_dump(args.core, args, plain=True) as dump:
         return answer(dump, args)
 
 
@@ -46,6 +51,19 @@ def answer(dump, args: argparse.Namespace) -> int:
     from forensics.answers.leaks import leaks_json
     from forensics.output import text
 
+    if not dump.libtag:
+        from forensics.answers.glibc import plain_inspect_doc
+
+        doc = plain_inspect_doc(dump, top=args.top)
+        if args.leaks:
+            doc["leaks"] = leaks_json(dump)
+        if args.json:
+            text.print_json(doc)
+        else:
+            text.show_plain_inspect(doc)
+            if args.leaks:
+                text.show_leaks(doc["leaks"])
+        return 0
     doc = inspect_doc(dump, top=args.top)
     if args.leaks:
         doc["leaks"] = leaks_json(dump)

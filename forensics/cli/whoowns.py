@@ -9,7 +9,10 @@ used (the new snapshot's, or the catalog's with its pid and reason); --json
 always names it as "core".  When no tagged block holds ADDR it says what
 the address is: a thread's stack, a module's globals, another mapping, or
 nothing mapped - and "N bytes past the end of block X" just after a block.
-Exit 0 if ADDR is in a tagged block, 1 if not.
+In a core of a process that never ran libtag it names glibc's chunk instead:
+start, usable size, state (in use, in a tcache or bin, top, mmapped), its arena
+and the threads using it.  Exit 0 if ADDR is in a tagged block (without libtag:
+a chunk other than the top), 1 if not.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
 """
@@ -31,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
         parser.add_argument("address", metavar="ADDR", type=_args.address,
                             help="the address, 0x... hex or decimal")
         source = parser.add_mutually_exclusive_group()
-        source.add_argument("--core", metavar="CORE", help="a core taken under libtag")
+        source.add_argument("--core", metavar="CORE",
+                            help="a core taken under libtag, or any core of a glibc program")
         source.add_argument("--pid", metavar="PID", type=_args.pid,
                             help="snapshot this running libtag process and look there")
     _args.json_flag(parser)
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump
 
     core, source = _core_path(args)
-    with open_dump(core, args) as dump:
+    with open_dump(core, args, plain=True) as dump:
         return answer(dump, args, source=source)
 
 

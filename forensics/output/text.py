@@ -262,9 +262,92 @@ def show_whoowns(doc: dict) -> None:
             con.print(t)
         else:
             con.print("  no referrers: nothing in live blocks, stacks or globals points into it")
+    elif doc.get("chunk"):
+        for line in _chunk_lines(doc["chunk"]):
+            con.print(line)
+        refs = doc.get("referrers") or []
+        if refs:
+            t = table(f"referrers ({doc.get('referrer_count', len(refs))})", ["address", "in", "whose"],
+                      [(r["address"], r["in"], f"block {r['block_start']}" if r["in"] == "heap"
+                        else f"thread {r['thread']}" if r["in"] == "stack"
+                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}")
+                       for r in refs[:50]])
+            con.print(t)
     elif doc.get("near"):
         for item in _block_lines(doc["near"]["block"], label="nearest block"):
             con.print(item)
+    if doc.get("without_libtag"):
+        con.print(f"[dim]{_e(doc['without_libtag']['summary'])}[/dim]")
+    for w in doc.get("warnings", []):
+        err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
+
+
+def _chunk_lines(c: dict) -> list[str]:
+    """A glibc chunk (docs/json.md, "chunk"), as whoowns and inspect print it."""
+    where = f"  {c['bin']}" if c.get("bin") else ""
+    if c.get("tcache_thread"):
+        where += f" of thread {c['tcache_thread']}"
+    out = [f"[bold]chunk[/bold] {c['start']} (block {c['user']})  {c['size']} bytes, "
+           f"{c['usable']} usable  [bold]{c['state']}[/bold]{_e(where)}  offset {c['offset']}"]
+    if c.get("size_field"):
+        out.append(f"  its size field holds {c['size_field']}: the extent shown runs to the next "
+                   f"sane chunk header")
+    if c.get("arena"):
+        users = (", used by thread" + ("s " if len(c["arena_threads"]) > 1 else " ")
+                 + ", ".join(map(str, c["arena_threads"]))) if c.get("arena_threads") else ""
+        out.append(f"  {c['arena_kind']} arena {c['arena']}{users}")
+    return out
+
+
+def show_plain_inspect(doc: dict) -> None:
+    """inspect of a core without libtag: glibc's heap map (docs/json.md,
+    "Without libtag")."""
+    con = out_console()
+    proc = doc["process"]
+    g = doc["glibc"]
+    con.print(f"[bold]core[/bold] {_e(doc['core'])}")
+    con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
+    con.print(f"[bold]reason[/bold] {doc['reason']}")
+    con.print(f"[yellow]{_e(doc['without_libtag']['summary'])}[/yellow]")
+    con.print(f"[bold]glibc[/bold] {_e(g['version'] or '?')} {_e(g['libc'])} "
+              f"(layout from {_e(g['layout_from'])})")
+    c = doc.get("crash")
+    if c:
+        con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
+        m = c.get("malloc")
+        if m:
+            con.print(f"  [bold]{_e(m['summary'])}[/bold]")
+            if m.get("chunk"):
+                for line in _chunk_lines(m["chunk"]):
+                    con.print("  " + line)
+        owner = c.get("address_owner") or {}
+        if owner:
+            con.print(f"  the address is {owner['owner']}"
+                      + (f" ({_e(owner['region'])})" if owner.get("region") else "")
+                      + (f": {_e(owner['note'])}" if owner.get("note") else ""))
+        con.print(stack_tree("faulting thread", c["stack"]))
+    bad = g["corruption"]
+    if bad:
+        con.print(f"\n[bold red]heap corruption[/bold red] ({plural(len(bad), 'finding')})")
+        for f in bad:
+            con.print(f"  {_e(f['message'])}")
+    h = doc["heap"]
+    con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'block')} in use, "
+              f"{plural(h['live_bytes'], 'usable byte')}; {plural(h['freed_blocks'], 'free block')} "
+              f"in tcaches and bins, {plural(h['freed_bytes'], 'usable byte')}")
+    for a in g["arenas"]:
+        users = f", threads {', '.join(map(str, a['threads']))}" if a["threads"] else ""
+        counts = ", ".join(f"{v['chunks']} {k}" for k, v in a["chunks"].items())
+        con.print(f"  {a['kind']} arena {a['address']}{users}: {counts}; top {a['top']} "
+                  f"({plural(a['top_size'], 'byte')})")
+    tops = g["top_sizes"]
+    if tops["by_bytes"]:
+        con.print(table("chunk sizes in use, by bytes", ["chunk size", "usable", "chunks", "bytes"],
+                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_bytes"]]))
+        con.print(table("chunk sizes in use, by count", ["chunk size", "usable", "chunks", "bytes"],
+                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_count"]]))
+    for t in doc.get("threads", []):
+        con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):
         err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
@@ -356,8 +439,13 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
         age = g.get("age_ms") or {}
         when = f", allocated {age['oldest']}-{age['newest']} ms before the snapshot" if age else ""
         color = {"definite": "red", "indirect": "yellow"}.get(g["kind"], "magenta")
-        con.print(stack_tree(f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
-                             f"{plural(g['blocks'], 'block')}{extra}{when}", g["stack"], limit=8))
+        title = (f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
+                 f"{plural(g['blocks'], 'block')}{extra}{when}")
+        if g.get("usable_size") is not None:  # no libtag: no stack, the blocks' size instead
+            examples = ", ".join(g["examples"][:4])
+            con.print(f"{title} of {g['usable_size']} usable bytes: {examples}")
+            continue
+        con.print(stack_tree(title, g["stack"], limit=8))
     if len(leaks) > limit:
         con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
 

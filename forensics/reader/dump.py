@@ -64,15 +64,26 @@ class Dump:
         self._frames: dict[int, list[Frame]] = {}
         self._thread_frames: dict[int, list[Frame]] = {}
 
+    libtag = True  # a PlainDump is the memory of a process without libtag
+
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
-             symbols=None) -> "Dump":
+             symbols=None, plain: bool = False) -> "Dump":
+        """The Dump of the core at path.  plain: a core without libtag's
+        control block opens as a PlainDump (glibc's heap instead of tags)
+        instead of raising abi.NoLibtagError."""
         from forensics.core import Core
 
         core = Core(path)
         try:
-            return cls(CoreMemory(core), core=core, cache_base=os.fspath(path), progress=progress,
-                       symbols=symbols)
+            mem = CoreMemory(core)
+            try:
+                return cls(mem, core=core, cache_base=os.fspath(path), progress=progress,
+                           symbols=symbols)
+            except abi.NoLibtagError as exc:
+                if not plain:
+                    raise
+                return PlainDump(mem, core=core, symbols=symbols, why=exc.message)
         except BaseException:
             core.close()
             raise
@@ -362,6 +373,100 @@ class Dump:
         if path and key:
             _save_edges(path, key, edges)
         return edges
+
+
+class PlainDump(Dump):
+    """The core of a process that never ran libtag: its memory, modules,
+    threads and stacks as for any Dump, and glibc's own heap
+    (reader/glibc_heap.py) in place of tagged blocks - so no allocation or
+    free stacks, times or threads.  ``heap`` is None; ``glibc`` reads the
+    heap (a GlibcError for a libc it cannot read)."""
+
+    libtag = False
+
+    def __init__(self, mem: Memory, *, core, symbols=None, why: str = "") -> None:
+        self.mem = mem
+        self.core = core
+        self.cache_base = None
+        self.symbol_options = symbols
+        self._progress = None
+        self.heap = None
+        self.no_libtag = why  # what the libtag reader said ("no libtag control block in ...")
+        self._frames = {}
+        self._thread_frames = {}
+
+    @property
+    def pid(self) -> int:
+        return int(self.core.pid or 0) if self.core is not None else 0
+
+    @property
+    def taken_ms(self) -> int | None:
+        return None
+
+    @cached_property
+    def glibc(self):
+        """glibc's heap (reader/glibc_heap.py); a GlibcError that says both
+        why libtag's reader and glibc's cannot answer."""
+        from forensics.reader.glibc_heap import GlibcError, GlibcHeap, find_layout
+
+        opts = self.symbol_options
+        fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
+        stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
+                  if t.stack_region is not None]
+        try:
+            layout = find_layout(self.symbolizer.modules, debug_dirs=opts.debug_dirs if opts else ())
+            return GlibcHeap(self.mem, layout, threads=fs, stacks=stacks)
+        except GlibcError as exc:
+            raise GlibcError(f"{self.no_libtag}; glibc's heap cannot be read either: {exc.message}"
+                             ) from None
+
+    @property
+    def warnings(self) -> list[str]:
+        heap = self.__dict__.get("glibc")
+        sym = self.__dict__.get("symbolizer")
+        return (list(heap.warnings) if heap is not None else []) + (
+            list(sym.warnings) if sym is not None else [])
+
+    @cached_property
+    def _libtag_module(self) -> str | None:
+        return None
+
+    @cached_property
+    def threads(self) -> list[ThreadStack]:
+        """Every thread in the core's notes, the one that took the signal first."""
+        out = []
+        for tid, regs in self.core_registers.items():
+            sp = regs.get("rsp")
+            out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
+        return out
+
+    @cached_property
+    def core_registers(self) -> dict[int, dict[str, int]]:
+        out: dict[int, dict[str, int]] = {}
+        for t in self.core.threads if self.core is not None else ():
+            out.setdefault(t.tid, dict(t.regs))
+        return out
+
+    @cached_property
+    def blocks(self):
+        """(user pointers, usable sizes) of the chunks the program holds -
+        in use in an arena, or mmapped - sorted: the blocks of this dump
+        for the pointer edges and the leak scan."""
+        import numpy as np
+
+        from forensics.reader.glibc_heap import CHUNK_HDR, S
+
+        heap = self.glibc
+        sel = np.isin(heap.state, [S["inuse"], S["mmapped"]])
+        return heap.start[sel] + np.uint64(CHUNK_HDR), heap.usable(sel).astype(np.uint64)
+
+    @cached_property
+    def edges(self) -> Edges:
+        """Every aligned word of writable memory that points into a block
+        (``blocks``: targets are its indexes)."""
+        starts, sizes = self.blocks
+        regions = [r for r in self.mem.regions() if r.writable]
+        return build_edges(regions, starts, sizes, progress=self._progress)
 
 
 def _load_edges(path: str, key) -> Edges | None:

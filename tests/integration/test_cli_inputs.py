@@ -163,9 +163,32 @@ def test_directory(verb, cli, tmp_path):
     assert line == f"forensics: error: not a regular file: {folder} is a directory", line
 
 
-@pytest.mark.parametrize("verb", VERBS)
-def test_core_of_a_process_without_libtag(verb, cli, plain_gcore):
-    line = assert_one_error(cli(*argv(verb, plain_gcore)))
+def test_core_of_a_process_without_libtag_is_read_from_glibc(cli, plain_gcore):
+    # WHEN inspect reads gcore's core of a sleep that never loaded libtag
+    result = cli("inspect", str(plain_gcore))
+    # THEN it answers from glibc's heap (tests/integration/test_glibc_heap.py
+    # checks those answers), saying what is unknown without libtag
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    assert "reason on-demand" in result.stdout, result.stdout
+    assert ("no libtag: allocation and free stacks, times and threads are unknown - run the "
+            "program under `forensics run` for them") in result.stdout, result.stdout
+
+
+def test_whoowns_without_libtag_says_what_an_unmapped_address_is(cli, plain_gcore):
+    # WHEN whoowns asks about 0x1000 in that core
+    result = cli(*argv("whoowns", plain_gcore))
+    # THEN exit 1: no chunk holds it, and nothing is mapped there
+    assert result.returncode == 1, f"expected exit 1, got {result.returncode}: {result.stderr}"
+    assert result.stdout.splitlines()[:2] == ["0x1000: unmapped", "  in no mapping of the process"], (
+        result.stdout)
+
+
+@pytest.mark.parametrize("verb", ["diff", "trend", "report"])
+def test_verbs_that_need_libtag_refuse_a_core_without_it(verb, cli, plain_gcore, tmp_path):
+    args = {"diff": ["diff", str(plain_gcore), str(plain_gcore)],
+            "trend": ["trend", str(plain_gcore), str(plain_gcore)],
+            "report": ["report", str(plain_gcore), "-o", str(tmp_path / "r.html")]}[verb]
+    line = assert_one_error(cli(*args))
     assert line == (f"forensics: error: no libtag control block in core {plain_gcore}: "
                     f"the process did not run under libtag"), line
 

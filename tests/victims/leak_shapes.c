@@ -3,7 +3,10 @@
  * itself: a libtag snapshot (raise(SIGUSR2)) or valgrind's leak check
  * (VALGRIND_DO_LEAK_CHECK), at the same point of the program.
  *
- *   leak_shapes snapshot|valgrind
+ *   leak_shapes snapshot|valgrind|abort
+ *
+ * (abort: raise(SIGABRT) at that point instead - the kernel's core of a
+ * process that never ran libtag, read from glibc's heap.)
  *
  * Shapes, each allocated from its own function so each has its own stack:
  *   list      5 nodes of 48 B, the head pointer dropped: head definite, 4 indirect
@@ -171,7 +174,7 @@ static void *register_worker(void *arg)
 int main(int argc, char **argv)
 {
     if (argc != 2) {
-        fprintf(stderr, "usage: leak_shapes snapshot|valgrind\n");
+        fprintf(stderr, "usage: leak_shapes snapshot|valgrind|abort\n");
         return 2;
     }
     if (pipe(stack_pipe) || pipe(reg_pipe) || pipe(ready_pipe))
@@ -194,6 +197,8 @@ int main(int argc, char **argv)
     scrub();
     if (strcmp(argv[1], "valgrind") == 0)
         VALGRIND_DO_LEAK_CHECK;
+    else if (strcmp(argv[1], "abort") == 0)
+        raise(SIGABRT);
     else
         raise(SIGUSR2);
     if (write(stack_pipe[1], "x", 1) != 1 || write(reg_pipe[1], "x", 1) != 1)

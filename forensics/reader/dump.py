@@ -23,7 +23,7 @@ from functools import cached_property
 from typing import Callable
 
 from forensics.reader import abi
-from forensics.reader.heap import Heap
+from forensics.reader.heap import Heap, _truncation
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, ThreadState
 from forensics.reader.pointers import Edges, build_edges
@@ -83,6 +83,15 @@ class Dump:
             except abi.NoLibtagError as exc:
                 if not plain:
                     raise
+                loaded = next((m.path for m in core.mappings if m.path and _is_libtag(m.path)), None)
+                if loaded:
+                    # libtag's blocks are in its own heap, not glibc's: a
+                    # libtag process whose control block is gone is a
+                    # damaged core, not one to read as glibc's
+                    raise abi.NoLibtagError(exc.message.replace(
+                        "the process did not run under libtag",
+                        f"the process had {loaded} loaded, so the core is damaged or cut short"
+                    )) from None
                 return PlainDump(mem, core=core, symbols=symbols, why=exc.message)
         except BaseException:
             core.close()
@@ -191,7 +200,7 @@ class Dump:
             module = self.symbolizer.module_at(self.heap.control_addr)
         except Exception:
             return None
-        if module is None or os.path.basename(module.path).split(".")[0] != "libtag":
+        if module is None or not _is_libtag(module.path):
             return None
         return module.path
 
@@ -424,7 +433,9 @@ class PlainDump(Dump):
     def warnings(self) -> list[str]:
         heap = self.__dict__.get("glibc")
         sym = self.__dict__.get("symbolizer")
-        return (list(heap.warnings) if heap is not None else []) + (
+        cut = _truncation(self.mem)
+        return ([f"{cut}: chunks there are not read"] if cut else []) + (
+            list(heap.warnings) if heap is not None else []) + (
             list(sym.warnings) if sym is not None else [])
 
     @cached_property
@@ -496,3 +507,8 @@ def _save_edges(path: str, key, edges: Edges) -> None:
     from forensics.reader import cachefile
 
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
+
+
+def _is_libtag(path: str) -> bool:
+    """Is the module at path libtag (libtag.so, whatever its version suffix)?"""
+    return os.path.basename(path).split(".")[0] == "libtag"

@@ -559,19 +559,20 @@ static void large_free(struct tag_slice *s)
     spin_unlock(&page_lock);
 }
 
-/* The slot bytes a request of n bytes aligned to align needs, and its class
- * (TAG_HEAP_CLASSES: large). */
-static unsigned class_for(size_t n, size_t align, size_t *need)
+/* The class of a request of n bytes aligned to align (TAG_HEAP_CLASSES:
+ * a large span).  An aligned request takes the first class that fits whose
+ * slot size is a multiple of align: spans start on a slice, so every slot of
+ * such a class is aligned and the pointer handed out is a slot's start, as
+ * _tag_heap_free expects of every pointer it is given (an interior pointer
+ * there would be cached as a slot: the next block would overrun its slot). */
+static unsigned class_for(size_t n, size_t align)
 {
-    size_t want = n;
-    if (align > 16) {
-        if (__builtin_add_overflow(n, align - 16, &want))
-            return TAG_HEAP_CLASSES + 1;
-    }
-    *need = want;
-    if (want > TAG_HEAP_SMALL_MAX || align > TAG_HEAP_SLICE)
+    if (n > TAG_HEAP_SMALL_MAX || align > TAG_HEAP_SLICE)
         return TAG_HEAP_CLASSES;
-    return _tag_heap_class(want);
+    unsigned c = _tag_heap_class(n);
+    while (c < TAG_HEAP_CLASSES && classes[c].block_size % align != 0)
+        c++;
+    return c;
 }
 
 void *_tag_heap_alloc_slow(struct tag_heap_cache *hc, size_t n, size_t align, int zero)
@@ -580,14 +581,11 @@ void *_tag_heap_alloc_slow(struct tag_heap_cache *hc, size_t n, size_t align, in
         errno = ENOMEM;
         return NULL;
     }
-    size_t need;
-    unsigned c = class_for(n, align, &need);
+    unsigned c = class_for(n, align);
     void *b;
     int zeroed = 0;
-    if (c > TAG_HEAP_CLASSES) {
-        b = NULL;
-    } else if (c == TAG_HEAP_CLASSES) {
-        b = large_alloc(need, align, &zeroed);
+    if (c == TAG_HEAP_CLASSES) {
+        b = large_alloc(n, align, &zeroed);
         if (b && zero && !zeroed)
             memset(b, 0, n);
         if (b)
@@ -604,8 +602,7 @@ void *_tag_heap_alloc_slow(struct tag_heap_cache *hc, size_t n, size_t align, in
         errno = ENOMEM;
         return NULL;
     }
-    if (align > 16)
-        b = (void *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
+    TAG_ASSERT(((uintptr_t)b & (align - 1)) == 0);
     if (zero)
         memset(b, 0, n);
     return b;

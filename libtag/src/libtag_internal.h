@@ -236,8 +236,9 @@ TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
     s -= s->first_off;
     if (TAG_LIKELY(hc != NULL && s->kind == TAG_SPAN_SMALL)) {
         unsigned c = s->cls;
-        TAG_ASSERT((uint64_t)((char *)p - (char *)_tag_heap.base) % TAG_HEAP_SLICE %
-                       s->block_size == 0 || s->slices > 1);
+        TAG_ASSERT((uint64_t)((char *)p - ((char *)_tag_heap.base +
+                                          (uint64_t)(s - _tag_heap.meta) * TAG_HEAP_SLICE)) %
+                       s->block_size == 0);
         _tag_heap_link_set(p, hc[c].head);
         hc[c].head = p;
         if (TAG_UNLIKELY(++hc[c].count > _tag_heap_cache_limit[c]))

@@ -76,7 +76,7 @@ static void *alloc_one(uint64_t r, size_t *n)
     unsigned char *p;
     switch ((r >> 40) % 8) {
     case 0: {
-        size_t align = (size_t)64 << ((r >> 44) % 8);  /* 64 .. 8192 */
+        size_t align = (size_t)16 << ((r >> 44) % 10);  /* 16 .. 8192 */
         p = aligned_alloc(align, *n);
         if (p && ((uintptr_t)p & (align - 1)))
             __atomic_fetch_add(&aligned_bad, 1, __ATOMIC_RELAXED);

@@ -2,6 +2,7 @@
 
     forensics run [--dir DIR] [--on-anomaly snapshot|abort|ignore] -- CMD [ARGS]
     forensics run --leaks [--suppress FILE] [--json FILE] [--top N] -- CMD [ARGS]
+    forensics run --fail-on anomaly,leak -- CMD [ARGS]
 
 CMD runs with LD_PRELOAD=<libtag.so> (before any LD_PRELOAD already set),
 LIBTAG_DIR=DIR and LIBTAG_ON_ANOMALY.  DIR defaults to
@@ -25,6 +26,13 @@ _exit() or is killed by a signal takes no exit snapshot and is not checked
 PATTERN, matched against every frame's function, source file and module
 ("*" any characters, "^"/"$" anchors); a group with a matching frame is left
 out.
+
+--fail-on anomaly,leak: a status a CI job can fail on, as ASan's and LSan's.
+anomaly: exit 1 when libtag found an anomaly in CMD or a process it started
+(a double or invalid free, an overflow, a write after free, a mismatched
+release: each takes a snapshot, which is how forensics knows); leak: the
+leak check of --leaks, exit 23 when leaks are left.  An anomaly's 1 comes
+before a leak's 23; with neither found the status is CMD's.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ ON_ANOMALY = ("snapshot", "abort", "ignore")
 
 # forensics run --leaks's status when leaks are found: LeakSanitizer's.
 LEAK_EXIT_STATUS = 23
+# forensics run --fail-on anomaly's status when libtag found an anomaly:
+# AddressSanitizer's default exitcode.
+ANOMALY_EXIT_STATUS = 1
+FAIL_ON = ("anomaly", "leak")
 
 # Signals a terminal or a supervisor sends to stop "the program": passed on to
 # CMD, so that forensics run behaves like the command it wraps.
@@ -79,9 +91,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --leaks: print the N largest leak groups of each process (default 10)",
     )
     parser.add_argument(
+        "--fail-on", metavar="WHAT", type=_fail_on, default=(),
+        help="anomaly: exit 1 when libtag found an anomaly; leak: check for leaks at exit "
+             "and exit 23 when any are left (as --leaks); both: anomaly,leak",
+    )
+    parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
         help="the command to run",
     )
+
+
+def _fail_on(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in FAIL_ON]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give anomaly, leak or anomaly,leak")
+    return kinds
 
 
 def build_env(lib: str, snap_dir: str, on_anomaly: str, base: dict[str, str]) -> dict[str, str]:
@@ -106,6 +132,11 @@ def main(args: argparse.Namespace) -> int:
             "[--on-anomaly snapshot|abort|ignore] -- CMD [ARGS]"
         )
 
+    if "leak" in args.fail_on:
+        args.leaks = True
+    if "anomaly" in args.fail_on and args.on_anomaly == "ignore":
+        raise UsageError("run: --fail-on anomaly needs --on-anomaly snapshot or abort: "
+                         "with ignore, an anomaly leaves no trace for forensics to see")
     if not args.leaks and (args.suppress or args.json_file):
         raise UsageError(f"run: {'--suppress' if args.suppress else '--json'} goes with --leaks")
     if args.top < 1:
@@ -147,9 +178,21 @@ def main(args: argparse.Namespace) -> int:
 
     results = _report_snapshots(snap_dir, before, skip_reasons=("exit",) if args.leaks else ())
     code = 128 - status if status < 0 else status
-    if not args.leaks:
-        return code
-    return _leak_check(results, child.pid, code, cmd, suppressions, args)
+    if args.leaks:
+        code = _leak_check(results, child.pid, code, cmd, suppressions, args)
+    if "anomaly" in args.fail_on:
+        from forensics.reader.abi import ANOMALY_NAMES
+
+        kinds = set(ANOMALY_NAMES.values())  # an anomaly snapshot is named for its kind
+        found = sorted({snap.pid for snap, _, _ in results if snap.reason in kinds})
+        if found:
+            import sys
+
+            sys.stderr.write(f"forensics: libtag found an anomaly in pid "
+                             f"{', '.join(map(str, found))}: exit {ANOMALY_EXIT_STATUS} "
+                             f"(--fail-on anomaly)\n")
+            return ANOMALY_EXIT_STATUS
+    return code
 
 
 # How long to wait, after CMD exited, for a core still being written by a

@@ -82,3 +82,56 @@ def test_run_defaults_to_the_xdg_state_dir(run_cli, tmp_path):
     assert result.stdout.strip() == str(expected), f"expected {expected}, got {result.stdout!r}"
     mode = stat.S_IMODE(os.lstat(expected).st_mode)
     assert mode == 0o700, f"expected {expected} mode 0o700, got {oct(mode)}"
+
+
+# ------------------------------------------------------------ --fail-on --
+
+
+def test_fail_on_anomaly_exits_1_after_a_double_free(build_victim, run_cli, tmp_path):
+    # GIVEN a program that frees a block twice and then exits 0
+    exe = build_victim("snap_anomaly")
+    # WHEN it runs under forensics run --fail-on anomaly
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly", "--",
+                     str(exe), "double-free")
+    # THEN it ran to the end, and the status is ASan's 1, with the reason on stderr
+    assert "survived" in result.stdout, result.stdout
+    assert result.returncode == 1, result.stderr
+    pid_line = next(l for l in result.stderr.splitlines() if "--fail-on anomaly" in l)
+    assert pid_line.startswith("forensics: libtag found an anomaly in pid "), pid_line
+    # AND without --fail-on the status stays the program's own
+    plain = run_cli("run", "--dir", tmp_path / "snaps2", "--", str(exe), "double-free")
+    assert plain.returncode == 0, plain.stderr
+
+
+def test_fail_on_anomaly_keeps_a_clean_programs_status(build_victim, run_cli, tmp_path):
+    # GIVEN a program with no heap misuse that exits 7
+    exe = build_victim("leak_exit")
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly", "--",
+                     str(exe), "clean", "7")
+    # THEN its own status comes back
+    assert result.returncode == 7, result.stderr
+
+
+def test_fail_on_leak_is_the_leak_check(build_victim, run_cli, tmp_path):
+    # GIVEN a program that loses blocks and returns 0
+    exe = build_victim("leak_exit")
+    # WHEN run with --fail-on anomaly,leak
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly,leak", "--",
+                     str(exe), "leak")
+    # THEN LeakSanitizer's 23 (no anomaly came first)
+    assert result.returncode == 23, result.stderr
+
+
+def test_fail_on_anomaly_with_ignore_is_refused(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly",
+                     "--on-anomaly", "ignore", "--", "true")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "forensics: error: run: --fail-on anomaly needs --on-anomaly snapshot or abort: "
+        "with ignore, an anomaly leaves no trace for forensics to see"), result.stderr
+
+
+def test_fail_on_an_unknown_kind_is_a_usage_error(run_cli, tmp_path):
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "crash", "--", "true")
+    assert result.returncode == 2
+    assert "'crash': give anomaly, leak or anomaly,leak" in result.stderr, result.stderr

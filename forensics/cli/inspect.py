@@ -51,26 +51,18 @@ def answer(dump, args: argparse.Namespace) -> int:
     from forensics.answers.leaks import leaks_json
     from forensics.output import text
 
-    if not dump.libtag:
+    if dump.libtag:
+        doc, show = inspect_doc(dump, top=args.top), text.show_inspect
+    else:
         from forensics.answers.glibc import plain_inspect_doc
 
-        doc = plain_inspect_doc(dump, top=args.top)
-        if args.leaks:
-            doc["leaks"] = leaks_json(dump)
-        if args.json:
-            text.print_json(doc)
-        else:
-            text.show_plain_inspect(doc)
-            if args.leaks:
-                text.show_leaks(doc["leaks"])
-        return 0
-    doc = inspect_doc(dump, top=args.top)
+        doc, show = plain_inspect_doc(dump, top=args.top), text.show_plain_inspect
     if args.leaks:
         doc["leaks"] = leaks_json(dump)
     if args.json:
         text.print_json(doc)
     else:
-        text.show_inspect(doc)
+        show(doc)
         if args.leaks:
             text.show_leaks(doc["leaks"])
     return 0

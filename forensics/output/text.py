@@ -140,6 +140,14 @@ def _e(value) -> str:
     return escape(str(value))
 
 
+def _print_owner(con, owner: dict) -> None:
+    """The line that says what a crash's address is, if anything is known."""
+    if owner:
+        con.print(f"  the address is {owner['owner']}"
+                  + (f" ({_e(owner['region'])})" if owner.get("region") else "")
+                  + (f": {_e(owner['note'])}" if owner.get("note") else ""))
+
+
 def _frame_text(f: dict) -> str:
     func = f.get("function") or "??"
     where = ""
@@ -321,10 +329,7 @@ def show_plain_inspect(doc: dict) -> None:
                 for line in _chunk_lines(m["chunk"]):
                     con.print("  " + line)
         owner = c.get("address_owner") or {}
-        if owner:
-            con.print(f"  the address is {owner['owner']}"
-                      + (f" ({_e(owner['region'])})" if owner.get("region") else "")
-                      + (f": {_e(owner['note'])}" if owner.get("note") else ""))
+        _print_owner(con, owner)
         con.print(stack_tree("faulting thread", c["stack"]))
     bad = g["corruption"]
     if bad:
@@ -386,10 +391,7 @@ def show_inspect(doc: dict) -> None:
     if c:
         con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
         owner = c.get("address_owner") or {}
-        if owner:
-            con.print(f"  the address is {owner['owner']}"
-                      + (f" ({_e(owner['region'])})" if owner.get("region") else "")
-                      + (f": {_e(owner['note'])}" if owner.get("note") else ""))
+        _print_owner(con, owner)
         con.print(stack_tree("faulting thread", c["stack"]))
         if owner.get("block"):
             for item in _block_lines(owner["block"]):

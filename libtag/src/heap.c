@@ -358,6 +358,16 @@ static inline struct tag_slice *span_of(const void *p)
     return s - s->first_off;
 }
 
+/* Link block b after *tail (the list's first block when it is empty). */
+static inline void append(void **head, void **tail, void *b)
+{
+    if (*tail)
+        link_set(*tail, b);
+    else
+        *head = b;
+    *tail = b;
+}
+
 /* Up to want blocks of class c, linked, into *out; returns how many.
  * Takes the class lock (and the page lock for a new span). */
 static unsigned central_take(unsigned c, unsigned want, void **out)
@@ -374,11 +384,7 @@ static unsigned central_take(unsigned c, unsigned want, void **out)
             void *b = s->free;
             while (b && got < want) {
                 void *n = link_next(b);
-                if (tail)
-                    link_set(tail, b);
-                else
-                    head = b;
-                tail = b;
+                append(&head, &tail, b);
                 got++;
                 s->nfree--;
                 b = n;
@@ -407,12 +413,7 @@ static unsigned central_take(unsigned c, unsigned want, void **out)
         }
         char *base = span_start(s);
         while (got < want && s->carved < s->capacity) {
-            void *b = base + (size_t)s->carved++ * ci->block_size;
-            if (tail)
-                link_set(tail, b);
-            else
-                head = b;
-            tail = b;
+            append(&head, &tail, base + (size_t)s->carved++ * ci->block_size);
             got++;
         }
     }

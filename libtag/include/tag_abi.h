@@ -415,7 +415,8 @@ struct libtag_control {
     uint64_t stack_nodes;     /* address of struct libtag_stack_node[] */
     uint32_t stack_capacity;  /* nodes reserved */
     uint32_t stack_count;     /* nodes in use, root included */
-    uint64_t stack_full;      /* captures that found the table full */
+    uint64_t stack_full;      /* node inserts that found the table full
+                                 (a capture may make several) */
 
     /* threads */
     uint64_t threads;         /* address of struct libtag_thread[] */

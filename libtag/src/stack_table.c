@@ -12,47 +12,110 @@
  * spinlock, and re-probe.  In front of the table each thread has a small
  * direct-mapped cache (tag_tls.cache), so the common capture touches no
  * shared cache line at all.
+ *
+ * Sized by use: the node and per-stack counter arrays are reserved for the
+ * capacity (LIBTAG_STACK_NODES) but committed in steps as nodes are added,
+ * and the hash index starts small and doubles when it is half full (under
+ * the lock: every id re-hashed into a new index, published with one release
+ * store).  A reader still probing the old index finds what was in it, or
+ * misses a newer node and inserts under the lock, which re-probes the
+ * current index; an old index is never written again and never unmapped.
+ * So a program that interns millions of nodes is not held to a table sized
+ * for a small one: a full table made every capture of numpy's test suite
+ * fail its inserts under the lock (docs/benchmarks.md).
  */
 #include <sys/mman.h>
 
 #include "libtag_internal.h"
 
-static struct libtag_stack_node *nodes;   /* [capacity] */
-static uint32_t *slots;                   /* [slot_mask + 1], 0 = empty */
+/* The hash index: mask + 1 slots of node ids, 0 = empty. */
+struct stack_index {
+    uint32_t mask;
+    uint32_t used;              /* ids in it */
+    uint32_t slots[];
+};
+static struct libtag_stack_node *nodes;   /* [capacity], committed [0, committed) */
+static struct stack_index *index_cur;     /* the current index (release/acquire) */
 static uint32_t capacity;
-static uint32_t slot_mask;
+static uint32_t committed;                /* nodes (and counters) committed */
 static int table_lock;
+#define FIRST_SLOTS (1u << 16)              /* 256 KiB: the first index */
+#define COMMIT_NODES (1u << 16)             /* nodes committed a step (1 MiB) */
 struct libtag_stack_stats *_tag_stats;    /* [capacity] */
 int _tag_stats_shared;                     /* libtag_internal.h: a second thread registered */
 
+/* Address space for bytes, not in cores until committed (gcore writes an
+ * anonymous mapping whole: see heap.c), no memory until touched. */
 static void *reserve(size_t bytes)
 {
-    void *p = _tag_map(bytes, 1);
-    if (p == NULL)
-        _tag_fatal("libtag: cannot reserve %lu bytes for the stack table",
-                   (unsigned long)bytes);
+    size_t len = (bytes + TAG_PAGE_SIZE - 1) & ~(size_t)(TAG_PAGE_SIZE - 1);
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        _tag_fatal("libtag: cannot reserve %lu bytes for the stack table", (unsigned long)bytes);
+    madvise(p, len, MADV_DONTDUMP);
     return p;
+}
+
+/* Make [lo, hi) of a reserve() usable (whole pages); 0 on failure. */
+static int commit(void *base, size_t lo, size_t hi)
+{
+    uintptr_t a = ((uintptr_t)base + lo) & ~(uintptr_t)(TAG_PAGE_SIZE - 1);
+    uintptr_t b = ((uintptr_t)base + hi + TAG_PAGE_SIZE - 1) & ~(uintptr_t)(TAG_PAGE_SIZE - 1);
+    if (mprotect((void *)a, b - a, PROT_READ | PROT_WRITE) != 0)
+        return 0;
+    madvise((void *)a, b - a, MADV_DODUMP);
+    return 1;
+}
+
+/* Called with table_lock held (or at init): nodes [0, n) and their counters
+ * usable.  Async-signal-safe (system calls only). */
+static int commit_nodes(uint32_t n)
+{
+    if (n <= committed)
+        return 1;
+    uint64_t want = ((uint64_t)n + COMMIT_NODES - 1) / COMMIT_NODES * COMMIT_NODES;
+    if (want > capacity)
+        want = capacity;
+    if (!commit(nodes, (size_t)committed * sizeof *nodes, (size_t)want * sizeof *nodes))
+        return 0;
+    if (_tag_stats && !commit(_tag_stats, (size_t)committed * sizeof *_tag_stats,
+                              (size_t)want * sizeof *_tag_stats))
+        return 0;
+    committed = (uint32_t)want;
+    return 1;
+}
+
+/* A new, empty index of nslots slots (libtag's own memory); NULL if none. */
+static struct stack_index *index_new(uint32_t nslots)
+{
+    struct stack_index *ix = _tag_map(sizeof *ix + (size_t)nslots * sizeof ix->slots[0], 1);
+    if (ix)
+        ix->mask = nslots - 1;
+    return ix;
 }
 
 void _tag_stack_table_init(uint32_t cap)
 {
     capacity = cap;
-    uint32_t nslots = 1;
-    while (nslots < cap * 2u)
-        nslots <<= 1;
-    slot_mask = nslots - 1;
     nodes = reserve((size_t)cap * sizeof *nodes);
-    slots = reserve((size_t)nslots * sizeof *slots);
-    /* address space only: a page is resident once a stack on it allocates */
     if (_tag_opt.stack_stats) {
         _tag_stats = reserve((size_t)cap * sizeof *_tag_stats);
         _tag_ctl.stack_stats = (uint64_t)(uintptr_t)_tag_stats;
-        __atomic_store_n(&_tag_stats[0].allocs, 0, __ATOMIC_RELAXED);  /* dumped: see the root */
     }
-    /* node 0 is the root: the empty stack.  Written, though it is all
-     * zeros: a kernel core leaves out a private mapping never written to,
-     * and a reader must find the root even in a process that never
-     * allocated. */
+    uint32_t first = FIRST_SLOTS;
+    while (first / 2 > cap && first > 1024)
+        first >>= 1;
+    struct stack_index *ix = index_new(first);
+    if (ix == NULL || !commit_nodes(1))
+        _tag_fatal("libtag: cannot map the stack table");
+    __atomic_store_n(&index_cur, ix, __ATOMIC_RELEASE);
+    /* address space only: a page is resident once a stack on it allocates.
+     * Node 0 is the root: the empty stack.  Written, though it is all
+     * zeros (and so is its counter): a kernel core leaves out a private
+     * mapping never written to, and a reader must find the root even in a
+     * process that never allocated. */
+    if (_tag_stats)
+        __atomic_store_n(&_tag_stats[0].allocs, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&nodes[0].parent, 0, __ATOMIC_RELAXED);
     _tag_ctl.stack_nodes = (uint64_t)(uintptr_t)nodes;
     _tag_ctl.stack_capacity = cap;
@@ -66,12 +129,13 @@ static inline uint64_t key_hash(uint32_t parent, uint32_t kind, uint64_t pc)
     return h ^ (h >> 29);
 }
 
-/* Lock-free probe.  Returns the id, or 0 with *slot_out = the empty slot. */
-static uint32_t probe(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h,
-                      uint32_t *slot_out)
+/* Lock-free probe of index ix.  Returns the id, or 0 with *slot_out = the
+ * empty slot. */
+static uint32_t probe_in(const struct stack_index *ix, uint32_t parent, uint32_t kind,
+                         uint64_t pc, uint64_t h, uint32_t *slot_out)
 {
-    for (uint32_t i = (uint32_t)h & slot_mask;; i = (i + 1) & slot_mask) {
-        uint32_t id = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+    for (uint32_t i = (uint32_t)h & ix->mask;; i = (i + 1) & ix->mask) {
+        uint32_t id = __atomic_load_n(&ix->slots[i], __ATOMIC_ACQUIRE);
         if (id == 0) {
             *slot_out = i;
             return 0;
@@ -80,6 +144,35 @@ static uint32_t probe(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h,
         if (n->pc == pc && n->parent == parent && n->kind == kind)
             return id;
     }
+}
+
+static uint32_t probe(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h,
+                      uint32_t *slot_out)
+{
+    return probe_in(__atomic_load_n(&index_cur, __ATOMIC_ACQUIRE), parent, kind, pc, h,
+                    slot_out);
+}
+
+/* Called with table_lock held: the index twice as large, every node of the
+ * old one re-hashed into it, then published.  0: no memory for it (the old
+ * index stays, and inserts go on while it has room). */
+static int grow_index(struct stack_index *old)
+{
+    struct stack_index *ix = index_new((old->mask + 1) * 2);
+    if (ix == NULL)
+        return 0;
+    uint32_t count = _tag_ctl.stack_count;
+    for (uint32_t id = 1; id < count; id++) {
+        const struct libtag_stack_node *n = &nodes[id];
+        uint64_t h = key_hash(n->parent, n->kind, n->pc);
+        uint32_t i = (uint32_t)h & ix->mask;
+        while (ix->slots[i])
+            i = (i + 1) & ix->mask;
+        ix->slots[i] = id;
+    }
+    ix->used = count - 1;
+    __atomic_store_n(&index_cur, ix, __ATOMIC_RELEASE);
+    return 1;
 }
 
 static void lock(void)
@@ -94,6 +187,14 @@ static void unlock(void)
     __atomic_store_n(&table_lock, 0, __ATOMIC_RELEASE);
 }
 
+/* An insert that found no room: counted (control.stack_full counts these
+ * failed inserts; the capture then ends at the last node it interned). */
+static uint32_t table_full(void)
+{
+    __atomic_fetch_add(&_tag_ctl.stack_full, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* Called with table_lock held: re-probe, another thread may have won. */
 static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
 {
@@ -102,15 +203,25 @@ static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_
     if (id != 0)
         return id;
     uint32_t count = _tag_ctl.stack_count;
-    if (count >= capacity) {
-        __atomic_fetch_add(&_tag_ctl.stack_full, 1, __ATOMIC_RELAXED);
-        return 0;
+    struct stack_index *ix = __atomic_load_n(&index_cur, __ATOMIC_RELAXED);
+    if (count >= capacity || !commit_nodes(count + 1))
+        return table_full();
+    if (2 * (ix->used + 1) > ix->mask + 1) {
+        if (grow_index(ix)) {
+            ix = __atomic_load_n(&index_cur, __ATOMIC_RELAXED);
+            uint32_t again = probe_in(ix, parent, kind, pc, h, &slot);
+            TAG_ASSERT(again == 0);  /* not in the old index, so not in its copy */
+            (void)again;
+        } else if (4 * (ix->used + 1) > 3 * (ix->mask + 1)) {
+            return table_full();  /* no memory for a larger one: this one up to 3/4 */
+        }
     }
     nodes[count].pc = pc;
     nodes[count].parent = parent;
     nodes[count].kind = kind;
     __atomic_store_n(&_tag_ctl.stack_count, count + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&slots[slot], count, __ATOMIC_RELEASE);
+    ix->used++;
+    __atomic_store_n(&ix->slots[slot], count, __ATOMIC_RELEASE);
     return count;
 }
 

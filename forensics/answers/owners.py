@@ -47,6 +47,7 @@ class Owner:
     near: tuple[Block, int] | None = None  # (block, bytes past its end)
     referrers: list[Referrer] = field(default_factory=list)
     referrer_count: int = 0
+    self_referrers: int = 0  # words inside the block that point into it: left out
     note: str = ""
     symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
     damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
@@ -151,10 +152,24 @@ def module_of_data(regions: list[Region], region: Region) -> str | None:
     return None
 
 
-def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
+# Roots first: a global or a stack frame says who keeps a block alive; the
+# words of other blocks come after them, so a cut list still shows the owner.
+_ROOT_ORDER = {"global": 0, "stack": 1, "heap": 2}
+
+
+def _cut(out: list[Referrer], self_refs: int) -> tuple[list[Referrer], int, int]:
+    """The referrers to show (roots first, at most MAX_REFERRERS), how many
+    there are, and how many words of the block itself were left out."""
+    out.sort(key=lambda r: (_ROOT_ORDER[r.where], r.address))
+    return out[:MAX_REFERRERS], len(out), self_refs
+
+
+def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int, int]:
     """Who points into block: words in live blocks, in live stack frames (at or
     above the thread's stack pointer) and in modules' globals.  Words in free
-    heap memory are not references and are left out."""
+    heap memory are not references and are left out; so are the block's own
+    words (a list's links inside a slab, a struct pointing at its own
+    member): they are counted, not listed."""
     heap = dump.heap
     idx = heap.index
     i = int(np.searchsorted(idx["start"], block.start))
@@ -163,12 +178,14 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
     out: list[Referrer] = []
     regions = dump.mem.regions()
     own = libtag_module(dump)
+    self_refs = 0
     for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
         holder = heap.block_at(src)
         if holder is not None:
-            if holder.state != "live":
-                continue
-            out.append(Referrer(src, "heap", holder.start, bool(interior)))
+            if holder.start == block.start:
+                self_refs += 1
+            elif holder.state == "live":
+                out.append(Referrer(src, "heap", holder.start, bool(interior)))
             continue
         t = dump.thread_of_stack(src)
         if t is not None:
@@ -182,7 +199,7 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int]:
             sym = dump.symbolizer.data_symbol(module, src)
             out.append(Referrer(src, "global", None, bool(interior), module=module,
                                 symbol=sym.label if sym is not None else None))
-    return out[:MAX_REFERRERS], len(out)
+    return _cut(out, self_refs)
 
 
 def libtag_module(dump: Dump) -> str | None:
@@ -198,7 +215,7 @@ def libtag_module(dump: Dump) -> str | None:
     return module
 
 
-def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
+def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]:
     """Who points into a chunk in use (without libtag): words in other chunks
     in use, in live stack frames and in modules' globals - glibc's own
     lists hold pointers to free chunks only."""
@@ -208,14 +225,17 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
     starts, _ = dump.blocks
     i = int(np.searchsorted(starts, np.uint64(chunk.user)))
     if i >= len(starts) or int(starts[i]) != chunk.user:
-        return [], 0
+        return [], 0, 0
     edges = dump.edges
     out: list[Referrer] = []
     regions = dump.mem.regions()
+    self_refs = 0
     for src, interior in zip(edges.source[edges.into(i)].tolist(), edges.interior[edges.into(i)].tolist()):
         holder = heap.chunk_at(src)
         if holder is not None and holder.state != "top":
-            if holder.state in ("inuse", "mmapped") and src >= holder.user:
+            if holder.start == chunk.start:
+                self_refs += 1
+            elif holder.state in ("inuse", "mmapped") and src >= holder.user:
                 out.append(Referrer(src, "heap", holder.start + CHUNK_HDR, bool(interior)))
             continue
         t = dump.thread_of_stack(src)
@@ -231,15 +251,16 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int]:
             sym = dump.symbolizer.data_symbol(module, src)
             out.append(Referrer(src, "global", None, bool(interior), module=module,
                                 symbol=sym.label if sym is not None else None))
-    return out[:MAX_REFERRERS], len(out)
+    return _cut(out, self_refs)
 
 
 def whoowns(dump: Dump, addr: int) -> Owner:
     owner = classify(dump, addr)
     if owner.block is not None:
-        owner.referrers, owner.referrer_count = referrers(dump, owner.block)
+        owner.referrers, owner.referrer_count, owner.self_referrers = referrers(dump, owner.block)
     elif owner.chunk is not None and owner.chunk.state in ("inuse", "mmapped"):
-        owner.referrers, owner.referrer_count = chunk_referrers(dump, owner.chunk)
+        owner.referrers, owner.referrer_count, owner.self_referrers = chunk_referrers(
+            dump, owner.chunk)
     return owner
 
 
@@ -261,6 +282,7 @@ def to_json(dump: Dump, o: Owner) -> dict:
                        "thread": r.thread, "module": r.module, "symbol": r.symbol}
                       for r in o.referrers],
         "referrer_count": o.referrer_count,
+        "self_referrers": o.self_referrers,
         "note": o.note,
         "symbol": {"name": o.symbol.name, "offset": o.symbol.offset, "section": o.symbol.section,
                    "module": o.symbol.module} if o.symbol is not None else None,

@@ -140,6 +140,22 @@ def _e(value) -> str:
     return escape(str(value))
 
 
+# Referrer rows a whoowns answer prints (--json has up to 200: docs/json.md).
+SHOWN = 50
+
+
+def _print_cut(con, doc: dict, listed: int) -> None:
+    """What a referrer table left out: rows past SHOWN, and the block's own
+    words that point into it."""
+    total = doc.get("referrer_count", listed)
+    if total > min(listed, SHOWN):
+        con.print(f"  ... and {total - min(listed, SHOWN)} more referrers "
+                  f"(roots first; --json lists {min(listed, 200)})")
+    if doc.get("self_referrers"):
+        con.print(f"  left out: {doc['self_referrers']} words inside the block itself that "
+                  f"point into it")
+
+
 def _print_owner(con, owner: dict) -> None:
     """The line that says what a crash's address is, if anything is known."""
     if owner:
@@ -266,10 +282,12 @@ def show_whoowns(doc: dict) -> None:
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
                       ["address", "in", "whose", "points"],
                       [(r["address"], r["in"], where(r),
-                        "inside" if r.get("interior") else "at start") for r in refs[:50]])
+                        "inside" if r.get("interior") else "at start") for r in refs[:SHOWN]])
             con.print(t)
+            _print_cut(con, doc, len(refs))
         else:
             con.print("  no referrers: nothing in live blocks, stacks or globals points into it")
+            _print_cut(con, doc, 0)
     elif doc.get("chunk"):
         for line in _chunk_lines(doc["chunk"]):
             con.print(line)
@@ -279,8 +297,9 @@ def show_whoowns(doc: dict) -> None:
                       [(r["address"], r["in"], f"block {r['block_start']}" if r["in"] == "heap"
                         else f"thread {r['thread']}" if r["in"] == "stack"
                         else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}")
-                       for r in refs[:50]])
+                       for r in refs[:SHOWN]])
             con.print(t)
+            _print_cut(con, doc, len(refs))
     elif doc.get("near"):
         for item in _block_lines(doc["near"]["block"], label="nearest block"):
             con.print(item)

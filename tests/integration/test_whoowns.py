@@ -142,6 +142,10 @@ def test_live_block_referrers_are_exactly_the_three_holders(case, run_cli):
     got = sorted(doc["referrers"], key=lambda r: int(r["address"], 16))
     assert got == expected_referrers(case.facts, case.exe), f"expected the three holders, got {got}"
     assert doc["referrer_count"] == 3, doc["referrer_count"]
+    # AND the block's own word that points into it is counted, not listed
+    assert doc["self_referrers"] == 1, doc["self_referrers"]
+    # AND the roots come first: the global, then the stack slot, then the heap word
+    assert [r["in"] for r in doc["referrers"]] == ["global", "stack", "heap"], doc["referrers"]
 
 
 @pytest.mark.parametrize("offset", [17, LIVE_SIZE - 1])

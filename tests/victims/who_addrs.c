@@ -21,7 +21,8 @@
  *   stack ADDR                     a stack variable of main (no block)
  *   global ADDR                    a global array of this program (no block)
  *
- * The live block's pointer is held by exactly those three words: the program
+ * The live block's pointer is held by exactly those three words (and, inside
+ * the block itself, one word that points 16 bytes into it): the program
  * never keeps it anywhere else, it clears the caller-saved registers and the
  * dead stack below main's frame before the snapshot, so a conservative scan
  * finds three referrers and no more.
@@ -73,6 +74,10 @@ __attribute__((noinline)) static char *alloc_target(void)
 {
     char *p = malloc(LIVE_SIZE);
     memset(p, 0x11, LIVE_SIZE);
+    /* one word of the block points into the block itself (self_ref): not a
+     * referrer, only counted */
+    char *self = p + 16;
+    memcpy(p + 48, &self, sizeof self);
     return p;
 }
 

@@ -275,3 +275,34 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
         "counters": counters,
         "warnings": dump.warnings,
     }
+
+
+# Blocks a --blocks answer lists at the most (it counts them all).
+MAX_STACK_BLOCKS = 200
+
+
+def stack_blocks(dump: Dump, rank: int) -> dict:
+    """The live blocks of the rank-th allocation stack by live bytes (as
+    inspect numbers them: #1 is the first): every block's start, size,
+    thread and age at the snapshot, by address, at most MAX_STACK_BLOCKS."""
+    import numpy as np
+
+    from forensics.errors import InputError
+
+    heap = dump.heap
+    stacks = heap.by_stack("live")
+    if not 1 <= rank <= len(stacks):
+        raise InputError(f"inspect: --blocks {rank}: the core has {len(stacks)} allocation "
+                         f"stacks with live blocks (#1 to #{len(stacks)})")
+    sid, count, nbytes = stacks[rank - 1]
+    x = heap.index
+    sel = np.flatnonzero((x["state"] == abi.TAG_STATE_LIVE) & (x["alloc_stack"] == sid))
+    taken = dump.taken_ms
+    blocks = []
+    for i in sel[:MAX_STACK_BLOCKS].tolist():
+        alloc = int(x["alloc_time"][i])
+        blocks.append({"start": hexaddr(int(x["start"][i])), "size": int(x["size"][i]),
+                       "thread": int(x["tid"][i]),
+                       "age_ms": taken - alloc if taken is not None and taken >= alloc else None})
+    return {"rank": rank, "stack": frames_json(dump.stack(sid)), "count": count, "bytes": nbytes,
+            "blocks": blocks}

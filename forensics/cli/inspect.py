@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
                         help="also find leaked blocks (reachability scan from the roots)")
     parser.add_argument("--top", metavar="N", type=_args.positive_int, default=10,
                         help="how many allocation stacks to show (default: 10)")
+    parser.add_argument("--blocks", metavar="N", type=_args.positive_int,
+                        help="also list the live blocks of allocation stack #N (as numbered "
+                             "in the top stacks): address, size, thread, age; for whoowns")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,10 +62,20 @@ def answer(dump, args: argparse.Namespace) -> int:
         doc, show = plain_inspect_doc(dump, top=args.top), text.show_plain_inspect
     if args.leaks:
         doc["leaks"] = leaks_json(dump)
+    if getattr(args, "blocks", None):
+        if not dump.libtag:
+            from forensics.errors import InputError
+
+            raise InputError("inspect: --blocks: a core without libtag has no allocation stacks")
+        from forensics.answers.inspect import stack_blocks
+
+        doc["stack_blocks"] = stack_blocks(dump, args.blocks)
     if args.json:
         text.print_json(doc)
     else:
         show(doc)
         if args.leaks:
             text.show_leaks(doc["leaks"])
+        if doc.get("stack_blocks"):
+            text.show_stack_blocks(doc["stack_blocks"])
     return 0

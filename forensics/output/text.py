@@ -436,6 +436,23 @@ def show_inspect(doc: dict) -> None:
         err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
+def show_stack_blocks(sb: dict) -> None:
+    """inspect --blocks N: the live blocks of top stack #N."""
+    con = out_console()
+    shown = sb["blocks"]
+    title = (f"blocks of stack #{sb['rank']}: {plural(sb['count'], 'block')}, "
+             f"{plural(sb['bytes'], 'byte')}")
+    con.print()
+    con.print(table(title, ["address", "size", "thread", "age"],
+                    [(b["start"], b["size"], b["thread"],
+                      f"{b['age_ms'] / 1000:.3f} s" if b["age_ms"] is not None else "?")
+                     for b in shown]))
+    if sb["count"] > len(shown):
+        con.print(f"  ... and {sb['count'] - len(shown)} more (the first {len(shown)} by address)")
+    if shown:
+        con.print(f"  next: forensics whoowns {shown[0]['start']} --core CORE")
+
+
 # ------------------------------------------------------- leaks, diff, trend --
 
 

@@ -165,6 +165,21 @@ def test_on_demand_heap_totals_and_top_stack(build_victim, run_victim, run_cli, 
     assert (top["blocks"], top["bytes"]) == (40, 40000), top
     assert functions(top["stack"], exe) == ["make_block", "hoard", "main"], top["stack"]
     assert [t["tid"] for t in doc["threads"]] == [int(facts["tid"])], doc["threads"]
+    # AND --blocks 1 lists exactly the 40 blocks hoard made, by address, with
+    # their size and thread
+    hoarded = sorted(int(line.split()[1], 16) for line in done.stdout.splitlines()
+                     if line.startswith("hoarded "))
+    assert len(hoarded) == 40, done.stdout
+    sb = inspect(run_cli, core, tmp_path / "state", "--top", "1", "--blocks", "1")["stack_blocks"]
+    assert (sb["rank"], sb["count"], sb["bytes"]) == (1, 40, 40000), sb
+    assert functions(sb["stack"], exe) == ["make_block", "hoard", "main"], sb["stack"]
+    assert [int(b["start"], 16) for b in sb["blocks"]] == hoarded, sb["blocks"]
+    assert {(b["size"], b["thread"]) for b in sb["blocks"]} == {(1000, int(facts["tid"]))}
+    assert all(b["age_ms"] is not None and b["age_ms"] >= 0 for b in sb["blocks"]), sb["blocks"]
+    # AND a rank past the last stack is one line and exit 2
+    bad = run_cli("inspect", str(core), "--blocks", "99999", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert bad.returncode == 2, bad.stderr
+    assert "--blocks 99999: the core has" in bad.stderr, bad.stderr
 
 
 # ------------------------------------------------------------------ crashes --

@@ -19,7 +19,8 @@
  *                          bytes, then raise(SIGUSR2)
  *
  * Prints "tid N" (the only thread), "address=0x..." (the pointer the
- * anomaly is about) and, for on-demand, "stats LIVE_BLOCKS LIVE_BYTES" from
+ * anomaly is about) and, for on-demand, "hoarded 0x..." for each block and
+ * "stats LIVE_BLOCKS LIVE_BYTES" from
  * libtag_stats() just before the snapshot; "survived" at the end.
  */
 #define _GNU_SOURCE
@@ -135,6 +136,8 @@ int main(int argc, char **argv)
         do_use_after_free();
     else if (!strcmp(kind, "on-demand")) {
         hoard();
+        for (int i = 0; i < HOARD_BLOCKS; i++)
+            printf("hoarded %p\n", hoarded[i]);
         void (*stats_fn)(struct libtag_stats *) =
             (void (*)(struct libtag_stats *))dlsym(RTLD_DEFAULT, "libtag_stats");
         struct libtag_stats st;

@@ -289,7 +289,6 @@ static void slices_give(struct tag_slice *s)
     if (n * TAG_HEAP_SLICE >= (2u << 20) && !zero) {
         madvise((char *)_tag_heap.base + i * TAG_HEAP_SLICE, n * TAG_HEAP_SLICE, MADV_DONTNEED);
         zero = 1;
-        _tag_heap.released += n * TAG_HEAP_SLICE;
     }
     s->slices = (uint32_t)n;
     s->first_off = 0;
@@ -345,18 +344,8 @@ static void partial_remove(struct tag_central *c, struct tag_slice *s)
     s->flags &= ~TAG_SPAN_PARTIAL;
 }
 
-static inline char *span_start(const struct tag_slice *s)
-{
-    return (char *)_tag_heap.base + index_of(s) * TAG_HEAP_SLICE;
-}
-
-/* The span holding p (p in the used part of the region). */
-static inline struct tag_slice *span_of(const void *p)
-{
-    uint64_t i = ((uintptr_t)p - _tag_heap.base) / TAG_HEAP_SLICE;
-    struct tag_slice *s = _tag_heap.meta + i;
-    return s - s->first_off;
-}
+#define span_start _tag_heap_span_start
+#define span_of    _tag_heap_span
 
 /* Link block b after *tail (the list's first block when it is empty). */
 static inline void append(void **head, void **tail, void *b)
@@ -616,20 +605,13 @@ void _tag_heap_free_slow(struct tag_heap_cache *hc, void *p)
         large_free(s);
         return;
     }
-    TAG_ASSERT(s->kind == TAG_SPAN_SMALL);
-    unsigned c = s->cls;
-    /* the slot's start (an aligned block's pointer lies inside it) */
-    uint64_t off = (uint64_t)((char *)p - span_start(s));
-    void *b = span_start(s) + off / s->block_size * s->block_size;
-    if (!hc) {
-        link_set(b, NULL);
-        central_give(c, b);
-        return;
-    }
-    link_set(b, hc[c].head);
-    hc[c].head = b;
-    if (++hc[c].count > classes[c].cache_max)
-        _tag_heap_spill(&hc[c], c);
+    /* a small block of a thread without a cache (_tag_heap_free takes
+     * every other): straight to its span */
+    TAG_ASSERT(s->kind == TAG_SPAN_SMALL && hc == NULL);
+    TAG_ASSERT((uint64_t)((char *)p - span_start(s)) % s->block_size == 0);
+    (void)hc;
+    link_set(p, NULL);
+    central_give(s->cls, p);
 }
 
 size_t _tag_heap_usable(const void *p)
@@ -642,39 +624,16 @@ size_t _tag_heap_usable(const void *p)
     return s->block_size - off % s->block_size;
 }
 
-int _tag_heap_block(const void *p, void **slot, size_t *bytes)
-{
-    if (!_tag_heap_has(p))
-        return 0;
-    struct tag_slice *s = span_of(p);
-    char *start = span_start(s);
-    uint64_t off = (uint64_t)((const char *)p - start);
-    if (s->kind == TAG_SPAN_LARGE) {
-        *slot = start;
-        *bytes = (size_t)s->slices * TAG_HEAP_SLICE;
-        return 1;
-    }
-    if (s->kind != TAG_SPAN_SMALL || off >= (uint64_t)s->carved * s->block_size)
-        return 0;
-    *slot = start + off / s->block_size * s->block_size;
-    *bytes = s->block_size;
-    return 1;
-}
-
 /* ------------------------------------------------------------- mallinfo */
 
 void _tag_heap_stats(struct tag_heap_stats *st)
 {
     spin_lock(&page_lock);
-    st->committed = _tag_heap.committed * TAG_HEAP_SLICE;
     st->used = _tag_heap.used * TAG_HEAP_SLICE;
-    uint64_t free_bytes = 0, free_spans = 0;
+    uint64_t free_spans = 0;
     for (unsigned b = 0; b < BINS; b++)
-        for (struct tag_slice *s = bins[b]; s; s = s->next) {
-            free_bytes += (uint64_t)s->slices * TAG_HEAP_SLICE;
+        for (struct tag_slice *s = bins[b]; s; s = s->next)
             free_spans++;
-        }
-    st->free_span_bytes = free_bytes;
     st->free_spans = free_spans;
     st->large_count = _tag_heap.large_count;
     st->large_bytes = _tag_heap.large_bytes;
@@ -692,7 +651,6 @@ int _tag_heap_trim(void)
                 continue;
             madvise(span_start(s), (size_t)s->slices * TAG_HEAP_SLICE, MADV_DONTNEED);
             s->flags |= TAG_SPAN_ZERO;
-            _tag_heap.released += (uint64_t)s->slices * TAG_HEAP_SLICE;
             released = 1;
         }
     spin_unlock(&page_lock);

@@ -402,19 +402,7 @@ TAG_EXPORT size_t malloc_usable_size(void *ptr)
 #include <malloc.h>
 #include <stdio.h>
 
-static uint64_t live_bytes(void)
-{
-    uint32_t n = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
-    if (n > _tag_ctl.thread_capacity)
-        n = _tag_ctl.thread_capacity;
-    const struct libtag_thread *r = (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
-    uint64_t in = 0, out = 0;
-    for (uint32_t i = 0; r && i < n; i++) {
-        in += __atomic_load_n(&r[i].alloc_bytes, __ATOMIC_RELAXED);
-        out += __atomic_load_n(&r[i].free_bytes, __ATOMIC_RELAXED);
-    }
-    return in > out ? in - out : 0;
-}
+#include "libtag.h"
 
 TAG_EXPORT int malloc_trim(size_t pad)
 {
@@ -428,9 +416,11 @@ TAG_EXPORT struct mallinfo2 mallinfo2(void)
     _tag_ensure_init();
     struct tag_heap_stats st;
     _tag_heap_stats(&st);
+    struct libtag_stats counters;
+    libtag_stats(&counters);
+    uint64_t live = counters.live_bytes;
     struct mallinfo2 m;
     memset(&m, 0, sizeof m);
-    uint64_t live = live_bytes();
     m.arena = st.used;                  /* bytes of the heap in use by spans */
     m.ordblks = st.free_spans;          /* free spans */
     m.hblks = st.large_count;           /* large blocks (a span each) */
@@ -466,7 +456,6 @@ TAG_EXPORT int mallopt(int param, int value)
 
 TAG_EXPORT void malloc_stats(void)
 {
-    _tag_ensure_init();
     struct mallinfo2 m = mallinfo2();
     char buf[512];
     size_t n = _tag_format(buf, sizeof buf,

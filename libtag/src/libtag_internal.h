@@ -164,7 +164,6 @@ struct tag_heap {
     uint64_t committed;     /* slices [0, committed) are read-write */
     struct tag_slice *meta; /* one entry a slice */
     uint64_t key;           /* free blocks' links are xor'ed with it */
-    uint64_t released;      /* bytes given back to the kernel so far */
     uint64_t large_count, large_bytes;  /* large spans live (page lock) */
     uint64_t broken_links;  /* free lists found overwritten */
 };
@@ -228,17 +227,25 @@ TAG_INLINE void *_tag_heap_alloc(struct tag_heap_cache *hc, size_t n, int zero)
     }
     return _tag_heap_alloc_slow(hc, n, 16, zero);
 }
-/* Give back the block that starts at p (as _tag_heap_alloc returned it). */
+/* The span holding p (p in the used part of the region): its first
+ * slice's entry, and where the span starts. */
+static inline struct tag_slice *_tag_heap_span(const void *p)
+{
+    struct tag_slice *s = _tag_heap.meta + ((uintptr_t)p - _tag_heap.base) / TAG_HEAP_SLICE;
+    return s - s->first_off;
+}
+static inline char *_tag_heap_span_start(const struct tag_slice *s)
+{
+    return (char *)_tag_heap.base + (uint64_t)(s - _tag_heap.meta) * TAG_HEAP_SLICE;
+}
+/* Give back the block that starts at p (as _tag_heap_alloc or, aligned,
+ * _tag_heap_alloc_slow returned it: always a slot's start). */
 TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
 {
-    uint64_t i = ((uintptr_t)p - _tag_heap.base) / TAG_HEAP_SLICE;
-    struct tag_slice *s = _tag_heap.meta + i;
-    s -= s->first_off;
+    struct tag_slice *s = _tag_heap_span(p);
     if (TAG_LIKELY(hc != NULL && s->kind == TAG_SPAN_SMALL)) {
         unsigned c = s->cls;
-        TAG_ASSERT((uint64_t)((char *)p - ((char *)_tag_heap.base +
-                                          (uint64_t)(s - _tag_heap.meta) * TAG_HEAP_SLICE)) %
-                       s->block_size == 0);
+        TAG_ASSERT((uint64_t)((char *)p - _tag_heap_span_start(s)) % s->block_size == 0);
         _tag_heap_link_set(p, hc[c].head);
         hc[c].head = p;
         if (TAG_UNLIKELY(++hc[c].count > _tag_heap_cache_limit[c]))
@@ -249,15 +256,12 @@ TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
 }
 /* Bytes usable from p to its slot's end. */
 size_t _tag_heap_usable(const void *p);
-/* Is p inside a slot the heap handed out (live or cached)?  The slot's
- * start and size.  Arithmetic on the address only. */
-int _tag_heap_block(const void *p, void **slot, size_t *bytes);
 /* Give every block of a thread's caches back (thread exit). */
 void _tag_heap_flush(struct tag_heap_cache *hc);
 /* malloc_trim: free spans back to the kernel; 1 if any was. */
 int _tag_heap_trim(void);
 struct tag_heap_stats {
-    uint64_t committed, used, free_span_bytes, free_spans, large_count, large_bytes;
+    uint64_t used, free_spans, large_count, large_bytes;
 };
 void _tag_heap_stats(struct tag_heap_stats *st);
 void _tag_heap_atfork_prepare(void);

@@ -39,14 +39,9 @@ void _tag_real_release(struct tag_tls *owner, void *user)
      * slot, which kills the tag of a plain block - but an aligned block's
      * tag sits pad bytes further in and would survive in free memory as a
      * valid-looking freed tag.  Clear the magic first. */
-    char *raw = (char *)t - t->pad;
-    uint32_t pad = t->pad;
+    char *raw = (char *)t - t->pad;  /* the slot's start, aligned or not */
     t->magic = 0;
-    struct tag_heap_cache *hc = owner ? owner->heap_cache : NULL;
-    if (TAG_LIKELY(pad == 0))
-        _tag_heap_free(hc, raw);
-    else
-        _tag_heap_free_slow(hc, raw);
+    _tag_heap_free(owner ? owner->heap_cache : NULL, raw);
 }
 
 static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)

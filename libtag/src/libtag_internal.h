@@ -342,7 +342,8 @@ struct tag_hook_set {
 } __attribute__((aligned(64)));
 /* The set of the enter hook's return address ra in tag_tls.hook_cache. */
 #define TAG_HOOK_SET(ra) (((ra) ^ ((ra) >> 6)) & (TAG_HOOK_SETS - 1))
-#define TAG_CAP_MEMO 16    /* tag_tls.cap_memo entries, a power of 2 */
+#define TAG_CAP_MEMO_BITS 9  /* tag_tls.cap_memo: 512 entries */
+#define TAG_CAP_MEMO (1u << TAG_CAP_MEMO_BITS)
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered (and in
@@ -405,13 +406,21 @@ struct tag_tls {
                                         fast check): a nested one (from a
                                         signal handler) leaves walk[] alone */
     uint64_t captures, capture_frames; /* for LIBTAG_STATS */
-    /* Shadow-stack captures by depth & (TAG_CAP_MEMO - 1) (unwind.c): the
-     * stack id of a capture from pc whose innermost instrumented function
-     * is fn (entered under prefix id parent) with its CFA at the capture's
-     * sp + off, while the code was gen.  The same inputs give the same
-     * stack, so a hit costs compares instead of a rule lookup and two
-     * interns. */
-    struct tag_cap_memo { uint64_t pc, fn; uint32_t parent, off, gen, id; } cap_memo[TAG_CAP_MEMO];
+    /* The calling context of each shadow depth: cc[d] is a 64-bit hash
+     * of the call sites site[0..d-1] (cc[0] = 0), kept for d <= cc_valid
+     * (shadow_stack.c).  cc_valid is also how far the entries were found
+     * alive by a capture (_tag_shadow_settle): an enter that changes an
+     * entry lowers it, as it lowers shadow.valid. */
+    uint32_t cc_valid;
+    uint64_t cc[TAG_SHADOW_MAX + 1];
+    /* Shadow-stack captures, direct-mapped by a hash of (cc, pc)
+     * (unwind.c): the stack id of a capture from pc whose innermost
+     * instrumented function is fn, entered under calling context cc, with
+     * its CFA at the capture's sp + off, while the code was gen.  The same
+     * inputs give the same stack, so a capture that hits costs a hash of
+     * the sites pushed since the last one and a probe: no intern, however
+     * the stack below changed (docs/design.md, "Calling contexts"). */
+    struct tag_cap_memo { uint64_t cc, pc, fn; uint32_t off, gen, id, pad; } cap_memo[TAG_CAP_MEMO];
     uint32_t walk_lru;               /* the walk[] to replace next */
     struct tag_walk walk[TAG_WALKS];
     /* Complete walks of up to TAG_FAST_READS words, direct-mapped by their
@@ -681,8 +690,25 @@ void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur);
 TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
 {
     uint32_t d = t->shadow.depth;
-    if (t->shadow.valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
+    if (t->cc_valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
         _tag_shadow_settle_slow(t, cur);
+}
+/* The calling context of the outer d frames (d <= min(depth, max)), the
+ * entries alive: hashes the sites from cc_valid up, raises cc_valid to d.
+ * One rotate, xor and multiply a site pushed since the last capture. */
+#define TAG_CC_MIX 0x9e3779b97f4a7c15ull
+TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
+{
+    uint32_t i = t->cc_valid;
+    if (TAG_LIKELY(i >= d))
+        return t->cc[d];
+    uint64_t cc = t->cc[i];
+    for (; i < d; i++) {
+        cc = (((cc << 23) | (cc >> 41)) ^ t->shadow.site[i]) * TAG_CC_MIX;
+        t->cc[i + 1] = cc;
+    }
+    t->cc_valid = d;
+    return cc;
 }
 /* Record function fn, entered from site with its CFA at cfa, at depth d <
  * TAG_SHADOW_MAX.  Re-entering a depth the same way keeps the ids cached
@@ -698,6 +724,8 @@ TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, u
         t->shadow.sp[d] = cfa;
         if (t->shadow.valid > d)
             t->shadow.valid = d;
+        if (t->cc_valid > d)
+            t->cc_valid = d;
     }
 }
 

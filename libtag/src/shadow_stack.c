@@ -108,6 +108,8 @@ static void shadow_repair(struct tag_tls *t, uint64_t cur, uint32_t lo)
     s->depth = n;
     if (s->valid > first)
         s->valid = first;
+    if (t->cc_valid > first)
+        t->cc_valid = first;
 }
 
 /* The enter hook's fast path checks only that a new entry is below the
@@ -120,7 +122,7 @@ static void shadow_repair(struct tag_tls *t, uint64_t cur, uint32_t lo)
 void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur)
 {
     struct libtag_shadow *s = &t->shadow;
-    uint32_t d = s->depth, lo = s->valid ? s->valid - 1 : 0;
+    uint32_t d = s->depth, lo = t->cc_valid ? t->cc_valid - 1 : 0;
     uint64_t hi = t->stack_hi;
     for (uint32_t i = lo; i + 1 < d; i++) {
         uint64_t e = s->sp[i], at = e & ~1ull;

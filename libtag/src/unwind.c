@@ -750,20 +750,27 @@ TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
     b->hi = 0;
 }
 
+/* The memo entry of a shadow capture from pc under calling context cc. */
+TAG_INLINE struct tag_cap_memo *cap_memo_of(struct tag_tls *t, uint64_t cc, uint64_t pc)
+{
+    return &t->cap_memo[((cc ^ pc) * TAG_MIX1) >> (64 - TAG_CAP_MEMO_BITS)];
+}
+
 /* Remember the stack id of a shadow capture from pc at stack pointer sp
- * (see tag_tls.cap_memo); after _tag_shadow_id, so id[depth] is valid. */
+ * (see tag_tls.cap_memo); its entries alive (the capture checked them). */
 TAG_INLINE void cap_memo_put(struct tag_tls *t, uint64_t pc, uint64_t sp, uint32_t id)
 {
     uint32_t d = t->shadow.depth;
-    if (d > TAG_SHADOW_MAX || t->shadow.valid < d)
+    if (d - 1u >= TAG_SHADOW_MAX || !id)
         return;
     uint64_t off = t->shadow.sp[d - 1] - sp;
     if (off >> 32)
         return;
-    struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
+    uint64_t cc = _tag_shadow_cc(t, d);
+    struct tag_cap_memo *m = cap_memo_of(t, cc, pc);
+    m->cc = cc;
     m->pc = pc;
     m->fn = t->shadow.fn[d - 1];
-    m->parent = t->shadow.id[d];
     m->off = (uint32_t)off;
     m->gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED);
     m->id = id;
@@ -926,6 +933,24 @@ hit:
     return id;
 }
 
+#ifdef LIBTAG_DEBUG
+/* The debug build checks every memo hit against the capture it stands
+ * for (its counters left as they were). */
+static TAG_NOINLINE void memo_verify(struct tag_tls *t, void *ret, void *frame, uint32_t id)
+{
+    uint64_t captures = t->captures, frames = t->capture_frames;
+    struct bounds b;
+    bounds_of(t, &b);
+    struct ustate s = entry_state(ret, frame);
+    uint32_t want = _tag_opt.unwind == TAG_UNWIND_AUTO
+                        ? capture_hybrid(t, s, &b)
+                        : _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
+    t->captures = captures;
+    t->capture_frames = frames;
+    TAG_ASSERT(want == id);
+}
+#endif
+
 /* A shadow capture the memo knows: the innermost entry alive, the same
  * pc, function, prefix and CFA offset as a capture before. */
 static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tls *t, void *ret, void *frame)
@@ -939,13 +964,16 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tl
 #endif
     uint32_t d = t->shadow.depth;
     if (d > 0 && top_alive(t, sp)) {
-        const struct tag_cap_memo *m = &t->cap_memo[d & (TAG_CAP_MEMO - 1)];
-        if (m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
+        uint64_t cc = _tag_shadow_cc(t, d);
+        const struct tag_cap_memo *m = cap_memo_of(t, cc, pc);
+        if (m->cc == cc && m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
             m->off == t->shadow.sp[d - 1] - sp &&
-            m->parent == _tag_shadow_prefix(t, d) && m->id &&
-            m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED)) {
+            m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED) && m->id) {
             t->captures++;
             t->capture_frames += 1 + d;
+#ifdef LIBTAG_DEBUG
+            memo_verify(t, ret, frame, m->id);
+#endif
             return m->id;
         }
     }

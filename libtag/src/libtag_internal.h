@@ -91,7 +91,10 @@ TAG_COLD void _tag_options_init(void);
  * %s %d %u %x %p %lu %lx.  Async-signal-safe: no locks, no malloc, no stdio.
  * _tag_log_always also writes under LIBTAG_QUIET=1 (the stats line) and,
  * like _tag_fatal, to stderr under LIBTAG_LOG=off (a bad option). */
-TAG_COLD void _tag_log_init(void);  /* duplicate fd 2; after the options */
+TAG_COLD void _tag_log_init(void);  /* note what fd 2 is; after the options */
+/* fds.c: the program is about to close or replace descriptor fd (log.c
+ * keeps a duplicate of fd 2 if it still is the stderr of the start). */
+void _tag_log_keep_fd(int fd);
 void _tag_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void _tag_log_always(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void _tag_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

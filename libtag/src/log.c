@@ -3,12 +3,20 @@
  * may be called from the malloc path, signal handlers and the fork child.
  *
  * Where lines go is LIBTAG_LOG (options.c):
- *   stderr  a duplicate of fd 2 made when libtag starts, so a program that
- *           closes fd 2 (coreutils do, at exit) does not lose the line, and
- *           one that reuses fd 2 or the duplicate's number for a file of its
- *           own does not receive it there: before each write the descriptor
- *           must still be the file it was at start (same device and inode),
- *           else fd 2 if that still is, else the line is dropped.
+ *   stderr  the file fd 2 was when libtag started, identified by device and
+ *           inode, and no descriptor of libtag's while the program keeps
+ *           fd 2 (a program that lists or closes its descriptors finds only
+ *           its own).  Each line goes to the first of:
+ *             - fd 2, if it still is that file;
+ *             - libtag's rescue descriptor (O_CLOEXEC, 200 or above, made
+ *               only when the program closes or replaces fd 2 through
+ *               close, dup2, dup3, close_range, closefrom, fclose or freopen
+ *               on stderr: fds.c), if it still is that file;
+ *             - the file opened again by the path it had at start (a
+ *               terminal, a regular file, /dev/null, a named pipe: not an
+ *               anonymous pipe or socket), checked, written and closed;
+ *           else the line is dropped.  Never into a file the program put
+ *           at a number libtag once used.
  *   PATH    appended to PATH.<pid> (opened at the first line, 0600, the last
  *           component never followed if it is a symlink, refused unless a
  *           regular file of ours); nothing goes to the program's stderr.  A
@@ -20,10 +28,13 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "libtag_internal.h"
+
+extern int __close(int fd);  /* glibc's close, past fds.c's */
 
 static size_t put_num(char *buf, size_t cap, size_t n, unsigned long long v,
                       unsigned base, int neg)
@@ -105,7 +116,7 @@ size_t _tag_format(char *buf, size_t cap, const char *fmt, ...)
     return n;
 }
 
-/* The lowest descriptor number the duplicate of stderr takes: clear of the
+/* The lowest descriptor number the rescue descriptor takes: clear of the
  * small numbers programs hand out and dup2() onto (a lower one is used when
  * RLIMIT_NOFILE does not allow it). */
 #define TAG_LOG_FD_MIN 200
@@ -119,10 +130,13 @@ struct log_dest {
     ino_t ino;
 };
 
-static struct log_dest err_dest = {-1, 0, 0, 0};   /* the duplicate of fd 2 */
-static struct log_dest fd2_dest = {-1, 0, 0, 0};   /* fd 2 as it was at start */
-static struct log_dest path_dest = {-1, 0, 0, 0};  /* PATH.<pid> */
-static int path_lock;  /* pid of the one opener at a time; 0 = free */
+static struct log_dest fd2_dest = {-1, 0, 0, 0};     /* fd 2 as it was at start */
+static struct log_dest rescue_dest = {-1, 0, 0, 0};  /* see _tag_log_keep_fd */
+static struct log_dest path_dest = {-1, 0, 0, 0};    /* PATH.<pid> */
+static int path_lock;    /* pid of the one opener at a time; 0 = free */
+static int rescue_lock;  /* 1 while a rescue descriptor is made */
+/* fd 2's path at start, when it can be opened again (see the top) */
+static char start_path[256];
 
 static int still(const struct log_dest *d)
 {
@@ -135,22 +149,62 @@ static int log_ready;  /* _tag_log_init has run */
 void _tag_log_init(void)
 {
     struct stat st;
-    __atomic_store_n(&log_ready, 1, __ATOMIC_RELEASE);
-    if (_tag_opt.log == TAG_LOG_PATH)
-        return;  /* every line goes to the file */
-    int fd = fcntl(2, F_DUPFD_CLOEXEC, TAG_LOG_FD_MIN);
-    if (fd < 0 && errno == EINVAL)
-        fd = fcntl(2, F_DUPFD_CLOEXEC, 3);
-    if (fd < 0)
-        return;  /* fd 2 is closed at start: stderr lines go nowhere */
-    if (fstat(fd, &st) < 0) {
-        close(fd);
-        return;
+    if (_tag_opt.log != TAG_LOG_PATH && fstat(2, &st) == 0) {
+        fd2_dest.dev = st.st_dev;
+        fd2_dest.ino = st.st_ino;
+        fd2_dest.fd = 2;
+        if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+            char buf[sizeof start_path];
+            ssize_t n = readlink("/proc/self/fd/2", buf, sizeof buf - 1);
+            if (n > 0 && buf[0] == '/') {
+                buf[n] = '\0';
+                memcpy(start_path, buf, (size_t)n + 1);
+            }
+        }
     }
-    fd2_dest.fd = 2;
-    err_dest.dev = fd2_dest.dev = st.st_dev;
-    err_dest.ino = fd2_dest.ino = st.st_ino;
-    __atomic_store_n(&err_dest.fd, fd, __ATOMIC_RELEASE);
+    /* fd 2 closed at start: stderr lines go nowhere */
+    __atomic_store_n(&log_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* fds.c: the program is about to close or replace descriptor fd.  If that
+ * is fd 2 and still the stderr libtag started with, keep a duplicate of it
+ * (the rescue descriptor) so libtag's lines still reach it.  Async-signal-
+ * safe (a program may close fds in a handler). */
+void _tag_log_keep_fd(int fd)
+{
+    if (fd != 2 || _tag_opt.log != TAG_LOG_STDERR ||
+        !__atomic_load_n(&log_ready, __ATOMIC_ACQUIRE) || fd2_dest.fd != 2)
+        return;
+    int expect = 0;
+    if (!__atomic_compare_exchange_n(&rescue_lock, &expect, 1, 0, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED))
+        return;
+    if (!still(&rescue_dest) && still(&fd2_dest)) {
+        int keep = fcntl(2, F_DUPFD_CLOEXEC, TAG_LOG_FD_MIN);
+        if (keep < 0 && errno == EINVAL)
+            keep = fcntl(2, F_DUPFD_CLOEXEC, 3);
+        if (keep >= 0) {
+            rescue_dest.dev = fd2_dest.dev;
+            rescue_dest.ino = fd2_dest.ino;
+            __atomic_store_n(&rescue_dest.fd, keep, __ATOMIC_RELEASE);
+        }
+    }
+    __atomic_store_n(&rescue_lock, 0, __ATOMIC_RELEASE);
+}
+
+/* The stderr libtag started with, opened again by its path: a descriptor
+ * to write one line to and close, or -1. */
+static int reopen_start(void)
+{
+    if (!start_path[0])
+        return -1;
+    int fd = open(start_path, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != fd2_dest.dev || st.st_ino != fd2_dest.ino)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
 }
 
 /* The descriptor of this process's PATH.<pid>, opened on first use; -1 if it
@@ -216,19 +270,23 @@ static void vlog(int always, const char *fmt, va_list ap)
     int saved = errno;
     size_t n = vformat(buf, sizeof buf - 1, fmt, ap);
     buf[n++] = '\n';
-    int fd = -1;
+    int fd = -1, opened = 0;
     if (_tag_opt.log == TAG_LOG_PATH) {
         fd = path_fd();
     } else if (_tag_opt.log == TAG_LOG_STDERR || always) {
         if (!__atomic_load_n(&log_ready, __ATOMIC_ACQUIRE))
             fd = 2;  /* before libtag started (a bad LIBTAG_LOG) */
-        else if (still(&err_dest))
-            fd = err_dest.fd;
         else if (still(&fd2_dest))
-            fd = 2;  /* the program closed the duplicate, fd 2 is unchanged */
+            fd = 2;
+        else if (still(&rescue_dest))
+            fd = rescue_dest.fd;
+        else if ((fd = reopen_start()) >= 0)
+            opened = 1;
     }
     if (fd >= 0)
         write_all(fd, buf, n);
+    if (opened)
+        __close(fd);  /* not fds.c's close: it may be number 2 */
     errno = saved;
 }
 

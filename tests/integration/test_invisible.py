@@ -74,7 +74,10 @@ def test_closefrom_and_reused_numbers_keep_libtag_working_and_out_of_the_file(
     assert fd_lines(proc.stdout) == ["after 0,1,2,3"]
 
 
-PYTHON_TESTS = ["test_subprocess", "test_os", "test_signal", "test_faulthandler"]
+# test_signal is left out: its timer and stress tests failed without libtag
+# in a CI run on this 2-CPU machine (three failures, the bare run, while the
+# libtag run shared the CPUs), so its outcome says nothing about libtag.
+PYTHON_TESTS = ["test_subprocess", "test_os", "test_faulthandler"]
 TESTSUITE = Path(f"/usr/lib/python3.{sys.version_info.minor}/test/test_subprocess.py")
 
 
@@ -94,9 +97,9 @@ def outcomes(junit: Path) -> dict[str, str]:
 @pytest.mark.skipif(not TESTSUITE.is_file(),
                     reason=f"{TESTSUITE} missing: apt-get install libpython3.11-testsuite "
                            "(.ci/run installs it)")
-def test_cpython_descriptor_and_signal_tests_pass_as_without_libtag(tmp_path):
+def test_cpython_descriptor_tests_pass_as_without_libtag(tmp_path):
     # GIVEN Debian's python3 and its regression tests of subprocesses (pass_fds,
-    # close_fds), os, signals and faulthandler, under PYTHONMALLOC=malloc so
+    # close_fds), os and faulthandler, under PYTHONMALLOC=malloc so
     # every object goes through libtag
     def start(name: str, preload: bool) -> tuple[subprocess.Popen, Path]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_")}
@@ -127,7 +130,7 @@ def test_cpython_descriptor_and_signal_tests_pass_as_without_libtag(tmp_path):
     # when libtag kept a duplicate of stderr at fd 200)
     assert code == 0, out[-3000:]
     under = outcomes(junit)
-    assert len(bare) > 500, len(bare)
+    assert len(bare) > 400, len(bare)
     differ = {k: (bare.get(k), under.get(k)) for k in set(bare) | set(under)
               if bare.get(k) != under.get(k)}
     assert differ == {}

@@ -3,10 +3,11 @@
  * Programs built with -finstrument-functions call __cyg_profile_func_enter
  * and _exit around every function; we keep (this_fn, call_site, sp) per
  * depth in the thread's state (thread.c), where sp is the function's CFA: the stack
- * address it was entered from.  The interned id of each prefix is cached per
- * depth (shadow.id[]) and stays valid until that depth is re-entered, so
- * capturing the stack at an allocation interns only the frames pushed since
- * the last capture - usually none or one or two.
+ * address it was entered from.  A hash of the call sites below each depth
+ * (tag_tls.cc[], kept up to cc_valid) keys the capture memo (unwind.c), so
+ * a capture hashes only the depths changed since the last one; on a miss,
+ * the interned id of each prefix is cached per depth (shadow.id[], up to
+ * shadow.valid) and interns only the frames changed since it was computed.
  *
  * longjmp, exceptions and signal handlers that do not return skip exit
  * hooks.  So an enter or a capture first pops every entry whose frame is no

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from construct import Array, Bytes, FormatField, Int32ul, Int64ul, Padding, Struct
+from construct import Array, Bytes, FormatField, Int32sl, Int32ul, Int64ul, Padding, Struct
 
 from forensics.errors import InputError
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --------------------------------------------------------------- constants --
 
-TAG_ABI_VERSION = 2
+TAG_ABI_VERSION = 3
 
 TAG_MAGIC = 0x6754614C  # bytes "LaTg"
 TAG_MIN_PAYLOAD = 16
@@ -79,6 +79,7 @@ TAG_THREAD_REGS = 2
 TAG_NREGS = 27
 TAG_QUARANTINE_SLOTS = 4096
 TAG_REAP_REQUEST = 0x52454150  # sigqueue value: reap finished snapshot children
+TAG_SNAPSHOT_REQUEST = 0x50414E53  # sigqueue value: take an on-demand snapshot
 TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
 TAG_QUARANTINE_BYTES = 16 + 24 * TAG_QUARANTINE_SLOTS  # struct libtag_quarantine_ring
 
@@ -239,6 +240,20 @@ Crash = Struct(
     "reserved" / Int32ul,
 )
 
+SnapInfo = Struct(
+    "nonce" / Int64ul,  # the handoff request it served; 0 = written to a directory
+    "seq" / Int32ul,
+    "child" / Int32ul,  # the fork child that writes its core
+    "tid" / Int32ul,
+    "threads_stopped" / Int32ul,
+    "reason" / Int32ul,
+    "reserved" / Int32ul,
+    "pause_ns" / Int64ul,
+    "fork_ns" / Int64ul,
+    "time_ms" / Int64ul,  # CLOCK_REALTIME ms
+    "request_ns" / Int64ul,  # CLOCK_MONOTONIC of the oldest request it served
+)
+
 Control = Struct(
     "magic" / Bytes(16),
     "self" / Int64ul,
@@ -282,6 +297,13 @@ Control = Struct(
     "guard_rate" / Int32ul,  # one allocation in guard_rate is guarded, 0 = none
     "guard_used" / Int32ul,  # slots used at least once
     "guard_faults" / Int64ul,  # faults in the pool libtag handled
+    "request_signal" / Int32ul,  # libtag takes sigqueue(TAG_SNAPSHOT_REQUEST) on it; 0 = taken
+    "user_signal" / Int32ul,  # LIBTAG_SIGNAL while libtag handles it; 0 = off or taken
+    "start_euid" / Int32ul,
+    "handoff_fd" / Int32sl,  # in a handoff child: the pipe's read end; 0 = not yet, <0 = -errno
+    "request_nonce" / Int64ul,  # written from outside: hand the next snapshot over
+    "last" / SnapInfo,  # the latest snapshot taken
+    "dir" / Bytes(512),  # the snapshot root, NUL-terminated; "" = none
 )
 
 StackStats = Struct(
@@ -297,7 +319,7 @@ STACK_NODE_SIZE = StackNode.sizeof()  # 16
 SHADOW_SIZE = Shadow.sizeof()  # 7192
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
 QENTRY_SIZE = QEntry.sizeof()  # 24
-CONTROL_SIZE = Control.sizeof()  # 368
+CONTROL_SIZE = Control.sizeof()  # 968
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
 GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 72
 
@@ -313,6 +335,7 @@ STRUCTS = {
     "libtag_anomaly": Anomaly,
     "libtag_crash": Crash,
     "libtag_control": Control,
+    "libtag_snapinfo": SnapInfo,
     "libtag_stack_stats": StackStats,
 }
 

@@ -96,10 +96,14 @@ def parse_name(name: str) -> tuple[str, int, int, str] | None:
     return m["comm"], int(m["pid"]), int(m["seq"]), m["reason"]
 
 
-def list_dirs(root: str | os.PathLike[str], pid: int | None = None) -> list[SnapshotDir]:
+def list_dirs(root: str | os.PathLike[str], pid: int | None = None, *,
+              owners: Iterable[int] = ()) -> list[SnapshotDir]:
     """The snapshot directories directly in *root* (of *pid* if given), oldest seq first.
 
-    A root that does not exist has none; symlinks are never followed.
+    A root that does not exist has none; symlinks are never followed.  Only
+    directories of ours count, or of *owners*: the user of a process whose
+    own root this is (libtag keeps that root its user's and writable by
+    nobody else, so nobody else can plant a directory there).
     """
     out: list[SnapshotDir] = []
     try:
@@ -110,13 +114,13 @@ def list_dirs(root: str | os.PathLike[str], pid: int | None = None) -> list[Snap
         raise InputError(f"{root} is not a directory") from None
     except PermissionError:
         raise InputError(f"cannot read snapshot directory {root}: permission denied") from None
-    me = os.geteuid()
+    mine = {os.geteuid(), *owners}
     for e in entries:
         parsed = parse_name(e.name)
         if parsed is None or not e.is_dir(follow_symlinks=False):
             continue
         try:
-            if e.stat(follow_symlinks=False).st_uid != me:
+            if e.stat(follow_symlinks=False).st_uid not in mine:
                 continue  # not ours: anyone who can write the root could plant it
         except OSError:
             continue

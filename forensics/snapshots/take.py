@@ -1,10 +1,16 @@
-"""Taking a snapshot of a running libtag process: signal it, wait for its core,
+"""Taking a snapshot of a running libtag process: ask it, wait for its core,
 record it in the catalog.
 
-The process itself decides where its core goes: its LIBTAG_DIR (as read from
-/proc/PID/environ), else $XDG_STATE_HOME/forensics/snapshots of its own
-environment (libtag/src/snapshot.c open_snapshot_root), and which signal asks
-for it: its LIBTAG_SIGNAL (libtag/src/options.c, default SIGUSR2).
+What the process answers to and where it writes are read from libtag's
+control block in its memory (forensics/snapshots/handoff.py): the request
+signal libtag claimed (a real-time signal the program left alone), whether
+it still handles LIBTAG_SIGNAL, and the snapshot directory it resolved at
+start.  No signal the program installed a handler for is ever sent.  When
+the process could not write that directory (it dropped its privileges, or
+the directory is not its user's), the core is handed over to the caller
+instead.  When its memory cannot be read (another user's process, Yama's
+ptrace_scope), its environment is the fallback: LIBTAG_DIR, else
+$XDG_STATE_HOME/forensics/snapshots (libtag/src/snapshot.c resolve_root).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 
 from forensics.core.notes import signal_name
 from forensics.errors import InputError
+from forensics.files import default_snapshot_dir
 from forensics.reader.abi import TAG_REAP_REQUEST
 from forensics.reader.live import read_maps
 from forensics.snapshots import catalog, snapdir
@@ -145,62 +152,121 @@ def as_seen(pid: int, root: Path) -> Path:
     return Path(f"/proc/{pid}/root") / str(root).lstrip("/")
 
 
+def _creds(pid: int) -> tuple[int, set[int]]:
+    """(effective uid, every gid) of *pid*, from /proc/PID/status."""
+    uid, gids = 0, set()
+    with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if key == "Uid" and len(fields) > 1:
+                uid = int(fields[1])
+            elif key == "Gid" and len(fields) > 1:
+                gids.add(int(fields[1]))
+            elif key == "Groups":
+                gids.update(int(g) for g in fields)
+    return uid, gids
+
+
+def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
+    """Would a process of uid/gids get *bits* (a mask of 4, 2, 1) on this inode?"""
+    if uid == 0:
+        return True  # CAP_DAC_OVERRIDE (search on a directory included)
+    if st.st_uid == uid:
+        mode = st.st_mode >> 6
+    elif st.st_gid in gids:
+        mode = st.st_mode >> 3
+    else:
+        mode = st.st_mode
+    return (mode & bits) == bits
+
+
 def unwritable_reason(pid: int, root: Path) -> str | None:
     """Why the process could not make a snapshot directory in *root*, or None.
 
-    Looked at through /proc/PID/root, so a process in another mount namespace
-    (a container, a read-only bind mount) is judged by what it sees.
+    Judged as libtag in the process will be (libtag/src/snapshot.c
+    open_dir_secure): with the process's user and groups as they are now (a
+    daemon that dropped its privileges is judged as the user it became), on
+    the file system it sees (looked at through /proc/PID/root, so a process
+    in another mount namespace is judged by what it sees).
     """
+    import stat as _stat
+
+    try:
+        uid, gids = _creds(pid)
+    except (OSError, ValueError):
+        return None  # cannot tell from here
     base = Path(f"/proc/{pid}/root")
-    p = root
-    while True:
-        seen = base / str(p).lstrip("/")
+    parts = [p for p in root.parts[1:]]
+    cur = Path("/")
+    st = None
+    for i in range(len(parts) + 1):
+        seen = base / str(cur).lstrip("/")
         try:
-            st = os.lstat(seen)
+            # /proc/PID/root itself is a link to the process's root: follow that one
+            st = os.stat(seen) if cur == Path("/") else os.lstat(seen)
         except FileNotFoundError:
-            if p.parent == p:
+            # the rest is created by the process: the last existing one must
+            # let it make a directory
+            parent = cur.parent
+            try:
+                pst = os.stat(base / str(parent).lstrip("/"))
+                if os.statvfs(base / str(parent).lstrip("/")).f_flag & os.ST_RDONLY:
+                    return f"{parent} is on a read-only file system"
+            except OSError:
                 return None
-            p = p.parent
-            continue
+            if not _may(pst, uid, gids, 3):
+                return f"{parent} is not writable by uid {uid} (permission denied)"
+            return None
         except PermissionError:
             return None  # cannot tell from here
-        break
+        except OSError:
+            return None
+        if _stat.S_ISLNK(st.st_mode):
+            return f"{cur} is a symlink (libtag refuses to follow it)"
+        if i == len(parts):
+            break
+        if not _may(st, uid, gids, 1):
+            return f"uid {uid} cannot enter {cur} (permission denied)"
+        cur = cur / parts[i]
     try:
-        if os.statvfs(seen).f_flag & os.ST_RDONLY:
-            return f"{p} is on a read-only file system"
+        if os.statvfs(base / str(root).lstrip("/")).f_flag & os.ST_RDONLY:
+            return f"{root} is on a read-only file system"
     except OSError:
         return None
-    if not os.access(seen, os.W_OK | os.X_OK):
-        return f"{p} is not writable (permission denied)"
-    if p == root:
-        import stat as _stat
-        if _stat.S_ISLNK(st.st_mode):
-            return f"{root} is a symlink (libtag refuses to follow it)"
-        if st.st_mode & 0o022:
-            return (f"{root} is writable by group or others (mode {oct(st.st_mode & 0o777)}); "
-                    f"libtag refuses it: chmod 700 it")
+    if st.st_uid != uid:
+        return f"{root} belongs to uid {st.st_uid}, and the process runs as uid {uid}"
+    if st.st_mode & 0o022:
+        return (f"{root} is writable by group or others (mode {oct(st.st_mode & 0o777)}); "
+                f"libtag refuses it: chmod 700 it")
     return None
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Does *pid* have a handler for *sig* (SigCgt in /proc/PID/status)?"""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return True  # cannot tell: assume libtag's
 
 
 # ------------------------------------------------------------------ take --
 
-def ask_to_reap(pid: int) -> None:
+def ask_to_reap(pid: int, sig: int | None = None) -> None:
     """Ask a libtag process to collect its finished snapshot child now (a
-    sigqueue of TAG_REAP_REQUEST on libtag's SIGRTMAX-1), so an idle process
-    is not left with a zombie until it next allocates.  Best effort: the
-    snapshot is already complete and recorded either way."""
-    import ctypes
-    import ctypes.util
-
-    class _SigVal(ctypes.Union):
-        _fields_ = [("sival_int", ctypes.c_int), ("sival_ptr", ctypes.c_void_p)]
+    sigqueue of TAG_REAP_REQUEST on libtag's request signal), so an idle
+    process is not left with a zombie until it next allocates.  Best effort:
+    the snapshot is already complete and recorded either way; never sent
+    when the program took that signal."""
+    from forensics.snapshots.handoff import sigqueue
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, _SigVal]
-        value = _SigVal(sival_int=ctypes.c_int(TAG_REAP_REQUEST).value)
-        libc.sigqueue(pid, int(signal.SIGRTMAX) - 1, value)
-    except (OSError, AttributeError):
+        sigqueue(pid, sig if sig is not None else int(signal.SIGRTMAX) - 1, TAG_REAP_REQUEST)
+    except OSError:
         pass
 
 
@@ -230,20 +296,72 @@ def _ours(fresh: list, sent_ns: int | None):
     return None
 
 
-def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
-         note=lambda msg: None, status=None) -> dict:
-    """Signal *pid* for an on-demand snapshot, wait for its core, record it.
+class Plan:
+    """How to ask one process for a snapshot, and where its core will be."""
 
-    Returns the JSON document of `forensics snapshot --json`.
-    """
+    def __init__(self, *, root: Path | None, send, describe: str, request_sig: int | None,
+                 handoff_ctl=None) -> None:
+        self.root = root              # the process's snapshot root (None: handed over)
+        self.send = send              # callable that asks
+        self.describe = describe      # the signal, for messages
+        self.request_sig = request_sig  # libtag's request signal, for the reap request
+        self.handoff_ctl = handoff_ctl  # set: hand the core over instead
+
+
+def _plan(pid: int, proc, *, fallback_dir: str | None, signal_override: int | None,
+          note) -> Plan:
+    """Decide how to ask *pid*: from its control block when its memory can
+    be read, else from its environment."""
     import psutil
 
+    from forensics.reader.abi import TAG_SNAPSHOT_REQUEST, AbiVersionError
+    from forensics.snapshots import handoff
 
-    proc = open_process(pid)
-    if not libtag_loaded(pid):
-        raise InputError(
-            f"process {pid} is not running under libtag: start it with "
-            f"`forensics run -- CMD` or LD_PRELOAD=$(forensics lib-path)")
+    def by_kill(sig: int):
+        return lambda: os.kill(pid, sig)
+
+    def by_request(sig: int):
+        return lambda: handoff.sigqueue(pid, sig, TAG_SNAPSHOT_REQUEST)
+
+    old_abi = False
+    try:
+        ctl = handoff.read_control(pid)
+    except AbiVersionError as e:
+        note(f"{e.message}; asking it the old way (its LIBTAG_SIGNAL)")
+        ctl, old_abi = None, True
+
+    if ctl is not None:
+        root = Path(ctl.dir) if ctl.dir else None
+        if signal_override is not None:
+            if root is None:
+                raise InputError(f"pid {pid} has no snapshot directory (no LIBTAG_DIR, "
+                                 f"XDG_STATE_HOME or HOME at its start)")
+            return Plan(root=root, send=by_kill(signal_override),
+                        describe=signal_name(signal_override, unknown="signal {}"),
+                        request_sig=ctl.request_signal or None)
+        why = unwritable_reason(pid, root) if root is not None else \
+            "it has no snapshot directory (no LIBTAG_DIR, XDG_STATE_HOME or HOME at its start)"
+        if why is None:
+            if ctl.request_signal:
+                return Plan(root=root, send=by_request(ctl.request_signal),
+                            describe=f"libtag's request signal {ctl.request_signal}",
+                            request_sig=ctl.request_signal)
+            if ctl.user_signal:
+                return Plan(root=root, send=by_kill(ctl.user_signal),
+                            describe=signal_name(ctl.user_signal, unknown="signal {}"),
+                            request_sig=None)
+            raise InputError(_no_trigger(pid))
+        if not ctl.request_signal:
+            raise InputError(f"pid {pid} cannot write its snapshots ({why}) and "
+                             f"{_no_trigger(pid)[len(f'pid {pid} '):]}")
+        dest = Path(os.path.abspath(fallback_dir)) if fallback_dir else default_snapshot_dir()
+        note(f"pid {pid} cannot write its own snapshot directory ({why}): "
+             f"its core is handed over to {dest}")
+        return Plan(root=dest, send=None, describe=f"libtag's request signal {ctl.request_signal}",
+                    request_sig=ctl.request_signal, handoff_ctl=ctl)
+
+    # No control block to read (another user's process, ptrace_scope, an
+    # older libtag): its environment, as far as it can still be read.
     try:
         environ = proc.environ()
     except psutil.AccessDenied:
@@ -255,77 +373,80 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         if fallback_dir and os.path.abspath(fallback_dir) != str(root):
             note(f"pid {pid} writes its snapshots to {root} (its LIBTAG_DIR or XDG "
                  f"state dir); --dir {fallback_dir} is not used")
-        sig = parse_signal(environ.get("LIBTAG_SIGNAL"))
+        user_sig = parse_signal(environ.get("LIBTAG_SIGNAL"))
     else:
         if not fallback_dir:
             raise InputError(
-                f"cannot read the environment of pid {pid} to learn where its snapshots "
-                f"go: give its LIBTAG_DIR with --dir")
+                f"cannot read the memory or the environment of pid {pid} to learn where its "
+                f"snapshots go: run forensics as root, or give its LIBTAG_DIR with --dir")
         root = Path(os.path.abspath(fallback_dir))
-        sig = int(signal.SIGUSR2)
-    if sig is None:
+        user_sig = int(signal.SIGUSR2)
+    if signal_override is not None:
+        return Plan(root=root, send=by_kill(signal_override),
+                    describe=signal_name(signal_override, unknown="signal {}"), request_sig=None)
+    rt = int(signal.SIGRTMAX) - 1
+    if not old_abi and _catches(pid, rt):
+        return Plan(root=root, send=by_request(rt), describe=f"libtag's request signal {rt}",
+                    request_sig=rt)
+    if user_sig is None:
         raise InputError(f"process {pid} has on-demand snapshots turned off "
                          f"(LIBTAG_SIGNAL=none); restart it without that setting")
-    seen_root = as_seen(pid, root)
-    if seen_root != root:
-        note(f"pid {pid} runs in another mount namespace: its snapshot dir {root} "
-             f"is read through {seen_root}, valid while it runs")
+    if not _catches(pid, user_sig):
+        raise InputError(_no_trigger(pid))
+    return Plan(root=root, send=by_kill(user_sig),
+                describe=signal_name(user_sig, unknown="signal {}"), request_sig=None)
+
+
+def _no_trigger(pid: int) -> str:
+    return (f"pid {pid} has no snapshot trigger: the program installed its own handlers on "
+            f"the signals libtag listens on (its request signal {int(signal.SIGRTMAX) - 1} and "
+            f"LIBTAG_SIGNAL); nothing was sent.  Restart it with LIBTAG_SIGNAL set to a signal "
+            f"it leaves alone (for example RTMIN+3), or pass --signal SIG if you know one "
+            f"libtag handles")
+
+
+def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
+         signal_override: int | None = None,
+         note=lambda msg: None, status=None) -> dict:
+    """Ask *pid* for an on-demand snapshot, wait for its core, record it.
+
+    Returns the JSON document of `forensics snapshot --json`.
+    """
+    import psutil
+
+    proc = open_process(pid)
+    if not libtag_loaded(pid):
+        raise InputError(
+            f"process {pid} is not running under libtag: start it with "
+            f"`forensics run -- CMD` or LD_PRELOAD=$(forensics lib-path)")
+    plan = _plan(pid, proc, fallback_dir=fallback_dir, signal_override=signal_override,
+                 note=note)
     try:
         exe = proc.exe() or None
     except (psutil.AccessDenied, psutil.ZombieProcess, psutil.NoSuchProcess):
         exe = None
-
-    before = {d.name for d in snapdir.list_dirs(seen_root, pid)}
-    # libtag writes in each on-demand snapshot's info when the oldest request
-    # it serves arrived (request_ns, CLOCK_MONOTONIC): ours is the first that
-    # started after this moment.  A monotonic clock is only comparable in
-    # one time namespace.
-    sent_ns = time.monotonic_ns() if _same_namespace(pid, "time") else None
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        raise InputError(f"no process with pid {pid}") from None
-    except PermissionError:
-        raise _no_permission(pid, proc.uids().effective) from None
-
-    deadline = time.monotonic() + timeout
     tick = (lambda: status.update(f"waiting for the core of pid {pid}")) if status else None
-    snap = None
-    while snap is None:
-        fresh = [d for d in snapdir.list_dirs(seen_root, pid)
-                 if d.name not in before and d.reason == "on-demand"]
-        snap = _ours(fresh, sent_ns)
-        if snap is not None:
-            break
-        if snapdir.process_exited(pid):
-            raise InputError(f"process {pid} exited before it took the snapshot")
-        why = unwritable_reason(pid, root)
-        if why is not None:
-            raise InputError(
-                f"process {pid} cannot write its snapshot: {why}; it runs on without "
-                f"one (point its LIBTAG_DIR at a writable directory of its user)")
-        if time.monotonic() >= deadline:
-            raise snapdir.SnapshotTimeout(
-                f"timed out after {timeout:g} s waiting for the core of pid {pid} "
-                f"(snapshot dir {root}: no new snapshot appeared; does the process "
-                f"block or ignore {signal_name(sig, unknown='signal {}')}?)")
-        time.sleep(snapdir.POLL_S)
 
-    try:
-        snapdir.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
-    except snapdir.SnapshotTimeout:
-        raise snapdir.SnapshotTimeout(
-            f"timed out after {timeout:g} s waiting for the core of pid {pid} "
-            f"(snapshot dir {snap.path})") from None
-    except snapdir.SnapshotFailed as e:
-        raise snapdir.SnapshotFailed(
-            f"snapshot of pid {pid} failed: {snapdir.read_error(snap.path) or e.message} "
-            f"(snapshot dir {snap.path}); the process runs on") from None
+    if plan.handoff_ctl is not None:
+        from forensics.snapshots.handoff import take_handoff
+
+        path, _info = take_handoff(pid, plan.handoff_ctl, plan.root, timeout=timeout, tick=tick)
+        snap = snapdir.SnapshotDir(path, *snapdir.parse_name(path.name))
+        seen_root = root = plan.root
+    else:
+        root = plan.root
+        seen_root = as_seen(pid, root)
+        if seen_root != root:
+            note(f"pid {pid} runs in another mount namespace: its snapshot dir {root} "
+                 f"is read through {seen_root}, valid while it runs")
+        snap = _take_in_place(pid, proc, plan, seen_root, timeout=timeout, tick=tick)
+
     from forensics.files import disk_bytes
 
     core = snapdir.find_core(snap.path)
     assert core is not None  # wait_complete raised otherwise
-    ask_to_reap(pid)
+    if plan.request_sig:
+        ask_to_reap(pid, plan.request_sig)
     with catalog.Catalog() as cat:
         if seen_root == root:
             cat.add_root(root)
@@ -342,4 +463,63 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         "exe": row["exe"],
         "time": snap.time,
         "threads_stopped": row["summary"].get("threads_stopped"),
+        "handed_over": plan.handoff_ctl is not None,
     }
+
+
+def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: float, tick):
+    """Ask the process and wait for the snapshot it writes into its own directory."""
+    root = plan.root
+    # the process's own directories: its user's (checked to be the root's
+    # owner, as libtag requires of it)
+    try:
+        owner = os.stat(seen_root).st_uid
+        owners = (owner,) if owner == _creds(pid)[0] else ()
+    except (OSError, ValueError):
+        owners = ()
+    before = {d.name for d in snapdir.list_dirs(seen_root, pid, owners=owners)}
+    # libtag writes in each on-demand snapshot's info when the oldest request
+    # it serves arrived (request_ns, CLOCK_MONOTONIC): ours is the first that
+    # started after this moment.  A monotonic clock is only comparable in
+    # one time namespace.
+    sent_ns = time.monotonic_ns() if _same_namespace(pid, "time") else None
+    try:
+        plan.send()
+    except ProcessLookupError:
+        raise InputError(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise _no_permission(pid, proc.uids().effective) from None
+
+    deadline = time.monotonic() + timeout
+    snap = None
+    while snap is None:
+        fresh = [d for d in snapdir.list_dirs(seen_root, pid, owners=owners)
+                 if d.name not in before and d.reason == "on-demand"]
+        snap = _ours(fresh, sent_ns)
+        if snap is not None:
+            break
+        if snapdir.process_exited(pid):
+            raise InputError(f"process {pid} exited before it took the snapshot")
+        why = unwritable_reason(pid, root)
+        if why is not None:
+            raise InputError(
+                f"process {pid} cannot write its snapshot: {why}; it runs on without "
+                f"one (point its LIBTAG_DIR at a writable directory of its user)")
+        if time.monotonic() >= deadline:
+            raise snapdir.SnapshotTimeout(
+                f"timed out after {timeout:g} s waiting for the core of pid {pid} "
+                f"(snapshot dir {root}: no new snapshot appeared; does the process "
+                f"block or ignore {plan.describe}?)")
+        time.sleep(snapdir.POLL_S)
+
+    try:
+        snapdir.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
+    except snapdir.SnapshotTimeout:
+        raise snapdir.SnapshotTimeout(
+            f"timed out after {timeout:g} s waiting for the core of pid {pid} "
+            f"(snapshot dir {snap.path})") from None
+    except snapdir.SnapshotFailed as e:
+        raise snapdir.SnapshotFailed(
+            f"snapshot of pid {pid} failed: {snapdir.read_error(snap.path) or e.message} "
+            f"(snapshot dir {snap.path}); the process runs on") from None
+    return snap

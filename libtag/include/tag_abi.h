@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TAG_ABI_VERSION 2u
+#define TAG_ABI_VERSION 3u
 
 #ifdef __cplusplus
 #define _Static_assert static_assert  /* C++ readers include this header too */
@@ -393,6 +393,35 @@ struct libtag_crash {
  * does, once the core is complete), so an idle process keeps no zombie. */
 #define TAG_REAP_REQUEST 0x52454150u  /* "PAER" */
 
+/* ... and this value asks for an on-demand snapshot.  It is how forensics
+ * snapshot asks by default: the signal is one libtag claimed because the
+ * program left it alone, so no signal the program owns (SIGUSR2 for
+ * PostgreSQL, nginx's binary upgrade) is ever sent.  control.request_signal
+ * says whether libtag still handles it.  When control.request_nonce is not
+ * 0 at that moment, the snapshot is handed over instead of written to a
+ * directory: its fork child writes the core into a pipe whose read end it
+ * publishes in its own control.handoff_fd, for the caller to take with
+ * pidfd_getfd(2) (so a process that dropped its privileges, or sees
+ * another file system, still gives its core to whoever asked); the parent
+ * records the child in control.last with last.nonce = the request's. */
+#define TAG_SNAPSHOT_REQUEST 0x50414e53u  /* "SNAP" */
+
+/* The latest snapshot the process took (what its "info" file says). */
+struct libtag_snapinfo {
+    uint64_t nonce;           /* the handoff request it served; 0 = written to
+                                 a snapshot directory */
+    uint32_t seq;             /* control.snapshot_seq of it */
+    uint32_t child;           /* pid of the fork child that writes its core */
+    uint32_t tid;             /* thread that took it */
+    uint32_t threads_stopped; /* other threads that saved their registers */
+    uint32_t reason;          /* enum libtag_reason */
+    uint32_t reserved;
+    uint64_t pause_ns;        /* how long the process was stopped */
+    uint64_t fork_ns;         /* of which the fork */
+    uint64_t time_ms;         /* CLOCK_REALTIME, ms since the epoch */
+    uint64_t request_ns;      /* CLOCK_MONOTONIC of the oldest request it served */
+};
+
 /* control.options */
 #define TAG_OPTION_NO_PAYLOAD 1u  /* LIBTAG_PAYLOAD=omit: in this core the
                                      payload bytes of every tagged block are
@@ -471,6 +500,22 @@ struct libtag_control {
                                  0 = none */
     uint32_t guard_used;      /* slots used at least once */
     uint64_t guard_faults;    /* faults in the pool libtag handled */
+
+    /* requests from outside (forensics snapshot; see TAG_SNAPSHOT_REQUEST) */
+    uint32_t request_signal;  /* signal libtag takes requests on; 0 = the
+                                 program installed its own handler on it */
+    uint32_t user_signal;     /* LIBTAG_SIGNAL while libtag handles it; 0 =
+                                 turned off, or taken by the program */
+    uint32_t start_euid;      /* effective uid when libtag started */
+    int32_t  handoff_fd;      /* in a handoff child's memory: the pipe's read
+                                 end, once its core is being written; 0 =
+                                 not yet; -errno = it failed */
+    uint64_t request_nonce;   /* written from outside: hand the next
+                                 on-demand snapshot over (0 = none) */
+    struct libtag_snapinfo last; /* the latest snapshot taken */
+    char     dir[512];        /* the snapshot root the process writes to
+                                 (LIBTAG_DIR, else its XDG state dir, as
+                                 resolved at start); "" = none */
 };
 
 /* Per allocation stack, kept cheaply on the allocation and free paths. */
@@ -502,7 +547,11 @@ _Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
 _Static_assert(offsetof(struct libtag_control, tls_bytes) == 288, "control");
 _Static_assert(offsetof(struct libtag_control, stack_stats) == 312, "control");
 _Static_assert(offsetof(struct libtag_control, guard_pool) == 320, "control");
-_Static_assert(sizeof(struct libtag_control) == 368, "control block");
+_Static_assert(offsetof(struct libtag_control, request_signal) == 368, "control");
+_Static_assert(offsetof(struct libtag_control, last) == 392, "control");
+_Static_assert(offsetof(struct libtag_control, dir) == 456, "control");
+_Static_assert(sizeof(struct libtag_snapinfo) == 64, "snapinfo");
+_Static_assert(sizeof(struct libtag_control) == 968, "control block");
 _Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
 _Static_assert(sizeof(struct libtag_guard_slot) == 72, "guard slot record");
 

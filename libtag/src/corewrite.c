@@ -46,6 +46,7 @@
  */
 #include <elf.h>
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
@@ -140,6 +141,20 @@ static int raw_write(const void *p, size_t len, size_t *done)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
+            if (errno == EAGAIN) {
+                /* a non-blocking pipe (a handed-over snapshot): wait for
+                 * the reader, not forever */
+                struct pollfd pfd = {.fd = W.fd, .events = POLLOUT};
+                int n = poll(&pfd, 1, TAG_HANDOFF_WAIT_MS);
+                if (n > 0 && !(pfd.revents & (POLLERR | POLLHUP)))
+                    continue;
+                if (n == 0)
+                    errno = ETIMEDOUT;
+                else if (n > 0)
+                    errno = EPIPE;
+                else if (errno == EINTR)
+                    continue;
+            }
             *done = len - left;
             return err_or(EIO);
         }

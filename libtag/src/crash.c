@@ -145,6 +145,8 @@ static void warn_taken(int sig, const struct sigaction *act)
     static int warned[TAG_NSIG];
     if (!act || sig <= 0 || sig >= TAG_NSIG || warned[sig])
         return;
+    if (act->sa_handler != SIG_DFL && (sig == _tag_opt.signal || sig == TAG_REGS_SIGNAL))
+        _tag_snapshot_signal_taken(sig);
     if (sig == _tag_opt.signal && act->sa_handler != SIG_DFL) {
         warned[sig] = 1;
         _tag_log("libtag: the program installed its own handler for signal %d: "

@@ -32,6 +32,11 @@
  * its registers), and which takes forensics' reap requests (snapshot.c). */
 #define TAG_REGS_SIGNAL (SIGRTMAX - 1)
 
+/* How long a handed-over snapshot's child waits for its caller to read
+ * the pipe its core goes through (see TAG_SNAPSHOT_REQUEST), between two
+ * reads, before it gives up and exits. */
+#define TAG_HANDOFF_WAIT_MS 30000
+
 /* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
  * which CI runs once); compiled out otherwise.  A failure writes one line
  * with write(2) and aborts: no stdio, no malloc. */
@@ -1072,6 +1077,7 @@ const char *_tag_anomaly_name(uint32_t kind);
 /* -------------------------------------------------------- snapshot.c */
 TAG_COLD int _tag_snapshot(uint32_t reason);
 TAG_COLD void _tag_snapshot_init(void);   /* signal handler; after libc init */
+TAG_COLD void _tag_snapshot_signal_taken(int sig); /* the program's now */
 /* The exit snapshot (LIBTAG_AT_EXIT=snapshot), from libtag's destructor:
  * returns once its core is written, so it is complete when the process is
  * gone. */

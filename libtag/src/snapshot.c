@@ -68,6 +68,7 @@ static const char *const reason_names[] = {
 };
 
 static void reap(void);
+static void snapshot_handoff(void);
 
 static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
 {
@@ -109,6 +110,14 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
         /* from forensics snapshot: the core is complete, collect the child
          * (reap() takes no lock: a snapshot running now is not delayed) */
         reap();
+        errno = saved;
+        return;
+    }
+    if (si->si_code == SI_QUEUE && (uint32_t)si->si_value.sival_int == TAG_SNAPSHOT_REQUEST) {
+        if (__atomic_load_n(&_tag_ctl.request_nonce, __ATOMIC_ACQUIRE))
+            snapshot_handoff();
+        else
+            _tag_snapshot(TAG_REASON_ON_DEMAND);
         errno = saved;
         return;
     }
@@ -311,23 +320,32 @@ static int open_dir_secure(const char *path, int create)
 }
 
 /* The directory snapshots go to: LIBTAG_DIR, else the XDG state dir
- * ($XDG_STATE_HOME, else ~/.local/state).  Returns 0, or -1 when neither
- * names an absolute path. */
+ * ($XDG_STATE_HOME, else ~/.local/state), resolved once at start into
+ * control.dir (daemons rewrite their environment to set a process title,
+ * and a reader of the process finds it there).  Returns 0, or -1 when
+ * neither named an absolute path. */
+static void resolve_root(void)
+{
+    char *out = _tag_ctl.dir;
+    size_t cap = sizeof _tag_ctl.dir;
+    const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
+    if (_tag_opt.dir[0])
+        _tag_format(out, cap, "%s", _tag_opt.dir);
+    else if (state && state[0] == '/' && strlen(state) < cap - 32)
+        _tag_format(out, cap, "%s/forensics/snapshots", state);
+    else if (home && home[0] == '/' && strlen(home) < cap - 40)
+        _tag_format(out, cap, "%s/.local/state/forensics/snapshots", home);
+    else
+        out[0] = '\0';
+}
+
 static int snapshot_root(char *path, size_t cap)
 {
-    if (_tag_opt.dir[0]) {
-        _tag_format(path, cap, "%s", _tag_opt.dir);
-        return 0;
-    }
-    const char *state = getenv("XDG_STATE_HOME"), *home = getenv("HOME");
-    if (state && state[0] == '/')
-        _tag_format(path, cap, "%s/forensics/snapshots", state);
-    else if (home && home[0] == '/')
-        _tag_format(path, cap, "%s/.local/state/forensics/snapshots", home);
-    else {
+    if (!_tag_ctl.dir[0]) {
         _tag_format(path, cap, "(no LIBTAG_DIR, XDG_STATE_HOME or HOME)");
         return -1;
     }
+    _tag_format(path, cap, "%s", _tag_ctl.dir);
     return 0;
 }
 
@@ -438,6 +456,29 @@ __attribute__((noreturn)) static void child_fail(int dir, const char *what, int 
     __builtin_unreachable();
 }
 
+/* A handed-over snapshot: the core goes into a pipe whose read end the
+ * caller takes from this child with pidfd_getfd(2), found in this child's
+ * control.handoff_fd.  The write end does not block: a caller that never
+ * takes the pipe, or stops reading, ends the child after
+ * TAG_HANDOFF_WAIT_MS instead of leaving a copy of the process waiting. */
+__attribute__((noreturn)) static void child_handoff(void)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        __atomic_store_n(&_tag_ctl.handoff_fd, -errno, __ATOMIC_RELEASE);
+        syscall(SYS_exit_group, 1);
+    }
+    fcntl(p[1], F_SETPIPE_SZ, 1 << 20);  /* fewer wake-ups; best effort */
+    fcntl(p[1], F_SETFL, O_NONBLOCK);
+    __atomic_store_n(&_tag_ctl.handoff_fd, p[0], __ATOMIC_RELEASE);
+    int rc = _tag_write_core(p[1], (int)_tag_ctl.pid,
+                             (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads,
+                             _tag_ctl.thread_count);
+    close(p[1]);
+    syscall(SYS_exit_group, rc < 0);
+    __builtin_unreachable();
+}
+
 __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint32_t seq,
                                                  uint32_t tid)
 {
@@ -461,6 +502,9 @@ __attribute__((noreturn)) static void child_main(int dir, uint32_t reason, uint3
     _tag_quarantine_check_all();  /* before the payloads may be blanked */
     if (_tag_opt.omit_payload)
         _tag_redact_payloads();
+
+    if (dir < 0)
+        child_handoff();
 
     int path = _tag_opt.core_path;
     if (path == TAG_CORE_AUTO)
@@ -551,7 +595,25 @@ static void ask(uint64_t t)
         ;
 }
 
-static int take(uint32_t reason);
+static int take(uint32_t reason, int handoff);
+
+/* Take what is asked for meanwhile: handed-over snapshots, then one
+ * on-demand snapshot for every request made until it starts.  Stops when
+ * another thread holds busy (it looks again after letting busy go). */
+static void serve_pending(void)
+{
+    for (;;) {
+        if (__atomic_load_n(&_tag_ctl.request_nonce, __ATOMIC_ACQUIRE)) {
+            if (take(TAG_REASON_ON_DEMAND, 1) == -EBUSY)
+                return;
+        } else if (__atomic_load_n(&asked_ns, __ATOMIC_ACQUIRE)) {
+            if (take(TAG_REASON_ON_DEMAND, 0) == -EBUSY)
+                return;
+        } else {
+            return;
+        }
+    }
+}
 
 /* Take a snapshot, then the on-demand ones asked for meanwhile.
  * Async-signal-safe; returns 0 or -errno (of the first).  An on-demand
@@ -561,15 +623,21 @@ int _tag_snapshot(uint32_t reason)
 {
     if (reason == TAG_REASON_ON_DEMAND)
         ask(mono_ns());
-    int rc = take(reason);
+    int rc = take(reason, 0);
     if (rc == -EBUSY)
         return reason == TAG_REASON_ON_DEMAND ? 0 : rc;
-    while (__atomic_load_n(&asked_ns, __ATOMIC_ACQUIRE) && take(TAG_REASON_ON_DEMAND) != -EBUSY)
-        ;
+    serve_pending();
     return rc;
 }
 
-static int take(uint32_t reason)
+/* A request with control.request_nonce set: hand the core over. */
+static void snapshot_handoff(void)
+{
+    if (take(TAG_REASON_ON_DEMAND, 1) != -EBUSY)
+        serve_pending();
+}
+
+static int take(uint32_t reason, int handoff)
 {
     int saved = errno;
     _tag_ensure_init();
@@ -577,9 +645,16 @@ static int take(uint32_t reason)
         errno = saved;
         return -EBUSY;
     }
-    /* the requests this snapshot serves: all those made until now */
-    uint64_t asked = reason == TAG_REASON_ON_DEMAND ? __atomic_exchange_n(&asked_ns, 0, __ATOMIC_ACQ_REL)
-                                                    : 0;
+    /* A handoff serves its one request (another thread may have served it
+     * already); a directory snapshot every on-demand request made until now. */
+    uint64_t nonce = handoff ? __atomic_exchange_n(&_tag_ctl.request_nonce, 0, __ATOMIC_ACQ_REL) : 0;
+    if (handoff && !nonce) {
+        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+        errno = saved;
+        return 0;
+    }
+    uint64_t asked = reason == TAG_REASON_ON_DEMAND && !handoff
+                         ? __atomic_exchange_n(&asked_ns, 0, __ATOMIC_ACQ_REL) : 0;
     reap();
     (void)_tag_self();  /* registered: _tag_tls.tid and rec are set */
     uint32_t seq = __atomic_load_n(&_tag_ctl.snapshot_seq, __ATOMIC_RELAXED) + 1;
@@ -588,15 +663,18 @@ static int take(uint32_t reason)
                             : reason_names[reason];
     char name[128];
     int rc = 0;
-    int root = open_snapshot_root();
-    int dir = root >= 0 ? make_snapshot_dir(root, seq, rname, name, sizeof name) : -1;
-    if (dir < 0) {
-        rc = -errno;
-        char where[512];
-        snapshot_root(where, sizeof where);
-        _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
-                 where, -rc);
-        goto out;
+    int root = -1, dir = -1;
+    if (!handoff) {
+        root = open_snapshot_root();
+        dir = root >= 0 ? make_snapshot_dir(root, seq, rname, name, sizeof name) : -1;
+        if (dir < 0) {
+            rc = -errno;
+            char where[512];
+            snapshot_root(where, sizeof where);
+            _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
+                     where, -rc);
+            goto out;
+        }
     }
 
     uint64_t t0 = mono_ns();
@@ -617,16 +695,32 @@ static int take(uint32_t reason)
         __atomic_store_n(&_tag_ctl.snapshot_seq, seq, __ATOMIC_RELEASE);
         if (reason != TAG_REASON_EXIT)
             remember((pid_t)child);
-        char info[512];
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
+        struct libtag_snapinfo *l = &_tag_ctl.last;
+        __atomic_store_n(&l->nonce, 0, __ATOMIC_RELEASE);
+        l->seq = seq;
+        l->child = (uint32_t)child;
+        l->tid = _tag_tls.tid;
+        l->threads_stopped = stopped;
+        l->reason = reason;
+        l->pause_ns = t2 - t0;
+        l->fork_ns = t2 - t1;
+        l->time_ms = (uint64_t)now.tv_sec * 1000ull + (uint64_t)now.tv_nsec / 1000000ull;
+        l->request_ns = asked ? asked : t0;
+        /* the caller polls for its nonce: everything else first */
+        __atomic_store_n(&l->nonce, nonce, __ATOMIC_RELEASE);
+        if (handoff) {
+            _tag_log("libtag: snapshot %u (%s) handed over to the caller", seq, rname);
+            goto out;
+        }
+        char info[512];
         size_t n = _tag_format(info, sizeof info,
             "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
             "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\nrequest_ns=%lu\n",
             (int)getpid(), child, seq, rname, _tag_tls.tid, stopped,
-            (unsigned long)(t2 - t0), (unsigned long)(t2 - t1),
-            (unsigned long)now.tv_sec * 1000ul + (unsigned long)now.tv_nsec / 1000000ul,
-            (unsigned long)(asked ? asked : t0));
+            (unsigned long)l->pause_ns, (unsigned long)l->fork_ns,
+            (unsigned long)l->time_ms, (unsigned long)l->request_ns);
         write_file(dir, "info", info, n);
         /* The process is about to be gone: wait for the core here, so that
          * whoever waits for the process finds it complete. */
@@ -637,8 +731,9 @@ static int take(uint32_t reason)
         snapshot_root(where, sizeof where);
         _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname, where, name);
     }
-    close(dir);
 out:
+    if (dir >= 0)
+        close(dir);
     if (root >= 0)
         close(root);
     __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
@@ -720,7 +815,7 @@ void _tag_die(int sig)
 void _tag_snapshot_at_exit(void)
 {
     /* Another thread may be taking a snapshot: wait for it (2 s at most). */
-    for (int i = 0; i < 200 && take(TAG_REASON_EXIT) == -EBUSY; i++) {
+    for (int i = 0; i < 200 && take(TAG_REASON_EXIT, 0) == -EBUSY; i++) {
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
@@ -741,14 +836,28 @@ static void snapshot_handler(int sig, siginfo_t *si, void *uc)
 
 void _tag_snapshot_init(void)
 {
+    resolve_root();
+    _tag_ctl.start_euid = (uint32_t)geteuid();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = regs_handler;
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigfillset(&sa.sa_mask);
-    __sigaction(TAG_REGS_SIGNAL, &sa, NULL);
+    if (__sigaction(TAG_REGS_SIGNAL, &sa, NULL) == 0)
+        __atomic_store_n(&_tag_ctl.request_signal, TAG_REGS_SIGNAL, __ATOMIC_RELEASE);
     if (_tag_opt.signal) {
         sa.sa_sigaction = snapshot_handler;
-        __sigaction(_tag_opt.signal, &sa, NULL);
+        if (__sigaction(_tag_opt.signal, &sa, NULL) == 0)
+            __atomic_store_n(&_tag_ctl.user_signal, (uint32_t)_tag_opt.signal, __ATOMIC_RELEASE);
     }
+}
+
+/* The program installed its own action for sig: libtag no longer takes
+ * requests on it, and says so in the control block. */
+void _tag_snapshot_signal_taken(int sig)
+{
+    uint32_t s = (uint32_t)sig, cur = s;
+    __atomic_compare_exchange_n(&_tag_ctl.request_signal, &cur, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    cur = s;
+    __atomic_compare_exchange_n(&_tag_ctl.user_signal, &cur, 0, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }

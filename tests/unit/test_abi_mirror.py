@@ -61,6 +61,8 @@ def _ones(con):
     inner = getattr(con, "subcon", None)
     if inner is not None and not isinstance(con, FormatField):
         return _ones(inner)
+    if isinstance(con, FormatField) and con.fmtstr[-1:].islower():
+        return -1  # a signed field: every bit set
     return (1 << (8 * con.sizeof())) - 1
 
 
@@ -101,7 +103,7 @@ CONSTANTS = [
     "TAG_ALLOC_MALLOC", "TAG_ALLOC_NEW", "TAG_ALLOC_NEW_ARRAY", "TAG_ALLOC_NEW_ALIGNED",
     "TAG_ALLOC_NEW_ARRAY_ALIGNED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
     "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_FRAME_SIGNAL", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
-    "TAG_THREAD_REGS", "TAG_NREGS", "TAG_QUARANTINE_SLOTS", "TAG_QUARANTINE_BYTES", "TAG_OPTION_NO_PAYLOAD", "TAG_REAP_REQUEST", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
+    "TAG_THREAD_REGS", "TAG_NREGS", "TAG_QUARANTINE_SLOTS", "TAG_QUARANTINE_BYTES", "TAG_OPTION_NO_PAYLOAD", "TAG_REAP_REQUEST", "TAG_SNAPSHOT_REQUEST", "TAG_REASON_NONE", "TAG_REASON_ON_DEMAND", "TAG_REASON_ANOMALY",
     "TAG_REASON_CRASH", "TAG_REASON_EXIT", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
     "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
@@ -200,7 +202,10 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 368
+    assert probe["sizeof"]["libtag_control"] == 968
+    assert probe["field"][("libtag_control", "request_signal")] == (368, 4)
+    assert probe["field"][("libtag_control", "last")] == (392, 64)
+    assert probe["field"][("libtag_control", "dir")] == (456, 512)
     assert probe["field"][("libtag_control", "stack_stats")] == (312, 8)
     assert probe["field"][("libtag_control", "guard_pool")] == (320, 8)
     assert probe["sizeof"]["libtag_stack_stats"] == 32

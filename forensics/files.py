@@ -128,10 +128,12 @@ def disk_bytes(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def open_own_file(path: str | os.PathLike[str], flags: int) -> tuple[int, os.stat_result] | None:
-    """(fd, its stat) of a regular file of ours at path, opened with flags,
-    never through a symlink at its last component; None (nothing left open)
-    when it cannot be opened or is not such a file."""
+def open_own_file(path: str | os.PathLike[str], flags: int, *,
+                  any_owner: bool = False) -> tuple[int, os.stat_result] | None:
+    """(fd, its stat) of a regular file of ours (of anyone's, with
+    any_owner) at path, opened with flags, never through a symlink at its
+    last component; None (nothing left open) when it cannot be opened or is
+    not such a file."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -141,7 +143,7 @@ def open_own_file(path: str | os.PathLike[str], flags: int) -> tuple[int, os.sta
     except OSError:
         os.close(fd)
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+    if not stat.S_ISREG(st.st_mode) or (st.st_uid != os.geteuid() and not any_owner):
         os.close(fd)
         return None
     return fd, st

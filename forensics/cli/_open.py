@@ -29,7 +29,14 @@ def open_dump(path: str, args=None, *, plain: bool = False):
             raise InputError(f"--sysroot {root}: no such directory")
     from forensics.snapshots.complete import complete_core
 
-    complete_core(path)  # a kernel-written snapshot core gets every thread's registers
+    def _note(msg: str) -> None:
+        from forensics.output import text
+
+        text.err_console().print(f"forensics: note: {msg}", markup=False, highlight=False,
+                                 soft_wrap=True)
+
+    # a kernel-written snapshot core gets every thread's registers
+    complete_core(path, note=_note)
     bar = None
     task = None
     if sys.stderr.isatty():

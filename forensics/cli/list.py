@@ -1,15 +1,17 @@
 """List the snapshots in the catalog.
 
-    forensics list [--json]
+    forensics list [--dir DIR]... [--json]
 
-Looks first in the snapshot folders forensics knows (the default
-$XDG_STATE_HOME/forensics/snapshots and every --dir or LIBTAG_DIR it has
-used) for snapshots taken since, and catalogs the complete ones.  Each
-snapshot is two lines: its catalog number, time, pid, executable, reason,
-pause and size on disk (and the apparent size of a sparse core), then its
-core's path.  --json prints an array, oldest first, of {"core", "pid", "exe",
-"time", "reason", "pause_ms", "core_bytes", "disk_bytes", "dir", "exists",
-"summary", "id"}.
+Looks first in the snapshot folders forensics knows for snapshots taken
+since, and catalogs the complete ones: the default
+$XDG_STATE_HOME/forensics/snapshots, every --dir or LIBTAG_DIR it has used,
+the snapshot folder of every running process under libtag whose memory it
+can read (a process preloaded by hand, a daemon), and each --dir given here
+(remembered from then on).  Each snapshot is two lines: its catalog number,
+time, pid, executable, reason, pause and size on disk (and the apparent size
+of a sparse core), then its core's path.  --json prints an array, oldest
+first, of {"core", "pid", "exe", "time", "reason", "pause_ms", "core_bytes",
+"disk_bytes", "dir", "exists", "summary", "id"}.
 """
 
 from __future__ import annotations
@@ -22,7 +24,36 @@ from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", metavar="DIR", action="append", default=[],
+                        help="also look in DIR (a LIBTAG_DIR of a process forensics did not "
+                             "start), and remember it; may be given more than once")
     _args.json_flag(parser)
+
+
+def _live_roots() -> set[str]:
+    """The snapshot folders of the running processes under libtag whose
+    memory we may read (from libtag's control block in each)."""
+    import psutil
+
+    from forensics.snapshots.handoff import read_control
+    from forensics.snapshots.take import libtag_loaded
+
+    out: set[str] = set()
+    for p in psutil.process_iter():
+        try:
+            if p.pid == os.getpid() or not libtag_loaded(p.pid):
+                continue
+            ctl = read_control(p.pid)
+        except Exception:  # gone, not ours, another ABI: skip it  # noqa: BLE001
+            continue
+        if ctl is not None and ctl.dir:
+            seen = f"/proc/{p.pid}/root{ctl.dir}"
+            try:
+                if os.path.samefile(seen, ctl.dir):
+                    out.add(ctl.dir)
+            except OSError:
+                continue
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -32,7 +63,13 @@ def main(args: argparse.Namespace) -> int:
     from forensics.snapshots.catalog import Catalog
 
     with Catalog() as cat:
-        roots = {str(default_snapshot_dir()), *cat.roots()}
+        for d in args.dir:
+            if not os.path.isdir(d):
+                from forensics.errors import InputError
+
+                raise InputError(f"{d} is not a directory")
+            cat.add_root(d)
+        roots = {str(default_snapshot_dir()), *cat.roots(), *_live_roots()}
         for root in sorted(roots):
             try:
                 snapdir.scan_and_record(root, catalog=cat)
@@ -46,7 +83,9 @@ def main(args: argparse.Namespace) -> int:
     out = text.out_console()
     if not entries:
         out.print("no snapshots in the catalog yet: take one with "
-                  "`forensics snapshot PID` or `forensics run -- CMD`", markup=False, soft_wrap=True)
+                  "`forensics snapshot PID` or `forensics run -- CMD`; a process you "
+                  "preloaded by hand writes to its LIBTAG_DIR (libtag logs each snapshot's "
+                  "path): `forensics list --dir DIR`", markup=False, soft_wrap=True)
         return 0
     for e in entries:
         doc = e.to_json()

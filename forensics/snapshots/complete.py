@@ -100,12 +100,19 @@ def _new_notes(core: Core, raw, ctl, records) -> bytes | None:
     return b"".join(out)
 
 
-def complete_core(path: str | os.PathLike[str]) -> bool:
+def complete_core(path: str | os.PathLike[str], note=None) -> bool:
     """Give a kernel-written snapshot core every thread's registers (see the
     module docstring).  True when the core was rewritten; False when it was
-    left alone.  Never raises for a core it cannot or need not complete."""
+    left alone.  Never raises for a core it cannot or need not complete.
+
+    A core of another user's (a server's snapshot read by root) is completed
+    when we are root; otherwise, when it needs it, note() is told why not."""
     opened = open_own_file(path, os.O_RDWR)
+    if opened is None and os.geteuid() == 0:
+        opened = open_own_file(path, os.O_RDWR, any_owner=True)
     if opened is None:
+        if note is not None:
+            _why_not(path, note)
         return False
     fd, st = opened
     try:
@@ -118,7 +125,23 @@ def complete_core(path: str | os.PathLike[str]) -> bool:
         os.close(fd)
 
 
-def _complete(fd: int, size: int) -> bool:
+def _why_not(path, note) -> None:
+    opened = open_own_file(path, os.O_RDONLY, any_owner=True)
+    if opened is None:
+        return
+    fd, st = opened
+    try:
+        if st.st_uid != os.geteuid() and _complete(fd, st.st_size, write=False):
+            note(f"{path} belongs to uid {st.st_uid}: gdb sees only the thread that took "
+                 f"the snapshot; run forensics once as its owner (or root) to add every "
+                 f"thread's registers to it")
+    except (ForensicsError, OSError, ValueError, ConstructError):
+        pass
+    finally:
+        os.close(fd)
+
+
+def _complete(fd: int, size: int, write: bool = True) -> bool:
     with Core(f"/proc/self/fd/{fd}") as core:
         mm = core._map()
         ehdr = elf.read_ehdr(mm, core.path, size)
@@ -144,6 +167,8 @@ def _complete(fd: int, size: int) -> bool:
         if ehdr.e_phentsize != PHDR_SIZE or phoff < EHDR_SIZE:
             return False
         new_ph = {k: v for k, v in ph.items() if not k.startswith("_")}
+    if not write:
+        return True
     start = (size + 7) & ~7
     os.pwrite(fd, b"\0" * (start - size) + notes, size)
     os.fsync(fd)

@@ -115,6 +115,15 @@ def list_dirs(root: str | os.PathLike[str], pid: int | None = None, *,
     except PermissionError:
         raise InputError(f"cannot read snapshot directory {root}: permission denied") from None
     mine = {os.geteuid(), *owners}
+    try:
+        rst = os.stat(root)
+        if not rst.st_mode & 0o022:
+            # a root only its owner may write: nobody else can plant a
+            # directory there, so its owner's are as good as ours (libtag in
+            # a process of that user made them)
+            mine.add(rst.st_uid)
+    except OSError:
+        pass
     for e in entries:
         parsed = parse_name(e.name)
         if parsed is None or not e.is_dir(follow_symlinks=False):
@@ -223,7 +232,8 @@ def is_complete(snap: SnapshotDir, *, writer_exited: Callable[[int], bool] = pro
 
 
 def wait_complete(path: str | os.PathLike[str] | SnapshotDir, timeout: float,
-                  *, tick: Callable[[], None] | None = None) -> SnapshotDir:
+                  *, tick: Callable[[], None] | None = None,
+                  writer_exited: Callable[[int], bool] = process_exited) -> SnapshotDir:
     """Wait until the core of one snapshot directory is complete; return it (info read).
 
     Complete: the writer (the fork child, or the crashing process) has exited
@@ -235,7 +245,7 @@ def wait_complete(path: str | os.PathLike[str] | SnapshotDir, timeout: float,
     deadline = time.monotonic() + timeout
     last_size = -1
     while True:
-        done, core = is_complete(snap)
+        done, core = is_complete(snap, writer_exited=writer_exited)
         if done:
             if core is None:
                 # The writer may have left the error file just before exiting.

@@ -149,7 +149,13 @@ def as_seen(pid: int, root: Path) -> Path:
     the target runs in another mount namespace (a container, a private mount)."""
     if _same_namespace(pid, "mnt"):
         return root
-    return Path(f"/proc/{pid}/root") / str(root).lstrip("/")
+    seen = Path(f"/proc/{pid}/root") / str(root).lstrip("/")
+    try:
+        if os.path.samefile(seen, root):
+            return root  # the same folder here too: a path that outlives the process
+    except OSError:
+        pass
+    return seen
 
 
 def _creds(pid: int) -> tuple[int, set[int]]:
@@ -240,6 +246,37 @@ def unwritable_reason(pid: int, root: Path) -> str | None:
         return (f"{root} is writable by group or others (mode {oct(st.st_mode & 0o777)}); "
                 f"libtag refuses it: chmod 700 it")
     return None
+
+
+def _ns_pid(pid: int) -> int:
+    """*pid* as the process itself sees it (the innermost of NSpid: in a
+    container's pid namespace libtag names its directories with that)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+def _child_exited_in_ns(parent: int):
+    """writer_exited for a process in another pid namespace: its snapshot
+    child's pid in the info file is the namespace's; find that child among
+    the parent's children (libtag's fork child stays one until reaped)."""
+    def exited(ns_child: int) -> bool:
+        import psutil
+
+        try:
+            kids = psutil.Process(parent).children()
+        except psutil.Error:
+            return True
+        for k in kids:
+            if _ns_pid(k.pid) == ns_child:
+                return snapdir.process_exited(k.pid)
+        return True
+    return exited
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -477,7 +514,8 @@ def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: floa
         owners = (owner,) if owner == _creds(pid)[0] else ()
     except (OSError, ValueError):
         owners = ()
-    before = {d.name for d in snapdir.list_dirs(seen_root, pid, owners=owners)}
+    ns_pid = _ns_pid(pid)  # libtag names its directories with the pid it sees
+    before = {d.name for d in snapdir.list_dirs(seen_root, ns_pid, owners=owners)}
     # libtag writes in each on-demand snapshot's info when the oldest request
     # it serves arrived (request_ns, CLOCK_MONOTONIC): ours is the first that
     # started after this moment.  A monotonic clock is only comparable in
@@ -493,7 +531,7 @@ def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: floa
     deadline = time.monotonic() + timeout
     snap = None
     while snap is None:
-        fresh = [d for d in snapdir.list_dirs(seen_root, pid, owners=owners)
+        fresh = [d for d in snapdir.list_dirs(seen_root, ns_pid, owners=owners)
                  if d.name not in before and d.reason == "on-demand"]
         snap = _ours(fresh, sent_ns)
         if snap is not None:
@@ -513,7 +551,9 @@ def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: floa
         time.sleep(snapdir.POLL_S)
 
     try:
-        snapdir.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick)
+        snapdir.wait_complete(snap, max(deadline - time.monotonic(), 0.0), tick=tick,
+                              writer_exited=(snapdir.process_exited if ns_pid == pid
+                                             else _child_exited_in_ns(pid)))
     except snapdir.SnapshotTimeout:
         raise snapdir.SnapshotTimeout(
             f"timed out after {timeout:g} s waiting for the core of pid {pid} "

@@ -148,3 +148,46 @@ def _start_with_fields(exe: Path, snaps: Path, *args: str):
     assert line.startswith("ready pid="), f"expected 'ready pid=N ...', got {line!r}"
     fields = dict(kv.split("=", 1) for kv in line.split()[1:])
     return proc, int(fields["pid"]), fields
+
+
+def test_a_process_in_its_own_pid_and_mount_namespace(build_victim, run_cli, tmp_path):
+    # GIVEN the victim in a new pid and mount namespace (as in a container):
+    # it sees itself as pid 1 or 2 and names its snapshot directories so
+    probe = subprocess.run(["unshare", "-p", "-m", "-f", "--mount-proc", "true"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a pid and mount namespace here: {probe.stderr.strip()}")
+    import psutil
+
+    exe = build_victim("daemonlike")
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    env = S.victim_env("auto", snaps)
+    preload = env.pop("LD_PRELOAD")  # for the victim only
+    proc = subprocess.Popen(["unshare", "-p", "-m", "-f", "--mount-proc", "env",
+                             f"LD_PRELOAD={preload}", str(exe)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the victim did not print 'ready' within 60 s"
+        fields = dict(kv.split("=", 1) for kv in proc.stdout.readline().split()[1:])
+        inner = int(fields["pid"])
+        (host,) = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)
+                   if p.exe() == str(exe)]
+        assert host != inner, "expected the victim to see another pid than the host's"
+        # WHEN forensics snapshot <its host pid>
+        result = run_cli("snapshot", host, "--json", "--timeout", "60",
+                         env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        proc.stdin.write("count\n")
+        proc.stdin.flush()
+        counts = proc.stdout.readline().strip()
+    finally:
+        S.finish(proc)
+    # THEN the process wrote its core into its LIBTAG_DIR, read through
+    # /proc/PID/root, in the directory named with the pid it sees
+    assert result.returncode == 0, f"expected exit 0, got {result.returncode}: {result.stderr}"
+    doc = json.loads(result.stdout)
+    assert doc["handed_over"] is False and doc["pid"] == host, doc
+    assert Path(doc["core"]).parent == snaps / f"{exe.name[:15]}-{inner}-1-on-demand", doc
+    assert Path(doc["core"]).stat().st_size == doc["core_bytes"] > 0
+    assert counts == ZERO_COUNTS, counts

@@ -65,15 +65,20 @@ class Control:
 
 def _candidate_regions(pid: int) -> list[tuple[int, int]]:
     """Where libtag's .data/.bss lie: libtag's writable file mappings and the
-    anonymous mapping right after one of its mappings."""
+    run of anonymous mappings right after its last one (its .bss; parts of
+    it may have other protections, which split it into several)."""
     maps = read_maps(pid)
-    ends = {m.end for m in maps if m.path and "libtag" in os.path.basename(m.path)}
     out = []
+    prev_end = None
     for m in maps:
-        if not m.writable or not m.readable:
-            continue
-        if (m.path and "libtag" in os.path.basename(m.path)) or (m.path is None and m.start in ends):
-            out.append((m.start, m.end))
+        ours = bool(m.path) and "libtag" in os.path.basename(m.path)
+        follows = m.path is None and prev_end is not None and m.start == prev_end
+        if ours or follows:
+            if m.writable and m.readable:
+                out.append((m.start, m.end))
+            prev_end = m.end
+        else:
+            prev_end = None
     return out
 
 
@@ -108,9 +113,19 @@ def read_control(pid: int) -> Control | None:
                                 f"this forensics speaks version {abi.TAG_ABI_VERSION}")
                         return _control(addr, ctl)
                 at = data.find(magic, at + 1)
-        return None
     finally:
         os.close(fd)
+    # libtag linked into the program (libtag.a): anywhere writable
+    from forensics.reader.live import LiveMemory
+
+    try:
+        with LiveMemory(pid) as mem:
+            addr, ctl = abi.find_control(mem)
+    except abi.AbiVersionError:
+        raise
+    except ForensicsError:
+        return None
+    return _control(addr, ctl)
 
 
 def _control(addr: int, ctl) -> Control:

@@ -191,3 +191,36 @@ def test_a_process_in_its_own_pid_and_mount_namespace(build_victim, run_cli, tmp
     assert Path(doc["core"]).parent == snaps / f"{exe.name[:15]}-{inner}-1-on-demand", doc
     assert Path(doc["core"]).stat().st_size == doc["core_bytes"] > 0
     assert counts == ZERO_COUNTS, counts
+
+
+def test_list_finds_the_snapshots_of_a_process_preloaded_by_hand(build_victim, run_cli,
+                                                                 tmp_path):
+    # GIVEN a victim preloaded by hand with its own LIBTAG_DIR, which took a
+    # snapshot on a `kill -USR2` (forensics never heard of it or its folder)
+    exe = build_victim("snap_churn")
+    snaps = tmp_path / "by-hand"
+    proc, pid = S.start([str(exe), "2"], S.victim_env("self", snaps))
+    try:
+        os.kill(pid, signal.SIGUSR2)
+        S.wait_until(lambda: any((d / "info").exists() for d in S.snapshot_dirs(snaps)), 60,
+                     "the victim's own snapshot")
+        (snap,) = S.snapshot_dirs(snaps)
+        S.wait_until(lambda: "child=" in (snap / "info").read_text(), 60, "its info")
+        # WHEN forensics list runs with a catalog that knows nothing, while it runs
+        live = run_cli("list", "--json", env={"XDG_STATE_HOME": str(tmp_path / "s1")})
+    finally:
+        S.finish(proc)
+    # THEN the snapshot is found in the running process's folder
+    assert live.returncode == 0, live.stderr
+    # (other processes under libtag on this machine may add their own)
+    mine = [(e["pid"], e["core"]) for e in json.loads(live.stdout)
+            if e["core"].startswith(str(snaps))]
+    assert mine == [(pid, str(snap / "core"))], live.stdout
+    # ... and once the process is gone: not found by a new catalog, until --dir names it
+    fresh = {"XDG_STATE_HOME": str(tmp_path / "s2")}
+    none = run_cli("list", env=fresh)
+    assert none.returncode == 0 and "forensics list --dir DIR" in none.stdout, none.stdout
+    named = run_cli("list", "--dir", snaps, "--json", env=fresh)
+    assert [e["pid"] for e in json.loads(named.stdout)] == [pid], named.stdout
+    again = run_cli("list", "--json", env=fresh)  # remembered
+    assert [e["pid"] for e in json.loads(again.stdout)] == [pid], again.stdout

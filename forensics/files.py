@@ -135,7 +135,9 @@ def open_own_file(path: str | os.PathLike[str], flags: int, *,
     last component; None (nothing left open) when it cannot be opened or is
     not such a file."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted at path must not block the open (a
+        # regular file ignores the flag)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:

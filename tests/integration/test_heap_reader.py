@@ -387,4 +387,4 @@ def test_another_abi_version_is_named(case: Case, tmp_path):
     path = _patched_core(case, tmp_path, {"abi_version": 99})
     with pytest.raises(abi.AbiVersionError) as err:
         Heap(CoreMemory(Core(path)))
-    assert "has ABI version 99, this forensics reads version 2" in str(err.value)
+    assert "has ABI version 99, this forensics reads version 3" in str(err.value)

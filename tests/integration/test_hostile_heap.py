@@ -162,7 +162,7 @@ def test_shadow_stack_pointer_into_nothing(hostile, forensics_json):
     assert any(w.startswith("the shadow stack of thread ") and w.endswith("at 0x10000 is not readable")
                for w in doc["warnings"]), doc["warnings"]
     (stack,) = [t["stack"] for t in doc["threads"]]
-    assert (stack[0]["function"], stack[0]["libtag"]) == ("take", True), stack[0]
+    assert (stack[0]["function"], stack[0]["libtag"]) == ("_tag_snapshot_take", True), stack[0]
     assert [f["function"] for f in stack if f["file"] and f["file"].endswith("rob_hostile.c")] == ["main"]
     # AND the blocks are still found
     code, w, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")

@@ -311,7 +311,7 @@ def test_snapshot_threads_equal_gdb(rs_exe, run_victim, run_cli, tmp_path, core_
     # AND the snapshotting thread starts in libtag's snapshot code (marked),
     # then the program's call to libtag_snapshot(), down to _start
     main = ours[main_tid]
-    assert main[0]["libtag"] and main[0]["function"] == "take", main[0]
+    assert main[0]["libtag"] and main[0]["function"] == "_tag_snapshot_take", main[0]
     assert own(main, "rs_stacks.c") == ["take_snapshot", "park_mode", "main"], main
     assert main[-1]["function"] == "_start" and not any(f["libtag"] for f in main[-6:]), main
     # AND the frames are gdb's on the same core: every thread where the core

@@ -507,19 +507,36 @@ def parse_control(data: bytes) -> Any:
     return Control.parse(data)
 
 
+def _libtag_run(regions: list[Region]) -> set[int]:
+    """Starts of libtag's own mappings and of the anonymous ones right after
+    them: its .bss, which the kernel splits where parts of it have other
+    protections (the debug build's is three mappings)."""
+    out: set[int] = set()
+    prev_end = None
+    for r in sorted(regions, key=lambda r: r.start):
+        if "libtag" in (r.path or "") or (r.path is None and r.start == prev_end):
+            out.add(r.start)
+            prev_end = r.end
+        else:
+            prev_end = None
+    return out
+
+
 def find_control(mem: Memory) -> tuple[int, Any]:
     """(address, parsed Control) of the libtag control block in mem.
 
-    Searches the writable regions, libtag's own and small ones first (the block
-    is in libtag's .bss, or the program's with a static libtag).  A hit counts
-    only if its ``self`` field equals its address.  Raises NoLibtagError if no
-    region holds one, AbiVersionError if it is of another ABI version.
+    Searches the writable regions, libtag's own (its file mappings and the
+    .bss after them) and small ones first (the block is in libtag's .bss, or
+    the program's with a static libtag).  A hit counts only if its ``self``
+    field equals its address.  Raises NoLibtagError if no region holds one,
+    AbiVersionError if it is of another ABI version.
     """
-    regions = [r for r in mem.regions() if r.writable]
+    every = mem.regions()
+    ours = _libtag_run(every)
+    regions = [r for r in every if r.writable]
 
     def order(r: Region) -> tuple[int, int]:
-        path = r.path or ""
-        return (0 if "libtag" in path else 1, r.end - r.start)
+        return (0 if r.start in ours else 1, r.end - r.start)
 
     mismatch = None
     for region in sorted(regions, key=order):

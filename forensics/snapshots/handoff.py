@@ -38,7 +38,8 @@ from typing import Callable
 
 from forensics.errors import ForensicsError, InputError
 from forensics.reader import abi
-from forensics.reader.live import read_maps
+from forensics.reader.live import LiveMemory
+from forensics.snapshots.snapdir import process_exited
 
 _OFF = abi.field_offsets(abi.Control)
 _SYS_PIDFD_GETFD = 438  # x86_64
@@ -63,68 +64,21 @@ class Control:
 
 # ------------------------------------------------------------- control --
 
-def _candidate_regions(pid: int) -> list[tuple[int, int]]:
-    """Where libtag's .data/.bss lie: libtag's writable file mappings and the
-    run of anonymous mappings right after its last one (its .bss; parts of
-    it may have other protections, which split it into several)."""
-    maps = read_maps(pid)
-    out = []
-    prev_end = None
-    for m in maps:
-        ours = bool(m.path) and "libtag" in os.path.basename(m.path)
-        follows = m.path is None and prev_end is not None and m.start == prev_end
-        if ours or follows:
-            if m.writable and m.readable:
-                out.append((m.start, m.end))
-            prev_end = m.end
-        else:
-            prev_end = None
-    return out
-
-
 def read_control(pid: int) -> Control | None:
     """The control block of *pid*, or None when its memory cannot be read
     (not ours, ptrace_scope) or it holds none.  Raises AbiVersionError when
     libtag in the process is of another ABI version."""
-    magic = abi.TAG_CONTROL_MAGIC
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        mem = LiveMemory(pid)
+    except InputError:
         return None
-    try:
+    with mem:
         try:
-            regions = _candidate_regions(pid)
-        except OSError:
-            return None
-        for start, end in regions:
-            try:
-                data = os.pread(fd, end - start, start)
-            except OSError:
-                continue
-            at = data.find(magic)
-            while at >= 0:
-                addr = start + at
-                if at % 8 == 0 and at + abi.CONTROL_SIZE <= len(data):
-                    ctl = abi.Control.parse(data[at:at + abi.CONTROL_SIZE])
-                    if ctl.self == addr:
-                        if ctl.abi_version != abi.TAG_ABI_VERSION:
-                            raise abi.AbiVersionError(
-                                f"libtag in pid {pid} is of ABI version {ctl.abi_version}, "
-                                f"this forensics speaks version {abi.TAG_ABI_VERSION}")
-                        return _control(addr, ctl)
-                at = data.find(magic, at + 1)
-    finally:
-        os.close(fd)
-    # libtag linked into the program (libtag.a): anywhere writable
-    from forensics.reader.live import LiveMemory
-
-    try:
-        with LiveMemory(pid) as mem:
             addr, ctl = abi.find_control(mem)
-    except abi.AbiVersionError:
-        raise
-    except ForensicsError:
-        return None
+        except abi.AbiVersionError:
+            raise
+        except ForensicsError:
+            return None
     return _control(addr, ctl)
 
 
@@ -292,12 +246,10 @@ def take_handoff(pid: int, ctl: Control, root: Path, *, timeout: float,
         except OSError as e:
             os.pwrite(mem, struct.pack("<Q", 0), req)
             raise InputError(f"cannot signal pid {pid}: {e.strerror}") from None
-        last = None
         while True:
             last = abi.SnapInfo.parse(os.pread(mem, abi.SnapInfo.sizeof(), ctl.addr + _OFF["last"]))
             if last.nonce == nonce:
                 break
-            from forensics.snapshots.snapdir import process_exited
             if process_exited(pid):
                 raise InputError(f"process {pid} exited before it took the snapshot")
             if time.monotonic() >= deadline:

@@ -88,7 +88,26 @@ def libtag_loaded(pid: int) -> bool:
     return _exe_exports_libtag(pid)
 
 
+# (device, inode, mtime) of an executable -> whether it exports libtag:
+# `forensics list` asks this of every process, and a server's many
+# processes share one executable
+_EXPORTS: dict[tuple[int, int, int], bool] = {}
+
+
 def _exe_exports_libtag(pid: int) -> bool:
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+    except PermissionError:
+        raise _no_permission(pid) from None
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    if key not in _EXPORTS:
+        _EXPORTS[key] = _exe_file_exports_libtag(pid)
+    return _EXPORTS[key]
+
+
+def _exe_file_exports_libtag(pid: int) -> bool:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import SymbolTableSection
@@ -158,19 +177,22 @@ def as_seen(pid: int, root: Path) -> Path:
     return seen
 
 
-def _creds(pid: int) -> tuple[int, set[int]]:
-    """(effective uid, every gid) of *pid*, from /proc/PID/status."""
-    uid, gids = 0, set()
+def _status(pid: int) -> dict[str, list[str]]:
+    """/proc/PID/status as {key: its fields}; raises OSError."""
+    out: dict[str, list[str]] = {}
     with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            fields = rest.split()
-            if key == "Uid" and len(fields) > 1:
-                uid = int(fields[1])
-            elif key == "Gid" and len(fields) > 1:
-                gids.add(int(fields[1]))
-            elif key == "Groups":
-                gids.update(int(g) for g in fields)
+            out[key] = rest.split()
+    return out
+
+
+def _creds(pid: int) -> tuple[int, set[int]]:
+    """(effective uid, every gid) of *pid*, from /proc/PID/status."""
+    st = _status(pid)
+    uid = int(st["Uid"][1]) if len(st.get("Uid", ())) > 1 else 0
+    gids = {int(st["Gid"][1])} if len(st.get("Gid", ())) > 1 else set()
+    gids.update(int(g) for g in st.get("Groups", ()))
     return uid, gids
 
 
@@ -252,13 +274,9 @@ def _ns_pid(pid: int) -> int:
     """*pid* as the process itself sees it (the innermost of NSpid: in a
     container's pid namespace libtag names its directories with that)."""
     try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return pid
+        return int(_status(pid)["NSpid"][-1])
+    except (OSError, ValueError, KeyError, IndexError):
+        return pid
 
 
 def _child_exited_in_ns(parent: int):
@@ -282,13 +300,9 @@ def _child_exited_in_ns(parent: int):
 def _catches(pid: int, sig: int) -> bool:
     """Does *pid* have a handler for *sig* (SigCgt in /proc/PID/status)?"""
     try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return True  # cannot tell: assume libtag's
+        return bool(int(_status(pid)["SigCgt"][0], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, KeyError, IndexError):
+        return True  # cannot tell: assume libtag's
 
 
 # ------------------------------------------------------------------ take --

@@ -126,6 +126,14 @@ def victim_env(core_path: str, snap_dir: os.PathLike | str, **extra: str) -> dic
 
 def start(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[subprocess.Popen, int]:
     """Start a victim that prints "ready pid=N" first; returns (process, N)."""
+    proc, fields = start_fields(argv, env, timeout)
+    return proc, int(fields["pid"])
+
+
+def start_fields(argv: list[str], env: dict[str, str],
+                 timeout: float = 60) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Start a victim whose first line is "ready pid=N [key=value]..."; returns
+    (process, its key=value fields)."""
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
@@ -135,7 +143,7 @@ def start(argv: list[str], env: dict[str, str], timeout: float = 60) -> tuple[su
         raise AssertionError(f"victim {argv} did not print 'ready' within {timeout} s")
     line = proc.stdout.readline()
     assert line.startswith("ready pid="), f"expected 'ready pid=N', got {line!r}"
-    return proc, int(line.split("=", 1)[1])
+    return proc, dict(kv.split("=", 1) for kv in line.split()[1:])
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import stat
 import subprocess
@@ -35,11 +34,8 @@ def _counts(proc) -> str:
 def test_a_worker_that_dropped_to_nobody_hands_its_core_over(build_victim, run_cli, tmp_path):
     # GIVEN a daemon-like victim that owns USR1/USR2/HUP/WINCH/PWR/URG/TTIN,
     # wrote its title over its environment, and became uid 65534
-    exe = build_victim("daemonlike")
-    snaps = tmp_path / "snaps"
-    snaps.mkdir(mode=0o700)
+    exe, snaps, proc, pid, fields = _start_daemonlike(build_victim, tmp_path, "drop")
     state = tmp_path / "state"
-    proc, pid, fields = _start_with_fields(exe, snaps, "drop")
     try:
         assert fields["uid"] == "65534", fields
         environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -86,11 +82,8 @@ def test_a_worker_that_dropped_to_nobody_hands_its_core_over(build_victim, run_c
 def test_a_daemon_that_owns_usr2_is_asked_on_libtags_own_signal(build_victim, run_cli, tmp_path):
     # GIVEN the same victim keeping its user: its own LIBTAG_DIR is writable,
     # but it owns SIGUSR2 (LIBTAG_SIGNAL's default) and its environment is gone
-    exe = build_victim("daemonlike")
-    snaps = tmp_path / "snaps"
-    snaps.mkdir(mode=0o700)
+    exe, snaps, proc, pid, fields = _start_daemonlike(build_victim, tmp_path)
     state = tmp_path / "state"
-    proc, pid, fields = _start_with_fields(exe, snaps)
     try:
         # WHEN forensics snapshot PID
         result = run_cli("snapshot", pid, "--json", "--timeout", "60",
@@ -111,10 +104,7 @@ def test_a_daemon_that_owns_usr2_is_asked_on_libtags_own_signal(build_victim, ru
 
 def test_a_daemon_that_owns_every_trigger_gets_no_signal(build_victim, run_cli, tmp_path):
     # GIVEN the victim owning libtag's request signal (SIGRTMAX-1) as well
-    exe = build_victim("daemonlike")
-    snaps = tmp_path / "snaps"
-    snaps.mkdir(mode=0o700)
-    proc, pid, fields = _start_with_fields(exe, snaps, "rt")
+    exe, snaps, proc, pid, fields = _start_daemonlike(build_victim, tmp_path, "rt")
     try:
         # WHEN forensics snapshot PID
         result = run_cli("snapshot", pid, "--timeout", "10",
@@ -135,19 +125,14 @@ def test_a_daemon_that_owns_every_trigger_gets_no_signal(build_victim, run_cli, 
     assert S.snapshot_dirs(snaps) == []
 
 
-def _start_with_fields(exe: Path, snaps: Path, *args: str):
-    env = S.victim_env("auto", snaps)
-    proc = subprocess.Popen([str(exe), *args], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    if not ready:
-        proc.kill()
-        proc.communicate(timeout=60)
-        raise AssertionError("the victim did not print 'ready' within 60 s")
-    line = proc.stdout.readline()
-    assert line.startswith("ready pid="), f"expected 'ready pid=N ...', got {line!r}"
-    fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-    return proc, int(fields["pid"]), fields
+def _start_daemonlike(build_victim, tmp_path: Path, *args: str):
+    """daemonlike with LIBTAG_DIR=<tmp_path>/snaps (root's, 0700): (exe,
+    snaps, process, its pid, the fields of its ready line)."""
+    exe = build_victim("daemonlike")
+    snaps = tmp_path / "snaps"
+    snaps.mkdir(mode=0o700)
+    proc, fields = S.start_fields([str(exe), *args], S.victim_env("auto", snaps))
+    return exe, snaps, proc, int(fields["pid"]), fields
 
 
 def test_a_process_in_its_own_pid_and_mount_namespace(build_victim, run_cli, tmp_path):
@@ -164,13 +149,9 @@ def test_a_process_in_its_own_pid_and_mount_namespace(build_victim, run_cli, tmp
     snaps.mkdir(mode=0o700)
     env = S.victim_env("auto", snaps)
     preload = env.pop("LD_PRELOAD")  # for the victim only
-    proc = subprocess.Popen(["unshare", "-p", "-m", "-f", "--mount-proc", "env",
-                             f"LD_PRELOAD={preload}", str(exe)], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, fields = S.start_fields(["unshare", "-p", "-m", "-f", "--mount-proc", "env",
+                                   f"LD_PRELOAD={preload}", str(exe)], env)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "the victim did not print 'ready' within 60 s"
-        fields = dict(kv.split("=", 1) for kv in proc.stdout.readline().split()[1:])
         inner = int(fields["pid"])
         (host,) = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)
                    if p.exe() == str(exe)]
@@ -178,9 +159,7 @@ def test_a_process_in_its_own_pid_and_mount_namespace(build_victim, run_cli, tmp
         # WHEN forensics snapshot <its host pid>
         result = run_cli("snapshot", host, "--json", "--timeout", "60",
                          env={"XDG_STATE_HOME": str(tmp_path / "state")})
-        proc.stdin.write("count\n")
-        proc.stdin.flush()
-        counts = proc.stdout.readline().strip()
+        counts = _counts(proc)
     finally:
         S.finish(proc)
     # THEN the process wrote its core into its LIBTAG_DIR, read through

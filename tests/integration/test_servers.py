@@ -71,6 +71,16 @@ def _wait(pred, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Stop a server the way its manual says (sig), killing it after timeout s."""
+    proc.send_signal(sig)
+    try:
+        proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
 def _children(pid: int) -> list[int]:
     import psutil
 
@@ -112,12 +122,7 @@ http {{
         _wait(lambda: _get(port) == "hello\n", 30, "nginx to answer")
         yield proc, workers, port, snaps, root
     finally:
-        proc.send_signal(signal.SIGQUIT)  # graceful stop
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=30)
+        _stop(proc, signal.SIGQUIT, 30)  # graceful stop
 
 
 def _get(port: int) -> str | None:
@@ -224,12 +229,7 @@ def postgres():
                   60, "PostgreSQL to accept connections")
             yield proc, port, base, env, as_pg, pg
         finally:
-            proc.send_signal(signal.SIGINT)  # fast shutdown
-            try:
-                proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate(timeout=30)
+            _stop(proc, signal.SIGINT, 60)  # fast shutdown
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

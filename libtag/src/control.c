@@ -166,6 +166,7 @@ void _tag_init(void)
     _tag_ctl.guard_capacity = _tag_opt.guard_slots ? _tag_opt.guard_slots
                               : _tag_opt.guard_rate == 1 ? TAG_GUARD_ALL_SLOTS
                                                          : TAG_GUARD_SAMPLED_SLOTS;
+    _tag_guard_init();
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
     _tag_heap_init();
@@ -221,7 +222,8 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
     _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
-             "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu",
+             "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu "
+             "guard_window=%u",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
@@ -230,7 +232,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              (unsigned long)_tag_ctl.damaged_bytes,
              (unsigned long)(_tag_capture_total + t->captures),
              (unsigned long)(_tag_capture_frames_total + t->capture_frames),
-             _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults);
+             _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults, _tag_guard_window());
 }
 
 TAG_EXPORT const void *libtag_control(void)

@@ -9,9 +9,25 @@
  * (LIBTAG_GUARD_SLOTS, else 64 slots at a sampling rate and 16384 at rate
  * 1): reserving costs address space only, and slots are committed one by
  * one as the pool grows to its cap.  Never-used slots go first, then the
- * slot freed longest ago, so a freed block stays inaccessible for as long
- * as the pool allows.  When every slot is live (or retired) the
- * allocation is an ordinary one.
+ * slot that left the window longest ago, so a freed block stays
+ * inaccessible for as long as the pool allows.  When every slot is live
+ * (or retired) the allocation is an ordinary one.
+ *
+ * The window.  Every guarded slot is its own mapping between two guard
+ * mappings, and a process has at most vm.max_map_count of them (65530 by
+ * default): a pool of long-lived guarded blocks would take the program's
+ * own mmap and dlopen down.  So only the last `window` placements keep
+ * their guards (window = max_map_count / 32, read at start: at most
+ * 4 mappings a slot, an eighth of the limit).  When a placement leaves the
+ * window its slot is "out": with a pool larger than the window, an out
+ * slot's guard pages open wherever its neighbour is out too (so a run of
+ * out slots is one mapping), a freed out slot gives its pages back
+ * (MADV_DONTNEED) and stays readable, and a live one keeps its block
+ * where it is.  Long-lived blocks thus cost no mappings once out, and
+ * sampling goes on in fresh slots; the price is that a block freed after
+ * it left the window is no longer caught at the instruction (its double
+ * free still is, by the slot's state).  A pool no larger than the window
+ * (every sampling rate's default) never opens a guard.
  *
  * Hot path: the allocation hook decrements a per-thread countdown and the
  * free hook compares the pointer with the pool's range (libtag_internal.h);
@@ -36,6 +52,7 @@
  * kernel saves in the signal context (REG_ERR bit 1: a write).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
@@ -58,7 +75,15 @@ static struct libtag_guard_slot *slots; /* [capacity] */
 static char *pool;
 static uint32_t capacity;
 static uint32_t fresh;                  /* slots below this were used */
-static uint32_t q_head, q_tail;         /* queue of freed slots: index + 1 */
+static uint32_t q_head, q_tail;         /* queue of freed out slots: index + 1 */
+
+/* The window (see above); all under pool_lock. */
+enum { SLOT_FRESH = 0, SLOT_IN = 1, SLOT_OUT = 2 };
+static uint8_t *where;                  /* [capacity]: SLOT_* */
+static uint32_t *win;                   /* [window]: ring of placed slots */
+static uint32_t window, win_head, win_count;
+static int pressure;                    /* capacity > window: out slots open */
+static uint32_t max_map_count = 65530;  /* read at start */
 
 /* Normal context only.  Held for a few loads and stores, but a holder
  * preempted (two cores shared by more threads) would keep a spinner
@@ -110,6 +135,32 @@ static int32_t next_countdown(void)
 
 /* ---------------------------------------------------------------- pool -- */
 
+/* At start, single-threaded: the window, from vm.max_map_count (the
+ * kernel's default when it cannot be read). */
+void _tag_guard_init(void)
+{
+    if (_tag_opt.guard_rate == 0)
+        return;
+    int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[24];
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        uint64_t v = 0;
+        for (ssize_t k = 0; k < n && buf[k] >= '0' && buf[k] <= '9'; k++)
+            v = v * 10 + (uint64_t)(buf[k] - '0');
+        if (v >= 256 && v <= UINT32_MAX)
+            max_map_count = (uint32_t)v;
+    }
+    uint32_t w = max_map_count / 32;
+    window = w < _tag_ctl.guard_capacity ? w : _tag_ctl.guard_capacity;
+}
+
+uint32_t _tag_guard_window(void)
+{
+    return window;
+}
+
 /* Reserve the range and the slot records; called with pool_lock held. */
 static int pool_reserve(void)
 {
@@ -118,10 +169,22 @@ static int pool_reserve(void)
     if (pool_failed)
         return 0;
     uint32_t cap = _tag_ctl.guard_capacity;  /* set from the options at start */
+    uint32_t w = window;                      /* and _tag_guard_init */
     size_t bytes = (size_t)cap * STRIDE + PAGE;
     char *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    while (p == MAP_FAILED && cap > TAG_GUARD_SAMPLED_SLOTS) {
+        /* RLIMIT_AS: a smaller pool rather than none */
+        cap /= 2;
+        bytes = (size_t)cap * STRIDE + PAGE;
+        p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    }
+    if (w > cap)
+        w = window = cap;
+    /* the records, then where[] and win[] in the same mapping */
+    size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
+    size_t extra = ((size_t)cap + 63) / 64 * 64 + (size_t)w * sizeof *win;
     struct libtag_guard_slot *s =
-        p == MAP_FAILED ? NULL : _tag_map((size_t)cap * sizeof *s, 1);
+        p == MAP_FAILED ? NULL : _tag_map(recs + extra, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -132,64 +195,155 @@ static int pool_reserve(void)
     }
     prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, bytes,
           (unsigned long)"libtag-guard");
+    /* Two neighbouring mappings merge only when they share the kernel's
+     * record of their anonymous pages (the anon_vma): give the whole range
+     * one before it is split, by a page touched and dropped, so runs of
+     * out slots merge however their pages were first touched. */
+    if (mprotect(p, PAGE, PROT_READ | PROT_WRITE) == 0) {
+        *(volatile char *)p = 0;
+        madvise(p, PAGE, MADV_DONTNEED);
+        mprotect(p, PAGE, PROT_NONE);
+    }
     pool = p;
     slots = s;
     capacity = cap;
+    _tag_ctl.guard_capacity = cap;
+    where = (uint8_t *)s + recs;
+    win = (uint32_t *)(void *)(where + ((size_t)cap + 63) / 64 * 64);
+    pressure = cap > w;
     _tag_ctl.guard_slots = (uint64_t)(uintptr_t)s;
     _tag_ctl.guard_pool = (uint64_t)(uintptr_t)p;
     __atomic_store_n(&_tag_ctl.guard_pool_bytes, (uint64_t)bytes, __ATOMIC_RELEASE);
     return 1;
 }
 
-/* A slot to place a block in, marked BUSY; NO_SLOT when none is free.
- * *reused: it holds a freed block (whose tag must be cleared). */
-static uint32_t take_slot(int *reused)
+/* Called with pool_lock held. */
+static void enqueue_held(uint32_t i)
 {
-    lock();
-    uint32_t i = NO_SLOT;
-    if (pool_reserve()) {
-        if (fresh < capacity) {
-            i = fresh++;
-            __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
-            __atomic_store_n(&slots[i].state, TAG_GUARD_BUSY, __ATOMIC_SEQ_CST);
-            *reused = 0;
-        }
-        while (i == NO_SLOT && q_head) {
-            uint32_t c = q_head - 1;
-            q_head = slots[c].next;
-            if (!q_head)
-                q_tail = 0;
-            slots[c].next = 0;
-            uint32_t want = TAG_GUARD_FREED;
-            if (!__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
-                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
-                (want != TAG_GUARD_EMPTY ||  /* given back by a failed placement */
-                 !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
-                                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)))
-                continue;
-            if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
-                /* a fault opened it meanwhile: it stays out of the queue */
-                __atomic_store_n(&slots[c].state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
-                continue;
-            }
-            i = c;
-            *reused = want == TAG_GUARD_FREED;
-        }
-    }
-    unlock();
-    return i;
-}
-
-static void enqueue(uint32_t i)
-{
-    lock();
     slots[i].next = 0;
     if (q_tail)
         slots[q_tail - 1].next = i + 1;
     else
         q_head = i + 1;
     q_tail = i + 1;
+}
+
+static char *page_after(uint32_t i)
+{
+    return slot_base(i) + TAG_GUARD_SLOT_SIZE;
+}
+
+/* Slot i's placement leaves the window (pool_lock held).  A freed slot
+ * becomes reusable; with pressure, its guards open towards out
+ * neighbours and a freed slot's pages go back, readable. */
+static void leave(uint32_t i)
+{
+    where[i] = SLOT_OUT;
+    struct libtag_guard_slot *s = &slots[i];
+    /* a free in progress stores FREED under pool_lock: it sees SLOT_OUT */
+    int freed = __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) == TAG_GUARD_FREED &&
+                !__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST);
+    if (freed)
+        enqueue_held(i);
+    if (!pressure)
+        return;
+    if (freed) {
+        madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
+        mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE);
+    }
+    if (i > 0 && where[i - 1] == SLOT_OUT)
+        mprotect(slot_base(i) - PAGE, PAGE, PROT_READ | PROT_WRITE);
+    if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
+        mprotect(page_after(i), PAGE, PROT_READ | PROT_WRITE);
+}
+
+static void leave_oldest(void)
+{
+    uint32_t i = win[win_head];
+    win_head = (win_head + 1) % window;
+    win_count--;
+    leave(i);
+}
+
+/* Slot i (BUSY, pool_lock held) is being placed: it enters the window
+ * with its guards shut and its pages accessible.  0: out of mappings. */
+static int enter(uint32_t i)
+{
+    int was_out = where[i] == SLOT_OUT;
+    if ((!was_out || !pressure) &&
+        mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0)
+        return 0;
+    if (was_out && pressure) {
+        if (i > 0 && where[i - 1] == SLOT_OUT)
+            mprotect(slot_base(i) - PAGE, PAGE, PROT_NONE);
+        if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
+            mprotect(page_after(i), PAGE, PROT_NONE);
+    }
+    where[i] = SLOT_IN;
+    if (win_count == window)
+        leave_oldest();
+    win[(win_head + win_count++) % window] = i;
+    return 1;
+}
+
+/* A slot to place a block in, marked BUSY and accessible; NO_SLOT when
+ * none is free.  *reused: it held a freed block (whose tag must be
+ * cleared); *clean: its pages were given back (they read as zero). */
+static uint32_t take_slot(int *reused, int *clean)
+{
+    lock();
+    uint32_t i = NO_SLOT;
+    if (pool_reserve()) {
+        while (i == NO_SLOT) {
+            if (fresh < capacity) {
+                i = fresh++;
+                __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
+                __atomic_store_n(&slots[i].state, TAG_GUARD_BUSY, __ATOMIC_SEQ_CST);
+                *reused = 0;
+                *clean = 1;
+                break;
+            }
+            while (i == NO_SLOT && q_head) {
+                uint32_t c = q_head - 1;
+                q_head = slots[c].next;
+                if (!q_head)
+                    q_tail = 0;
+                slots[c].next = 0;
+                uint32_t want = TAG_GUARD_FREED;
+                if (!__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
+                                                 __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
+                    (want != TAG_GUARD_EMPTY ||  /* given back by a failed placement */
+                     !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
+                                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)))
+                    continue;
+                if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
+                    /* a fault opened it meanwhile: it stays out of the queue */
+                    __atomic_store_n(&slots[c].state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
+                    continue;
+                }
+                i = c;
+                *reused = want == TAG_GUARD_FREED;
+                *clean = pressure;  /* a freed out slot gave its pages back */
+            }
+            if (i != NO_SLOT || win_count == 0)
+                break;
+            leave_oldest();  /* nothing free: the oldest placement may be */
+        }
+        if (i != NO_SLOT && !enter(i)) {
+            /* out of mappings (vm.max_map_count): the slot goes back as it was */
+            __atomic_store_n(&slots[i].state, *reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY,
+                             __ATOMIC_SEQ_CST);
+            if (where[i] == SLOT_OUT) {
+                enqueue_held(i);
+            } else {  /* fresh: taken under this same lock, so the last one */
+                fresh--;
+                __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
+            }
+            i = NO_SLOT;
+        }
+    }
     unlock();
+    return i;
 }
 
 /* ---------------------------------------------------------- allocation -- */
@@ -213,23 +367,16 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
         ((payload + align - 1) & ~(align - 1)) > TAG_GUARD_SLOT_SIZE - sizeof(struct libtag_tag))
         return NULL;
     int saved = errno;  /* malloc leaves errno alone when it succeeds */
-    int reused = 0;
-    uint32_t i = take_slot(&reused);
+    int reused = 0, clean = 0;
+    uint32_t i = take_slot(&reused, &clean);
     if (i == NO_SLOT) {
         errno = saved;
         return NULL;
     }
     struct libtag_guard_slot *s = &slots[i];
     char *base = slot_base(i), *end = base + TAG_GUARD_SLOT_SIZE;
-    if (mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0) {
-        /* out of mappings (vm.max_map_count): the slot goes back as it was */
-        __atomic_store_n(&s->state, reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY, __ATOMIC_SEQ_CST);
-        enqueue(i);
-        errno = saved;
-        return NULL;
-    }
     char *user = (char *)((uintptr_t)(end - payload) & ~(uintptr_t)(align - 1));
-    if (reused) {
+    if (reused && !clean) {
         /* The pages keep what the last block left (no madvise, no fresh
          * page faults: the slot's cost is its two mprotect calls); its tag
          * goes, so no reader finds a block that is gone. */
@@ -390,11 +537,19 @@ void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, 
     s->tag = *tg;
     s->rec = rec;
     _tag_count(t, 1, size);
+    lock();  /* leave() decides by the state and where[] under it */
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST))
-        return;  /* opened by a fault: the program may still be in it */
-    mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
-    enqueue(i);
+    if (!__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
+        /* (a retired slot was opened by a fault: the program may still be in it) */
+        if (where[i] == SLOT_OUT && pressure) {
+            madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);  /* stays open */
+        } else {
+            mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
+        }
+        if (where[i] == SLOT_OUT)
+            enqueue_held(i);  /* else reusable when it leaves the window */
+    }
+    unlock();
 }
 
 int _tag_guard_check(void *ptr, uint32_t dealloc, void *ret, void *frame)

@@ -58,8 +58,8 @@ enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2,
  * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
 #define TAG_GUARD_DEFAULT_RATE  5000u
 #define TAG_GUARD_SAMPLED_SLOTS 64u
-#define TAG_GUARD_ALL_SLOTS     16384u
 #define TAG_GUARD_MAX_SLOTS     (1u << 18)
+#define TAG_GUARD_ALL_SLOTS     TAG_GUARD_MAX_SLOTS
 /* Bytes of one slot: blocks up to this minus their tag are guarded. */
 #define TAG_GUARD_SLOT_SIZE     (4u * TAG_PAGE_SIZE)
 
@@ -1130,6 +1130,9 @@ TAG_COLD int _tag_guard_fault(int sig, void *si, void *uc);
  * the freed guarded blocks.  Async-signal-safe. */
 TAG_COLD void _tag_guard_expose(void);
 /* The program's own fork(): the pool lock is held across it. */
+/* At start: the window of guarded placements, from vm.max_map_count. */
+void _tag_guard_init(void);
+uint32_t _tag_guard_window(void);
 void _tag_guard_atfork_prepare(void);
 void _tag_guard_atfork_parent(void);
 void _tag_guard_atfork_child(void);

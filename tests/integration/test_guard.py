@@ -278,6 +278,33 @@ def test_the_default_rate_guards_some_blocks(build_victim, tmp_path):
     assert 0 < int(said["guarded"][0]) < 200000, result.stdout
 
 
+def test_a_full_pool_of_long_lived_blocks_leaves_the_programs_mappings_alone(build_victim,
+                                                                             tmp_path):
+    # GIVEN every allocation guarded, with the largest pool the guide allows
+    exe = build_victim("guard_faults", **PLAIN)
+    max_map_count = int(Path("/proc/sys/vm/max_map_count").read_text())
+    # WHEN the victim keeps 100,000 blocks alive, then maps 1000 pages of its
+    # own, dlopens a library, and reads a block it allocated and freed last
+    result = _run(exe, "many 100000", tmp_path / "snaps", LIBTAG_GUARD_SLOTS="262144",
+                  LIBTAG_STATS="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN every block was guarded and kept its bytes, the pool holds at most
+    # an eighth of the process's mapping limit (the window of max_map_count
+    # / 32 placements keeps its guards), and the program's own calls work
+    assert said["guarded"] == ["100000"] and said["bad"] == ["0"], result.stdout
+    assert (said["mmap"], said["dlopen"]) == (["1000"], ["1"]), result.stdout
+    stats = _said(next(line for line in result.stderr.splitlines() if "libtag: stats" in line))
+    assert stats["guard_window"] == [str(max_map_count // 32)], stats
+    assert int(said["mappings"][0]) < max_map_count // 8 + 200, said["mappings"]
+    # ... and the block made after all of them was guarded: its read after
+    # free is caught at the instruction
+    block = said["block"][0]
+    assert f"use-after-free: read at {said['address'][0]} (block {block})" in result.stderr, \
+        result.stderr[-2000:]
+    assert said["value"] == ["253"], result.stdout  # the fill libtag left in it
+
+
 def test_a_bad_rate_is_refused(build_victim, tmp_path):
     # GIVEN LIBTAG_GUARD_RATE=often
     exe = build_victim("guard_faults", **PLAIN)

@@ -24,7 +24,10 @@
  * when each thread always read back what it wrote),
  * usable (malloc_usable_size and realloc of guarded blocks), count N
  * (N allocations of 64 bytes: prints the rate in effect and how many were
- * guarded, from libtag's control block).
+ * guarded, from libtag's control block), many N (keeps N blocks of 32
+ * bytes alive, then maps 1000 pages of its own and dlopens libresolv:
+ * prints how many blocks were guarded, the process's mappings, whether
+ * both calls worked, then reads a block after freeing it).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -38,6 +41,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <malloc.h>
+#include <dlfcn.h>
+#include <sys/mman.h>
 
 #include "tag_abi.h"
 
@@ -59,6 +64,17 @@ __attribute__((noinline)) void write_byte(volatile unsigned char *p, int v)
 static unsigned tid(void)
 {
     return (unsigned)syscall(SYS_gettid);
+}
+
+static int count_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, ch;
+    while (f && (ch = fgetc(f)) != EOF)
+        n += ch == '\n';
+    if (f)
+        fclose(f);
+    return n;
 }
 
 static void expect(const void *block, const volatile void *address, int line)
@@ -265,6 +281,39 @@ int main(int argc, char **argv)
             free(p);
         }
         printf("rate=%u guarded=%lu\n", ctl->guard_rate, guarded);
+    } else if (!strcmp(c, "many")) {
+        const struct libtag_control *ctl = libtag_control ? libtag_control() : NULL;
+        if (!ctl)
+            return 3;
+        unsigned char **keep = calloc(off, sizeof *keep);  /* before any guarded one */
+        if (!keep)
+            return 3;
+        unsigned long guarded = 0;
+        for (size_t i = 0; i < off; i++) {
+            keep[i] = malloc(32);
+            memset(keep[i], (int)(i & 0xff), 32);
+            guarded += (uintptr_t)keep[i] - ctl->guard_pool < ctl->guard_pool_bytes;
+        }
+        printf("guarded=%lu\nmappings=%d\n", guarded, count_mappings());
+        /* 1000 mappings of the program's own: alternate protections keep
+         * neighbours apart, so each is its own entry in the map table */
+        int mapped = 0;
+        for (int i = 0; i < 1000; i++) {
+            void *m = mmap(NULL, 4096, i % 2 ? PROT_READ : PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            mapped += m != MAP_FAILED;
+        }
+        void *lib = dlopen("libresolv.so.2", RTLD_NOW);
+        printf("mmap=%d\ndlopen=%d\n", mapped, lib != NULL);
+        unsigned long bad = 0;
+        for (size_t i = 0; i < off; i++)
+            bad += keep[i][31] != (unsigned char)(i & 0xff);
+        printf("bad=%lu\n", bad);
+        /* a block made after all of them is still guarded */
+        unsigned char *p = malloc(256);
+        memset(p, 1, 256);
+        free(p);
+        do_read(p, p + 8);
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         return 2;

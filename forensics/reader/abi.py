@@ -70,7 +70,11 @@ TAG_FREE_SALT = 0x46524545  # "FREE"
 TAG_FRAME_CALL = 1
 TAG_FRAME_ENTRY = 2
 TAG_FRAME_SIGNAL = 3  # the exact pc a signal interrupted: look up pc itself
-FRAME_KIND_NAMES = {TAG_FRAME_CALL: "call", TAG_FRAME_ENTRY: "entry", TAG_FRAME_SIGNAL: "signal"}
+TAG_FRAME_LOST = 4  # pc 0: the stack table was full; the inner frames were not recorded
+FRAME_KIND_NAMES = {TAG_FRAME_CALL: "call", TAG_FRAME_ENTRY: "entry", TAG_FRAME_SIGNAL: "signal",
+                    TAG_FRAME_LOST: "lost"}
+# The function name a TAG_FRAME_LOST node shows as (the innermost frame).
+LOST_FRAMES = "[frames lost: libtag's stack table was full]"
 
 TAG_SHADOW_MAX = 256
 

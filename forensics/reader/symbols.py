@@ -84,6 +84,7 @@ from forensics.errors import ForensicsError, InputError
 from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
 from forensics.reader.abi import TAG_FRAME_SIGNAL as FRAME_SIGNAL  # pc a signal interrupted: look up pc
+from forensics.reader.abi import LOST_FRAMES, TAG_FRAME_LOST  # the table was full: a marker
 from forensics.reader.model import Frame
 
 # A symbolizer that hangs (a debuginfod server that does not answer...) must
@@ -759,6 +760,9 @@ class Symbolizer:
                 look = pc - 1
             elif kind in (FRAME_ENTRY, FRAME_SIGNAL):
                 look = pc
+            elif kind == TAG_FRAME_LOST:
+                frames[i] = SymbolFrame(pc, LOST_FRAMES, None, None, None)
+                continue
             else:
                 raise ValueError(f"unknown frame kind {kind} for pc {pc:#x}")
             module = self.module_at(look)

@@ -165,6 +165,10 @@ enum libtag_frame_kind {
                              signal interrupted (not a return address: look
                              up pc itself); the next-inner frame, if any, is
                              the signal handler's */
+    TAG_FRAME_LOST   = 4, /* pc 0: the stack table was full, and the frames
+                             inner to this point were not recorded; always
+                             a stack's innermost node (its parent's frames
+                             are right; parent 0: none is known) */
 };
 
 struct libtag_stack_node {

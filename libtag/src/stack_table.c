@@ -23,6 +23,16 @@
  * So a program that interns millions of nodes is not held to a table sized
  * for a small one: a full table made every capture of numpy's test suite
  * fail its inserts under the lock (docs/benchmarks.md).
+ *
+ * Full (the cap reached, or no memory to commit): an insert that finds no
+ * room returns a TAG_FRAME_LOST child of the parent it was given, from a
+ * reserve kept for these markers (a 64th of the cap), and a capture whose
+ * parent is such a marker stays on it.  So a stack keeps the outer frames
+ * the table holds and ends in a marker that says what is missing, never a
+ * shorter stack that looks whole; the answer is the same every time, so
+ * the per-thread cache keeps it and a full table costs a capture what a
+ * hit does (no lock: the count is checked first).  The marker nodes are
+ * found without the lock too; only a parent's first one takes it.
  */
 #include <sys/mman.h>
 
@@ -37,6 +47,8 @@ struct stack_index {
 static struct libtag_stack_node *nodes;   /* [capacity], committed [0, committed) */
 static struct stack_index *index_cur;     /* the current index (release/acquire) */
 static uint32_t capacity;
+static uint32_t ordinary;                 /* nodes other than markers: capacity - reserve */
+static uint32_t lost_root;                /* the marker with no frames outside it */
 static uint32_t committed;                /* nodes (and counters) committed */
 static int table_lock;
 #define FIRST_SLOTS (1u << 16)              /* 256 KiB: the first index */
@@ -120,6 +132,7 @@ void _tag_stack_table_init(uint32_t cap)
     _tag_ctl.stack_nodes = (uint64_t)(uintptr_t)nodes;
     _tag_ctl.stack_capacity = cap;
     _tag_ctl.stack_count = 1;
+    ordinary = cap - (cap / 64 < 16 ? 16 : cap / 64);
 }
 
 static inline uint64_t key_hash(uint32_t parent, uint32_t kind, uint64_t pc)
@@ -188,7 +201,7 @@ static void unlock(void)
 }
 
 /* An insert that found no room: counted (control.stack_full counts these
- * failed inserts; the capture then ends at the last node it interned). */
+ * failed inserts; the capture then ends in a TAG_FRAME_LOST marker). */
 static uint32_t table_full(void)
 {
     __atomic_fetch_add(&_tag_ctl.stack_full, 1, __ATOMIC_RELAXED);
@@ -204,7 +217,7 @@ static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_
         return id;
     uint32_t count = _tag_ctl.stack_count;
     struct stack_index *ix = __atomic_load_n(&index_cur, __ATOMIC_RELAXED);
-    if (count >= capacity || !commit_nodes(count + 1))
+    if (count >= (kind == TAG_FRAME_LOST ? capacity : ordinary) || !commit_nodes(count + 1))
         return table_full();
     if (2 * (ix->used + 1) > ix->mask + 1) {
         if (grow_index(ix)) {
@@ -225,12 +238,50 @@ static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_
     return count;
 }
 
+/* Called with table_lock held when wait is 0 (a signal handler's try). */
+static uint32_t lost_held(uint32_t parent)
+{
+    uint32_t root = __atomic_load_n(&lost_root, __ATOMIC_RELAXED);
+    if (!root) {
+        root = insert_held(0, TAG_FRAME_LOST, 0, key_hash(0, TAG_FRAME_LOST, 0));
+        __atomic_store_n(&lost_root, root, __ATOMIC_RELAXED);
+    }
+    if (parent == 0)
+        return root;
+    uint32_t id = insert_held(parent, TAG_FRAME_LOST, 0, key_hash(parent, TAG_FRAME_LOST, 0));
+    return id ? id : root;  /* the reserve is used up too */
+}
+
+/* The marker for "parent, then frames the full table could not take". */
+static uint32_t lost(uint32_t parent, int wait)
+{
+    if (parent != 0 && nodes[parent].kind == TAG_FRAME_LOST)
+        return parent;  /* already cut: the inner frames stay lost */
+    uint32_t slot;
+    uint32_t id = probe(parent, TAG_FRAME_LOST, 0, key_hash(parent, TAG_FRAME_LOST, 0), &slot);
+    if (id != 0)
+        return id;
+    if (wait)
+        lock();
+    else if (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
+        return __atomic_load_n(&lost_root, __ATOMIC_RELAXED);  /* 0 before the first */
+    id = lost_held(parent);
+    unlock();
+    return id;
+}
+
 static uint32_t insert(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
 {
+    if (parent != 0 && nodes[parent].kind == TAG_FRAME_LOST)
+        return parent;  /* cut further out: nothing to insert */
+    if (__atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_RELAXED) >= ordinary) {
+        table_full();
+        return lost(parent, 1);
+    }
     lock();
     uint32_t id = insert_held(parent, kind, pc, h);
     unlock();
-    return id;
+    return id ? id : lost(parent, 1);
 }
 
 uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
@@ -259,9 +310,13 @@ uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc)
         return id;
     /* The handler may have interrupted this thread inside insert(): try
      * the lock once, never wait for it. */
+    if (parent != 0 && nodes[parent].kind == TAG_FRAME_LOST)
+        return parent;
     if (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
         return 0;
     id = insert_held(parent, kind, pc, h);
+    if (id == 0)
+        id = lost_held(parent);
     unlock();
     return id;
 }

@@ -13,6 +13,7 @@ is right, and ``warnings`` names the problem.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +168,42 @@ def test_shadow_stack_pointer_into_nothing(hostile, forensics_json):
     # AND the blocks are still found
     code, w, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
     assert (code, w["block"]["start"]) == (0, hex(v.victim))
+
+
+def test_a_full_stack_table_cuts_stacks_with_a_marker(build_victim, run_victim, forensics_json,
+                                                      tmp_path):
+    # GIVEN a stack table of 1024 nodes and a victim that allocates on 2048
+    # different paths of 11 levels (step -> left or right, by the bits of the
+    # path's number), then snapshots itself
+    exe = build_victim("stack_full", instrument=False, extra_flags=("-O1",))
+    snap_dir = tmp_path / "snaps"
+    snap_dir.mkdir(mode=0o700)
+    done = run_victim(exe, "2048", snap_dir=snap_dir, env=ENV, timeout=60)
+    assert done.returncode == 0 and "done" in done.stdout, done.stdout + done.stderr
+    said = dict(ln.split("=", 1) for ln in done.stdout.splitlines() if "=" in ln)
+    depth = int(said["depth"])
+    core = S.wait_core(snap_dir, _snapshot_pid(done.stderr))
+    # WHEN whoowns asks about a block made before the table filled, and one after
+    _, shallow, _ = forensics_json("whoowns", said["shallow"], "--core", str(core), "--json")
+    _, deep, _ = forensics_json("whoowns", said["deep"], "--core", str(core), "--json")
+    _, doc, _ = forensics_json("inspect", "--json", str(core))
+    # THEN the early stack (path 3: left, left, then right) is whole
+    path = ["left" if 3 >> k & 1 else "right" for k in range(depth)]
+    want = ["leaf", "step"] + [x for side in reversed(path) for x in (side, "step")] + ["main"]
+    names = [f["function"] for f in shallow["block"]["alloc_stack"]]
+    assert names[:len(want)] == want, names
+    # ... and the late one keeps the outer frames the table holds, cut by the
+    # marker where the rest was lost: never a short stack that looks whole
+    names = [f["function"] for f in deep["block"]["alloc_stack"]]
+    assert names[0] == "[frames lost: libtag's stack table was full]", names
+    outer = names[1:names.index("main")]
+    assert 0 < len(outer) < len(want) - 2 and set(outer) <= {"step", "left"}, names
+    assert doc["counters"]["stack_full"] > 0, doc["counters"]
+    assert doc["counters"]["stack_nodes"] <= 1024, doc["counters"]
+
+
+def _snapshot_pid(stderr: str) -> int:
+    """The victim's pid, from libtag's snapshot line."""
+    m = re.search(r"snapshot 1 \(on-demand\) -> \S+-(\d+)-1-", stderr)
+    assert m, stderr
+    return int(m.group(1))

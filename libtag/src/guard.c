@@ -83,7 +83,6 @@ static uint8_t *where;                  /* [capacity]: SLOT_* */
 static uint32_t *win;                   /* [window]: ring of placed slots */
 static uint32_t window, win_head, win_count;
 static int pressure;                    /* capacity > window: out slots open */
-static uint32_t max_map_count = 65530;  /* read at start */
 
 /* Normal context only.  Held for a few loads and stores, but a holder
  * preempted (two cores shared by more threads) would keep a spinner
@@ -141,6 +140,7 @@ void _tag_guard_init(void)
 {
     if (_tag_opt.guard_rate == 0)
         return;
+    uint32_t max_map_count = 65530;
     int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         char buf[24];
@@ -182,9 +182,9 @@ static int pool_reserve(void)
         w = window = cap;
     /* the records, then where[] and win[] in the same mapping */
     size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
-    size_t extra = ((size_t)cap + 63) / 64 * 64 + (size_t)w * sizeof *win;
+    size_t wheres = ((size_t)cap + 63) & ~(size_t)63;
     struct libtag_guard_slot *s =
-        p == MAP_FAILED ? NULL : _tag_map(recs + extra, 1);
+        p == MAP_FAILED ? NULL : _tag_map(recs + wheres + (size_t)w * sizeof *win, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -209,7 +209,7 @@ static int pool_reserve(void)
     capacity = cap;
     _tag_ctl.guard_capacity = cap;
     where = (uint8_t *)s + recs;
-    win = (uint32_t *)(void *)(where + ((size_t)cap + 63) / 64 * 64);
+    win = (uint32_t *)(void *)(where + wheres);
     pressure = cap > w;
     _tag_ctl.guard_slots = (uint64_t)(uintptr_t)s;
     _tag_ctl.guard_pool = (uint64_t)(uintptr_t)p;
@@ -228,9 +228,14 @@ static void enqueue_held(uint32_t i)
     q_tail = i + 1;
 }
 
-static char *page_after(uint32_t i)
+/* The guard pages slot i shares with out neighbours: opened (prot
+ * read-write) as i leaves the window, shut (PROT_NONE) as it enters. */
+static void out_neighbour_guards(uint32_t i, int prot)
 {
-    return slot_base(i) + TAG_GUARD_SLOT_SIZE;
+    if (i > 0 && where[i - 1] == SLOT_OUT)
+        mprotect(slot_base(i) - PAGE, PAGE, prot);
+    if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
+        mprotect(slot_base(i) + TAG_GUARD_SLOT_SIZE, PAGE, prot);
 }
 
 /* Slot i's placement leaves the window (pool_lock held).  A freed slot
@@ -251,10 +256,7 @@ static void leave(uint32_t i)
         madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE);
     }
-    if (i > 0 && where[i - 1] == SLOT_OUT)
-        mprotect(slot_base(i) - PAGE, PAGE, PROT_READ | PROT_WRITE);
-    if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
-        mprotect(page_after(i), PAGE, PROT_READ | PROT_WRITE);
+    out_neighbour_guards(i, PROT_READ | PROT_WRITE);
 }
 
 static void leave_oldest(void)
@@ -273,12 +275,8 @@ static int enter(uint32_t i)
     if ((!was_out || !pressure) &&
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0)
         return 0;
-    if (was_out && pressure) {
-        if (i > 0 && where[i - 1] == SLOT_OUT)
-            mprotect(slot_base(i) - PAGE, PAGE, PROT_NONE);
-        if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
-            mprotect(page_after(i), PAGE, PROT_NONE);
-    }
+    if (was_out && pressure)
+        out_neighbour_guards(i, PROT_NONE);
     where[i] = SLOT_IN;
     if (win_count == window)
         leave_oldest();

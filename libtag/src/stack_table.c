@@ -238,7 +238,8 @@ static uint32_t insert_held(uint32_t parent, uint32_t kind, uint64_t pc, uint64_
     return count;
 }
 
-/* Called with table_lock held when wait is 0 (a signal handler's try). */
+/* Called with table_lock held: the marker for "parent, then frames the
+ * full table could not take" (parent is no marker itself). */
 static uint32_t lost_held(uint32_t parent)
 {
     uint32_t root = __atomic_load_n(&lost_root, __ATOMIC_RELAXED);
@@ -252,36 +253,27 @@ static uint32_t lost_held(uint32_t parent)
     return id ? id : root;  /* the reserve is used up too */
 }
 
-/* The marker for "parent, then frames the full table could not take". */
-static uint32_t lost(uint32_t parent, int wait)
-{
-    if (parent != 0 && nodes[parent].kind == TAG_FRAME_LOST)
-        return parent;  /* already cut: the inner frames stay lost */
-    uint32_t slot;
-    uint32_t id = probe(parent, TAG_FRAME_LOST, 0, key_hash(parent, TAG_FRAME_LOST, 0), &slot);
-    if (id != 0)
-        return id;
-    if (wait)
-        lock();
-    else if (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
-        return __atomic_load_n(&lost_root, __ATOMIC_RELAXED);  /* 0 before the first */
-    id = lost_held(parent);
-    unlock();
-    return id;
-}
-
 static uint32_t insert(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
 {
     if (parent != 0 && nodes[parent].kind == TAG_FRAME_LOST)
         return parent;  /* cut further out: nothing to insert */
-    if (__atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_RELAXED) >= ordinary) {
+    uint32_t id = 0;
+    int full = __atomic_load_n(&_tag_ctl.stack_count, __ATOMIC_RELAXED) >= ordinary;
+    if (full) {
+        /* the parent's marker is found without the lock once made */
         table_full();
-        return lost(parent, 1);
+        uint32_t slot;
+        id = probe(parent, TAG_FRAME_LOST, 0, key_hash(parent, TAG_FRAME_LOST, 0), &slot);
+        if (id != 0)
+            return id;
     }
     lock();
-    uint32_t id = insert_held(parent, kind, pc, h);
+    if (!full)
+        id = insert_held(parent, kind, pc, h);
+    if (id == 0)
+        id = lost_held(parent);
     unlock();
-    return id ? id : lost(parent, 1);
+    return id;
 }
 
 uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,

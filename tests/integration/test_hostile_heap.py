@@ -13,7 +13,6 @@ is right, and ``warnings`` names the problem.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,7 +181,7 @@ def test_a_full_stack_table_cuts_stacks_with_a_marker(build_victim, run_victim, 
     assert done.returncode == 0 and "done" in done.stdout, done.stdout + done.stderr
     said = dict(ln.split("=", 1) for ln in done.stdout.splitlines() if "=" in ln)
     depth = int(said["depth"])
-    core = S.wait_core(snap_dir, _snapshot_pid(done.stderr))
+    core = S.wait_core(snap_dir, int(said["pid"]))
     # WHEN whoowns asks about a block made before the table filled, and one after
     _, shallow, _ = forensics_json("whoowns", said["shallow"], "--core", str(core), "--json")
     _, deep, _ = forensics_json("whoowns", said["deep"], "--core", str(core), "--json")
@@ -201,9 +200,3 @@ def test_a_full_stack_table_cuts_stacks_with_a_marker(build_victim, run_victim, 
     assert doc["counters"]["stack_full"] > 0, doc["counters"]
     assert doc["counters"]["stack_nodes"] <= 1024, doc["counters"]
 
-
-def _snapshot_pid(stderr: str) -> int:
-    """The victim's pid, from libtag's snapshot line."""
-    m = re.search(r"snapshot 1 \(on-demand\) -> \S+-(\d+)-1-", stderr)
-    assert m, stderr
-    return int(m.group(1))

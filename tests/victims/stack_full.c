@@ -6,13 +6,14 @@
  * Allocates one 24-byte block on each of N paths (path i: DEPTH levels of
  * step(), each calling left() when bit k of i is set, else right(), the
  * lowest bit outermost), so every path is a new stack and the table fills
- * after a few hundred.  Prints "depth=DEPTH", "shallow=0x..." (the block of
- * path 3, made before the table filled) and "deep=0x..." (path N-1, made
- * after), snapshots itself (SIGUSR2) and prints "done".
+ * after a few hundred.  Prints "pid=N", "depth=DEPTH", "shallow=0x..." (the
+ * block of path 3, made before the table filled) and "deep=0x..." (path
+ * N-1, made after), snapshots itself (SIGUSR2) and prints "done".
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define DEPTH 11
 
@@ -54,7 +55,8 @@ int main(int argc, char **argv)
     void **keep = calloc(n, sizeof *keep);
     for (unsigned i = 0; i < n; i++)
         keep[i] = step(DEPTH, i);
-    printf("depth=%d\nshallow=%p\ndeep=%p\n", DEPTH, keep[3], keep[n - 1]);
+    printf("pid=%d\ndepth=%d\nshallow=%p\ndeep=%p\n", (int)getpid(), DEPTH, keep[3],
+           keep[n - 1]);
     fflush(stdout);
     raise(SIGUSR2);
     printf("done\n");

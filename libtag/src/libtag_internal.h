@@ -176,11 +176,16 @@ struct tag_heap {
     uint64_t broken_links;  /* free lists found overwritten */
 };
 extern struct tag_heap _tag_heap;
-/* A thread's cache of free blocks: one LIFO list per class. */
+/* A thread's cache of free blocks, per class: head, a LIFO list of the
+ * blocks it freed (count of them, spilled past the class's limit), and
+ * bulk, a span's whole free list taken at once (uncounted, never spilled:
+ * only allocations drain it).  malloc() takes head first: the blocks
+ * freed last are the ones still in the CPU's caches. */
 struct tag_heap_cache {
     void *head;
     uint32_t count;
     uint32_t reserved;
+    void *bulk;
 };
 TAG_COLD void _tag_heap_init(void);
 /* Is p in the part of the region the heap has used?  (Arithmetic only.) */
@@ -228,6 +233,13 @@ TAG_INLINE void *_tag_heap_alloc(struct tag_heap_cache *hc, size_t n, int zero)
         if (TAG_LIKELY(b != NULL)) {
             hc[c].head = _tag_heap_link_next(b);
             hc[c].count--;
+            if (zero)
+                memset(b, 0, n);
+            return b;
+        }
+        b = hc[c].bulk;
+        if (TAG_LIKELY(b != NULL)) {
+            hc[c].bulk = _tag_heap_link_next(b);
             if (zero)
                 memset(b, 0, n);
             return b;
@@ -312,7 +324,7 @@ struct tag_fast {
 };
 #define TAG_FAST_SLOTS 16   /* the per-thread cache of walks, by (pc, sp):
                                8 ways in each of 2 sets */
-#define TAG_FAST_READS 32   /* words it keeps per walk (one a frame, and a
+#define TAG_FAST_READS 64   /* words it keeps per walk (one a frame, and a
                                saved rbp the walk outward needs); deeper
                                walks: not.  lua's allocations walk ~19
                                frames: 16 words left them all uncached */

@@ -520,7 +520,7 @@ TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, u
         if (w->fast.pc != pc || w->fast.sp != sp)
             return 0;
     }
-    return fast_check(t, &w->fast, w->rd, frame, id, 0);
+    return fast_check(t, &w->fast, w->rd, frame, id, 1);
 }
 
 void _tag_unwind_forget(struct tag_tls *t)

@@ -364,8 +364,10 @@ static inline void append(void **head, void **tail, void *b)
 }
 
 /* Up to want blocks of class c, linked, into *out; returns how many.
- * Takes the class lock (and the page lock for a new span). */
-static unsigned central_take(unsigned c, unsigned want, void **out)
+ * whole: a partial span's whole free list instead, if there is one, with
+ * no link followed (the caller's allocations will follow them).  Takes the
+ * class lock (and the page lock for a new span). */
+static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
 {
     struct tag_central *ct = &central[c];
     const struct tag_class_info *ci = &classes[c];
@@ -374,6 +376,14 @@ static unsigned central_take(unsigned c, unsigned want, void **out)
     spin_lock(&ct->lock);
     while (got < want) {
         struct tag_slice *s = ct->partial;
+        if (s && whole && s->free) {
+            head = s->free;  /* the list ends in NULL already */
+            got = s->nfree;
+            s->free = NULL;
+            s->nfree = 0;
+            partial_remove(ct, s);
+            break;
+        }
         if (s) {
             /* a span's free list */
             void *b = s->free;
@@ -472,34 +482,13 @@ TAG_COLD void _tag_heap_init(void)
 static void *take_one(unsigned c)
 {
     void *b;
-    return central_take(c, 1, &b) ? b : NULL;
-}
-
-/* A partial span's whole free list, or failing that up to want blocks
- * carved from a span (fresh memory), into *out; how many.  Unlike
- * central_take, it follows no free link: the caller's allocations will. */
-static unsigned central_take_span(unsigned c, unsigned want, void **out)
-{
-    struct tag_central *ct = &central[c];
-    spin_lock(&ct->lock);
-    struct tag_slice *s = ct->partial;
-    if (s && s->free) {
-        unsigned got = s->nfree;
-        *out = s->free;
-        s->free = NULL;
-        s->nfree = 0;
-        partial_remove(ct, s);
-        spin_unlock(&ct->lock);
-        return got;
-    }
-    spin_unlock(&ct->lock);
-    return central_take(c, want, out);
+    return central_take(c, 1, 0, &b) ? b : NULL;
 }
 
 TAG_COLD void *_tag_heap_refill(struct tag_heap_cache *hc, unsigned c)
 {
     void *list;
-    if (!central_take_span(c, classes[c].cache_max / 2 + 1, &list))
+    if (!central_take(c, classes[c].cache_max / 2 + 1, 1, &list))
         return NULL;
     void *b = list;
     hc->bulk = link_next(b);
@@ -608,15 +597,10 @@ void *_tag_heap_alloc_slow(struct tag_heap_cache *hc, size_t n, size_t align, in
         if (b)
             return b;
     } else {
-        b = hc ? (hc[c].head || hc[c].bulk ? NULL : _tag_heap_refill(&hc[c], c)) : take_one(c);
-        if (hc && !b && hc[c].head) {  /* a cache the caller's fast path missed */
-            b = hc[c].head;
-            hc[c].head = link_next(b);
-            hc[c].count--;
-        } else if (hc && !b && hc[c].bulk) {
-            b = hc[c].bulk;
-            hc[c].bulk = link_next(b);
-        }
+        /* the cache first: an aligned allocation's fast path skipped it */
+        b = hc ? _tag_heap_cache_pop(&hc[c]) : take_one(c);
+        if (hc && !b)
+            b = _tag_heap_refill(&hc[c], c);
     }
     if (!b) {
         errno = ENOMEM;

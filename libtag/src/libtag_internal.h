@@ -223,23 +223,28 @@ TAG_INLINE void _tag_heap_link_set(void *block, const void *next)
     uint64_t v = (uint64_t)(uintptr_t)next ^ _tag_heap.key;
     memcpy(block, &v, sizeof v);
 }
+/* A block from one class's cache: its LIFO list first, then its bulk
+ * list; NULL when both are empty. */
+TAG_INLINE void *_tag_heap_cache_pop(struct tag_heap_cache *hc)
+{
+    void *b = hc->head;
+    if (TAG_LIKELY(b != NULL)) {
+        hc->head = _tag_heap_link_next(b);
+        hc->count--;
+        return b;
+    }
+    b = hc->bulk;
+    if (TAG_LIKELY(b != NULL))
+        hc->bulk = _tag_heap_link_next(b);
+    return b;
+}
 /* n bytes, 16-aligned, from the calling thread's cache hc (NULL: a thread
  * without one); zeroed if zero.  NULL with errno ENOMEM on exhaustion. */
 TAG_INLINE void *_tag_heap_alloc(struct tag_heap_cache *hc, size_t n, int zero)
 {
     if (TAG_LIKELY(hc != NULL && n <= TAG_HEAP_SMALL_MAX)) {
-        unsigned c = _tag_heap_class(n);
-        void *b = hc[c].head;
+        void *b = _tag_heap_cache_pop(&hc[_tag_heap_class(n)]);
         if (TAG_LIKELY(b != NULL)) {
-            hc[c].head = _tag_heap_link_next(b);
-            hc[c].count--;
-            if (zero)
-                memset(b, 0, n);
-            return b;
-        }
-        b = hc[c].bulk;
-        if (TAG_LIKELY(b != NULL)) {
-            hc[c].bulk = _tag_heap_link_next(b);
             if (zero)
                 memset(b, 0, n);
             return b;

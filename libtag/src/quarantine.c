@@ -23,9 +23,7 @@
 #include "libtag_internal.h"
 
 #define RING_SLOTS TAG_QUARANTINE_SLOTS
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 8
-#endif
+#define PREFETCH_AHEAD 8  /* evictions: evict_one */
 
 void _tag_real_release(struct tag_tls *owner, void *user)
 {

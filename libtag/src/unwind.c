@@ -457,7 +457,7 @@ static void fast_set(struct tag_tls *t, struct tag_walk *w)
  * same?  Then a full walk would give the same frames: its id is the
  * answer, without a rule lookup or an intern.  One load per word. */
 TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct tag_walk_read *p,
-                          const uint64_t *frame, uint32_t *id, int early)
+                          const uint64_t *frame, uint32_t *id)
 {
     if (((h->bp ^ frame[0]) & h->bp_mask) ||
         h->gen != __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE))
@@ -469,8 +469,8 @@ TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct ta
     uint32_t n = h->reads;
     const struct tag_walk_read *e = p + n;
     uint64_t diff = 0;
-    if (early && n > 8) {
-        /* A long walk in the cache: four words a round, innermost first
+    if (n > 8) {
+        /* A long walk: four words a round, innermost first
          * (rd[] runs outermost to innermost), leaving at the first round
          * that differs.  Walks from one frame to one caller (the cache's
          * kin, fast_set) part near the inner end, so a way that is not
@@ -490,8 +490,8 @@ TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct ta
                 diff |= *(const uint64_t *)e->addr ^ e->value;
             }
     } else {
-        /* every word, one branch: a load, a xor and an or per word, two
-         * words a round (a kept walk's short stacks) */
+        /* a short walk: every word, one branch - a load, a xor and an
+         * or per word, two words a round */
         if (n & 1) {
             diff = *(const uint64_t *)p->addr ^ p->value;
             p++;
@@ -520,7 +520,7 @@ TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, u
         if (w->fast.pc != pc || w->fast.sp != sp)
             return 0;
     }
-    return fast_check(t, &w->fast, w->rd, frame, id, 1);
+    return fast_check(t, &w->fast, w->rd, frame, id);
 }
 
 void _tag_unwind_forget(struct tag_tls *t)
@@ -917,10 +917,10 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_
     uint32_t id;
     /* the way that answered last first: a helper that allocates for
      * several callers often serves one of them many times in a row */
-    if (c[last].h.pc == pc && c[last].h.sp == sp && fast_check(t, &c[last].h, c[last].rd, frame, &id, 1))
+    if (c[last].h.pc == pc && c[last].h.sp == sp && fast_check(t, &c[last].h, c[last].rd, frame, &id))
         goto hit;
     for (unsigned i = 0; i < FAST_WAYS; i++, c++) {
-        if (i != last && c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id, 1)) {
+        if (i != last && c->h.pc == pc && c->h.sp == sp && fast_check(t, &c->h, c->rd, frame, &id)) {
             t->fast_last[hint] = (uint8_t)i;
             goto hit;
         }

@@ -49,49 +49,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import BENCH, Launcher, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
 
 THREADS = 2
 WINDOW = 4096  # allocbench.c's WINDOW: live blocks per thread
-
-
-# Peak RSS must come from a process that a small process forked: a child of
-# Python starts with Python's own resident set counted in ru_maxrss (it
-# survives exec), which would hide allocbench's ~10 MiB.  So each run goes
-# through this launcher, which also times the child without Python's cost.
-LAUNCHER = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    pid_t pid = fork();
-    if (pid == 0) { execvp(argv[2], argv + 2); _exit(127); }
-    int st; struct rusage ru;
-    if (wait4(pid, &st, 0, &ru) < 0) return 126;
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    FILE *f = fopen(argv[1], "w");
-    fprintf(f, "%.6f %ld\n", (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9, ru.ru_maxrss);
-    fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-"""
-_launcher: list[str] = []
-
-
-def timed(cmd: list[str], env: dict) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB, os.wait4's ru_maxrss in the launcher) of cmd."""
-    launcher, result = _launcher
-    p = subprocess.run([launcher, result, *cmd], env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-    if p.returncode != 0:
-        sys.exit(f"run_alloc: {' '.join(cmd)} exited {p.returncode}")
-    dt, rss = Path(result).read_text().split()
-    return float(dt), int(rss)
 
 
 def capture_ns(exe: Path, env: dict, iters: int) -> float:
@@ -114,16 +75,26 @@ def chunk(n: int) -> int:
     return max(32, (n + 8 + 15) & ~15)
 
 
+def slot(n: int) -> int:
+    """libtag's heap slot for n bytes (libtag_internal.h, _tag_heap_class):
+    16-byte steps to 128, then four classes a doubling."""
+    if n <= 128:
+        return (n + 15) & ~15
+    step = 1 << ((n - 1).bit_length() - 3)
+    return (n + step - 1) // step * step
+
+
 def expected_overhead() -> tuple[float, float]:
-    """Mean payload and mean extra chunk bytes per block that libtag's
-    32-byte tag + 8-byte canary + 16-byte minimum payload cost, over
-    allocbench's size distribution (7/8: 8..263 B; 1/8: 1024..9215 B)."""
+    """Mean payload and mean extra bytes per block of libtag's slots (32-byte
+    tag + 8-byte canary + 16-byte minimum payload, rounded up to a size
+    class) over glibc's chunks, over allocbench's size distribution (7/8:
+    8..263 B; 1/8: 1024..9215 B)."""
     small = range(8, 8 + 256)
     large = range(1024, 1024 + 8192)
     def mean(sizes, f):
         return sum(f(n) for n in sizes) / len(sizes)
     payload = 7 / 8 * mean(small, lambda n: n) + 1 / 8 * mean(large, lambda n: n)
-    extra = lambda n: chunk(max(n, 16) + 40) - chunk(n)
+    extra = lambda n: slot(max(n, 16) + 40) - chunk(n)
     return payload, 7 / 8 * mean(small, extra) + 1 / 8 * mean(large, extra)
 
 
@@ -192,8 +163,7 @@ def main() -> int:
 
 
 def run(args, lib: Path, tmp: Path) -> int:
-    (tmp / "launch.c").write_text(LAUNCHER)
-    _launcher[:] = [str(build(tmp / "launch.c", tmp / "launch", ["-O2"])), str(tmp / "launch.out")]
+    timed = Launcher(tmp).timed
     src = BENCH / "allocbench.c"
     flags = ["-O2", "-g", "-pthread"]
     builds = {"plain": [], "fp": ["-fno-omit-frame-pointer"], "instrumented": ["-finstrument-functions"]}
@@ -303,8 +273,8 @@ def run(args, lib: Path, tmp: Path) -> int:
           ["binary", "base", "libtag", "libtag Q=0", "bytes/live block (Q=0 - base)",
            "quarantine MiB (libtag - Q=0)", "heaptrack (whole pipeline)"], mrows, args.markdown)
     print(f"expected from the layout: mean payload {payload:.0f} B; 32 B tag + 8 B canary + "
-          f"16 B minimum payload, rounded to glibc's 16-byte chunks, add {extra:.1f} B per block "
-          f"({extra / payload * 100:.1f}% of the payload) -> {extra * live / 2**20:.2f} MiB for {live} "
+          f"16 B minimum payload, rounded up to libtag's size classes, add {extra:.1f} B per block "
+          f"over glibc's chunks ({extra / payload * 100:.1f}% of the payload) -> {extra * live / 2**20:.2f} MiB for {live} "
           f"live blocks; quarantine budget {THREADS} x 1 MiB of requested bytes")
 
     # --------------------------------------------------------- stack table

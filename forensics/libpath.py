@@ -17,11 +17,6 @@ ENV_VAR = "FORENSICS_LIBTAG"
 _LIB_DIR = Path(__file__).resolve().parent / "_lib"
 
 
-def lib_dir() -> Path:
-    """The folder inside the installed package that holds libtag."""
-    return _LIB_DIR
-
-
 def lib_path() -> Path:
     """The libtag.so to preload: $FORENSICS_LIBTAG if set, else the packaged one."""
     override = os.environ.get(ENV_VAR)

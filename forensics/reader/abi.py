@@ -61,7 +61,6 @@ DEALLOC_NAMES = {
 
 TAG_STATE_LIVE = 1
 TAG_STATE_FREED = 2
-STATE_NAMES = {TAG_STATE_LIVE: "live", TAG_STATE_FREED: "freed"}
 
 TAG_MIX1 = 0x9E3779B97F4A7C15
 TAG_MIX2 = 0xC2B2AE3D27D4EB4F
@@ -320,9 +319,7 @@ StackStats = Struct(
 TAG_SIZE = Tag.sizeof()  # 32
 FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
-SHADOW_SIZE = Shadow.sizeof()  # 7192
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
-QENTRY_SIZE = QEntry.sizeof()  # 24
 CONTROL_SIZE = Control.sizeof()  # 968
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
 GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 72
@@ -505,10 +502,6 @@ def _control_candidates(region: Region) -> list[int]:
     if len(hits):
         hits = hits[words[hits + 1] == second]
     return [region.start + int(i) * 8 for i in hits]
-
-
-def parse_control(data: bytes) -> Any:
-    return Control.parse(data)
 
 
 def _libtag_run(regions: list[Region]) -> set[int]:

@@ -134,9 +134,6 @@ def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]
     return mem.address, mem.text
 
 
-Reader = Callable[[int, int], bytes | None]
-
-
 def module_code(path: str, vaddr: int, n: int) -> bytes | None:
     """n bytes at file address vaddr of an ELF file, from a section that has
     contents there (never a debug file's empty .text); fewer at a section's

@@ -458,7 +458,7 @@ struct tag_tls {
     uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
-/* struct tag_tls is ~52 KiB: as static TLS it would be carved out of every
+/* struct tag_tls is ~83 KiB: as static TLS it would be carved out of every
  * thread's stack by glibc, and a program whose threads have small stacks
  * (PTHREAD_STACK_MIN, 32 KiB) would see pthread_create fail with EINVAL
  * under libtag.  So it is mapped per thread (_tag_map, at registration;

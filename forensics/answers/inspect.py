@@ -113,7 +113,13 @@ def crash_doc(dump: Dump, c) -> dict:
 
 def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | None, dict | None]:
     """(address, instruction text, cause) of a fault the kernel gave no
-    address for, from the instruction at the faulting pc and the registers."""
+    address for, from the instruction at the faulting pc and the registers.
+    The cause (docs/json.md, "The crash"): "use-after-free" when the
+    address or its base register holds libtag's free pattern, with the
+    freed block the pointer was read from when the load that gave it is
+    found and the word there still holds it (else that block is null:
+    unknown, never a guess); "unknown" otherwise, with where the pointer was
+    read from when that is found."""
     from forensics.reader import insn as ins
 
     pc = regs.get("rip")
@@ -123,30 +129,71 @@ def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | N
     if mem is None:
         return None, None, None
     base_value = regs.get(mem.base) if mem.base else None
-    if not (_freed_pointer(mem.address) or _freed_pointer(base_value)):
-        return mem.address, mem.text, None
-    cause = {"kind": "freed-pointer", "register": mem.base, "value": hexaddr(base_value),
-             "loaded_from": None, "load": None, "block": None}
-    (frame,) = sym.symbolize([(pc, abi.TAG_FRAME_SIGNAL)])
-    if mem.base and frame.offset is not None and 0 < frame.offset <= ins.MAX_SCAN:
-        start = pc - frame.offset
-        body = ins.read_code(dump.mem.read, sym, start, frame.offset)
-        found = ins.load_source(body, start, pc, mem.base, regs) if body else None
-        if found is not None:
-            holder, load = found
+    freed = _freed_pointer(mem.address) or _freed_pointer(base_value)
+    cause = {"kind": "use-after-free" if freed else "unknown", "register": mem.base,
+             "value": hexaddr(base_value), "loaded_from": None, "load": None, "load_in": None,
+             "block": None}
+    found = _pointer_load(dump, pc, mem.base, regs) if base_value is not None else None
+    if found is not None:
+        holder, load, where = found
+        # the word there must hold what the register held: the load is
+        # the one that gave the pointer, not another path's
+        try:
+            word = int.from_bytes(dump.mem.read(holder, 8), "little")
+        except Exception:  # noqa: BLE001 - unreadable: the load is not confirmed
+            word = None
+        if word == base_value:
+            cause.update(loaded_from=hexaddr(holder), load=load, load_in=where)
             block = dump.heap.block_at(holder)
-            # the word there must hold what the register held: the load is
-            # the one that gave the pointer, not another path's
-            try:
-                word = int.from_bytes(dump.mem.read(holder, 8), "little")
-            except Exception:  # noqa: BLE001 - unreadable: the load is not confirmed
-                word = None
-            if word == base_value:
-                cause["loaded_from"] = hexaddr(holder)
-                cause["load"] = load
-                if block is not None and block.state == "freed":
-                    cause["block"] = block_json(block, dump, offset=holder - block.start)
+            if block is not None:
+                cause["block"] = block_json(block, dump, offset=holder - block.start)
     return mem.address, mem.text, cause
+
+
+def _pointer_load(dump: Dump, pc: int, reg: str | None, regs: dict[str, int]
+                  ) -> tuple[int, str, str] | None:
+    """(address, load instruction, "function" | "caller") of the load that
+    gave register reg its value at the fault: in the faulting function
+    before pc, or - reg an argument that function never wrote - in its
+    caller before the call."""
+    from forensics.reader import insn as ins
+
+    if not reg:
+        return None
+    body = _function_code(dump, pc)
+    if body is None:
+        return None
+    start, code = body
+    found = ins.load_source(code, start, pc, reg, regs)
+    if found is not None:
+        return (*found, "function")
+    if reg not in ins.ARG_REGS or ins.writes(code, start, pc, reg):
+        return None
+    caller = dump.unwinder.caller_regs(regs)
+    ra = caller.get("rip") if caller else None
+    body = _function_code(dump, ra) if ra else None
+    if body is None:
+        return None
+    start, code = body
+    # the caller's code before its call (ra is the instruction after it)
+    call = ins.start_of_last(code, start)
+    found = ins.load_source(code, start, call, reg, caller) if call is not None else None
+    return (*found, "caller") if found is not None else None
+
+
+def _function_code(dump: Dump, pc: int) -> tuple[int, bytes] | None:
+    """(start, code) of the function holding pc, from its start up to pc."""
+    from forensics.reader import insn as ins
+
+    sym = dump.symbolizer
+    (frame,) = sym.symbolize([(pc, abi.TAG_FRAME_SIGNAL)])
+    if frame.offset is None or not 0 <= frame.offset <= ins.MAX_SCAN:
+        return None
+    if frame.offset == 0:
+        return pc, b""  # the function's first instruction: nothing ran before it
+    start = pc - frame.offset
+    code = ins.read_code(dump.mem.read, sym, start, frame.offset)
+    return (start, code) if code else None
 
 
 def _crash_summary(name, code, code_name, address, source, sender, insn, cause) -> str:
@@ -162,15 +209,25 @@ def _crash_summary(name, code, code_name, address, source, sender, insn, cause) 
             return head
         head += f"; {insn} accesses {address:#x}"
         if cause is not None:
-            b = cause["block"]
-            if b is not None:
-                head += (f": a pointer read from freed block {b['start']} ({b['size']} bytes), "
-                         f"at offset {b['offset']} of it")
-            else:
-                head += f": a pointer read from a freed block ({cause['register']} = {cause['value']})"
+            head += ": " + _cause_text(cause)
         return head
     what = "instruction" if source == "instruction" else "address"
     return f"{name} ({code_name or code}) at {what} {address:#x}"
+
+
+def _cause_text(cause: dict) -> str:
+    b = cause["block"]
+    where = (f"{b['state']} block {b['start']} ({b['size']} bytes), at offset {b['offset']} of it"
+             if b is not None else f"{cause['loaded_from']}, in no block" if cause["loaded_from"] else None)
+    if cause["kind"] == "use-after-free":
+        if b is not None and b["state"] == "freed":
+            return f"a use-after-free: a pointer read from freed block {b['start']} ({b['size']} bytes), " \
+                   f"at offset {b['offset']} of it"
+        return (f"a pointer read from a freed block ({cause['register']} = {cause['value']}); "
+                "which block is unknown" + (f" (it was loaded from {where})" if where else
+                                             f": the load that gave {cause['register']} was not found"))
+    return ("no freed block explains it (cause unknown"
+            + (f"; the pointer was read from {where}" if where else "") + ")")
 
 
 def latent_uaf_docs(dump: Dump) -> list[dict]:

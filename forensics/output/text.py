@@ -416,9 +416,12 @@ def show_inspect(doc: dict) -> None:
             for item in _block_lines(owner["block"]):
                 con.print(item)
         cause = c.get("cause") or {}
+        if cause.get("loaded_from"):
+            where = " in the caller" if cause.get("load_in") == "caller" else ""
+            con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}{where}")
         if cause.get("block"):
-            con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}")
-            for item in _block_lines(cause["block"], label="freed block"):
+            b = cause["block"]
+            for item in _block_lines(b, label=f"{'freed' if b['state'] == 'freed' else b['state']} block"):
                 con.print(item)
     h = doc["heap"]
     con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'live block')}, "

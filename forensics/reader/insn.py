@@ -16,9 +16,12 @@ Where the bad pointer came from: scanning the function from its start to the
 faulting instruction, the last instruction that wrote the operand's base
 register is taken; when that is a load from memory whose own registers were
 not written between it and the fault, its source address is known from the
-registers at the fault.  This follows the code in address order, not the
-paths the program took: callers check that the word found there really holds
-the value the register had.
+registers at the fault.  A base register that is an argument the function
+never wrote came from its caller: the caller's code up to the call is
+scanned the same way, over the registers the unwinder gives it back
+(rbx, rbp, r12-r15).  This follows the code in address order, not the paths
+the program took: callers check that the word found there really holds the
+value the register had.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from forensics.errors import ForensicsError
 
 MAX_INSN = 15  # bytes of the longest x86 instruction
 MAX_SCAN = 1 << 16  # bytes of a function scanned back from the fault, at most
+# the System V ABI's integer argument registers: a function that never wrote
+# one before the fault got its value from its caller
+ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
 
 # 64-bit register of each general-purpose register name capstone gives
 _FULL = {}
@@ -98,14 +104,11 @@ def decode_at(code: bytes, pc: int, regs: dict[str, int]) -> MemOperand | None:
     return None
 
 
-def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]) -> tuple[int, str] | None:
-    """Where register reg got its value before the instruction at pc:
-    (the address it was loaded from, the loading instruction), or None.
-    code holds [start, pc) of the function (see the module docstring)."""
-    from capstone import x86
-
+def _last_writer(code: bytes, start: int, pc: int, reg: str):
+    """The last instruction in [start, pc) that writes reg (None: none does)
+    and the instructions after it, up to pc."""
     writer = None
-    later: list = []  # instructions after the writer, up to pc
+    later: list = []
     for insn in _md().disasm(code, start):
         if insn.address >= pc:
             break
@@ -114,6 +117,31 @@ def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]
             writer, later = insn, []
         else:
             later.append(insn)
+    return writer, later
+
+
+def start_of_last(code: bytes, start: int) -> int | None:
+    """The address of the last instruction of code (which starts at start),
+    when the code decodes to its end (a call before its return address)."""
+    last = None
+    for insn in _md().disasm(code, start):
+        last = insn
+    return last.address if last is not None and last.address + last.size == start + len(code) else None
+
+
+def writes(code: bytes, start: int, pc: int, reg: str) -> bool:
+    """Does any instruction in [start, pc) write reg?  (False: reg holds the
+    value the function was entered with - an argument, when it is one.)"""
+    return _last_writer(code, start, pc, reg)[0] is not None
+
+
+def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]) -> tuple[int, str] | None:
+    """Where register reg got its value before the instruction at pc:
+    (the address it was loaded from, the loading instruction), or None.
+    code holds [start, pc) of the function (see the module docstring)."""
+    from capstone import x86
+
+    writer, later = _last_writer(code, start, pc, reg)
     if writer is None or writer.mnemonic not in ("mov", "movabs") or len(writer.operands) != 2:
         return None
     dst, src = writer.operands
@@ -173,4 +201,4 @@ def read_code(mem_read: Callable[[int, int], bytes], symbolizer, addr: int, n: i
     return module_code(source.path, addr - module.load_bias, n)
 
 
-__all__ = ["MemOperand", "decode_at", "load_source", "module_code", "read_code"]
+__all__ = ["ARG_REGS", "MemOperand", "decode_at", "load_source", "module_code", "read_code", "start_of_last", "writes"]

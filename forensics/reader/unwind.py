@@ -275,6 +275,20 @@ class Unwinder:
             r, pc, exact = nr, ra, False
         return out
 
+    def caller_regs(self, regs: dict[str, int]) -> dict[str, int] | None:
+        """The registers the caller of frame 0 (regs: at an exact pc, a
+        fault's) is known to have at its call: its pc (the return address),
+        stack pointer and callee-saved registers, by name; None where the
+        walk cannot tell."""
+        r: dict[int, int | None] = {i: regs.get(n) for i, n in enumerate(DWARF_NAMES)}
+        if r[RA] is None:
+            return None
+        nr = self._caller(r, r[RA], True, first=True, stack=None)
+        if nr is None or not nr.get(RA):
+            return None
+        return {DWARF_NAMES[i]: v for i, v in nr.items()
+                if v is not None and (i in CALLEE_SAVED or i in (RSP, RA))}
+
     def _caller(self, r: dict, pc: int, exact: bool, *, first: bool,
                 stack: tuple[int, int] | None) -> dict | None:
         """The caller's registers, or None where the walk ends."""

@@ -226,8 +226,8 @@ def test_a_crash_through_a_pointer_read_from_a_freed_block_names_the_block(
     # is named with both stacks (allocated in main, freed by drop)
     cause = c["cause"]
     assert (cause["kind"], cause["register"], cause["value"], cause["loaded_from"]) == (
-        "freed-pointer", "rax", "0xfdfdfdfdfdfdfdfd", hex(node + 8)), cause
-    assert cause["load"] == "mov rax, qword ptr [rbx + 8]", cause["load"]
+        "use-after-free", "rax", "0xfdfdfdfdfdfdfdfd", hex(node + 8)), cause
+    assert (cause["load"], cause["load_in"]) == ("mov rax, qword ptr [rbx + 8]", "function"), cause
     block = cause["block"]
     assert (block["start"], block["size"], block["offset"], block["state"]) == (
         hex(node), NODE_SIZE, 8, "freed"), block
@@ -236,8 +236,8 @@ def test_a_crash_through_a_pointer_read_from_a_freed_block_names_the_block(
     assert [x["function"] for x in block["free_stack"] if x["module"] == str(exe)] == ["drop", "main"], block
     assert c["summary"] == (
         f"SIGSEGV: general-protection fault (the kernel gives no address); mov rbx, qword ptr [rax] "
-        f"accesses 0xfdfdfdfdfdfdfdfd: a pointer read from freed block {node:#x} ({NODE_SIZE} bytes), "
-        f"at offset 8 of it"), c["summary"]
+        f"accesses 0xfdfdfdfdfdfdfdfd: a use-after-free: a pointer read from freed block {node:#x} "
+        f"({NODE_SIZE} bytes), at offset 8 of it"), c["summary"]
     # ... and the human form says so, never "NULL page"
     human = run_cli("inspect", core, env={"XDG_STATE_HOME": str(tmp_path / "state"),
                                           "COLUMNS": "400"})
@@ -268,6 +268,67 @@ def test_a_virtual_call_on_a_deleted_object_names_the_object(build_victim, run_c
     # (delete calls the deleting destructor, which calls operator delete)
     assert [x["function"] for x in block["free_stack"] if x["module"] == str(exe)][:3] == [
         "Circle::~Circle()", "forget(Shape*)", "main"], block["free_stack"]
+
+
+# -O2 without -g, as a release build ships: names from the symbol table only
+RELEASE = ["-O2", "-g0"]
+
+
+def test_a_freed_pointer_loaded_by_the_caller_names_the_block(build_victim, run_cli, tmp_path):
+    # GIVEN truth freed-arg, built -O2 without -g: main loads n->next from
+    # the freed node and passes it to id_of, which dereferences it - the
+    # faulting function never wrote its argument register
+    exe = build_victim("truth", instrument=False, extra_flags=RELEASE)
+    f, core = crash_of(run_cli, exe, ["freed-arg"], tmp_path, signal.SIGSEGV)
+    node, tid = one(f, "node"), one(f, "tid")
+    # WHEN inspect reads the crash core
+    c = cli_json(run_cli, tmp_path / "state", "inspect", core)["crash"]
+    # THEN the fault is in id_of, through rdi = the free pattern ...
+    assert c["stack"][0]["function"] == "id_of", c["stack"][:2]
+    assert c["instruction"] == "mov rax, qword ptr [rdi]", c
+    cause = c["cause"]
+    assert (cause["kind"], cause["register"], cause["value"]) == (
+        "use-after-free", "rdi", "0xfdfdfdfdfdfdfdfd"), cause
+    # ... loaded by the caller from offset 8 of the freed node (rbx, restored
+    # for main's frame from id_of's CFI), and the node is named with its stacks
+    assert (cause["loaded_from"], cause["load"], cause["load_in"]) == (
+        hex(node + 8), "mov rdi, qword ptr [rbx + 8]", "caller"), cause
+    block = cause["block"]
+    assert (block["start"], block["size"], block["offset"], block["state"]) == (
+        hex(node), NODE_SIZE, 8, "freed"), block
+    assert (block["thread"], block["free_thread"]) == (tid, tid), block
+    # (at -O2, drop's call of free is a tail jump: drop has left the stack)
+    assert [x["function"] for x in block["free_stack"] if x["module"] == str(exe)] == [
+        "main", "_start"], block
+    assert c["summary"].endswith(
+        f": a use-after-free: a pointer read from freed block {node:#x} ({NODE_SIZE} bytes), "
+        f"at offset 8 of it"), c["summary"]
+    human = run_cli("inspect", core, env={"XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "400"})
+    assert f"the pointer was loaded from {node + 8:#x} by mov rdi, qword ptr [rbx + 8] in the caller" in (
+        human.stdout), human.stdout
+
+
+def test_a_wild_pointer_no_freed_block_explains_is_unknown(build_victim, run_cli, tmp_path):
+    # GIVEN truth wild, built -O2 without -g: a live node's next holds
+    # 0x4141414141414141 (no block, not libtag's pattern) and is dereferenced
+    exe = build_victim("truth", instrument=False, extra_flags=RELEASE)
+    f, core = crash_of(run_cli, exe, ["wild"], tmp_path, signal.SIGSEGV)
+    node = one(f, "node")
+    # WHEN inspect reads the crash core
+    c = cli_json(run_cli, tmp_path / "state", "inspect", core)["crash"]
+    # THEN the address is decoded, and the cause is unknown - not a
+    # use-after-free, and no block is named as the culprit ...
+    assert (c["address"], c["address_source"]) == ("0x4141414141414141", "decoded"), c
+    cause = c["cause"]
+    assert (cause["kind"], cause["value"]) == ("unknown", "0x4141414141414141"), cause
+    # ... while the evidence that is there is given: the pointer came from
+    # offset 8 of the live node
+    assert (cause["loaded_from"], cause["block"]["start"], cause["block"]["state"],
+            cause["block"]["offset"]) == (hex(node + 8), hex(node), "live", 8), cause
+    assert c["summary"].endswith(
+        f": no freed block explains it (cause unknown; the pointer was read from live block "
+        f"{node:#x} ({NODE_SIZE} bytes), at offset 8 of it)"), c["summary"]
+    assert "use-after-free" not in c["summary"], c["summary"]
 
 
 def test_abort_is_a_signal_from_the_process_itself(build_victim, run_cli, tmp_path):

@@ -16,6 +16,13 @@
  *                      raises SIGSEGV as a general-protection fault with no
  *                      address (SI_KERNEL).  Prints pid, tid, "node ADDR SIZE"
  *                      (the freed node whose field held the pointer) first.
+ *   truth freed-arg    the same pointer, loaded by main from the freed node
+ *                      and passed to id_of, which dereferences it: the load
+ *                      is in the caller.  Prints what freed-ptr prints.
+ *   truth wild         a live node whose `next` holds 0x4141414141414141
+ *                      (not libtag's pattern, in no block): next_id faults
+ *                      the same way, and no freed block explains it.  Prints
+ *                      pid, tid, "node ADDR SIZE" (the live node) first.
  *   truth abort        abort() in do_abort <- main.  Prints pid, tid first.
  *   truth uaf          frees four 64-byte blocks, then writes through the
  *                      dangling pointers at offsets 0, 8, 24 and 63 (the
@@ -89,6 +96,12 @@ __attribute__((noinline)) static long next_id(struct node *n)
     return n->next->id;
 }
 
+/* The pointer is an argument: the load that produced it is the caller's. */
+__attribute__((noipa)) static long id_of(struct node *m)
+{
+    return m->id;
+}
+
 __attribute__((noinline)) static void do_abort(void)
 {
     abort();
@@ -132,6 +145,26 @@ int main(int argc, char **argv)
         printf("node %p %d\n", (void *)n, (int)sizeof *n);
         fflush(stdout);
         drop(n);
+        printf("id %ld\n", next_id(n));
+        return 0;
+    }
+    if (strcmp(mode, "freed-arg") == 0) {
+        struct node *n = malloc(sizeof *n);
+        n->id = 1;
+        n->next = malloc(sizeof *n);
+        n->next->id = 2;
+        printf("node %p %d\n", (void *)n, (int)sizeof *n);
+        fflush(stdout);
+        drop(n);
+        printf("id %ld\n", id_of(n->next));
+        return 0;
+    }
+    if (strcmp(mode, "wild") == 0) {
+        struct node *n = malloc(sizeof *n);
+        n->id = 1;
+        memset(&n->next, 0x41, sizeof n->next);
+        printf("node %p %d\n", (void *)n, (int)sizeof *n);
+        fflush(stdout);
         printf("id %ld\n", next_id(n));
         return 0;
     }

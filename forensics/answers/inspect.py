@@ -338,12 +338,35 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
 MAX_STACK_BLOCKS = 200
 
 
+def blocks_of_stacks(dump: Dump, stack_ids, limit: int) -> dict[int, list[dict]]:
+    """The first limit live blocks of each allocation stack in stack_ids, by
+    address: start, size, thread and age at the snapshot (ms; None when the
+    core's time is unknown).  One sort of the live blocks for all of them."""
+    import numpy as np
+
+    x = dump.heap.index
+    live = np.flatnonzero(x["state"] == abi.TAG_STATE_LIVE)
+    by = live[np.argsort(x["alloc_stack"][live], kind="stable")]  # stable: by address within a stack
+    keys = x["alloc_stack"][by]
+    taken = dump.taken_ms
+    out: dict[int, list[dict]] = {}
+    for sid in stack_ids:
+        lo = int(np.searchsorted(keys, sid, "left"))
+        hi = min(int(np.searchsorted(keys, sid, "right")), lo + limit)
+        blocks = []
+        for i in by[lo:hi].tolist():
+            alloc = int(x["alloc_time"][i])
+            blocks.append({"start": hexaddr(int(x["start"][i])), "size": int(x["size"][i]),
+                           "thread": int(x["tid"][i]),
+                           "age_ms": taken - alloc if taken is not None and taken >= alloc else None})
+        out[sid] = blocks
+    return out
+
+
 def stack_blocks(dump: Dump, rank: int) -> dict:
     """The live blocks of the rank-th allocation stack by live bytes (as
     inspect numbers them: #1 is the first): every block's start, size,
     thread and age at the snapshot, by address, at most MAX_STACK_BLOCKS."""
-    import numpy as np
-
     from forensics.errors import InputError
 
     heap = dump.heap
@@ -352,14 +375,6 @@ def stack_blocks(dump: Dump, rank: int) -> dict:
         raise InputError(f"inspect: --blocks {rank}: the core has {len(stacks)} allocation "
                          f"stacks with live blocks (#1 to #{len(stacks)})")
     sid, count, nbytes = stacks[rank - 1]
-    x = heap.index
-    sel = np.flatnonzero((x["state"] == abi.TAG_STATE_LIVE) & (x["alloc_stack"] == sid))
-    taken = dump.taken_ms
-    blocks = []
-    for i in sel[:MAX_STACK_BLOCKS].tolist():
-        alloc = int(x["alloc_time"][i])
-        blocks.append({"start": hexaddr(int(x["start"][i])), "size": int(x["size"][i]),
-                       "thread": int(x["tid"][i]),
-                       "age_ms": taken - alloc if taken is not None and taken >= alloc else None})
+    blocks = blocks_of_stacks(dump, [sid], MAX_STACK_BLOCKS)[sid]
     return {"rank": rank, "stack": frames_json(dump.stack(sid)), "count": count, "bytes": nbytes,
             "blocks": blocks}

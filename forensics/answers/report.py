@@ -21,13 +21,15 @@ What the page shows, and where each part comes from:
   each with where it allocated: its first frame outside the allocation
   wrappers (WRAPPERS, and the report's --wrapper patterns), and its peak
   live bytes and temporary allocations when libtag kept per-stack counters
-  (control.stack_stats; "not recorded" otherwise).
+  (control.stack_stats; "not recorded" otherwise), and its first
+  REPORT_STACK_BLOCKS blocks by address (start, size, thread, age), the way
+  from a stack to `whoowns`.
 
-Nothing in the page is per block: the heap is aggregated by allocation stack
-first (Heap.by_stack is one numpy pass), at most STACK_LIMIT stacks are
-symbolised, and the hierarchy is the trie of their frames, outermost first.
-So a core with a million blocks gives the same few hundred KB page as one
-with a thousand.
+Beyond those few blocks a stack, nothing in the page is per block: the heap
+is aggregated by allocation stack first (Heap.by_stack is one numpy pass),
+at most STACK_LIMIT stacks are symbolised, and the hierarchy is the trie of
+their frames, outermost first.  So a core with a million blocks gives the
+same few hundred KB page as one with a thousand.
 
 How the page is drawn, and why strings from a core cannot run in it:
 forensics.output.html.
@@ -43,13 +45,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from forensics.answers.inspect import inspect_doc
+from forensics.answers.inspect import blocks_of_stacks, inspect_doc
 from forensics.answers.leaks import leaks_json
 from forensics.answers.shapes import frames_json
 from forensics.errors import ForensicsError, InputError
 
-DATA_VERSION = 2
+DATA_VERSION = 3  # 3: block_list, each stack's first blocks
 STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "other" node
+REPORT_STACK_BLOCKS = 10  # blocks listed under each stack of the table (for whoowns)
 STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
 
 # Allocation wrappers: functions that allocate for their caller, so "allocated
@@ -364,8 +367,11 @@ class ReportBuilder:
                      for s, leaf, (sid, _, _) in zip(stacks, leaves, dump.heap.by_stack("live"))]
             distinct = len(dump.heap.by_stack("live"))
             recorded = self._add_stats(dump, table)
+            # each stack's first blocks, for whoowns (a stack with no live
+            # block, listed for its peak or churn, has none)
+            firsts = blocks_of_stacks(dump, [row["stack_id"] for row in table], REPORT_STACK_BLOCKS)
             for row in table:
-                del row["stack_id"]
+                row["block_list"] = firsts[row.pop("stack_id")]
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
             self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:

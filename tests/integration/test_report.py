@@ -220,6 +220,17 @@ def test_page_renders_hierarchy_curve_events_and_table(case, first_load):
     rows = [r for r in table.one("tbody").find_all("tr") if r.attrs["data-blocks"] != "0"]
     assert len(rows) == len(newest["top_stacks"])
     assert [int(r.attrs["data-bytes"]) for r in rows] == [s["bytes"] for s in newest["top_stacks"]]
+    # AND a stack leads to its blocks: alloc_node's row lists the first 10 of
+    # its 200 blocks, the ones `inspect --blocks` gives for that stack
+    rank = next(i for i, s in enumerate(newest["top_stacks"], 1)
+                if [f["function"] for f in s["stack"]][:1] == ["alloc_node"])
+    listed = inspect_json(case["work"] / "state", case["cores"][-1], case["work"], "--blocks", str(rank))
+    row = next(r for r in rows if r.attrs["data-site"] == "alloc_node")
+    details = row.one("details", **{"class": "blocks"})
+    assert details.one("summary").text() == "first 10 of 200 blocks"
+    assert [li.attrs["data-start"] for li in details.find_all("li")] == [
+        b["start"] for b in listed["stack_blocks"]["blocks"][:10]]
+    assert {b["size"] for b in listed["stack_blocks"]["blocks"]} == {64}
     # AND the leak groups are those inspect --leaks finds in the same core
     leaks = newest.get("leaks")
     if leaks is None:  # this version has no leak scan: the page says so

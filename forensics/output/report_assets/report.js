@@ -106,6 +106,21 @@
       ]);
     }));
   }
+  /* A stack's first live blocks by address, for `forensics whoowns ADDR`. */
+  function blockDetails(r) {
+    if (!r.blockList.length) return null;
+    var shown = r.blockList.length < r.blocks ? 'first ' + r.blockList.length + ' of ' + fmtInt(r.blocks) + ' blocks'
+                                              : fmtInt(r.blocks) + (r.blocks === 1 ? ' block' : ' blocks');
+    return el('details', {class: 'blocks'}, [
+      el('summary', null, shown),
+      el('ul', {class: 'blocks'}, r.blockList.map(function (b) {
+        return el('li', {'data-start': b.start}, [
+          el('span', {class: 'addr'}, b.start),
+          ' ' + fmtInt(b.size) + ' bytes, thread ' + b.thread +
+          (b.age_ms !== null ? ', ' + (b.age_ms / 1000).toFixed(3) + ' s old' : '')]);
+      })),
+      el('p', {class: 'note'}, 'forensics whoowns ADDR --core CORE: who holds a block and who points at it')]);
+  }
   /* "allocated at": the first frame outside the allocation wrappers. */
   function siteText(ids, site) {
     if (!ids.length) return '(no stack recorded)';
@@ -555,7 +570,7 @@
             temps: data.stack_stats && s.temporaries !== null ? s.temporaries : NOT_RECORDED,
             allocs: data.stack_stats ? s.allocs : null,
             site: siteText(s.frames, s.site), siteFn: s.frames.length ? frames[s.frames[s.site]].function || '' : '',
-            frames: s.frames, node: s.node, text: text};
+            frames: s.frames, node: s.node, text: text, blockList: s.block_list || []};
   });
   tSec.appendChild(el('p', {class: 'note', id: 'fx-stats-note', 'data-recorded': data.stack_stats ? 1 : 0},
     data.stack_stats
@@ -599,7 +614,8 @@
            r.temps === NOT_RECORDED ? 'not recorded' : fmtInt(r.temps) +
              (r.allocs ? ' of ' + fmtInt(r.allocs) : '')),
         el('td', {class: 'mono'}, r.site),
-        el('td', null, el('details', null, [el('summary', null, r.frames.length + ' frames'), frameList(r.frames)]))]);
+        el('td', null, [el('details', null, [el('summary', null, r.frames.length + ' frames'), frameList(r.frames)]),
+                        blockDetails(r)])]);
       tr.addEventListener('click', function (e) {
         if (e.target.closest && e.target.closest('details')) return;
         if (r.node < 0) return;  // no live block: not in the hierarchy

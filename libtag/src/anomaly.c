@@ -76,6 +76,27 @@ void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
     }
 }
 
+void _tag_anomaly_record(const struct tag_report *r, uint32_t tid, uint32_t stack, uint32_t time)
+{
+    struct libtag_anomaly *a = &_tag_ctl.anomaly;
+    memset(a, 0, sizeof *a);
+    a->kind = r->kind;
+    a->tid = tid;
+    a->address = (uint64_t)(uintptr_t)r->address;
+    a->block = (uint64_t)(uintptr_t)r->block;
+    a->stack = stack;
+    a->time = time;
+    a->dealloc = r->dealloc;
+    a->access = r->access;
+    a->pc = (uint64_t)(uintptr_t)r->pc;
+    if (r->tag)
+        a->tag = *r->tag;
+    else if (r->block)
+        a->tag = *_tag_of(r->block);
+    if (r->rec)
+        a->free_rec = *r->rec;
+}
+
 void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
 {
     TAG_ASSERT(r->kind > TAG_ANOMALY_NONE && r->kind <= TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH);
@@ -86,25 +107,8 @@ void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
     /* One anomaly at a time owns the record; a second one that races it is
      * counted and logged but does not overwrite the first. */
     int owner = !__atomic_exchange_n(&anomaly_lock, 1, __ATOMIC_ACQUIRE);
-    if (owner) {
-        struct libtag_anomaly *a = &_tag_ctl.anomaly;
-        memset(a, 0, sizeof *a);
-        a->kind = r->kind;
-        a->tid = tid;
-        a->address = (uint64_t)(uintptr_t)r->address;
-        a->block = (uint64_t)(uintptr_t)r->block;
-        a->stack = stack;
-        a->time = _tag_now_ms();
-        a->dealloc = r->dealloc;
-        a->access = r->access;
-        a->pc = (uint64_t)(uintptr_t)r->pc;
-        if (r->tag)
-            a->tag = *r->tag;
-        else if (r->block)
-            a->tag = *_tag_of(r->block);
-        if (r->rec)
-            a->free_rec = *r->rec;
-    }
+    if (owner)
+        _tag_anomaly_record(r, tid, stack, _tag_now_ms());
     if (r->access)
         _tag_log("libtag: %s: %s at %p (block %p) by the instruction at %p in thread %u "
                  "(LIBTAG_ON_ANOMALY=%s)",

@@ -1084,6 +1084,11 @@ TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
  * LIBTAG_ON_ANOMALY=snapshot or abort asks for; returns in every mode (the
  * caller acts on abort).  Async-signal-safe: a fault handler calls it. */
 TAG_COLD void _tag_anomaly_at(const struct tag_report *r, uint32_t stack);
+/* Fill the control block's anomaly record from r (the one writer of it:
+ * the caller owns the record - the anomaly lock, or the stopped world of a
+ * snapshot). */
+TAG_COLD void _tag_anomaly_record(const struct tag_report *r, uint32_t tid, uint32_t stack,
+                                  uint32_t time);
 /* The process is about to die of LIBTAG_ON_ANOMALY=abort after its
  * snapshot: no second core (the soft core limit of this process goes to
  * 0).  Async-signal-safe. */

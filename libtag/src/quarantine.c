@@ -253,15 +253,11 @@ void _tag_quarantine_check_all(void)
             if (off == TAG_INTACT)
                 continue;
             if (_tag_ctl.latent_uaf++ == 0 && _tag_ctl.anomaly.kind == TAG_ANOMALY_NONE) {
-                struct libtag_anomaly *a = &_tag_ctl.anomaly;
-                memset(a, 0, sizeof *a);
-                a->kind = TAG_ANOMALY_USE_AFTER_FREE;
-                a->tid = _tag_ctl.snapshot_tid;
-                a->address = e->user + off;
-                a->block = e->user;
-                a->time = (uint32_t)_tag_ctl.snapshot_time_ms;
-                a->tag = *t;
-                a->free_rec = e->rec;
+                struct tag_report rep = {.kind = TAG_ANOMALY_USE_AFTER_FREE,
+                                         .address = (const char *)user + off, .block = user,
+                                         .tag = t, .rec = &e->rec};
+                _tag_anomaly_record(&rep, _tag_ctl.snapshot_tid, 0,
+                                    (uint32_t)_tag_ctl.snapshot_time_ms);
                 _tag_ctl.anomaly_count++;
             }
         }

@@ -29,6 +29,8 @@
  *   slab ADDR SIZE          the slab page
  *   crowd ADDR SIZE         the block with CROWD referrers
  *   crowd_holder ADDR SIZE  the block whose every word points at it
+ *   crowd_root ADDR         the global that holds crowd_holder
+ *   freed ADDR SIZE         a block freed before the snapshot
  *   stack_block ADDR SIZE   the block held by hold_on_stack's local only
  *   stack_slot ADDR         that local's address
  */
@@ -47,6 +49,7 @@
 #define CROWD 250
 #define CROWD_SIZE 40
 #define STACK_BLOCK_SIZE 48
+#define FREED_SIZE 24
 
 struct table {
     long count;
@@ -89,6 +92,7 @@ __attribute__((noinline)) static void report(void)
     printf("slab %p %d\n", registry->slots[SLAB_SLOT], SLAB_SIZE);
     printf("crowd %p %d\n", crowd_root[0], CROWD_SIZE);
     printf("crowd_holder %p %zu\n", (void *)crowd_root, CROWD * sizeof(void *));
+    printf("crowd_root %p\n", (void *)&crowd_root);
 }
 
 /* Zero the dead stack below the caller's frame. */
@@ -131,6 +135,9 @@ int main(void)
 {
     printf("pid %d\n", (int)getpid());
     printf("main_tid %d\n", (int)syscall(SYS_gettid));
+    void *gone = malloc(FREED_SIZE);
+    printf("freed %p %d\n", gone, FREED_SIZE);
+    free(gone);
     build_chain();
     build_crowd();
     report();

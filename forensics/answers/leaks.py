@@ -406,7 +406,8 @@ class LeakScan:
         return Root(root.kind, root.address, root.thread, root.register, root.module,
                     steps[0].interior), steps
 
-    def retainers(self, addr: int, *, limit: int = 10, max_depth: int = 256) -> Retention | None:
+    def retainers(self, addr: int, *, limit: int = 10, max_depth: int = 256,
+                  skip_module=None) -> Retention | None:
         """The shortest chains of references from a root to the live block at
         addr (None: no live block holds addr): a breadth-first search
         backwards from the block over the heap graph of live blocks, one
@@ -414,7 +415,9 @@ class LeakScan:
         point into itself are never a link (the block is visited first).
         Up to limit paths, from distinct roots, shortest first (then
         globals, stacks, TLS, registers, by address); ``count`` says how
-        many roots reach it in all (within max_depth links)."""
+        many roots reach it in all (within max_depth links).  skip_module:
+        a predicate on a module's path whose globals are not roots here
+        (without libtag, glibc's arenas point at the top chunk)."""
         i = self._index_of(addr)
         if i < 0 or not self._live[i]:
             return None
@@ -426,6 +429,8 @@ class LeakScan:
         nxt_via = np.zeros(n, np.uint64)
         nxt_int = np.zeros(n, bool)
         frontier = np.array([i], np.int64)
+        skipped = [(r.start, r.end) for r in self.root_ranges
+                   if skip_module is not None and r.kind == "global" and r.module and skip_module(r.module)]
         found: list[tuple[int, int, bool]] = []  # (via, block, interior)
         count = 0
         depth = 0
@@ -433,6 +438,11 @@ class LeakScan:
         while len(frontier):
             sel = _spans(np.searchsorted(self._root_dst, frontier, side="left"),
                          np.searchsorted(self._root_dst, frontier, side="right"))
+            if skipped:
+                x_lo, x_hi = _merge(skipped)
+                via = self._root_via[sel]
+                k = np.searchsorted(x_lo, via, side="right").astype(np.int64) - 1
+                sel = sel[~((k >= 0) & (via < x_hi[np.maximum(k, 0)]))]
             count += len(sel)
             if len(found) < limit and len(sel):
                 via = self._root_via[sel]

@@ -251,7 +251,7 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]
             continue
         region = next((r for r in regions if src in r), None)
         module = module_of_data(regions, region) if region is not None else None
-        if module is not None and os.path.basename(module).startswith(("libc.so", "libc-")):
+        if module is not None and _is_libc(module):
             continue  # glibc's own state (arenas, mp_): not the program's reference
         if module is not None:
             sym = dump.symbolizer.data_symbol(module, src)
@@ -277,7 +277,14 @@ def retention(dump: Dump, start: int) -> Retention | None:
     """Who keeps the live block (or chunk in use) at start alive: the
     shortest chains from the leak scan's roots (forensics.answers.leaks:
     globals, live stack frames, static TLS, registers) through live blocks."""
-    return find_leaks(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH)
+    return find_leaks(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH,
+                                      skip_module=None if dump.libtag else _is_libc)
+
+
+def _is_libc(module: str) -> bool:
+    """glibc's own module: its state (arenas, mp_) holds pointers into chunks
+    (the top chunk, bins) that are not the program's references."""
+    return os.path.basename(module).startswith(("libc.so", "libc-"))
 
 
 def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:

@@ -7,13 +7,17 @@ global ``registry`` -> a table block -> the table's slot 5, while 63 words of
 the slab point into the slab itself (a free list); a block pointed to by the
 250 words of another block; and a block held by a local variable of
 hold_on_stack only, whose frame is live when the victim snapshots itself.
-It prints every address, offset and thread id.
+It prints every address, offset and thread id.  Under libtag it snapshots
+itself; without libtag (``abort``) the kernel writes its core and glibc's
+chunks are the blocks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,3 +176,42 @@ def test_freed_block_has_no_retainers(case, run_cli):
     assert (doc["retainers"], doc["retainer_count"], doc["retainers_depth_limited"]) == (
         None, None, False), doc
     assert "kept alive by" not in out, out
+
+
+# ------------------------------------------------------------ without libtag --
+
+
+def _raise_soft_core_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+
+@pytest.mark.skipif(S.kernel_core_skip_reason() is not None,
+                    reason=S.kernel_core_skip_reason() or "")
+def test_without_libtag_the_chunk_has_the_same_paths(build_victim, run_cli, tmp_path):
+    # GIVEN slab_chain without libtag, aborted inside hold_on_stack: the kernel's core
+    exe = Path(os.path.realpath(build_victim("slab_chain", instrument=False)))
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    done = subprocess.run([str(exe), "abort"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60, preexec_fn=_raise_soft_core_limit, check=False)
+    assert done.returncode == -6, f"expected SIGABRT (-6), got {done.returncode}: {done.stderr}"
+    cores = [p for p in tmp_path.iterdir() if p.name.startswith("core")]
+    assert len(cores) == 1, f"expected one core in {tmp_path}, got {sorted(tmp_path.iterdir())}"
+    case = Case(exe, parse(done.stdout), cores[0], tmp_path / "state")
+    # WHEN whoowns is asked about the slab's chunk
+    doc = ask(run_cli, case, case["slab"])
+    # THEN registry -> the table's chunk (its usable size: 136 bytes for 128) -> the slab
+    assert doc["libtag"] is False, doc["libtag"]
+    assert doc["retainers"] == [{
+        "root": global_root(case, "registry", case["registry"]),
+        "path": [{"address": hex(case["slot"]), "block_start": hex(case["table"]),
+                  "size": 136, "offset": SLOT_OFFSET, "interior": False}],
+    }], doc["retainers"]
+    assert (doc["retainer_count"], doc["self_referrers"]) == (1, 63), doc
+    # AND the block held by hold_on_stack's local: that frame, not glibc's arena
+    # (its top pointer lies in the chunk's usable bytes)
+    doc = ask(run_cli, case, case["stack_block"])
+    assert [(r["root"]["kind"], r["root"]["address"], r["root"]["thread"], r["root"]["function"],
+             r["path"]) for r in doc["retainers"]] == [
+        ("stack", hex(case["stack_slot"]), case["main_tid"], "hold_on_stack", [])], doc["retainers"]
+    assert doc["retainer_count"] == 1, doc["retainer_count"]

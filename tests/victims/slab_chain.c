@@ -1,8 +1,10 @@
 /* slab_chain.c - a block kept alive through a chain, and a block held only
  * by a local variable: the retention paths whoowns must name.
  *
- *   slab_chain     print the facts, raise(SIGUSR2) (an on-demand snapshot
- *                  into $LIBTAG_DIR) from inside hold_on_stack, exit 0
+ *   slab_chain        print the facts, raise(SIGUSR2) (an on-demand snapshot
+ *                     into $LIBTAG_DIR) from inside hold_on_stack, exit 0
+ *   slab_chain abort  the same, but raise(SIGABRT): without libtag, the
+ *                     kernel's core of a process glibc's heap answers for
  *
  * The chain: the global `registry` points at a table (a malloc'ed struct of
  * pointer slots), whose slot SLAB_SLOT points at a 4096-byte "slab page"
@@ -118,7 +120,7 @@ __attribute__((noinline)) static void scrub_registers(void)
 }
 
 /* Holds its block in a local only, and snapshots while its frame is live. */
-__attribute__((noinline)) static void hold_on_stack(void)
+__attribute__((noinline)) static void hold_on_stack(int sig)
 {
     void *volatile mine = malloc(STACK_BLOCK_SIZE);
     memset(mine, 0x33, STACK_BLOCK_SIZE);
@@ -127,12 +129,13 @@ __attribute__((noinline)) static void hold_on_stack(void)
     fflush(stdout);
     scrub_stack();
     scrub_registers();
-    raise(SIGUSR2);
+    raise(sig);
     free(mine);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int sig = argc > 1 && strcmp(argv[1], "abort") == 0 ? SIGABRT : SIGUSR2;
     printf("pid %d\n", (int)getpid());
     printf("main_tid %d\n", (int)syscall(SYS_gettid));
     void *gone = malloc(FREED_SIZE);
@@ -142,6 +145,6 @@ int main(void)
     build_crowd();
     report();
     scrub_stack();
-    hold_on_stack();
+    hold_on_stack(sig);
     return 0;
 }

@@ -179,7 +179,9 @@ class LeakScan:
 
     MAX_EXAMPLES = 8
 
-    def __init__(self, dump: Dump) -> None:
+    def __init__(self, dump: Dump, *, classify: bool = True) -> None:
+        """classify=False: the roots and the heap graph only (for
+        ``retainers``), without the walk that classifies every block."""
         self.dump = dump
         self._starts, self._sizes, self._live = _blocks(dump)
         n = len(self._starts)
@@ -234,7 +236,8 @@ class LeakScan:
         self.parent_via = np.zeros(n, np.uint64)
         self.parent_int = np.zeros(n, bool)
         self.leader = np.arange(n, dtype=np.int64)
-        self._walk()
+        if classify:
+            self._walk()
 
     # ------------------------------------------------------------- roots --
 
@@ -828,6 +831,17 @@ def find_leaks(dump: Dump) -> LeakScan:
     return scan
 
 
+def retention_scan(dump: Dump) -> LeakScan:
+    """The leak scan's roots and heap graph, enough for ``retainers``: the
+    full scan when one was made, else one without the classifying walk
+    (whoowns needs no more; kept on the dump too)."""
+    scan = getattr(dump, "_leak_scan", None) or getattr(dump, "_retain_scan", None)
+    if scan is None:
+        scan = LeakScan(dump, classify=False)
+        dump._retain_scan = scan
+    return scan
+
+
 def leaks_json(dump: Dump) -> list[dict]:
     """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
@@ -891,4 +905,4 @@ def reached_json(dump: Dump, addr: int) -> dict | None:
 
 
 __all__ = ["KINDS", "LeakGroup", "LeakScan", "Link", "Retention", "Root", "RootRange", "Step", "find_leaks",
-           "leaks_json", "reached_json", "root_ranges", "thread_contexts"]
+           "leaks_json", "retention_scan", "reached_json", "root_ranges", "thread_contexts"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.answers.glibc import chunk_json, chunk_note, is_block
-from forensics.answers.leaks import Retention, Root, find_leaks
+from forensics.answers.leaks import Retention, Root, retention_scan
 from forensics.answers.shapes import block_json, hexaddr
 from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
@@ -277,7 +277,7 @@ def retention(dump: Dump, start: int) -> Retention | None:
     """Who keeps the live block (or chunk in use) at start alive: the
     shortest chains from the leak scan's roots (forensics.answers.leaks:
     globals, live stack frames, static TLS, registers) through live blocks."""
-    return find_leaks(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH,
+    return retention_scan(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH,
                                       skip_module=None if dump.libtag else _is_libc)
 
 

@@ -200,9 +200,11 @@ def _print_retainers(con, doc: dict) -> None:
         return
     count = doc.get("retainer_count") or 0
     if not rets:
-        con.print("  kept alive by nothing: no global, live stack frame, TLS or register reaches it"
-                  + (" (within the links searched)" if doc.get("retainers_depth_limited") else
-                     " - a leak"))
+        if doc.get("retainers_depth_limited"):
+            con.print("  kept alive by: no root within 256 blocks of it; longer chains were not followed")
+        else:
+            con.print("  kept alive by nothing: no global, live stack frame, TLS or register reaches it"
+                      " - a leak")
         return
     con.print(f"[bold]kept alive by[/bold] ({count} root{'s' if count != 1 else ''}, shortest chains first)")
     for ret in rets[:SHOWN_RETAINERS]:

@@ -47,7 +47,7 @@ def parse(stdout: str) -> dict[str, list[int]]:
         key, *rest = line.split()
         facts[key] = [int(v, 0) for v in rest]
     want = {"pid", "main_tid", "registry", "table", "slot", "slab", "crowd", "crowd_holder",
-            "crowd_root", "stack_block", "stack_slot", "freed"}
+            "crowd_root", "stack_block", "stack_slot", "freed", "leaked"}
     assert want <= facts.keys(), f"expected the lines {sorted(want)}, got {stdout!r}"
     return facts
 
@@ -176,6 +176,18 @@ def test_freed_block_has_no_retainers(case, run_cli):
     assert (doc["retainers"], doc["retainer_count"], doc["retainers_depth_limited"]) == (
         None, None, False), doc
     assert "kept alive by" not in out, out
+
+
+def test_leaked_block_is_kept_alive_by_nothing(case, run_cli):
+    # GIVEN a live block whose only pointer the victim dropped
+    # WHEN
+    doc = ask(run_cli, case, case["leaked"])
+    out = text(run_cli, case, case["leaked"])
+    # THEN no root reaches it, and the text says it is a leak
+    assert (doc["block"]["state"], doc["block"]["size"]) == ("live", case.facts["leaked"][1]), doc["block"]
+    assert (doc["retainers"], doc["retainer_count"], doc["retainers_depth_limited"]) == ([], 0, False), doc
+    line = "  kept alive by nothing: no global, live stack frame, TLS or register reaches it - a leak\n"
+    assert line in out, f"expected {line!r} in:\n{out}"
 
 
 # ------------------------------------------------------------ without libtag --

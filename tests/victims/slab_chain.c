@@ -33,6 +33,7 @@
  *   crowd_holder ADDR SIZE  the block whose every word points at it
  *   crowd_root ADDR         the global that holds crowd_holder
  *   freed ADDR SIZE         a block freed before the snapshot
+ *   leaked ADDR SIZE        a live block whose only pointer was dropped
  *   stack_block ADDR SIZE   the block held by hold_on_stack's local only
  *   stack_slot ADDR         that local's address
  */
@@ -52,6 +53,7 @@
 #define CROWD_SIZE 40
 #define STACK_BLOCK_SIZE 48
 #define FREED_SIZE 24
+#define LEAKED_SIZE 56
 
 struct table {
     long count;
@@ -83,6 +85,13 @@ __attribute__((noinline)) static void build_crowd(void)
     for (int i = 0; i < CROWD; i++)
         holder[i] = popular;
     crowd_root = holder;
+}
+
+__attribute__((noinline)) static void leak_one(void)
+{
+    char *lost = malloc(LEAKED_SIZE);
+    memset(lost, 0x44, LEAKED_SIZE);
+    printf("leaked %p %d\n", (void *)lost, LEAKED_SIZE);
 }
 
 __attribute__((noinline)) static void report(void)
@@ -141,6 +150,7 @@ int main(int argc, char **argv)
     void *gone = malloc(FREED_SIZE);
     printf("freed %p %d\n", gone, FREED_SIZE);
     free(gone);
+    leak_one();
     build_chain();
     build_crowd();
     report();

@@ -131,6 +131,26 @@ class Step:
     interior: bool  # the word points inside the block, not at its start
 
 
+@dataclass(frozen=True)
+class Link:
+    """One block on a retention path: the word at ``via`` inside it (``via -
+    block_start`` bytes in) points into the next block of the path."""
+
+    block_start: int
+    size: int
+    via: int
+    interior: bool  # the word points inside the next block, not at its start
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Who keeps a live block alive (LeakScan.retainers)."""
+
+    paths: list[tuple[Root, list[Link]]]  # shortest first: the root, then the blocks after it
+    count: int  # roots (words, registers) from which some chain reaches the block
+    depth_limited: bool  # the search stopped at max_depth links with blocks left to look at
+
+
 @dataclass
 class LeakGroup:
     kind: str
@@ -159,7 +179,9 @@ class LeakScan:
 
     MAX_EXAMPLES = 8
 
-    def __init__(self, dump: Dump) -> None:
+    def __init__(self, dump: Dump, *, classify: bool = True) -> None:
+        """classify=False: the roots and the heap graph only (for
+        ``retainers``), without the walk that classifies every block."""
         self.dump = dump
         self._starts, self._sizes, self._live = _blocks(dump)
         n = len(self._starts)
@@ -214,7 +236,8 @@ class LeakScan:
         self.parent_via = np.zeros(n, np.uint64)
         self.parent_int = np.zeros(n, bool)
         self.leader = np.arange(n, dtype=np.int64)
-        self._walk()
+        if classify:
+            self._walk()
 
     # ------------------------------------------------------------- roots --
 
@@ -386,6 +409,98 @@ class LeakScan:
         return Root(root.kind, root.address, root.thread, root.register, root.module,
                     steps[0].interior), steps
 
+    def retainers(self, addr: int, *, limit: int = 10, max_depth: int = 256,
+                  skip_module=None) -> Retention | None:
+        """The shortest chains of references from a root to the live block at
+        addr (None: no live block holds addr): a breadth-first search
+        backwards from the block over the heap graph of live blocks, one
+        numpy step per level, each block visited once.  A block's words that
+        point into itself are never a link (the block is visited first).
+        Up to limit paths, from distinct roots, shortest first (then
+        globals, stacks, TLS, registers, by address); ``count`` says how
+        many roots reach it in all (within max_depth links).  skip_module:
+        a predicate on a module's path whose globals are not roots here
+        (without libtag, glibc's arenas point at the top chunk)."""
+        i = self._index_of(addr)
+        if i < 0 or not self._live[i]:
+            return None
+        n = len(self._starts)
+        r_src, r_dst, r_via, r_int = self._reverse()
+        visited = np.zeros(n, bool)
+        visited[i] = True
+        nxt = np.full(n, _NO_PARENT, np.int64)
+        nxt_via = np.zeros(n, np.uint64)
+        nxt_int = np.zeros(n, bool)
+        frontier = np.array([i], np.int64)
+        skipped = [(r.start, r.end) for r in self.root_ranges
+                   if skip_module is not None and r.kind == "global" and r.module and skip_module(r.module)]
+        found: list[tuple[int, int, bool]] = []  # (via, block, interior)
+        count = 0
+        depth = 0
+        limited = False
+        while len(frontier):
+            sel = _spans(np.searchsorted(self._root_dst, frontier, side="left"),
+                         np.searchsorted(self._root_dst, frontier, side="right"))
+            if skipped:
+                x_lo, x_hi = _merge(skipped)
+                via = self._root_via[sel]
+                k = np.searchsorted(x_lo, via, side="right").astype(np.int64) - 1
+                sel = sel[~((k >= 0) & (via < x_hi[np.maximum(k, 0)]))]
+            count += len(sel)
+            if len(found) < limit and len(sel):
+                via = self._root_via[sel]
+                pick = sel[np.lexsort((via, self._root_rank(via)))[:limit - len(found)]]
+                found.extend(zip(self._root_via[pick].tolist(), self._root_dst[pick].tolist(),
+                                 self._root_int[pick].tolist()))
+            sel = _spans(np.searchsorted(r_dst, frontier, side="left"),
+                         np.searchsorted(r_dst, frontier, side="right"))
+            src = r_src[sel]
+            new = ~visited[src]
+            if depth == max_depth:
+                limited = bool(new.any())
+                break
+            sel, src = sel[new], src[new]
+            src, first = np.unique(src, return_index=True)
+            visited[src] = True
+            nxt[src] = r_dst[sel[first]]
+            nxt_via[src] = r_via[sel[first]]
+            nxt_int[src] = r_int[sel[first]]
+            frontier = src
+            depth += 1
+        paths = []
+        for via, b, inner in found:
+            links = []
+            while b != i:
+                links.append(Link(int(self._starts[b]), int(self._sizes[b]), int(nxt_via[b]),
+                                  bool(nxt_int[b])))
+                b = int(nxt[b])
+            r = self.describe_via(int(via))
+            paths.append((Root(r.kind, r.address, r.thread, r.register, r.module, bool(inner)), links))
+        return Retention(paths, count, limited)
+
+    def _root_rank(self, via: np.ndarray) -> np.ndarray:
+        """For root words (or register numbers): 0 global, 1 stack, 2 TLS,
+        3 register, 4 anything else - the order retention paths of one
+        length are listed in."""
+        order = {"global": 0, "stack": 1, "tls": 2}
+        ranges = sorted(self.root_ranges, key=lambda r: r.start)
+        lo = np.array([r.start for r in ranges], np.uint64)
+        hi = np.array([r.end for r in ranges], np.uint64)
+        kind = np.array([order.get(r.kind, 4) for r in ranges] + [4], np.int64)
+        k = np.searchsorted(lo, via, side="right").astype(np.int64) - 1
+        kk = np.where(k >= 0, k, len(ranges))
+        inside = (k >= 0) & (via < np.append(hi, np.uint64(0))[kk])
+        out = np.where(inside, kind[kk], 4)
+        return np.where(via < np.uint64(_REG_VIA_LIMIT), 3, out)
+
+    def _reverse(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The heap graph's edges (holder, target, word, interior) sorted by target."""
+        if getattr(self, "_rev", None) is None:
+            order = np.argsort(self._h_dst, kind="stable")
+            self._rev = (self._h_src[order], self._h_dst[order], self._h_via[order],
+                         self._h_int[order])
+        return self._rev
+
     def counts(self) -> dict[str, dict[str, int]]:
         out = {}
         sizes = self._sizes
@@ -530,6 +645,15 @@ def _closure(g: _Graph, seeds, seed_via, seed_int, visited, parent, parent_via, 
         parent[f] = np.array(found_par, np.int64)
         parent_via[f] = g.s_via[e]
         parent_int[f] = g.s_int[e]
+
+
+def _spans(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indexes of every [lo[k], hi[k]) range, concatenated."""
+    counts = (hi - lo).astype(np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    return np.repeat(lo.astype(np.int64) - np.cumsum(counts) + counts, counts) + np.arange(total)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -707,6 +831,17 @@ def find_leaks(dump: Dump) -> LeakScan:
     return scan
 
 
+def retention_scan(dump: Dump) -> LeakScan:
+    """The leak scan's roots and heap graph, enough for ``retainers``: the
+    full scan when one was made, else one without the classifying walk
+    (whoowns needs no more; kept on the dump too)."""
+    scan = getattr(dump, "_leak_scan", None) or getattr(dump, "_retain_scan", None)
+    if scan is None:
+        scan = LeakScan(dump, classify=False)
+        dump._retain_scan = scan
+    return scan
+
+
 def leaks_json(dump: Dump) -> list[dict]:
     """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
@@ -769,5 +904,5 @@ def reached_json(dump: Dump, addr: int) -> dict | None:
     return doc
 
 
-__all__ = ["KINDS", "LeakGroup", "LeakScan", "Root", "RootRange", "Step", "find_leaks",
-           "leaks_json", "reached_json", "root_ranges", "thread_contexts"]
+__all__ = ["KINDS", "LeakGroup", "LeakScan", "Link", "Retention", "Root", "RootRange", "Step", "find_leaks",
+           "leaks_json", "retention_scan", "reached_json", "root_ranges", "thread_contexts"]

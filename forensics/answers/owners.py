@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from forensics.answers.glibc import chunk_json, chunk_note, is_block
+from forensics.answers.leaks import Retention, Root, retention_scan
 from forensics.answers.shapes import block_json, hexaddr
 from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
@@ -23,6 +24,10 @@ from forensics.reader.symbols import DataSymbol
 
 # Referrers listed at most (the total is always given).
 MAX_REFERRERS = 200
+# Retention paths listed at most (the number of roots is always given), and
+# the longest chain of blocks searched back from the block.
+MAX_RETAINERS = 10
+MAX_RETAIN_DEPTH = 256
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Owner:
     symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
     damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
     chunk: Chunk | None = None  # without libtag: glibc's chunk holding it
+    retention: Retention | None = None  # who keeps the live block (chunk in use) alive
 
     @property
     def in_block(self) -> bool:
@@ -245,7 +251,7 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]
             continue
         region = next((r for r in regions if src in r), None)
         module = module_of_data(regions, region) if region is not None else None
-        if module is not None and os.path.basename(module).startswith(("libc.so", "libc-")):
+        if module is not None and _is_libc(module):
             continue  # glibc's own state (arenas, mp_): not the program's reference
         if module is not None:
             sym = dump.symbolizer.data_symbol(module, src)
@@ -258,10 +264,72 @@ def whoowns(dump: Dump, addr: int) -> Owner:
     owner = classify(dump, addr)
     if owner.block is not None:
         owner.referrers, owner.referrer_count, owner.self_referrers = referrers(dump, owner.block)
+        if owner.block.state == "live":
+            owner.retention = retention(dump, owner.block.start)
     elif owner.chunk is not None and owner.chunk.state in ("inuse", "mmapped"):
         owner.referrers, owner.referrer_count, owner.self_referrers = chunk_referrers(
             dump, owner.chunk)
+        owner.retention = retention(dump, owner.chunk.user)
     return owner
+
+
+def retention(dump: Dump, start: int) -> Retention | None:
+    """Who keeps the live block (or chunk in use) at start alive: the
+    shortest chains from the leak scan's roots (forensics.answers.leaks:
+    globals, live stack frames, static TLS, registers) through live blocks."""
+    return retention_scan(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH,
+                                      skip_module=None if dump.libtag else _is_libc)
+
+
+def _is_libc(module: str) -> bool:
+    """glibc's own module: its state (arenas, mp_) holds pointers into chunks
+    (the top chunk, bins) that are not the program's references."""
+    return os.path.basename(module).startswith(("libc.so", "libc-"))
+
+
+def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:
+    """The function whose stack frame holds the word at addr in thread tid's
+    stack (unwound from its registers with CFI); None when no unwound frame
+    holds it (the walk stopped short, or no registers)."""
+    t = dump.thread(tid) if tid is not None else None
+    if t is None or not t.regs or not t.regs.get("rip"):
+        return None
+    steps = dump.__dict__.setdefault("_steps_by_tid", {})
+    if tid not in steps:
+        bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
+        try:
+            steps[tid] = dump.unwinder.unwind(t.regs, stack=bounds)
+        except Exception:  # noqa: BLE001 - an unwind that fails names no frame
+            steps[tid] = []
+    for s in steps[tid]:
+        if s.sp is not None and s.cfa is not None and s.sp <= addr < s.cfa:
+            frames = [f for f in dump.symbolize([(s.pc, s.kind)]) if not f.inlined]
+            return frames[-1].function if frames else None
+    return None
+
+
+def root_json(dump: Dump, root: Root) -> dict:
+    """A retention path's root (docs/json.md, "whoowns"): the word (or
+    register) that holds the first pointer, named by symbol or frame."""
+    doc = {"kind": root.kind, "address": hexaddr(root.address), "thread": root.thread,
+           "register": root.register.split(":")[-1] if root.register else None,
+           "module": root.module, "symbol": None, "section": None, "function": None,
+           "interior": root.interior}
+    if root.kind == "global" and root.module and root.address is not None:
+        sym = dump.symbolizer.data_symbol(root.module, root.address)
+        if sym is not None:
+            doc["symbol"], doc["section"] = sym.label, sym.section
+    elif root.kind == "stack" and root.address is not None:
+        doc["function"] = frame_function(dump, root.thread, root.address)
+    return doc
+
+
+def retainers_json(dump: Dump, r: Retention) -> list[dict]:
+    return [{"root": root_json(dump, root),
+             "path": [{"address": hexaddr(link.via), "block_start": hexaddr(link.block_start),
+                       "size": link.size, "offset": link.via - link.block_start,
+                       "interior": link.interior} for link in links]}
+            for root, links in r.paths]
 
 
 def to_json(dump: Dump, o: Owner) -> dict:
@@ -283,6 +351,9 @@ def to_json(dump: Dump, o: Owner) -> dict:
                       for r in o.referrers],
         "referrer_count": o.referrer_count,
         "self_referrers": o.self_referrers,
+        "retainers": retainers_json(dump, o.retention) if o.retention is not None else None,
+        "retainer_count": o.retention.count if o.retention is not None else None,
+        "retainers_depth_limited": o.retention.depth_limited if o.retention is not None else False,
         "note": o.note,
         "symbol": {"name": o.symbol.name, "offset": o.symbol.offset, "section": o.symbol.section,
                    "module": o.symbol.module} if o.symbol is not None else None,

@@ -156,6 +156,66 @@ def _print_cut(con, doc: dict, listed: int) -> None:
                   f"point into it")
 
 
+# Retention paths a whoowns answer prints (--json has up to 10), and the
+# links of one path printed before the middle of a long one is left out.
+SHOWN_RETAINERS = 3
+SHOWN_LINKS = 8
+
+
+def _root_text(root: dict) -> str:
+    """A retention path's root: "global registry (.bss of victim)",
+    "stack of thread 42 in hold_on_stack", "register rbx of thread 42"."""
+    kind = root["kind"]
+    if kind == "global":
+        module = os.path.basename(root.get("module") or "") or "anonymous"
+        where = f"{root['section']} of {module}" if root.get("section") else module
+        name = root.get("symbol") or root["address"]
+        return f"global {name} ({where})"
+    if kind == "stack":
+        func = f" in {root['function']}" if root.get("function") else ""
+        return f"stack of thread {root['thread']}{func} (word {root['address']})"
+    if kind == "tls":
+        return f"TLS of thread {root['thread']} (word {root['address']})"
+    if kind == "register":
+        return f"register {root['register']} of thread {root['thread']}"
+    return f"{kind} word {root.get('address')}"
+
+
+def _path_text(ret: dict) -> str:
+    """One retention path on one line: root -> each block (the word in it
+    that points on, its offset and size) -> this block."""
+    links = [f"{p['address']} [+{p['offset']} of {p['size']}-byte block {p['block_start']}]"
+             for p in ret["path"]]
+    if len(links) > SHOWN_LINKS:
+        cut = len(links) - SHOWN_LINKS + 1
+        links = links[:SHOWN_LINKS // 2] + [f"... {cut} more blocks ..."] + links[-(SHOWN_LINKS // 2 - 1):]
+    return " -> ".join([_root_text(ret["root"]), *links, "this block"])
+
+
+def _print_retainers(con, doc: dict) -> None:
+    """whoowns' "kept alive by": the shortest chains from a root, and how
+    many roots were left out."""
+    rets = doc.get("retainers")
+    if rets is None:
+        return
+    count = doc.get("retainer_count") or 0
+    if not rets:
+        if doc.get("retainers_depth_limited"):
+            con.print("  kept alive by: no root within 256 blocks of it; longer chains were not followed")
+        else:
+            con.print("  kept alive by nothing: no global, live stack frame, TLS or register reaches it"
+                      " - a leak")
+        return
+    con.print(f"[bold]kept alive by[/bold] ({count} root{'s' if count != 1 else ''}, shortest chains first)")
+    for ret in rets[:SHOWN_RETAINERS]:
+        con.print(f"  {_e(_path_text(ret))}")
+    shown = min(len(rets), SHOWN_RETAINERS)
+    if count > shown:
+        con.print(f"  ... and {count - shown} more roots (--json lists {len(rets)})")
+    if doc.get("retainers_depth_limited"):
+        con.print("  (chains longer than the links searched were not followed: there may be more roots)")
+
+
 def _print_owner(con, owner: dict) -> None:
     """The line that says what a crash's address is, if anything is known."""
     if owner:
@@ -288,6 +348,7 @@ def show_whoowns(doc: dict) -> None:
         else:
             con.print("  no referrers: nothing in live blocks, stacks or globals points into it")
             _print_cut(con, doc, 0)
+        _print_retainers(con, doc)
     elif doc.get("chunk"):
         for line in _chunk_lines(doc["chunk"]):
             con.print(line)
@@ -300,6 +361,7 @@ def show_whoowns(doc: dict) -> None:
                        for r in refs[:SHOWN]])
             con.print(t)
             _print_cut(con, doc, len(refs))
+        _print_retainers(con, doc)
     elif doc.get("near"):
         for item in _block_lines(doc["near"]["block"], label="nearest block"):
             con.print(item)

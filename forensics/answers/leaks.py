@@ -887,22 +887,5 @@ def _plain_group_json(g: LeakGroup) -> dict:
     return doc
 
 
-def reached_json(dump: Dump, addr: int) -> dict | None:
-    """How the live block at addr is reached, as JSON (None: not in a live block)."""
-    scan = find_leaks(dump)
-    kind = scan.kind_of(addr)
-    if kind is None:
-        return None
-    doc = {"address": hexaddr(addr), "kind": kind, "root": None, "path": [],
-           "roots": [r.json() for r in scan.roots_of(addr)[:50]]}
-    how = scan.how_reached(addr)
-    if how is not None:
-        root, steps = how
-        doc["root"] = root.json()
-        doc["path"] = [{"block_start": hexaddr(s.block_start), "size": s.size,
-                        "via": hexaddr(s.via), "interior": s.interior} for s in steps]
-    return doc
-
-
 __all__ = ["KINDS", "LeakGroup", "LeakScan", "Link", "Retention", "Root", "RootRange", "Step", "find_leaks",
-           "leaks_json", "retention_scan", "reached_json", "root_ranges", "thread_contexts"]
+           "leaks_json", "retention_scan", "root_ranges", "thread_contexts"]

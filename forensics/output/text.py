@@ -201,7 +201,8 @@ def _print_retainers(con, doc: dict) -> None:
     count = doc.get("retainer_count") or 0
     if not rets:
         if doc.get("retainers_depth_limited"):
-            con.print("  kept alive by: no root within 256 blocks of it; longer chains were not followed")
+            con.print("  kept alive by: no root within the search's depth limit "
+                      "(retainers_depth_limited); longer chains were not followed")
         else:
             con.print("  kept alive by nothing: no global, live stack frame, TLS or register reaches it"
                       " - a leak")

@@ -170,6 +170,7 @@ void _tag_init(void)
     _tag_stack_table_init(_tag_opt.stack_nodes);
     _tag_threads_init();
     _tag_heap_init();
+    _tag_guard_sites = _tag_opt.guard_rate && _tag_stats ? _tag_opt.guard_sites : 0;
     /* The magic last: a reader that finds it finds a complete block. */
     memcpy(_tag_ctl.magic, TAG_CONTROL_MAGIC, sizeof _tag_ctl.magic);
     __atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
@@ -223,7 +224,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
              "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu "
-             "guard_window=%u",
+             "guard_window=%u guard_allocs=%lu guard_mappings=%u",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
@@ -232,7 +233,8 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              (unsigned long)_tag_ctl.damaged_bytes,
              (unsigned long)(_tag_capture_total + t->captures),
              (unsigned long)(_tag_capture_frames_total + t->capture_frames),
-             _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults, _tag_guard_window());
+             _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults, _tag_guard_window(),
+             (unsigned long)_tag_guard_allocs(), _tag_guard_mappings());
 }
 
 TAG_EXPORT const void *libtag_control(void)

@@ -161,6 +161,43 @@ uint32_t _tag_guard_window(void)
     return window;
 }
 
+/* The process's mappings in the pool's range, counted from
+ * /proc/self/maps (each line starts "lo-hi "): for the LIBTAG_STATS line.
+ * No malloc. */
+uint32_t _tag_guard_mappings(void)
+{
+    uint64_t lo = _tag_ctl.guard_pool, hi = lo + _tag_ctl.guard_pool_bytes;
+    if (!_tag_ctl.guard_pool_bytes)
+        return 0;
+    char buf[4096];
+    uint32_t count = 0;
+    uint64_t start = 0;
+    int in_addr = 1;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        for (ssize_t k = 0; k < n; k++) {
+            char c = buf[k];
+            if (c == '\n') {
+                in_addr = 1;
+                start = 0;
+                continue;
+            }
+            if (!in_addr)
+                continue;
+            if (c == '-') {
+                in_addr = 0;
+                count += start >= lo && start < hi;
+                continue;
+            }
+            start = start * 16 + (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+        }
+    close(fd);
+    return count;
+}
+
 /* Reserve the range and the slot records; called with pool_lock held. */
 static int pool_reserve(void)
 {
@@ -346,17 +383,27 @@ static uint32_t take_slot(int *reused, int *clean)
 
 /* ---------------------------------------------------------- allocation -- */
 
-void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
-                       void *ret, void *frame)
+uint32_t _tag_guard_sites;
+static uint64_t guard_allocs;           /* blocks placed in the pool (LIBTAG_STATS) */
+
+uint64_t _tag_guard_allocs(void)
 {
-    if (TAG_UNLIKELY(rng == 0)) {
-        /* this thread's first allocation: seed, and start counting */
-        rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
+    return __atomic_load_n(&guard_allocs, __ATOMIC_RELAXED);
+}
+
+void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
+                       uint32_t stack, int sampled)
+{
+    if (sampled) {
+        if (TAG_UNLIKELY(rng == 0)) {
+            /* this thread's first allocation: seed, and start counting */
+            rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
+            t->guard_countdown = next_countdown();
+            if (_tag_opt.guard_rate != 1 && !_tag_guard_new_site(stack))
+                return NULL;
+        }
         t->guard_countdown = next_countdown();
-        if (_tag_opt.guard_rate != 1)
-            return NULL;
     }
-    t->guard_countdown = next_countdown();
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     /* the block with its tag must fit: user is the slot's end minus the
      * payload rounded up to align, the tag the 32 bytes before it */
@@ -391,7 +438,7 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
      * canary: the slack and the guard page after it take its place */
     tg->size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT |
                      (uint64_t)kind << TAG_ALLOC_SHIFT | TAG_FLAG_GUARDED;
-    tg->alloc_stack = _tag_capture(t, ret, frame);
+    tg->alloc_stack = stack;
     tg->alloc_tid = t->tid;
     tg->alloc_time = _tag_now_ms();
     tg->pad = 0;
@@ -404,6 +451,7 @@ void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, u
     __atomic_store_n(&s->state, TAG_GUARD_LIVE, __ATOMIC_RELEASE);
     _tag_count(t, 0, size);
     _tag_stats_alloc(t, tg->alloc_stack, size, user);
+    __atomic_fetch_add(&guard_allocs, 1, __ATOMIC_RELAXED);
     errno = saved;
     return user;
 }

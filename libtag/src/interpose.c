@@ -63,8 +63,10 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
     struct tag_tls *t = _tag_self();
     if (TAG_UNLIKELY(t == NULL))
         return alloc_stateless(size, align, zero, kind);
-    if (TAG_UNLIKELY(--t->guard_countdown <= 0)) {  /* guard.c: sampled */
-        void *g = _tag_guard_alloc(t, size, align, zero, kind, ret, frame);
+    uint32_t stack = _tag_capture(t, ret, frame);
+    int sampled = --t->guard_countdown <= 0;
+    if (TAG_UNLIKELY(sampled) || _tag_guard_new_site(stack)) {  /* guard.c */
+        void *g = _tag_guard_alloc(t, size, align, zero, kind, stack, sampled);
         if (g)
             return g;
     }
@@ -72,7 +74,6 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
     char *user = alloc_block(t->heap_cache, size, align, zero, &pad);
     if (TAG_UNLIKELY(!user))
         return NULL;
-    uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_live(user, size, pad, stack, t->tid, _tag_now_ms(), kind);
     _tag_stats_alloc(t, stack, size, user);
     if (_tag_opt.sweep_every)

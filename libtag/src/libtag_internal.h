@@ -57,7 +57,10 @@ enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2,
  * the default caps, in slots, at a sampling rate and at rate 1; and the
  * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
 #define TAG_GUARD_DEFAULT_RATE  5000u
-#define TAG_GUARD_SAMPLED_SLOTS 64u
+#define TAG_GUARD_SAMPLED_SLOTS 256u
+/* ... and the first this many allocations of every allocation stack (a
+ * site) are guarded too (LIBTAG_GUARD_SITES). */
+#define TAG_GUARD_DEFAULT_SITES 1u
 #define TAG_GUARD_MAX_SLOTS     (1u << 18)
 #define TAG_GUARD_ALL_SLOTS     TAG_GUARD_MAX_SLOTS
 /* Bytes of one slot: blocks up to this minus their tag are guarded. */
@@ -81,6 +84,7 @@ struct tag_options {
     uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
     uint32_t guard_rate;         /* LIBTAG_GUARD_RATE: 1 in N guarded, 0 = off */
     uint32_t guard_slots;        /* LIBTAG_GUARD_SLOTS: the pool's cap, 0 = by rate */
+    uint32_t guard_sites;        /* LIBTAG_GUARD_SITES: a stack's first N guarded */
     char dir[512];               /* snapshot directory, "" = cwd */
     char log_path[512];          /* LIBTAG_LOG=PATH: lines go to PATH.<pid> */
 };
@@ -1125,7 +1129,17 @@ TAG_COLD void _tag_redact_payloads(void);
  * usual (the rate is off, the block does not fit a slot, the pool is
  * full).  Normal context. */
 TAG_COLD void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero,
-                                uint32_t kind, void *ret, void *frame);
+                                uint32_t kind, uint32_t stack, int sampled);
+/* LIBTAG_GUARD_SITES in effect: 0 when guarded sampling or the per-stack
+ * counters are off.  A stack whose counter of allocations is below it is a
+ * new site: its allocation is guarded (the counter is the one
+ * _tag_stats_alloc keeps, on the cache line it touches anyway). */
+extern uint32_t _tag_guard_sites;
+TAG_INLINE int _tag_guard_new_site(uint32_t stack)
+{
+    uint32_t k = _tag_guard_sites;
+    return k != 0 && TAG_UNLIKELY(_tag_stats[stack].allocs < k);
+}
 /* Is ptr in the guard pool?  One subtraction and compare, on every free:
  * bytes is published after guard_pool, and 0 until the pool exists. */
 TAG_INLINE int _tag_guarded(const void *ptr)
@@ -1155,6 +1169,8 @@ TAG_COLD void _tag_guard_expose(void);
 /* At start: the window of guarded placements, from vm.max_map_count. */
 void _tag_guard_init(void);
 uint32_t _tag_guard_window(void);
+uint64_t _tag_guard_allocs(void);   /* blocks guarded so far */
+uint32_t _tag_guard_mappings(void); /* the pool's mappings now */
 void _tag_guard_atfork_prepare(void);
 void _tag_guard_atfork_parent(void);
 void _tag_guard_atfork_child(void);

@@ -26,6 +26,7 @@ struct tag_options _tag_opt = {
     .sweep_every = 4096,
     .guard_rate = TAG_GUARD_DEFAULT_RATE,
     .guard_slots = 0,
+    .guard_sites = TAG_GUARD_DEFAULT_SITES,
     .dir = "",
 };
 
@@ -157,6 +158,8 @@ void _tag_options_init(void)
         _tag_opt.guard_rate = (uint32_t)number("LIBTAG_GUARD_RATE", v, 0, 1u << 30);
     if ((v = getenv("LIBTAG_GUARD_SLOTS")))
         _tag_opt.guard_slots = (uint32_t)number("LIBTAG_GUARD_SLOTS", v, 1, TAG_GUARD_MAX_SLOTS);
+    if ((v = getenv("LIBTAG_GUARD_SITES")))
+        _tag_opt.guard_sites = (uint32_t)number("LIBTAG_GUARD_SITES", v, 0, 1u << 20);
     if ((v = getenv("LIBTAG_DIR"))) {
         size_t n = strlen(v);
         if (n == 0 || n >= sizeof _tag_opt.dir)

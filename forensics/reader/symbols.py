@@ -630,7 +630,9 @@ class Symbolizer:
     its ``.gnu_debuglink`` names, beside it, in ``.debug/`` beside it, or
     under a debug directory at the module's directory, with the CRC-32 the
     link records.  The debug file has the same addresses; the code is still
-    read from the module's file (``_Source.code``).  Without one, the
+    read from the module's file (``_Source.code``), and llvm-symbolizer is
+    asked about the module's file first, so that functions keep the names
+    the file exports (see _lookup).  Without one, the
     stripped file answers what it can (.dynsym names, else module+offset).
     """
 
@@ -748,7 +750,7 @@ class Symbolizer:
         if found is None:
             return self._source(path, ident)
         debug, debug_ident = found
-        return replace(self._source(debug, debug_ident), image=path)
+        return self._source(debug, debug_ident, image=path)
 
     def _separate_debug_file(self, module: Module, path: str, ident: _Identity,
                              contents: _Contents) -> tuple[str, _Identity] | None:
@@ -788,11 +790,12 @@ class Symbolizer:
                     return candidate, other
         return None
 
-    def _source(self, path: str, ident: _Identity) -> _Source:
-        key = json.dumps([path, ident.mtime_ns, ident.size,
-                          ident.build_id.hex() if ident.build_id else None,
-                          self.debug_dirs if self.tool == "llvm-symbolizer" else []])
-        return _Source(path, key)
+    def _source(self, path: str, ident: _Identity, image: str = "") -> _Source:
+        key = [path, ident.mtime_ns, ident.size, ident.build_id.hex() if ident.build_id else None,
+               self.debug_dirs if self.tool == "llvm-symbolizer" else []]
+        if image:
+            key.append(image)  # a debug file answers with the module's file (see _lookup)
+        return _Source(path, json.dumps(key), image)
 
     def _cached(self, source: _Source, rels: Iterable[int]) -> dict[int, _Sym]:
         found = {}
@@ -858,9 +861,23 @@ class Symbolizer:
             return self.modules[i]
         return None
 
-    def _lookup(self, path: str, rels: list[int]) -> dict[int, _Sym]:
-        """One subprocess for all of one module's addresses."""
-        if self.tool == "llvm-symbolizer":
+    def _lookup(self, source: _Source, rels: list[int]) -> dict[int, _Sym]:
+        """One subprocess for all of one module's addresses (two for a
+        stripped module with a debug file, under llvm-symbolizer: see below)."""
+        path = source.path
+        if self.tool == "llvm-symbolizer" and source.code != path:
+            # The module's file first: llvm-symbolizer reads the same debug
+            # file's DWARF (found in the same directories) and names
+            # functions as the file exports them ("printf", where the debug
+            # file's symbol table says "_IO_printf" at that address); the
+            # debug file itself then names what that left unnamed (_start,
+            # code without DWARF that is not exported).
+            got = _llvm_symbolizer(self._exe, source.code, rels, self.debug_dirs)
+            unnamed = [rel for rel in rels if rel not in got or not got[rel].function]
+            if unnamed:
+                more = _llvm_symbolizer(self._exe, path, unnamed, self.debug_dirs)
+                got.update({rel: sym for rel, sym in more.items() if sym.function or rel not in got})
+        elif self.tool == "llvm-symbolizer":
             got = _llvm_symbolizer(self._exe, path, rels, self.debug_dirs)
         else:
             got = _addr2line(self._exe, path, rels)
@@ -903,7 +920,7 @@ class Symbolizer:
                 syms = self._cached(source, by_rel)
                 wanted = sorted(rel for rel in by_rel if rel not in syms)
                 if wanted:
-                    fresh = self._lookup(source.path, wanted)
+                    fresh = self._lookup(source, wanted)
                     self._store(source, fresh)
                     syms.update(fresh)
             for rel, indexes in by_rel.items():

@@ -87,9 +87,15 @@ def same_process(a: Dump, b: Dump) -> bool:
 
 
 def frame_key(frames: Sequence[Frame]) -> tuple:
-    """A stack's identity across processes: what each frame names, not where."""
+    """A stack's identity across processes: what each frame names, not where
+    (an unnamed frame: its module_offset, the same in every process)."""
     return tuple((f.function, f.file, f.line, os.path.basename(f.module or "") or None,
-                  None if f.function or f.file else f.address) for f in frames)
+                  None if f.function or f.file else _place(f)) for f in frames)
+
+
+def _place(f: Frame) -> int:
+    off = getattr(f, "module_offset", None)
+    return off if off is not None else f.address
 
 
 def _live(dump: Dump) -> dict[str, np.ndarray]:

@@ -47,7 +47,7 @@ import numpy as np
 
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc
 from forensics.answers.leaks import leaks_json
-from forensics.answers.shapes import frames_json
+from forensics.answers.shapes import frame_label, frames_json
 from forensics.errors import ForensicsError, InputError
 
 DATA_VERSION = 3  # 3: block_list, each stack's first blocks
@@ -134,9 +134,12 @@ class _Frames:
         i = self._ids.get(key)
         if i is None:
             i = self._ids[key] = len(self.rows)
+            # label: the frame's name as inspect prints it (module+0xOFFSET
+            # when it has no function), so the page never builds one itself
             self.rows.append({"address": f.get("address"), "function": f.get("function"),
                               "file": f.get("file"), "line": f.get("line"),
-                              "module": f.get("module")})
+                              "module": f.get("module"), "module_offset": f.get("module_offset"),
+                              "label": frame_label(f)})
         return i
 
     def ids(self, frames: Iterable[dict]) -> list[int]:
@@ -145,11 +148,12 @@ class _Frames:
 
 def _node_key(f: dict) -> tuple:
     """Frames that are one node of the hierarchy: the same function (of the same
-    module), as flame graphs merge them; an unnamed frame is its own address.
+    module), as flame graphs merge them; an unnamed frame is its own place in
+    its module (module+0xOFFSET: the same in every process of the build).
     The node keeps every distinct call site it merged (its "sites")."""
     if f.get("function"):
         return (f["function"], f.get("module"))
-    return (None, f.get("address"), f.get("module"))
+    return (None, f.get("module_offset") or f.get("address"), f.get("module"))
 
 
 def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,

@@ -7,6 +7,7 @@ drift between verbs; docs/json.md describes each field.  Addresses are
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 from forensics.reader.model import Block, Frame
@@ -31,6 +32,18 @@ def frame_json(frame: Frame) -> dict[str, Any]:
         # what a frame that could not be named still says for certain
         "module_offset": hexaddr(getattr(frame, "module_offset", None)),
     }
+
+
+def frame_label(f: dict[str, Any]) -> str:
+    """What a frame (a frame_json dict) is called wherever a person reads it:
+    its function; without one, module+0xOFFSET (the module's file name and
+    the address as that file sees it, the same in every process of the
+    build); in no module, its address."""
+    if f.get("function"):
+        return f["function"]
+    if f.get("module") and f.get("module_offset"):
+        return f"{os.path.basename(f['module'])}+{f['module_offset']}"
+    return f.get("address") or "??"
 
 
 def frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:

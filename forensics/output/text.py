@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from forensics.answers.shapes import frame_label
+
 __all__ = [
     "Table",
     "err_console",
@@ -226,14 +228,12 @@ def _print_owner(con, owner: dict) -> None:
 
 
 def _frame_text(f: dict) -> str:
-    func = f.get("function") or "??"
     where = ""
     if f.get("file"):
         where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
     elif f.get("module"):
-        off = f.get("module_offset")
-        where = f" in {f['module']}" + (f"+{off}" if off and not f.get("function") else "")
-    text = _e(f"{f['address']}  {func}{where}")
+        where = f" in {f['module']}"
+    text = _e(f"{f['address']}  {frame_label(f)}{where}")
     return f"{text} [dim](inlined)[/dim]" if f.get("inlined") else text
 
 

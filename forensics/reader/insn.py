@@ -198,7 +198,7 @@ def read_code(mem_read: Callable[[int, int], bytes], symbolizer, addr: int, n: i
     source = symbolizer.source(module) if module is not None else None
     if source is None:
         return None
-    return module_code(source.path, addr - module.load_bias, n)
+    return module_code(source.code, addr - module.load_bias, n)
 
 
 __all__ = ["ARG_REGS", "MemOperand", "decode_at", "load_source", "module_code", "read_code", "start_of_last", "writes"]

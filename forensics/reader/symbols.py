@@ -75,6 +75,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
@@ -446,6 +447,62 @@ class _SymbolTable:
 
 
 @dataclass(frozen=True)
+class _Contents:
+    """What an ELF file holds for naming code: a symbol table (.symtab),
+    debug information (.debug_info with contents), and its .gnu_debuglink
+    (the separate debug file's name and the CRC-32 of that file), if any."""
+
+    symtab: bool
+    dwarf: bool
+    debuglink: tuple[str, int] | None
+
+
+def _elf_contents(path: str) -> _Contents | None:
+    """The _Contents of the ELF file at path; None when it cannot be read."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    f = open_regular(path)
+    if f is None:
+        return None
+    symtab = dwarf = False
+    debuglink = None
+    with f:
+        try:
+            for sec in ELFFile(f).iter_sections():
+                if sec["sh_type"] == "SHT_SYMTAB" and sec["sh_size"] > sec["sh_entsize"]:
+                    symtab = True  # more than the null symbol
+                elif sec.name in (".debug_info", ".zdebug_info") and sec["sh_type"] != "SHT_NOBITS":
+                    dwarf = sec["sh_size"] > 0
+                elif sec.name == ".gnu_debuglink" and sec["sh_type"] != "SHT_NOBITS":
+                    data = sec.data()
+                    end = data.find(b"\0")
+                    crc_at = (end + 4) & ~3  # the name, its NUL, padding to 4, then the CRC
+                    if end > 0 and len(data) >= crc_at + 4:
+                        name = data[:end].decode("utf-8", "surrogateescape")
+                        if "/" not in name:
+                            debuglink = (name, int.from_bytes(data[crc_at:crc_at + 4], "little"))
+        except (OSError, ELFError, ValueError):
+            return None
+    return _Contents(symtab, dwarf, debuglink)
+
+
+def _file_crc32(path: str) -> int | None:
+    """The CRC-32 (zlib's, as .gnu_debuglink records it) of the file at path."""
+    f = open_regular(path)
+    if f is None:
+        return None
+    crc = 0
+    with f:
+        try:
+            while chunk := f.read(1 << 20):
+                crc = zlib.crc32(chunk, crc)
+        except OSError:
+            return None
+    return crc
+
+
+@dataclass(frozen=True)
 class _Identity:
     """A readable ELF file as it is now."""
 
@@ -540,8 +597,14 @@ class _Source:
     """The file a module's addresses are looked up in, and its identity: the
     cache key, so entries made from one file never answer for another."""
 
-    path: str
+    path: str  # the file names are looked up in: the module's own, or its debug file
     key: str  # JSON: [path, mtime_ns, size, build-id, the debug dirs searched]
+    image: str = ""  # the file whose bytes the process mapped, for its code (path when "")
+
+    @property
+    def code(self) -> str:
+        """The file to read the module's code from (a debug file has none)."""
+        return self.image or self.path
 
 
 class Symbolizer:
@@ -558,8 +621,19 @@ class Symbolizer:
     ``.build-id/xx/rest.debug``, ``xx/rest.debug``, or the module's own file
     name.  With none, the module's frames keep module+offset and
     ``warnings`` says why, once per module: a rebuilt binary never names a
-    frame.  llvm-symbolizer also finds the separate debug information of a
-    matching file in those directories.
+    frame.
+
+    When the file chosen has no symbol table or no debug information (a
+    stripped binary, as distributions ship them), its separate debug file
+    answers instead: the file with its build-id in the debug directories
+    (``.build-id/xx/rest.debug``: Debian's -dbgsym layout), else the file
+    its ``.gnu_debuglink`` names, beside it, in ``.debug/`` beside it, or
+    under a debug directory at the module's directory, with the CRC-32 the
+    link records.  The debug file has the same addresses; the code is still
+    read from the module's file (``_Source.code``), and llvm-symbolizer is
+    asked about the module's file first, so that functions keep the names
+    the file exports (see _lookup).  Without one, the
+    stripped file answers what it can (.dynsym names, else module+offset).
     """
 
     def __init__(self, modules: Iterable[Module], *, cache_dir: os.PathLike | str | None = None,
@@ -644,12 +718,12 @@ class Symbolizer:
         elif want is None and module.deleted:
             problem = f"{module.path} was deleted or replaced after the process loaded it"
         if problem is None:
-            return self._source(local, found)
+            return self._with_debug_file(module, local, found)
         if want is not None:
             for path in self._debug_candidates(module, want):
                 other = _elf_identity(path)
                 if other is not None and other.build_id == want:
-                    return self._source(path, other)
+                    return self._with_debug_file(module, path, other)
         hint = (f"; give --debug-dir DIR holding a file with build-id {want.hex()}" if want is not None
                 else "")
         self.warnings.append(f"{module.path}: {problem}; its frames are shown as module+offset{hint}")
@@ -664,11 +738,64 @@ class Symbolizer:
             yield os.path.join(d, name)
             yield os.path.join(d, name + ".debug")
 
-    def _source(self, path: str, ident: _Identity) -> _Source:
-        key = json.dumps([path, ident.mtime_ns, ident.size,
-                          ident.build_id.hex() if ident.build_id else None,
-                          self.debug_dirs if self.tool == "llvm-symbolizer" else []])
-        return _Source(path, key)
+    def _with_debug_file(self, module: Module, path: str, ident: _Identity) -> _Source:
+        """The source for a module whose file is path (its build-id checked):
+        that file itself, or - when it has no symbol table or no debug
+        information (stripped, as distributions ship) - its separate debug
+        file, found as the class says, with the code still read from path."""
+        contents = _elf_contents(path)
+        if contents is None or (contents.symtab and contents.dwarf):
+            return self._source(path, ident)
+        found = self._separate_debug_file(module, path, ident, contents)
+        if found is None:
+            return self._source(path, ident)
+        debug, debug_ident = found
+        return self._source(debug, debug_ident, image=path)
+
+    def _separate_debug_file(self, module: Module, path: str, ident: _Identity,
+                             contents: _Contents) -> tuple[str, _Identity] | None:
+        """The debug file of the ELF file at path (see _with_debug_file):
+        by its build-id in the debug directories, then by its
+        .gnu_debuglink (the name beside it, in .debug/ beside it, and under
+        each debug directory at the module's own directory), only when the
+        CRC-32 matches.  It must hold a symbol table or debug information."""
+        def usable(candidate: str) -> _Identity | None:
+            try:
+                if os.path.samefile(candidate, path):
+                    return None
+            except OSError:
+                return None
+            other = _elf_identity(candidate)
+            if other is None or (ident.build_id is not None and other.build_id not in (None, ident.build_id)):
+                return None
+            more = _elf_contents(candidate)
+            return other if more is not None and (more.symtab or more.dwarf) else None
+
+        if ident.build_id is not None:
+            hexid = ident.build_id.hex()
+            for d in self.debug_dirs:
+                for candidate in (os.path.join(d, ".build-id", hexid[:2], hexid[2:] + ".debug"),
+                                  os.path.join(d, hexid[:2], hexid[2:] + ".debug")):
+                    other = usable(candidate)
+                    if other is not None and other.build_id == ident.build_id:
+                        return candidate, other
+        if contents.debuglink is not None:
+            name, crc = contents.debuglink
+            here = os.path.dirname(path)
+            beside = os.path.dirname(module.path).lstrip("/")
+            for candidate in (os.path.join(here, name), os.path.join(here, ".debug", name),
+                              *(os.path.join(d, beside, name) for d in self.debug_dirs)):
+                other = usable(candidate)
+                if other is not None and _file_crc32(candidate) == crc:
+                    return candidate, other
+        return None
+
+    def _source(self, path: str, ident: _Identity, image: str = "") -> _Source:
+        key = [path, ident.mtime_ns, ident.size, ident.build_id.hex() if ident.build_id else None,
+               self.debug_dirs if self.tool == "llvm-symbolizer" else []]
+        if image:
+            key.append(image)  # a debug file answers with the module's file (see _lookup)
+        return _Source(path, json.dumps(key), image)
 
     def _cached(self, source: _Source, rels: Iterable[int]) -> dict[int, _Sym]:
         found = {}
@@ -734,9 +861,23 @@ class Symbolizer:
             return self.modules[i]
         return None
 
-    def _lookup(self, path: str, rels: list[int]) -> dict[int, _Sym]:
-        """One subprocess for all of one module's addresses."""
-        if self.tool == "llvm-symbolizer":
+    def _lookup(self, source: _Source, rels: list[int]) -> dict[int, _Sym]:
+        """One subprocess for all of one module's addresses (two for a
+        stripped module with a debug file, under llvm-symbolizer: see below)."""
+        path = source.path
+        if self.tool == "llvm-symbolizer" and source.code != path:
+            # The module's file first: llvm-symbolizer reads the same debug
+            # file's DWARF (found in the same directories) and names
+            # functions as the file exports them ("printf", where the debug
+            # file's symbol table says "_IO_printf" at that address); the
+            # debug file itself then names what that left unnamed (_start,
+            # code without DWARF that is not exported).
+            got = _llvm_symbolizer(self._exe, source.code, rels, self.debug_dirs)
+            unnamed = [rel for rel in rels if rel not in got or not got[rel].function]
+            if unnamed:
+                more = _llvm_symbolizer(self._exe, path, unnamed, self.debug_dirs)
+                got.update({rel: sym for rel, sym in more.items() if sym.function or rel not in got})
+        elif self.tool == "llvm-symbolizer":
             got = _llvm_symbolizer(self._exe, path, rels, self.debug_dirs)
         else:
             got = _addr2line(self._exe, path, rels)
@@ -779,7 +920,7 @@ class Symbolizer:
                 syms = self._cached(source, by_rel)
                 wanted = sorted(rel for rel in by_rel if rel not in syms)
                 if wanted:
-                    fresh = self._lookup(source.path, wanted)
+                    fresh = self._lookup(source, wanted)
                     self._store(source, fresh)
                     syms.update(fresh)
             for rel, indexes in by_rel.items():

@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from forensics.core import Core
+from forensics.core import Core, elf
+from forensics.reader.insn import module_code, read_code
 from forensics.reader.model import Frame
 from forensics.reader.live import read_maps
 from forensics.reader.symbols import (
@@ -255,6 +256,41 @@ def test_stripped_binary_gives_module_plus_offset(builds, victim_of, tool):
         None, str(builds["stripped"]), values["sym_outer"] + (v.ret - v.fn["sym_outer"]))
     # and libc, which has symbols, is still named
     assert qsort.function in LIBC_NAMES[tool]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_stripped_binary_is_named_from_its_debug_file_by_build_id(builds, victim_of, tool, tmp_path):
+    # GIVEN a running stripped victim whose debug file (objcopy
+    # --only-keep-debug of the unstripped build) is in a debug directory at
+    # .build-id/xx/rest.debug, as a -dbgsym package puts it
+    exe = builds["stripped"]
+    with open(exe, "rb") as f:
+        bid = elf.file_build_id(f).hex()
+    debug = tmp_path / "debug"
+    (debug / ".build-id" / bid[:2]).mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(builds["pie"]),
+                    str(debug / ".build-id" / bid[:2] / f"{bid[2:]}.debug")], check=True)
+    v = victim_of(exe)
+    sym = Symbolizer(modules_from_mappings(read_maps(v.pid)), tool=tool, debug_dirs=[str(debug)])
+    # WHEN its entries and a return address are symbolised
+    inner, outer, main, ret, _ = sym.symbolize(victim_pcs(v))
+    # THEN each names its function, file and line from the debug file
+    values = nm_values(builds["pie"])
+    for frame, name in ((inner, "sym_inner"), (outer, "sym_outer"), (main, "main")):
+        assert (frame.function, os.path.basename(frame.file), frame.line, frame.module, frame.offset) == (
+            name, SOURCE, ENTRY_LINES[name], str(exe), 0)
+        assert frame.module_offset == values[name]
+    assert (ret.function, os.path.basename(ret.file), ret.line, ret.offset) == (
+        "sym_outer", SOURCE, CALL_LINE, v.ret - v.fn["sym_outer"])
+    assert not [w for w in sym.warnings if str(exe) in w], sym.warnings
+
+    # WHEN code at sym_inner is read with no memory to read it from
+    def no_memory(addr: int, n: int) -> bytes:
+        raise OSError("not in memory")
+
+    code = read_code(no_memory, sym, v.fn["sym_inner"], 16)
+    # THEN it comes from the module's own file (the debug file has no code)
+    assert code is not None and code == module_code(str(builds["pie"]), values["sym_inner"], 16)
 
 
 def test_pc_in_no_module_keeps_its_frame(builds, victim_of):

@@ -85,8 +85,7 @@
   function frameName(i) {
     var f = frames[i];
     if (!f) return '??';
-    if (f.function) return f.function;
-    return (f.module ? basename(f.module) + '+' : '') + f.address;
+    return f.label || f.function || f.address;
   }
   function frameWhere(i) {
     var f = frames[i];

@@ -249,3 +249,28 @@ def wait_core(snap_dir: os.PathLike | str, pid: int, seq: int = 1, reason: str =
     core = snapdir.find_core(snap.path)
     assert core is not None, f"no core in {dirs[0]}: {sorted(dirs[0].iterdir())}"
     return core
+
+
+def run_case(exe: os.PathLike | str, mode: str, cwd: os.PathLike | str, *, libtag: bool = True,
+             **env: str) -> subprocess.CompletedProcess:
+    """Run a MODE victim (rev_cases) to its end: under libtag (quiet, cores
+    written by libtag into cwd/snaps), or without it - the reference
+    behaviour libtag must not change."""
+    if libtag:
+        e = victim_env("self", Path(cwd) / "snaps", LIBTAG_QUIET="1", **env)
+    else:
+        e = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([str(exe), mode], env=e, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+def zero_block_core(exe: os.PathLike | str, cwd: os.PathLike | str) -> tuple[Path, int]:
+    """rev_cases zero: the core of a process holding malloc(0)'s block, and
+    that block's address (the victim prints "ptr=ADDR")."""
+    from forensics.snapshots.snapdir import parse_name
+
+    proc = run_case(exe, "zero", cwd)
+    assert proc.returncode == 0, proc.stderr
+    address = int(proc.stdout.splitlines()[0].split("=")[1], 16)
+    pid = parse_name(snapshot_dirs(Path(cwd) / "snaps")[0].name)[1]
+    return wait_core(Path(cwd) / "snaps", pid), address

@@ -122,3 +122,15 @@ def test_run_with_abort_exits_134_and_catalogs_the_one_snapshot(build_victim, ru
     assert len(dirs) == 1 and dirs[0].name.endswith("-1-double-free"), f"got {dirs}"
     assert f"forensics: next: forensics inspect {dirs[0] / 'core'}" in result.stderr.splitlines(), (
         result.stderr)
+
+
+def test_double_free_of_an_unmapped_big_block_is_reported_not_fatal(build_victim, tmp_path):
+    # GIVEN rev_cases bigfree: a 4 MiB block freed twice (its mapping is
+    # gone after the first free)
+    proc = S.run_case(build_victim("rev_cases"), "bigfree", tmp_path)
+    # THEN libtag reports an invalid free and the program runs on instead of
+    # faulting inside libtag
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "survived"
+    dirs = S.snapshot_dirs(tmp_path / "snaps")
+    assert len(dirs) == 1 and dirs[0].name.endswith("-1-invalid-free"), dirs

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from forensics import libpath
+import forensics_test_support as S
 
 
 def freed(stdout: str) -> list[tuple[str, int]]:
@@ -172,3 +173,24 @@ def _compare(tmp_path: Path, tests: list[str], at_once: bool) -> tuple[dict, dic
               if bare.get(k) != under.get(k)}
     assert differ == {}
     return bare, under
+
+
+def test_an_ignored_signal_sent_by_kill_stays_ignored(build_victim, tmp_path):
+    # GIVEN rev_cases ignfpe: SIGFPE ignored, then kill(getpid(), SIGFPE)
+    exe = build_victim("rev_cases")
+    assert S.run_case(exe, "ignfpe", tmp_path, libtag=False).returncode == 0  # the reference
+    # THEN under libtag it survives too (the crash hook honours SIG_IGN)
+    proc = S.run_case(exe, "ignfpe", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "survived"
+
+
+def test_sa_resethand_handler_runs_once_then_the_fault_kills(build_victim, tmp_path):
+    # GIVEN rev_cases resethand: a SIGSEGV handler with SA_RESETHAND returns
+    exe = build_victim("rev_cases")
+    plain = S.run_case(exe, "resethand", tmp_path, libtag=False)
+    assert (plain.returncode, plain.stdout.count("handler")) == (-signal.SIGSEGV, 1)
+    # THEN under libtag the handler runs once and the repeated fault kills
+    proc = S.run_case(exe, "resethand", tmp_path)
+    assert proc.returncode == -signal.SIGSEGV, proc.stdout
+    assert proc.stdout.count("handler") == 1

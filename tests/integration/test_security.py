@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from forensics import libpath
+import forensics_test_support as S
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -95,3 +96,22 @@ def test_snapshot_files_are_private(build_victim, tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["core", "info"]
     for p in d.iterdir():
         assert p.stat().st_mode & 0o777 == 0o600, p
+
+
+def test_list_ignores_a_snapshot_dir_of_another_user(build_victim, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    from forensics.snapshots import snapdir
+
+    # GIVEN our snapshot, and beside it a directory owned by another user
+    # (anyone who can write the root could plant one)
+    core, _ = S.zero_block_core(build_victim("rev_cases"), tmp_path)
+    ours = core.parent
+    planted = ours.parent / "planted-4242-1-crash"
+    planted.mkdir(mode=0o700)
+    (planted / "info").write_text("pid=4242\nchild=0\nseq=1\nreason=crash\ntime_ms=99999999999999\n")
+    (planted / "core").write_bytes(core.read_bytes()[:4096])
+    for p in (planted, planted / "info", planted / "core"):
+        os.chown(p, 65534, 65534)
+    # THEN list does not catalog it
+    assert [d.name for d in snapdir.list_dirs(ours.parent)] == [ours.name]

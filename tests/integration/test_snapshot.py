@@ -378,3 +378,21 @@ def test_run_catalogs_the_snapshots_and_names_the_next_command(build_victim, run
     assert "forensics: snapshot (double-free) of pid" in result.stderr, result.stderr
     listed = json.loads(run_cli("list", "--json", env=cli_env(state)).stdout)
     assert [(r["core"], r["reason"]) for r in listed] == [(str(core), "double-free")], listed
+
+
+def test_a_later_snapshot_has_no_registers_of_an_exited_thread(build_victim, tmp_path):
+    from forensics.core import Core
+    from forensics.snapshots.snapdir import parse_name
+
+    # GIVEN rev_cases stale: a snapshot with a worker alive, the worker
+    # joined, a second snapshot
+    proc = S.run_case(build_victim("rev_cases"), "stale", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    pid = parse_name(S.snapshot_dirs(tmp_path / "snaps")[0].name)[1]
+    first = S.wait_core(tmp_path / "snaps", pid, seq=1)
+    second = S.wait_core(tmp_path / "snaps", pid, seq=2)
+    # THEN the first core holds both threads, the second the main one only
+    with Core(first) as c:
+        assert len(c.threads) == 2
+    with Core(second) as c:
+        assert [t.tid for t in c.threads] == [pid]

@@ -36,6 +36,7 @@ from forensics.reader.symbols import (
     merge_entry_frames,
     modules_from_mappings,
 )
+import forensics_test_support as S
 
 SOURCE = "sym_victim.c"
 CALL_LINE = 35  # sym_victim.c: the line of sym_outer's call to sym_inner
@@ -438,3 +439,15 @@ def test_merge_entry_frames_on_real_frames(builds, victim_of):
 def test_merge_entry_frames_needs_one_kind_per_frame():
     with pytest.raises(ValueError, match="2 frames but 1 kinds"):
         merge_entry_frames([F("f"), F("g")], [FRAME_CALL])
+
+
+def test_a_module_path_that_became_a_fifo_does_not_hang(build_victim, run_cli, tmp_path):
+    # GIVEN a core whose executable's path is now a FIFO
+    exe = tmp_path / "rev_fifo"
+    shutil.copy(build_victim("rev_cases"), exe)
+    core, _ = S.zero_block_core(exe, tmp_path)
+    exe.unlink()
+    os.mkfifo(exe)  # the path the core's NT_FILE note names
+    # THEN inspect answers (the module has no symbols) instead of hanging
+    done = run_cli("inspect", core, "--json", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == 0, done.stderr

@@ -323,3 +323,15 @@ def test_neither_flag_reads_the_newest_of_two_runs(exe, run_cli, tmp_path):
     listed = run_cli("list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     assert [e["pid"] for e in json.loads(listed.stdout)] == [r["pid"] for r in runs], listed.stdout
+
+
+def test_whoowns_finds_a_zero_size_block(build_victim, run_cli, tmp_path):
+    # GIVEN the core of a process holding malloc(0)'s block
+    core, address = S.zero_block_core(build_victim("rev_cases"), tmp_path)
+    # WHEN whoowns asks about its address
+    done = run_cli("whoowns", hex(address), "--core", core, "--json",
+                   env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    # THEN it is that block, of size 0, and whoowns exits 0
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["owner"], doc["block"]["start"], doc["block"]["size"]) == ("heap", hex(address), 0)

@@ -425,11 +425,17 @@ def show_inspect(doc: dict) -> None:
               f"{plural(h['live_bytes'], 'byte')}; {plural(h['freed_blocks'], 'freed block')} "
               f"in quarantine, {plural(h['freed_bytes'], 'byte')}")
     tops = doc.get("top_stacks", [])
-    if tops:
+    rt = doc.get("runtime") or {}
+    if tops or rt.get("stacks"):
         con.print("\n[bold]top allocation stacks by live bytes[/bold]")
-        for i, s in enumerate(tops, 1):
-            con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}",
-                                 s["stack"], limit=8))
+    if rt.get("stacks") and not rt.get("shown"):
+        con.print(f"runtime: {plural(rt['blocks'], 'block')}, {plural(rt['bytes'], 'byte')} in "
+                  f"{plural(rt['stacks'], 'stack')} of the C and C++ runtimes (stdio buffers, "
+                  f"libstdc++'s emergency pool, the loader's TLS) [dim](--runtime lists them)[/dim]")
+    for i, s in enumerate(tops, 1):
+        mark = " (runtime)" if s.get("runtime") else ""
+        con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}{mark}",
+                             s["stack"], limit=8))
     for t in doc.get("threads", []):
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):

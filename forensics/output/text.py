@@ -277,7 +277,8 @@ def show_whoowns(doc: dict) -> None:
                 if r["in"] == "stack" and r.get("thread") is not None:
                     return f"thread {r['thread']}"
                 name = os.path.basename(r.get("module") or "")
-                return f"{r['symbol']} in {name}" if r.get("symbol") else name
+                # a word in shared memory: no module, the mapping's name
+                return f"{r['symbol']} in {name}" if r.get("symbol") and name else r.get("symbol") or name
 
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
                       ["address", "in", "whose", "points"],
@@ -296,7 +297,8 @@ def show_whoowns(doc: dict) -> None:
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})", ["address", "in", "whose"],
                       [(r["address"], r["in"], f"block {r['block_start']}" if r["in"] == "heap"
                         else f"thread {r['thread']}" if r["in"] == "stack"
-                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}")
+                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}"
+                        if r.get("module") else r.get("symbol") or "")
                        for r in refs[:SHOWN]])
             con.print(t)
             _print_cut(con, doc, len(refs))

@@ -167,6 +167,8 @@ def test_libstdcxx_emergency_pool_is_folded(build_victim, run_victim, run_cli, t
     pool = full["top_stacks"][0]
     assert (pool["blocks"], pool["runtime"]) == (1, True), pool
     assert os.path.basename(pool["stack"][0]["module"]).startswith("libstdc++.so"), pool["stack"][0]
+    # (allocated by libstdc++'s constructor, before libtag's: the loader called it)
+    assert "_dl_init" in [f["function"] for f in pool["stack"]], pool["stack"]
     assert doc["runtime"] == {"blocks": 1, "bytes": pool["bytes"], "stacks": 1, "shown": False}
     assert [(s["stack"][0]["function"], s["blocks"], s["bytes"]) for s in doc["top_stacks"]] == [
         ("make_node()", len(f["own"]), len(f["own"]) * NODE_SIZE)]

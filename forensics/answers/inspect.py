@@ -269,12 +269,25 @@ def inspect_reason(heap) -> str:
     return reason
 
 
-def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
+def top_stacks(dump: Dump, *, runtime: bool = False, runtime_functions=()) -> tuple[list, dict]:
+    """The live allocation stacks as inspect numbers them, most bytes first:
+    [(stack id, blocks, bytes, is the runtime's)] without the C and C++
+    runtimes' own stacks unless runtime, and the runtime's totals
+    (forensics.answers.runtime)."""
+    from forensics.answers.runtime import split_stacks
+
+    return split_stacks(dump, dump.heap.by_stack("live"), show=runtime, extra=runtime_functions)
+
+
+def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_functions=()) -> dict:
 
     heap = dump.heap
     totals = heap.totals
-    by_stack = heap.by_stack("live")[:top]
-    dump.prefetch([s for s, _, _ in by_stack])
+    # top 0 (the report's events): no stacks, so none to sort out either
+    stacks, runtime_sum = (top_stacks(dump, runtime=runtime, runtime_functions=runtime_functions)
+                           if top else ([], None))
+    by_stack = stacks[:top]
+    dump.prefetch([s for s, _, _, _ in by_stack])
 
     anomalies = []
     a = heap.anomaly
@@ -326,8 +339,9 @@ def inspect_doc(dump: Dump, *, top: int = 10) -> dict:
             "freed_bytes": totals.freed_bytes,
         },
         "anomalies": anomalies,
-        "top_stacks": [{"stack": frames_json(dump.stack(s)), "blocks": n, "bytes": b}
-                       for s, n, b in by_stack],
+        "top_stacks": [{"stack": frames_json(dump.stack(s)), "blocks": n, "bytes": b, "runtime": rt}
+                       for s, n, b, rt in by_stack],
+        "runtime": runtime_sum,
         "threads": threads,
         "counters": counters,
         "warnings": dump.warnings,
@@ -363,18 +377,19 @@ def blocks_of_stacks(dump: Dump, stack_ids, limit: int) -> dict[int, list[dict]]
     return out
 
 
-def stack_blocks(dump: Dump, rank: int) -> dict:
+def stack_blocks(dump: Dump, rank: int, *, runtime: bool = False, runtime_functions=()) -> dict:
     """The live blocks of the rank-th allocation stack by live bytes (as
     inspect numbers them: #1 is the first): every block's start, size,
     thread and age at the snapshot, by address, at most MAX_STACK_BLOCKS."""
     from forensics.errors import InputError
 
-    heap = dump.heap
-    stacks = heap.by_stack("live")
+    stacks, folded = top_stacks(dump, runtime=runtime, runtime_functions=runtime_functions)
     if not 1 <= rank <= len(stacks):
+        more = (f" (and {folded['stacks']} of the runtime's, which --runtime lists)"
+                if folded["stacks"] and not runtime else "")
         raise InputError(f"inspect: --blocks {rank}: the core has {len(stacks)} allocation "
-                         f"stacks with live blocks (#1 to #{len(stacks)})")
-    sid, count, nbytes = stacks[rank - 1]
+                         f"stacks with live blocks (#1 to #{len(stacks)}){more}")
+    sid, count, nbytes, _ = stacks[rank - 1]
     blocks = blocks_of_stacks(dump, [sid], MAX_STACK_BLOCKS)[sid]
     return {"rank": rank, "stack": frames_json(dump.stack(sid)), "count": count, "bytes": nbytes,
             "blocks": blocks}

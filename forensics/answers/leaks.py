@@ -17,7 +17,9 @@ Roots (docs/leaks.md says why each, and what is left out):
   stack mapping (for a thread made by pthread that end holds its descriptor
   and its static TLS);
 - globals: every module's writable data (a writable file mapping) and .bss (the
-  anonymous writable mapping right after the module, owners.module_of_data),
+  anonymous writable mapping right after the module,
+  forensics.reader.memory.module_of_data), and shared memory (SysV, POSIX,
+  memfd, MAP_SHARED anonymous) and files mapped for writing (ROOT_MAPPINGS),
   unless it holds tagged blocks (then it is the brk heap, not .bss) - but not
   libtag's own (it references no block of the program's; in a snapshot child
   its core writer's buffers hold copies of the threads' registers);
@@ -82,6 +84,10 @@ _TCB_BYTES = 0x900
 # register, never a memory word (the NULL page is never mapped).
 _REG_VIA_LIMIT = 1 << 12
 _NO_PARENT = -1
+# Mappings that are no module's globals but whose words are roots all the
+# same (forensics.reader.memory.name_mapping's kinds): shared memory, and
+# files mapped for writing.
+ROOT_MAPPINGS = ("sysv-shm", "posix-shm", "memfd", "shared-anon", "file")
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,15 @@ class RootRange:
     kind: str  # "stack" | "global" | "tls"
     thread: int | None = None
     module: str | None = None
+    name: str | None = None  # a mapping that is no module's: its name (forensics.reader.memory)
 
     def describe(self) -> str:
         if self.kind == "stack":
             return f"stack of thread {self.thread}"
         if self.kind == "tls":
             return f"TLS of thread {self.thread}"
+        if self.name:
+            return self.name
         import os
 
         return f"globals of {os.path.basename(self.module or '') or 'anonymous'}"
@@ -772,7 +781,7 @@ def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]
 def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
-    from forensics.answers.owners import module_of_data
+    from forensics.reader.memory import module_of_data, name_mapping
 
     if contexts is None:
         contexts = thread_contexts(dump)
@@ -803,6 +812,13 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
         if not r.writable:
             continue
         module = module_of_data(regions, r)
+        what = None
+        if module is None and r.path:
+            # shared memory and files mapped for writing: roots as a module's
+            # globals are (a pointer kept there keeps its block alive)
+            what = name_mapping(regions, r)
+            if what.kind in ROOT_MAPPINGS:
+                module = r.path
         if module is None or module == libtag_module:
             # libtag's own data holds no reference of the program's; in a
             # snapshot child it holds copies of registers (libtag's own core
@@ -815,7 +831,8 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
                 continue
         if any(a < r.end and r.start < b for a, b in stacks):
             continue
-        out.append(RootRange(r.start, r.end, "global", module=module))
+        out.append(RootRange(r.start, r.end, "global", module=module,
+                             name=what.name if what is not None else None))
     return out
 
 

@@ -18,7 +18,7 @@ from forensics.answers.shapes import block_json, hexaddr
 from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
 from forensics.reader.glibc_heap import Chunk
-from forensics.reader.memory import Region
+from forensics.reader.memory import Region, module_of_data, name_mapping
 from forensics.reader.model import Block
 from forensics.reader.symbols import DataSymbol
 
@@ -62,10 +62,6 @@ class Owner:
     @property
     def in_block(self) -> bool:
         return self.block is not None or is_block(self.chunk)
-
-
-def _module_name(path: str | None) -> str:
-    return os.path.basename(path) if path else "anonymous"
 
 
 def classify(dump: Dump, addr: int) -> Owner:
@@ -115,17 +111,26 @@ def _place(dump: Dump, addr: int, region: Region | None, regions: list[Region],
     if region is None:
         return Owner(addr, "unmapped", near=near,
                      note="NULL page" if addr < 4096 else "in no mapping of the process")
-    if region.writable:
-        module = module_of_data(regions, region)
-        if module is not None:
-            sym = dump.symbolizer.data_symbol(module, addr)
-            note = f"{sym.label}" + (f" ({sym.section})" if sym.name and sym.section else "") \
-                + f" in {module}" if sym is not None else module
-            return Owner(addr, "global", region=region, near=near, symbol=sym,
-                         region_name=f"globals of {_module_name(module)}", note=note)
-    name = region.path or "anonymous mapping"
-    return Owner(addr, "mapping", region=region, near=near, region_name=name,
+    what = name_mapping(regions, region, holds_blocks=_holds_blocks(dump, region))
+    if what.kind == "module":
+        module = what.module
+        sym = dump.symbolizer.data_symbol(module, addr)
+        note = f"{sym.label}" + (f" ({sym.section})" if sym.name and sym.section else "") \
+            + f" in {module}" if sym is not None else module
+        return Owner(addr, "global", region=region, near=near, symbol=sym,
+                     region_name=what.name, note=note)
+    return Owner(addr, "mapping", region=region, near=near, region_name=what.name,
                  note=near_note(near) if near else "")
+
+
+def _holds_blocks(dump: Dump, region: Region) -> bool:
+    """Whether the heap reader found tagged blocks in region: libtag's heap."""
+    heap = dump.heap
+    if heap is None:
+        return False
+    starts = heap.index["start"]
+    i = int(np.searchsorted(starts, np.uint64(region.start)))
+    return i < len(starts) and int(starts[i]) < region.end
 
 
 def block_of(dump: Dump, addr: int) -> Block:
@@ -143,19 +148,6 @@ def near_note(near: tuple[Block, int]) -> str:
     where = "just past the end" if past == 0 else f"{past} bytes past the end"
     return f"{where} of the {b.state} block at {b.start:#x} ({b.size} bytes)"
 
-
-
-def module_of_data(regions: list[Region], region: Region) -> str | None:
-    """The module whose .data (a writable file mapping) or .bss (the anonymous
-    writable mapping right after the module's last file mapping) this is."""
-    if region.path:
-        return region.path if not region.path.startswith("[") else None
-    i = regions.index(region)
-    if i > 0:
-        prev = regions[i - 1]
-        if prev.end == region.start and prev.path and not prev.path.startswith("["):
-            return prev.path
-    return None
 
 
 # Roots first: a global or a stack frame says who keeps a block alive; the
@@ -200,12 +192,31 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int, int]:
             out.append(Referrer(src, "stack", None, bool(interior), t.tid))
             continue
         region = next((r for r in regions if src in r), None)
-        module = module_of_data(regions, region) if region is not None else None
-        if module is not None and module != own:
-            sym = dump.symbolizer.data_symbol(module, src)
-            out.append(Referrer(src, "global", None, bool(interior), module=module,
-                                symbol=sym.label if sym is not None else None))
+        ref = _global_referrer(dump, regions, region, src, bool(interior))
+        if ref is not None and ref.module != own:
+            out.append(ref)
     return _cut(out, self_refs)
+
+
+def _global_referrer(dump: Dump, regions: list[Region], region: Region | None, src: int,
+                     interior: bool) -> Referrer | None:
+    """A word outside blocks and stacks that is a root: in a module's globals
+    (its symbol), or in shared memory or a file mapped for writing (the
+    mapping's name as its symbol); None for any other word."""
+    if region is None:
+        return None
+    module = module_of_data(regions, region)
+    if module is not None:
+        sym = dump.symbolizer.data_symbol(module, src)
+        return Referrer(src, "global", None, interior, module=module,
+                        symbol=sym.label if sym is not None else None)
+    if region.path and region.writable:
+        from forensics.answers.leaks import ROOT_MAPPINGS
+
+        what = name_mapping(regions, region)
+        if what.kind in ROOT_MAPPINGS:
+            return Referrer(src, "global", None, interior, module=None, symbol=what.name)
+    return None
 
 
 def libtag_module(dump: Dump) -> str | None:
@@ -250,13 +261,11 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]
                 out.append(Referrer(src, "stack", None, bool(interior), t.tid))
             continue
         region = next((r for r in regions if src in r), None)
-        module = module_of_data(regions, region) if region is not None else None
-        if module is not None and _is_libc(module):
+        ref = _global_referrer(dump, regions, region, src, bool(interior))
+        if ref is not None and ref.module is not None and _is_libc(ref.module):
             continue  # glibc's own state (arenas, mp_): not the program's reference
-        if module is not None:
-            sym = dump.symbolizer.data_symbol(module, src)
-            out.append(Referrer(src, "global", None, bool(interior), module=module,
-                                symbol=sym.label if sym is not None else None))
+        if ref is not None:
+            out.append(ref)
     return _cut(out, self_refs)
 
 

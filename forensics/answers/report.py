@@ -17,6 +17,9 @@ What the page shows, and where each part comes from:
 - cores of more than one process: a warning naming each process, and one
   curve per process;
 - the leak groups of the newest snapshot;
+- the C and C++ runtimes' own blocks (stdio buffers, libstdc++'s emergency
+  pool, the loader's TLS: forensics.answers.runtime) folded into one node of
+  the hierarchy and one line above the table, unless --runtime;
 - a sortable, filterable table of the newest snapshot's allocation stacks,
   each with where it allocated: its first frame outside the allocation
   wrappers (WRAPPERS, and the report's --wrapper patterns), and its peak
@@ -45,12 +48,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from forensics.answers.inspect import blocks_of_stacks, inspect_doc
+from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
 from forensics.answers.leaks import leaks_json
 from forensics.answers.shapes import frame_label, frames_json
 from forensics.errors import ForensicsError, InputError
 
 DATA_VERSION = 3  # 3: block_list, each stack's first blocks
+RUNTIME_LABEL = "(the C and C++ runtimes)"  # the hierarchy's node of their folded stacks
 STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "other" node
 REPORT_STACK_BLOCKS = 10  # blocks listed under each stack of the table (for whoowns)
 STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
@@ -157,14 +161,16 @@ def _node_key(f: dict) -> tuple:
 
 
 def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
-               total_blocks: int) -> tuple[dict, list[int]]:
+               total_blocks: int, runtime: dict | None = None) -> tuple[dict, list[int]]:
     """The trie of the stacks' frames, outermost frame first under one root.
 
     stacks: [{"stack": [frame] innermost first, "blocks", "bytes"}].  Returns
     the tree as parallel arrays (node 0 is the root; parent -1; frame -1 for
     nodes that are not a frame; "sites": the frames of a node that merged more
     than one call site) and each stack's leaf node.  Live bytes not in
-    these stacks (stacks beyond the limit) become one extra child of the root.
+    these stacks become extra children of the root: the C and C++ runtimes'
+    own (runtime: their totals, when they are folded) and the stacks beyond
+    the limit.
     """
     parent, frame, nbytes, nblocks, label = [-1], [-1], [0], [0], {}
     sites: dict[int, list[int]] = {}
@@ -203,6 +209,15 @@ def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
             nbytes[node] += s["bytes"]
             nblocks[node] += s["blocks"]
         leaves.append(node)
+    if runtime and runtime["stacks"]:
+        node = len(parent)
+        parent.append(0)
+        frame.append(-1)
+        nbytes.append(runtime["bytes"])
+        nblocks.append(runtime["blocks"])
+        label[str(node)] = RUNTIME_LABEL
+        nbytes[0] += runtime["bytes"]
+        nblocks[0] += runtime["blocks"]
     rest_bytes, rest_blocks = total_bytes - nbytes[0], total_blocks - nblocks[0]
     if rest_bytes > 0 or rest_blocks > 0:
         node = len(parent)
@@ -314,8 +329,11 @@ class ReportBuilder:
     open for finish()."""
 
     def __init__(self, *, stack_limit: int = STACK_LIMIT, catalog_time: CatalogTime | None = None,
-                 wrappers: Sequence[str] = ()) -> None:
+                 wrappers: Sequence[str] = (), runtime: bool = False,
+                 runtime_functions: Sequence[str] = ()) -> None:
         self.stack_limit = stack_limit
+        self.runtime = runtime
+        self.runtime_functions = list(runtime_functions)
         self.catalog_time = catalog_time
         self.wrappers = Wrappers(wrappers)
         self._events: dict[tuple, dict] = {}
@@ -360,16 +378,21 @@ class ReportBuilder:
             raise InputError("report needs at least one core")
         _, primary, dump = self._newest
         try:
-            doc = inspect_doc(dump, top=self.stack_limit)
-            heap = doc["heap"]
-            stacks = doc["top_stacks"]
-            tree, leaves = build_tree(stacks, self.frames, total_bytes=heap["live_bytes"],
-                                      total_blocks=heap["live_blocks"])
+            totals = dump.heap.totals
+            listed, runtime = top_stacks(dump, runtime=self.runtime,
+                                         runtime_functions=self.runtime_functions)
+            shown = listed[:self.stack_limit]
+            dump.prefetch([sid for sid, _, _, _ in shown])
+            stacks = [{"stack": frames_json(dump.stack(sid)), "blocks": n, "bytes": b, "runtime": rt}
+                      for sid, n, b, rt in shown]
+            tree, leaves = build_tree(stacks, self.frames, total_bytes=totals.live_bytes,
+                                      total_blocks=totals.live_blocks,
+                                      runtime=None if self.runtime else runtime)
             table = [{"frames": self.frames.ids(s["stack"]), "site": self.wrappers.site(s["stack"]),
-                      "bytes": s["bytes"], "blocks": s["blocks"], "node": leaf,
+                      "bytes": s["bytes"], "blocks": s["blocks"], "node": leaf, "runtime": s["runtime"],
                       "stack_id": sid}
-                     for s, leaf, (sid, _, _) in zip(stacks, leaves, dump.heap.by_stack("live"))]
-            distinct = len(dump.heap.by_stack("live"))
+                     for s, leaf, (sid, _, _, _) in zip(stacks, leaves, shown)]
+            distinct = len(listed)
             recorded = self._add_stats(dump, table)
             # each stack's first blocks, for whoowns (a stack with no live
             # block, listed for its peak or churn, has none)
@@ -394,6 +417,7 @@ class ReportBuilder:
             "processes": processes,
             "stack_stats": recorded,
             "wrappers": self.wrappers.patterns,
+            "runtime": runtime,
             "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "snapshots": order,
             "primary": order.index(first),

@@ -72,3 +72,17 @@ def symbol_options(args: argparse.Namespace):
     from forensics.reader.symbols import SymbolOptions
 
     return SymbolOptions(tuple(getattr(args, "debug_dirs", None) or ()), getattr(args, "sysroot", None))
+
+
+def runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """--runtime and --runtime-function PATTERN: the C and C++ runtimes' own
+    blocks, folded into one line by default (docs/guide.md, "Runtime blocks")."""
+    parser.add_argument(
+        "--runtime", action="store_true",
+        help="list the C and C++ runtimes' own allocation stacks (stdio buffers, libstdc++'s "
+             "emergency pool, the loader's TLS) among the others instead of one folded line")
+    parser.add_argument(
+        "--runtime-function", metavar="PATTERN", action="append", default=[],
+        dest="runtime_functions",
+        help="also count a stack whose runtime frames include a function matching PATTERN "
+             "(shell-style) as the runtime's; repeatable")

@@ -1,6 +1,6 @@
 """Show a core's heap, the anomaly or crash that caused it, and the top stacks.
 
-    forensics inspect CORE [--json] [--leaks] [--top N] [--debug-dir DIR]... [--sysroot DIR]
+    forensics inspect CORE [--json] [--leaks] [--top N] [--runtime] [--debug-dir DIR]... [--sysroot DIR]
 
 Reads a core taken under libtag (a snapshot, an anomaly core or a crash core):
 the process, why the core was taken, the anomaly (kind, address, the block
@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     parser.add_argument("--blocks", metavar="N", type=_args.positive_int,
                         help="also list the live blocks of allocation stack #N (as numbered "
                              "in the top stacks): address, size, thread, age; for whoowns")
+    _args.runtime_flags(parser)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -55,7 +56,9 @@ def answer(dump, args: argparse.Namespace) -> int:
     from forensics.output import text
 
     if dump.libtag:
-        doc, show = inspect_doc(dump, top=args.top), text.show_inspect
+        doc = inspect_doc(dump, top=args.top, runtime=args.runtime,
+                          runtime_functions=args.runtime_functions)
+        show = text.show_inspect
     else:
         from forensics.answers.glibc import plain_inspect_doc
 
@@ -69,7 +72,8 @@ def answer(dump, args: argparse.Namespace) -> int:
             raise InputError("inspect: --blocks: a core without libtag has no allocation stacks")
         from forensics.answers.inspect import stack_blocks
 
-        doc["stack_blocks"] = stack_blocks(dump, args.blocks)
+        doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
+                                           runtime_functions=args.runtime_functions)
     if args.json:
         text.print_json(doc)
     else:

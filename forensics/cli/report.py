@@ -1,12 +1,14 @@
 """Write one self-contained HTML page: allocation tree, live heap over time, anomalies.
 
-    forensics report CORE... -o FILE.html [--debug-dir DIR]... [--sysroot DIR]
+    forensics report CORE... -o FILE.html [--runtime] [--debug-dir DIR]... [--sysroot DIR]
 
 Reads every CORE (taken under libtag) and writes one page that needs no
 network: the live heap (bytes and blocks) of each snapshot as a curve over
 time with each snapshot's reason marked; the live bytes of the newest
 snapshot as a zoomable allocation hierarchy (click a frame to zoom in and see
-its stack); the anomaly or crash of every core that has one, with its stacks
+its stack), where the C and C++ runtimes' own blocks (stdio buffers,
+libstdc++'s emergency pool, the loader's TLS) are one node unless --runtime;
+the anomaly or crash of every core that has one, with its stacks
 (once, "seen in N cores", when later cores of the process still hold it);
 the leak groups; and a table of the allocation stacks that sorts and filters,
 each with where it allocated (its first frame outside the allocation
@@ -35,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wrapper", metavar="PATTERN", action="append", default=[],
                         help="a function that allocates for its caller (e.g. 'my_alloc*'): "
                              "'allocated at' skips it; repeat for more")
+    _args.runtime_flags(parser)
     _args.symbol_flags(parser)
 
 
@@ -53,7 +56,8 @@ def main(args: argparse.Namespace) -> int:
         raise InputError(f"cannot write the report: {args.output} is a directory; give a file name")
     if not os.path.isdir(os.path.dirname(out)):
         raise InputError(f"cannot write the report: no such folder {os.path.dirname(out)}")
-    builder = ReportBuilder(catalog_time=_catalog_time, wrappers=args.wrapper)
+    builder = ReportBuilder(catalog_time=_catalog_time, wrappers=args.wrapper, runtime=args.runtime,
+                            runtime_functions=args.runtime_functions)
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:

@@ -338,7 +338,8 @@ def show_whoowns(doc: dict) -> None:
                 if r["in"] == "stack" and r.get("thread") is not None:
                     return f"thread {r['thread']}"
                 name = os.path.basename(r.get("module") or "")
-                return f"{r['symbol']} in {name}" if r.get("symbol") else name
+                # a word in shared memory: no module, the mapping's name
+                return f"{r['symbol']} in {name}" if r.get("symbol") and name else r.get("symbol") or name
 
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
                       ["address", "in", "whose", "points"],
@@ -358,7 +359,8 @@ def show_whoowns(doc: dict) -> None:
             t = table(f"referrers ({doc.get('referrer_count', len(refs))})", ["address", "in", "whose"],
                       [(r["address"], r["in"], f"block {r['block_start']}" if r["in"] == "heap"
                         else f"thread {r['thread']}" if r["in"] == "stack"
-                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}")
+                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}"
+                        if r.get("module") else r.get("symbol") or "")
                        for r in refs[:SHOWN]])
             con.print(t)
             _print_cut(con, doc, len(refs))
@@ -491,11 +493,17 @@ def show_inspect(doc: dict) -> None:
               f"{plural(h['live_bytes'], 'byte')}; {plural(h['freed_blocks'], 'freed block')} "
               f"in quarantine, {plural(h['freed_bytes'], 'byte')}")
     tops = doc.get("top_stacks", [])
-    if tops:
+    rt = doc.get("runtime") or {}
+    if tops or rt.get("stacks"):
         con.print("\n[bold]top allocation stacks by live bytes[/bold]")
-        for i, s in enumerate(tops, 1):
-            con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}",
-                                 s["stack"], limit=8))
+    if rt.get("stacks") and not rt.get("shown"):
+        con.print(f"runtime: {plural(rt['blocks'], 'block')}, {plural(rt['bytes'], 'byte')} in "
+                  f"{plural(rt['stacks'], 'stack')} of the C and C++ runtimes (stdio buffers, "
+                  f"libstdc++'s emergency pool, the loader's TLS) [dim](--runtime lists them)[/dim]")
+    for i, s in enumerate(tops, 1):
+        mark = " (runtime)" if s.get("runtime") else ""
+        con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}{mark}",
+                             s["stack"], limit=8))
     for t in doc.get("threads", []):
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):

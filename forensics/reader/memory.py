@@ -17,7 +17,8 @@ and later a gdb-backed one.  Keep this module free of libtag knowledge.
 from __future__ import annotations
 
 import os
-from typing import Callable, Protocol, runtime_checkable
+import re
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -145,4 +146,92 @@ def clip_regions(regions: list[Region], exclude: list[tuple[int, int]]) -> list[
     return out
 
 
-__all__ = ["CoreMemory", "Memory", "Region", "clip_regions"]
+# ------------------------------------------------------- naming mappings --
+
+_DELETED = " (deleted)"
+_SYSV = re.compile(r"^/SYSV([0-9a-fA-F]{8})$")
+
+# What a mapping is (Mapping.kind), and the one name every answer gives it:
+#   "module"       globals of NAME        a module's .data or .bss
+#   "heap"         heap                   the brk heap, or a mapping holding
+#                                         tagged blocks (libtag's heap)
+#   "sysv-shm"     SysV shared memory (key 0xKEY)   shmget + shmat
+#   "posix-shm"    POSIX shared memory /NAME        shm_open + mmap
+#   "memfd"        memfd:NAME             memfd_create + mmap
+#   "shared-anon"  shared anonymous mapping   mmap MAP_SHARED|MAP_ANONYMOUS,
+#                                         or of /dev/zero
+#   "file"         the file's path        any other file mapped
+#   "special"      [vdso], [vvar], [stack] ...  the kernel's own names
+#   "anonymous"    anonymous mapping      mmap MAP_PRIVATE|MAP_ANONYMOUS
+# A thread's stack ("stack of thread N") and libtag's guard pool ("libtag's
+# guard pool") are known only from the threads and libtag's control block:
+# the answers name them (forensics.answers.owners).
+
+
+class Mapping(NamedTuple):
+    kind: str
+    name: str
+    module: str | None = None  # for "module": the module's path
+
+
+def _shared_memory(path: str) -> Mapping | None:
+    """The shared-memory kinds, by the name the kernel gives the mapping."""
+    bare = path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+    m = _SYSV.match(bare)
+    if m:
+        return Mapping("sysv-shm", f"SysV shared memory (key {int(m.group(1), 16):#x})")
+    if bare.startswith("/memfd:"):
+        return Mapping("memfd", bare[1:])
+    if bare.startswith("/dev/shm/"):
+        return Mapping("posix-shm", f"POSIX shared memory {bare[len('/dev/shm'):]}")
+    if bare == "/dev/zero":
+        return Mapping("shared-anon", "shared anonymous mapping")
+    return None
+
+
+def _is_module_file(regions: list[Region], path: str) -> bool:
+    """A file mapped writable is a module's data when it is an ELF file the
+    process also maps read-only (its headers, code, read-only data) - not
+    shared memory, not a data file mapped for writing."""
+    if path.startswith("[") or _shared_memory(path) is not None:
+        return False
+    return any(r.path == path and not r.writable for r in regions)
+
+
+def module_of_data(regions: list[Region], region: Region) -> str | None:
+    """The module whose .data (a writable mapping of its file) or .bss (the
+    anonymous writable mapping right after the module's last file mapping)
+    region is; None for any other mapping."""
+    if region.path:
+        return region.path if _is_module_file(regions, region.path) else None
+    i = regions.index(region)
+    if i > 0:
+        prev = regions[i - 1]
+        if prev.end == region.start and prev.path and _is_module_file(regions, prev.path):
+            return prev.path
+    return None
+
+
+def name_mapping(regions: list[Region], region: Region, *, holds_blocks: bool = False) -> Mapping:
+    """What region is and its name (the kinds above).  holds_blocks: the
+    heap reader found tagged blocks in it (libtag's heap)."""
+    path = region.path
+    if path == "[heap]" or holds_blocks:
+        return Mapping("heap", "heap")
+    if path:
+        shared = _shared_memory(path)
+        if shared is not None:
+            return shared
+    if region.writable:
+        module = module_of_data(regions, region)
+        if module is not None:
+            return Mapping("module", f"globals of {os.path.basename(module)}", module)
+    if not path:
+        return Mapping("anonymous", "anonymous mapping")
+    if path.startswith("["):
+        return Mapping("special", path)
+    return Mapping("file", path)
+
+
+__all__ = ["CoreMemory", "Mapping", "Memory", "Region", "clip_regions", "module_of_data",
+           "name_mapping"]

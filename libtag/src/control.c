@@ -173,6 +173,7 @@ void _tag_init(void)
     _tag_guard_sites = _tag_opt.guard_rate && _tag_stats ? _tag_opt.guard_sites : 0;
     /* The magic last: a reader that finds it finds a complete block. */
     memcpy(_tag_ctl.magic, TAG_CONTROL_MAGIC, sizeof _tag_ctl.magic);
+    _tag_modules_allow();
     __atomic_store_n(&init_state, 2, __ATOMIC_RELEASE);
     __atomic_store_n(&_tag_ready, 1, __ATOMIC_RELEASE);
     in_init = 0;

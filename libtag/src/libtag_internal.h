@@ -641,6 +641,7 @@ struct tag_module {
     uintptr_t data_lo, data_hi;  /* the PT_LOAD holding it: bounds CFI reads */
 };
 void _tag_modules_init(void);    /* constructor: the first scan */
+void _tag_modules_allow(void);   /* start-up: scans from now on */
 void _tag_modules_atfork_child(void);
 /* Copy the module holding pc to *out; 0 if none.  may_rescan (normal
  * context only): rescan with dl_iterate_phdr when pc is in no known one. */

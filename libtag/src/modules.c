@@ -31,7 +31,15 @@ static uint32_t count;
 static uint32_t seq;
 /* One writer at a time; a capture that finds it taken does not wait. */
 static int write_lock;
-/* Set in the constructor: before it, the loader may still be busy. */
+/* Set at the end of libtag's start-up (the first allocation), so that an
+ * allocation made before libtag's constructor runs - in another library's
+ * constructor, which the loader runs first, or by the loader itself after
+ * it relocated libc - unwinds through every object loaded so far.  By then
+ * the loader has relocated libc (libtag's malloc is reached only through
+ * libc's relocated symbols), so dl_iterate_phdr works: it allocates nothing
+ * and takes only the loader's write lock, a recursive one, which the
+ * loader's own thread takes again at once if it allocates or frees while
+ * holding it (dlclose does, after libtag's constructor as before it). */
 static int scan_allowed;
 /* dl_iterate_phdr's load/unload counters at the last scan. */
 static unsigned long long seen_adds, seen_subs;
@@ -143,6 +151,11 @@ void _tag_modules_atfork_child(void)
         seen_adds = seen_subs = 0;  /* the counters force the rescan */
         __atomic_store_n(&seq, seq + 1, __ATOMIC_RELEASE);
     }
+}
+
+void _tag_modules_allow(void)
+{
+    __atomic_store_n(&scan_allowed, 1, __ATOMIC_RELEASE);
 }
 
 void _tag_modules_init(void)

@@ -578,6 +578,15 @@
         'churned the most).'
       : 'peak bytes and temporary allocations: not recorded (the libtag that ran the program kept no ' +
         'per-stack counters).'));
+  var rt = data.runtime || {stacks: 0};
+  if (rt.stacks && !rt.shown) {
+    tSec.appendChild(el('p', {class: 'note', id: 'fx-runtime', 'data-blocks': rt.blocks, 'data-bytes': rt.bytes,
+                              'data-stacks': rt.stacks},
+      'runtime: ' + fmtInt(rt.blocks) + (rt.blocks === 1 ? ' block, ' : ' blocks, ') + fmtInt(rt.bytes) +
+      (rt.bytes === 1 ? ' byte in ' : ' bytes in ') + fmtInt(rt.stacks) + (rt.stacks === 1 ? ' stack' : ' stacks') +
+      ' of the C and C++ runtimes (stdio buffers, libstdc++\'s emergency pool, the loader\'s TLS), not listed: ' +
+      'one node of the hierarchy (forensics report --runtime lists them).'));
+  }
   tSec.appendChild(el('p', {class: 'note'}, 'allocated at: the first frame outside the allocation wrappers (' +
     data.wrappers.length + ' patterns: malloc\'s family, strdup, operator new, the xmalloc family; ' +
     'forensics report --wrapper PATTERN adds one).'));

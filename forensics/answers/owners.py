@@ -324,10 +324,18 @@ def root_json(dump: Dump, root: Root) -> dict:
            "register": root.register.split(":")[-1] if root.register else None,
            "module": root.module, "symbol": None, "section": None, "function": None,
            "interior": root.interior}
-    if root.kind == "global" and root.module and root.address is not None:
-        sym = dump.symbolizer.data_symbol(root.module, root.address)
-        if sym is not None:
-            doc["symbol"], doc["section"] = sym.label, sym.section
+    if root.kind == "global" and root.address is not None:
+        regions = dump.mem.regions()
+        region = next((r for r in regions if root.address in r), None)
+        module = module_of_data(regions, region) if region is not None else None
+        if module is not None:
+            sym = dump.symbolizer.data_symbol(module, root.address)
+            doc["module"] = module
+            if sym is not None:
+                doc["symbol"], doc["section"] = sym.label, sym.section
+        else:  # shared memory, a file mapped for writing: named as a referrer in it is
+            ref = _global_referrer(dump, regions, region, root.address, root.interior)
+            doc["module"], doc["symbol"] = None, ref.symbol if ref is not None else None
     elif root.kind == "stack" and root.address is not None:
         doc["function"] = frame_function(dump, root.thread, root.address)
     return doc

@@ -169,6 +169,8 @@ def _root_text(root: dict) -> str:
     "stack of thread 42 in hold_on_stack", "register rbx of thread 42"."""
     kind = root["kind"]
     if kind == "global":
+        if not root.get("module") and root.get("symbol"):  # shared memory and the like
+            return f"global word {root['address']} ({root['symbol']})"
         module = os.path.basename(root.get("module") or "") or "anonymous"
         where = f"{root['section']} of {module}" if root.get("section") else module
         name = root.get("symbol") or root["address"]

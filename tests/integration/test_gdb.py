@@ -200,7 +200,8 @@ def test_errors_are_one_line_gdb_errors(snap, victim, tmp_path):
     assert errors == [
         f"tag block: {g:#x} is in no tagged block: globals of {exe}, g_session (.bss) in {victim}",
         "tag block: 0x0 is in no tagged block: unmapped, NULL page",
-        "tag inspect: unknown option --bogus (options: --json --debug-dir DIR --sysroot DIR --leaks --top N --blocks N)",
+        "tag inspect: unknown option --bogus (options: --json --debug-dir DIR --sysroot DIR --leaks --top N "
+        "--blocks N --runtime --runtime-function PATTERN)",
         'tag whoowns: not an address: no_such_symbol: No symbol "no_such_symbol" in current context.',
     ], result.stderr
     # WHEN a batch gdb's last command is a failing tag command

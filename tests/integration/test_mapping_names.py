@@ -89,6 +89,10 @@ def test_a_pointer_in_shared_memory_is_a_named_referrer_and_a_root(case, run_cli
                                  "thread": None, "module": None, "symbol": name}], doc["referrers"]
     text = whoowns(run_cli, state, core, kept).stdout
     assert name in text and "SYSV" not in text, text
+    # AND its retention path starts at that word, named the same way
+    assert [(r["root"]["kind"], r["root"]["address"], r["root"]["module"], r["root"]["symbol"], r["path"])
+            for r in doc["retainers"]] == [("global", sysv, None, name, [])], doc["retainers"]
+    assert f"global word {sysv} ({name}) -> this block" in text, text
     # AND the leak scan still counts the segment as a root: the block is no leak
     r = run_cli("inspect", str(core), "--json", "--leaks", env={"XDG_STATE_HOME": str(state)})
     assert r.returncode == 0, r.stderr

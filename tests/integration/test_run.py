@@ -122,6 +122,22 @@ def test_fail_on_leak_is_the_leak_check(build_victim, run_cli, tmp_path):
     assert result.returncode == 23, result.stderr
 
 
+def test_fail_on_an_anomaly_and_leaks_is_the_anomalys_1(build_victim, run_cli, tmp_path):
+    # GIVEN a program that loses 3 blocks and frees another one twice, then returns 0
+    exe = build_victim("leak_exit")
+    # WHEN run with --fail-on anomaly,leak
+    result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly,leak", "--",
+                     str(exe), "both")
+    # THEN the anomaly decides: 1, as ASan's status comes before LSan's 23,
+    # and stderr says both what the leak check found and why the status is 1
+    assert result.returncode == 1, result.stderr
+    pid = int(result.stdout.splitlines()[0].split("=")[1])
+    lines = result.stderr.splitlines()
+    assert f"SUMMARY: pid {pid}: 300 bytes in 3 blocks definitely lost" in lines, result.stderr
+    assert lines[-1] == f"forensics: libtag found an anomaly in pid {pid}: exit 1 (--fail-on anomaly)", (
+        result.stderr)
+
+
 def test_fail_on_anomaly_with_ignore_is_refused(run_cli, tmp_path):
     result = run_cli("run", "--dir", tmp_path / "snaps", "--fail-on", "anomaly",
                      "--on-anomaly", "ignore", "--", "true")

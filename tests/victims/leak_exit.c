@@ -12,6 +12,8 @@
  *                           (lose_in_child) and calls exit(0); parent returns 0
  *   leak_exit _exit CODE    loses 3 x 100 B, then _exit(CODE): no destructor
  *                           runs, so no exit snapshot
+ *   leak_exit both          lose_records(), then frees one 24 B block twice
+ *                           (an anomaly as well as leaks); return 0
  *   leak_exit thread        a worker thread still blocked in read(2) at exit
  *                           holds 56 B on its stack (reachable); main loses
  *                           3 x 100 B and returns 0 without joining it
@@ -103,7 +105,7 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: leak_exit leak|clean CODE|fork|_exit CODE|thread\n");
+        fprintf(stderr, "usage: leak_exit leak|clean CODE|fork|both|_exit CODE|thread\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -131,6 +133,11 @@ int main(int argc, char **argv)
         lose_records();
         fflush(stdout);
         waitpid(child, NULL, 0);
+    } else if (strcmp(mode, "both") == 0) {
+        lose_records();
+        char *volatile twice = malloc(24);  /* volatile: gcc drops a malloc freed unused */
+        free(twice);
+        free(twice);
     } else if (strcmp(mode, "_exit") == 0) {
         lose_records();
         fflush(stdout);

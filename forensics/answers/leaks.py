@@ -785,7 +785,6 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
 
     if contexts is None:
         contexts = thread_contexts(dump)
-    heap = dump.heap
     regions = dump.mem.regions()
     starts = _blocks(dump)[0]
     out: list[RootRange] = []
@@ -802,12 +801,9 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
             continue  # a pthread's TLS and descriptor: at the top of its stack
         for a, b in _tls_ranges(dump, ctx, fs):
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
-    ctl = next((r for r in regions if heap.control_addr in r), None) if heap is not None else None
-    libtag_module = module_of_data(regions, ctl) if ctl is not None else None
-    if libtag_module is not None and libtag_module == dump.exe:
-        # libtag.a linked into the program: its data is the program's too and
-        # stays a root (the pointer edges already leave the control block out)
-        libtag_module = None
+    # libtag's data is no root; linked into the program (libtag.a), its data
+    # is the program's and stays one (the edges leave the control block out)
+    libtag_module = dump.libtag_module
     for r in regions:
         if not r.writable:
             continue

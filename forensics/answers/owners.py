@@ -175,7 +175,7 @@ def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int, int]:
     sl = edges.into(i)
     out: list[Referrer] = []
     regions = dump.mem.regions()
-    own = libtag_module(dump)
+    own = dump.libtag_module
     self_refs = 0
     for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
         holder = heap.block_at(src)
@@ -217,19 +217,6 @@ def _global_referrer(dump: Dump, regions: list[Region], region: Region | None, s
         if what.kind in ROOT_MAPPINGS:
             return Referrer(src, "global", None, interior, module=None, symbol=what.name)
     return None
-
-
-def libtag_module(dump: Dump) -> str | None:
-    """The path of libtag's own shared object, whose data (the control block,
-    its signal and option tables) is never the program's reference to a
-    block; None when libtag is linked into the program (its data is the
-    program's module then: the scans clip libtag's tables out by address)."""
-    heap = dump.heap
-    region = next((r for r in dump.mem.regions() if heap.control_addr in r), None)
-    module = module_of_data(dump.mem.regions(), region) if region is not None else None
-    if module is None or (dump.exe and os.path.realpath(module) == os.path.realpath(dump.exe)):
-        return None
-    return module
 
 
 def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]:

@@ -80,7 +80,7 @@ class Runtime:
             return "program"
         kind = self._module_kind.get(module.path)
         if kind is None:
-            if module.path == self.dump._libtag_module:
+            if module.path == self.dump.libtag_module:
                 kind = "libtag"
             elif self._mod.match(os.path.basename(module.path)):
                 kind = "runtime"

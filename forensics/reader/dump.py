@@ -83,7 +83,7 @@ class Dump:
             except abi.NoLibtagError as exc:
                 if not plain:
                     raise
-                loaded = next((m.path for m in core.mappings if m.path and _is_libtag(m.path)), None)
+                loaded = next((m.path for m in core.mappings if m.path and _named_libtag(m.path)), None)
                 if loaded:
                     # libtag's blocks are in its own heap, not glibc's: a
                     # libtag process whose control block is gone is a
@@ -193,21 +193,31 @@ class Dump:
         return replace(frame, function=found[0], module="[vdso]") if found else frame
 
     @cached_property
-    def _libtag_module(self) -> str | None:
-        """The path of the libtag shared object (the module that holds the
-        control block, when that is not the program: libtag.a linked in)."""
-        try:
-            module = self.symbolizer.module_at(self.heap.control_addr)
-        except Exception:
+    def libtag_module(self) -> str | None:
+        """The path of libtag's shared object: the module whose data holds
+        the control block.  None when that is the program itself (libtag.a
+        linked in: its data is the program's, and the scans clip libtag's
+        tables out by address).  The one rule for "is this libtag's": its
+        frames are marked, its data is no referrer and no root."""
+        # the control block is in libtag's .data or .bss: the nearest file
+        # mapping at or below it is libtag's (the debug build's .bss is split
+        # in parts, not all of them in a core, so "the mapping right after
+        # the module" does not find every part)
+        ctl = self.heap.control_addr
+        module = None
+        for r in self.mem.regions():
+            if r.start > ctl:
+                break
+            if r.path and not r.path.startswith("["):
+                module = r.path
+        if module is None or (self.exe and os.path.realpath(module) == os.path.realpath(self.exe)):
             return None
-        if module is None or not _is_libtag(module.path):
-            return None
-        return module.path
+        return module
 
     def _is_libtag(self, frame: Frame) -> bool:
         """libtag's own code: its shared object, or (libtag.a linked into
         the program) a function compiled from libtag's sources."""
-        if frame.module is not None and frame.module == self._libtag_module:
+        if frame.module is not None and frame.module == self.libtag_module:
             return True
         return frame.file is not None and "/libtag/src/" in frame.file.replace("\\", "/")
 
@@ -438,9 +448,7 @@ class PlainDump(Dump):
             list(heap.warnings) if heap is not None else []) + (
             list(sym.warnings) if sym is not None else [])
 
-    @cached_property
-    def _libtag_module(self) -> str | None:
-        return None
+    libtag_module = None  # no libtag
 
     @cached_property
     def threads(self) -> list[ThreadStack]:
@@ -509,6 +517,8 @@ def _save_edges(path: str, key, edges: Edges) -> None:
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
 
 
-def _is_libtag(path: str) -> bool:
-    """Is the module at path libtag (libtag.so, whatever its version suffix)?"""
+def _named_libtag(path: str) -> bool:
+    """Is the file at path named libtag (libtag.so, whatever its version
+    suffix)?  Only for a core whose control block is gone: with one,
+    Dump.libtag_module says which module is libtag's."""
     return os.path.basename(path).split(".")[0] == "libtag"

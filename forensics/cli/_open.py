@@ -27,16 +27,12 @@ def open_dump(path: str, args=None, *, plain: bool = False):
         root = getattr(args, "sysroot", None)
         if root is not None and not os.path.isdir(root):
             raise InputError(f"--sysroot {root}: no such directory")
-    from forensics.snapshots.complete import complete_core
-
     def _note(msg: str) -> None:
         from forensics.output import text
 
         text.err_console().print(f"forensics: note: {msg}", markup=False, highlight=False,
                                  soft_wrap=True)
 
-    # a kernel-written snapshot core gets every thread's registers
-    complete_core(path, note=_note)
     bar = None
     task = None
     if sys.stderr.isatty():
@@ -52,7 +48,9 @@ def open_dump(path: str, args=None, *, plain: bool = False):
             bar.update(task, total=total, completed=done)
 
     try:
-        dump = Dump.open(path, progress=progress, plain=plain,
+        # complete: a kernel-written snapshot core gets every thread's
+        # registers (for gdb), from the same parse of the core
+        dump = Dump.open(path, progress=progress, plain=plain, complete=True, note=_note,
                          symbols=symbol_options(args) if args is not None else None)
     finally:
         if cm is not None:

@@ -68,7 +68,7 @@ _FILE_KINDS = (
 )
 
 
-def _map_file(path: str) -> tuple[mmap.mmap, int]:
+def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
     """Open and mmap a regular, non-empty file read-only, or say why not."""
     try:
         # O_NONBLOCK: opening a FIFO must not hang; fstat below refuses it.
@@ -87,7 +87,7 @@ def _map_file(path: str) -> tuple[mmap.mmap, int]:
         if st.st_size == 0:
             raise CoreParseError(f"empty file: {path} is 0 bytes")
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st.st_size
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st
         except (OSError, ValueError) as exc:
             raise CoreParseError(f"cannot map core: {path}: {exc}") from None
     finally:
@@ -103,12 +103,25 @@ class Core:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._mm: mmap.mmap | None = None
-        self._mm, self.file_size = _map_file(self.path)
+        self._load()
+
+    def _load(self) -> None:
+        self._mm, st = _map_file(self.path)
+        self.file_size = st.st_size
+        # which file was parsed: a writer (forensics.reader.complete) checks
+        # that the file it opened to write is this one
+        self.identity = (st.st_dev, st.st_ino)
         try:
             self._parse()
         except BaseException:
             self.close()
             raise
+
+    def reparse(self) -> None:
+        """Map and parse the file again, after a writer changed it (the
+        notes forensics.reader.complete adds to a snapshot core)."""
+        self.close()
+        self._load()
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Core:
@@ -121,6 +134,8 @@ class Core:
         mm, path, size = self._mm, self.path, self.file_size
         ehdr = elf.read_ehdr(mm, path, size)
         phdrs = elf.read_phdrs(mm, ehdr, path, size)
+        # the ELF header, program headers and raw notes as in the file
+        self.ehdr, self.phdrs = ehdr, phdrs
 
         raw: list[RawNote] = []
         for ph in phdrs:
@@ -132,6 +147,7 @@ class Core:
                     f"{ph.p_offset:#x} need {ph.p_offset:#x} + {ph.p_filesz:#x}"
                 )
             raw.extend(iter_notes(mm, ph.p_offset, ph.p_filesz))
+        self.raw_notes: list[RawNote] = raw
         self.notes: Notes = decode_notes(raw)
         self._map_starts = [m.start for m in self.notes.mappings]
 

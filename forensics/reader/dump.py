@@ -53,13 +53,13 @@ class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
 
     def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
-                 progress: Progress | None = None, symbols=None) -> None:
+                 progress: Progress | None = None, symbols=None, control=None) -> None:
         self.mem = mem
         self.core = core
         self.cache_base = cache_base
         self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
-        self.heap = Heap(mem, progress=progress,
+        self.heap = Heap(mem, progress=progress, control=control,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
         self._thread_frames: dict[int, list[Frame]] = {}
@@ -68,18 +68,33 @@ class Dump:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
-             symbols=None, plain: bool = False) -> "Dump":
-        """The Dump of the core at path.  plain: a core without libtag's
-        control block opens as a PlainDump (glibc's heap instead of tags)
-        instead of raising abi.NoLibtagError."""
+             symbols=None, plain: bool = False, complete: bool = False, note=None) -> "Dump":
+        """The Dump of the core at path: the core is opened and parsed once,
+        and its control block found once, for every answer.  plain: a core
+        without libtag's control block opens as a PlainDump (glibc's heap
+        instead of tags) instead of raising abi.NoLibtagError.  complete:
+        first give a kernel-written snapshot core every thread's registers
+        (forensics.reader.complete, with this parse and this control block;
+        note() says why not when it cannot) - the explicit step the command
+        line takes; gdb's commands leave the core gdb has open as it is."""
         from forensics.core import Core
 
         core = Core(path)
         try:
             mem = CoreMemory(core)
             try:
+                found = abi.find_control(mem)
+            except abi.NoLibtagError as exc:
+                found = exc
+            if complete and not isinstance(found, abi.NoLibtagError):
+                from forensics.reader.complete import complete as add_thread_notes
+
+                if add_thread_notes(core, found, note=note):
+                    core.reparse()  # the new notes: every thread's registers
+                    mem = CoreMemory(core)
+            try:
                 return cls(mem, core=core, cache_base=os.fspath(path), progress=progress,
-                           symbols=symbols)
+                           symbols=symbols, control=found)
             except abi.NoLibtagError as exc:
                 if not plain:
                     raise

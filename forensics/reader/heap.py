@@ -81,14 +81,21 @@ class Heap:
     """The libtag view of one memory (a core, or a running process)."""
 
     def __init__(self, mem: Memory, *, progress: Progress | None = None,
-                 cache_path: str | os.PathLike[str] | None = None) -> None:
+                 cache_path: str | os.PathLike[str] | None = None, control=None) -> None:
+        """control: what abi.find_control(mem) gave - (address, Control), or
+        the NoLibtagError it raised - when the caller has looked already
+        (Dump.open); None: look here."""
         self.mem = mem
         self.warnings: list[str] = []
         # A core cut short (full disk, interrupted copy) is read as far as it
         # goes, and the answer says which blocks it cannot see.
         cut = _truncation(mem)
         try:
-            self.control_addr, self.control = abi.find_control(mem)
+            if control is None:
+                control = abi.find_control(mem)
+            if isinstance(control, abi.NoLibtagError):
+                raise control
+            self.control_addr, self.control = control
         except abi.NoLibtagError as exc:
             if cut:  # the control block may be in the part that is missing
                 raise abi.NoLibtagError(f"{exc.message} - or it is in the missing part: {cut}") from None

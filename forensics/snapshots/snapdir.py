@@ -263,7 +263,7 @@ def wait_complete(path: str | os.PathLike[str] | SnapshotDir, timeout: float,
                     f"a pipe? LIBTAG_CORE=self makes libtag write it)")
             size = core.stat().st_size
             if size == last_size:
-                from forensics.snapshots.complete import complete_core
+                from forensics.reader.complete import complete_core
 
                 complete_core(core)
                 return snap
@@ -302,7 +302,7 @@ def record(snap: SnapshotDir, core: Path, *, exe: str | None = None,
     """Put a complete snapshot in the catalog; returns the catalog row as a dict."""
     from forensics.snapshots import catalog as _catalog
 
-    from forensics.snapshots.complete import complete_core
+    from forensics.reader.complete import complete_core
 
     complete_core(core)  # before its size is recorded; a no-op when done
     cat = catalog if catalog is not None else _catalog.Catalog()

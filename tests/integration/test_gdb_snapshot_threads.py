@@ -4,7 +4,7 @@ has its registers, so `thread apply all bt` and `info registers` work in each.
 A snapshot's core is written by a fork child of one thread.  libtag's own
 writer (LIBTAG_CORE=self) puts an NT_PRSTATUS per thread from the registers
 each thread saved before the fork; a kernel-written core (LIBTAG_CORE=kernel)
-holds only the child, and forensics completes it (snapshots/complete.py) the
+holds only the child, and forensics completes it (reader/complete.py) the
 first time it sees the core complete.
 
 GIVEN tests/victims/gdb_threads.c: three threads parked in park_alpha,
@@ -132,4 +132,37 @@ def test_forensics_completes_a_kernel_core_but_never_through_a_symlink(victim, t
     # THEN gdb finds every thread's registers, and the file stays 0600
     assert core.stat().st_size > size
     assert stat.S_IMODE(os.lstat(core).st_mode) == 0o600
+    check_every_thread(victim, core, tids)
+
+
+@pytest.mark.skipif(S.kernel_core_skip_reason() is not None, reason=S.kernel_core_skip_reason() or "")
+def test_a_verb_parses_the_core_once_and_completes_it_from_that_parse(victim, tmp_path, monkeypatch,
+                                                                      capsys):
+    from forensics.cli.main import main
+    from forensics.core.core import Core
+    from forensics.reader import abi
+
+    # GIVEN a kernel-written snapshot core forensics has not seen yet
+    tids, snaps, pid = take(victim, tmp_path, "kernel")
+    core = _wait_written(snaps, pid)
+    size = core.stat().st_size
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    # (each parse of a core file and each search for the control block is
+    # counted; what they do is left as it is)
+    parses, finds = [], []
+    parse, find = Core._parse, abi.find_control
+    monkeypatch.setattr(Core, "_parse", lambda self: (parses.append(self.path), parse(self))[1])
+    monkeypatch.setattr(abi, "find_control", lambda mem: (finds.append(1), find(mem))[1])
+    # WHEN whoowns --core reads it the first time
+    assert main(["whoowns", "0x1000", "--core", str(core), "--json"]) == 1  # the NULL page: no block
+    # THEN the control block was found once, and the core parsed once, then
+    # once more after the completion appended every thread's notes to it
+    assert (len(finds), parses) == (1, [str(core), str(core)]), (finds, parses)
+    assert core.stat().st_size > size
+    # WHEN whoowns --core reads it again
+    parses.clear(), finds.clear()
+    assert main(["whoowns", "0x1000", "--core", str(core), "--json"]) == 1
+    # THEN one parse, one search: the completed core is left as it is
+    assert (len(finds), parses) == (1, [str(core)]), (finds, parses)
+    capsys.readouterr()
     check_every_thread(victim, core, tids)

@@ -18,12 +18,18 @@ the memory in the core is never moved; a reader that stops half-way (before
 the header is rewritten) leaves a core that is as it was, plus unused bytes.
 
 It touches only a regular file owned by us (opened with O_NOFOLLOW: never
-through a symlink; its mode, 0600, is kept), and only a snapshot core
-(reason on-demand, anomaly or exit) whose notes lack a thread libtag saved
+through a symlink; its mode, 0600, is kept) that is the very file parsed
+(same device and inode, same size), and only a snapshot core (reason
+on-demand, anomaly or exit) whose notes lack a thread libtag saved
 registers for; anything else - another user's core, a read-only file, a
-crash core, a core already complete - is left alone.  forensics does it when
-it first sees a complete core (forensics run, snapshot, list, and every verb
-that opens a core).
+crash core, a core already complete - is left alone.
+
+Completion is an explicit step, never a side effect of reading:
+``forensics.reader.dump.open_core(path, complete=True)`` (what every verb
+that opens a core does) parses the core once, finds the control block once,
+and hands both to ``complete``; forensics run, snapshot and list call
+``complete_core(path)`` when they first see a finished core.  gdb's
+commands open the core gdb has open without completing it.
 """
 
 from __future__ import annotations
@@ -33,12 +39,9 @@ import os
 import numpy as np
 from construct import ConstructError
 
-from forensics.core import elf
 from forensics.core.core import Core
 from forensics.core.elf import EHDR_SIZE, Elf64_Phdr, PHDR_SIZE, PT_NOTE
-from forensics.core.notes import (
-    NT_AUXV, NT_FILE, NT_PRPSINFO, NT_PRSTATUS, elf_prpsinfo, elf_prstatus, iter_notes,
-)
+from forensics.core.notes import NT_AUXV, NT_FILE, NT_PRPSINFO, NT_PRSTATUS, elf_prpsinfo, elf_prstatus
 from forensics.errors import ForensicsError
 from forensics.files import open_own_file
 from forensics.reader import abi
@@ -100,82 +103,96 @@ def _new_notes(core: Core, raw, ctl, records) -> bytes | None:
     return b"".join(out)
 
 
-def complete_core(path: str | os.PathLike[str], note=None) -> bool:
-    """Give a kernel-written snapshot core every thread's registers (see the
-    module docstring).  True when the core was rewritten; False when it was
-    left alone.  Never raises for a core it cannot or need not complete.
+def complete(core: Core, found: tuple[int, object] | None = None, *, note=None) -> bool:
+    """Give the parsed snapshot core every thread's registers (see the module
+    docstring); found: the control block (address, parsed), when the caller
+    has it.  True when the file was rewritten: the caller reparses core
+    (Core.reparse) to see the new notes.  Never raises for a core it cannot
+    or need not complete.
 
     A core of another user's (a server's snapshot read by root) is completed
     when we are root; otherwise, when it needs it, note() is told why not."""
-    opened = open_own_file(path, os.O_RDWR)
-    if opened is None and os.geteuid() == 0:
-        opened = open_own_file(path, os.O_RDWR, any_owner=True)
-    if opened is None:
-        if note is not None:
-            _why_not(path, note)
-        return False
-    fd, st = opened
     try:
-        return _complete(fd, st.st_size)
+        if found is None:
+            found = abi.find_control(CoreMemory(core))
+        notes = _notes_to_add(core, found[1])
     except (ForensicsError, OSError, ValueError, ConstructError):
         # ConstructError: a value from libtag's records that no note can
         # hold (a damaged thread record's tid past INT32_MAX, say)
         return False
+    if notes is None:
+        return False
+    opened = open_own_file(core.path, os.O_RDWR)
+    if opened is None and os.geteuid() == 0:
+        opened = open_own_file(core.path, os.O_RDWR, any_owner=True)
+    if opened is None:
+        if note is not None:
+            _why_not(core, note)
+        return False
+    fd, st = opened
+    try:
+        if (st.st_dev, st.st_ino) != core.identity or st.st_size != core.file_size:
+            return False  # not the file that was parsed (replaced, or written since)
+        _append_notes(fd, core, *notes)
+        return True
+    except OSError:
+        return False
     finally:
         os.close(fd)
 
 
-def _why_not(path, note) -> None:
-    opened = open_own_file(path, os.O_RDONLY, any_owner=True)
+def complete_core(path: str | os.PathLike[str], note=None) -> bool:
+    """complete() for a core not opened yet (forensics run, snapshot, list:
+    a snapshot they just saw finished)."""
+    try:
+        with Core(path) as core:
+            return complete(core, note=note)
+    except (ForensicsError, OSError, ValueError, ConstructError):
+        return False
+
+
+def _why_not(core: Core, note) -> None:
+    opened = open_own_file(core.path, os.O_RDONLY, any_owner=True)
     if opened is None:
         return
     fd, st = opened
-    try:
-        if st.st_uid != os.geteuid() and _complete(fd, st.st_size, write=False):
-            note(f"{path} belongs to uid {st.st_uid}: gdb sees only the thread that took "
-                 f"the snapshot; run forensics once as its owner (or root) to add every "
-                 f"thread's registers to it")
-    except (ForensicsError, OSError, ValueError, ConstructError):
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
+    if st.st_uid != os.geteuid():
+        note(f"{core.path} belongs to uid {st.st_uid}: gdb sees only the thread that took "
+             f"the snapshot; run forensics once as its owner (or root) to add every "
+             f"thread's registers to it")
 
 
-def _complete(fd: int, size: int, write: bool = True) -> bool:
-    with Core(f"/proc/self/fd/{fd}") as core:
-        mm = core._map()
-        ehdr = elf.read_ehdr(mm, core.path, size)
-        phdrs = elf.read_phdrs(mm, ehdr, core.path, size)
-        notes_at = [i for i, ph in enumerate(phdrs) if ph.p_type == PT_NOTE]
-        if len(notes_at) != 1:
-            return False
-        ph = phdrs[notes_at[0]]
-        raw = iter_notes(mm, ph.p_offset, ph.p_filesz)
-        try:
-            _, ctl = abi.find_control(CoreMemory(core))
-        except ForensicsError:
-            return False
-        if ctl.reason not in _SNAPSHOT_REASONS:
-            return False
-        count = min(int(ctl.thread_count), int(ctl.thread_capacity), _MAX_THREADS)
-        data = core.read(int(ctl.threads), count * abi.THREAD_RECORD_SIZE)
-        records = np.frombuffer(data, dtype=abi.THREAD_RECORD_DTYPE)
-        notes = _new_notes(core, raw, ctl, records)
-        if notes is None:
-            return False
-        phoff = ehdr.e_phoff + notes_at[0] * ehdr.e_phentsize
-        if ehdr.e_phentsize != PHDR_SIZE or phoff < EHDR_SIZE:
-            return False
-        new_ph = {k: v for k, v in ph.items() if not k.startswith("_")}
-    if not write:
-        return True
+def _notes_to_add(core: Core, ctl) -> tuple[bytes, int, dict] | None:
+    """(the notes to append, the PT_NOTE header's file offset, that header's
+    fields) for a snapshot core that lacks threads; None to leave it alone."""
+    ehdr, phdrs = core.ehdr, core.phdrs
+    notes_at = [i for i, ph in enumerate(phdrs) if ph.p_type == PT_NOTE]
+    if len(notes_at) != 1 or ctl.reason not in _SNAPSHOT_REASONS:
+        return None
+    count = min(int(ctl.thread_count), int(ctl.thread_capacity), _MAX_THREADS)
+    data = core.read(int(ctl.threads), count * abi.THREAD_RECORD_SIZE)
+    records = np.frombuffer(data, dtype=abi.THREAD_RECORD_DTYPE)
+    notes = _new_notes(core, core.raw_notes, ctl, records)
+    if notes is None:
+        return None
+    phoff = ehdr.e_phoff + notes_at[0] * ehdr.e_phentsize
+    if ehdr.e_phentsize != PHDR_SIZE or phoff < EHDR_SIZE:
+        return None
+    ph = phdrs[notes_at[0]]
+    return notes, phoff, {k: v for k, v in ph.items() if not k.startswith("_")}
+
+
+def _append_notes(fd: int, core: Core, notes: bytes, phoff: int, new_ph: dict) -> None:
+    """The notes at the end of the file, then the PT_NOTE header pointed at
+    them: a reader stopped half-way leaves the core as it was."""
+    size = core.file_size
     start = (size + 7) & ~7
     os.pwrite(fd, b"\0" * (start - size) + notes, size)
     os.fsync(fd)
     new_ph.update(p_offset=start, p_filesz=len(notes), p_memsz=0, p_align=4)
     os.pwrite(fd, Elf64_Phdr.build(new_ph), phoff)
     os.fsync(fd)
-    return True
 
 
-__all__ = ["complete_core"]
+__all__ = ["complete", "complete_core"]

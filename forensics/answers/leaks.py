@@ -66,7 +66,7 @@ import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
 from forensics.reader import abi
-from forensics.reader.dump import Dump
+from forensics.reader.dump import Dump, ThreadStack
 from forensics.reader.pointers import hits
 
 KINDS = ("reachable", "possible", "indirect", "definite")
@@ -175,14 +175,6 @@ class LeakGroup:
     size: int | None = None  # without libtag: the blocks' usable size (they have no stack)
 
 
-@dataclass(frozen=True)
-class ThreadContext:
-    tid: int
-    regs: dict[str, int]  # may be empty
-    sp: int | None
-    stack: tuple[int, int] | None  # [sp, end of its stack mapping)
-
-
 class LeakScan:
     """The classification of every live block of a dump."""
 
@@ -253,7 +245,7 @@ class LeakScan:
     def _register_hits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         vals, vias = [], []
         for ctx in self.contexts:
-            for name, value in ctx.regs.items():
+            for name, value in (ctx.regs or {}).items():
                 if name.split(":")[-1] in ("fs_base", "gs_base", "orig_rax", "rip", "cs", "ss", "ds", "es", "fs",
                             "gs", "eflags"):
                     continue  # segment state and code: never a data pointer
@@ -680,50 +672,34 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------ roots --
 
 
-def thread_contexts(dump: Dump) -> list[ThreadContext]:
-    """Registers and stack range of every live thread at the snapshot.
-
-    A snapshot (on demand, at an anomaly or at exit) is a fork child: the core's notes
-    hold the child's one thread, stopped in libtag's child code, while libtag's
-    thread records hold every thread's registers saved just before the fork -
-    those are the program's.  A crash core is the process itself: its notes
-    hold every thread as it died, and the records are from an older snapshot.
-    """
+def thread_contexts(dump: Dump) -> list[ThreadStack]:
+    """Every live thread at the snapshot, with the registers the scan takes
+    as roots (Dump.saved_registers_first says whose): for a snapshot, the
+    ones libtag saved, plus - conservatively - any other value the core's
+    own note of that thread holds (a kernel core's child registers, named
+    "core:NAME"); a thread libtag has no record of is not the program's
+    (the fork child).  Without libtag: the core's notes, every thread."""
     heap = dump.heap
     if heap is None:  # no libtag: the core's own notes, every thread as it died
-        out = []
-        for t in dump.threads:
-            stack = (t.sp if t.sp and t.stack_region is not None and t.sp in t.stack_region
-                     else t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
-            out.append(ThreadContext(t.tid, dict(t.regs or {}), t.sp, stack))
-        return out
-    reason = int(heap.control.reason)
-    fresh_records = reason in (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_REASON_EXIT)
+        return list(dump.threads)
     notes = dump.core_registers
     out = []
     for t in heap.threads:
         if t.exited:
             continue
         regs: dict[str, int] = {}
-        sp = None
-        if fresh_records and t.regs:
+        if dump.saved_registers_first and t.regs:
             regs = dict(t.regs)
-            sp = regs.get("rsp")
             extra = notes.get(t.tid)
-            if extra:  # the child's registers (a kernel core): extra values, conservatively
+            if extra:
                 have = set(regs.values())
                 for name, v in extra.items():
                     if v not in have:
                         regs[f"core:{name}"] = v
         elif t.tid in notes:
             regs = dict(notes[t.tid])
-            sp = regs.get("rsp")
-        region = dump.stack_region(t, sp)
-        stack = None
-        if region is not None:
-            lo = sp if sp and sp in region else region.start
-            stack = (lo, region.end)
-        out.append(ThreadContext(t.tid, regs, sp, stack))
+        sp = regs.get("rsp")
+        out.append(ThreadStack(t.tid, sp, dump.stack_region(t, sp), regs))
     return out
 
 
@@ -752,7 +728,7 @@ def _u64(mem, addr: int) -> int | None:
         return None
 
 
-def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]]:
+def _tls_ranges(dump: Dump, ctx: ThreadStack, fs: int) -> list[tuple[int, int]]:
     """The static TLS block below fs (from the DTV's lowest static entry), the
     thread descriptor above it, and the DTV array."""
     regions = dump.mem.regions()
@@ -778,7 +754,7 @@ def _tls_ranges(dump: Dump, ctx: ThreadContext, fs: int) -> list[tuple[int, int]
     return out
 
 
-def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list[RootRange]:
+def root_ranges(dump: Dump, contexts: list[ThreadStack] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
     from forensics.reader.memory import module_of_data, name_mapping
@@ -790,11 +766,12 @@ def root_ranges(dump: Dump, contexts: list[ThreadContext] | None = None) -> list
     out: list[RootRange] = []
     stacks = []
     for ctx in contexts:
-        if ctx.stack is not None:
-            out.append(RootRange(ctx.stack[0], ctx.stack[1], "stack", thread=ctx.tid))
-            stacks.append(ctx.stack)
+        live = ctx.live_stack
+        if live is not None:
+            out.append(RootRange(live[0], live[1], "stack", thread=ctx.tid))
+            stacks.append(live)
     for ctx in contexts:
-        fs = ctx.regs.get("fs_base")
+        fs = (ctx.regs or {}).get("fs_base")
         if not fs:
             continue
         if any(a <= fs < b for a, b in stacks):

@@ -48,6 +48,15 @@ class ThreadStack:
     shadow_sp: list[int] = field(default_factory=list)
     shadow_fn: list[int] = field(default_factory=list)
 
+    @property
+    def live_stack(self) -> tuple[int, int] | None:
+        """[sp, end of its stack mapping): the words of its live frames
+        (the whole mapping when sp is not in it); None without a mapping."""
+        r = self.stack_region
+        if r is None:
+            return None
+        return (self.sp if self.sp and self.sp in r else r.start, r.end)
+
 
 class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
@@ -267,18 +276,12 @@ class Dump:
         saved for the snapshot, else the core's own notes."""
         live = self.live_registers()
         core = self.core_registers
-        # A snapshot's registers were saved by libtag for every thread at one
-        # instant, before the fork; the core's own note of the snapshotting
-        # thread is the fork child's, deeper inside libtag.  A crash core is
-        # the process itself, and a core libtag did not take (gcore) may be
-        # newer than the registers an earlier snapshot left: there the
-        # core's notes are the truth.
-        prefer_saved = self.heap.reason not in ("crash", "none")
+        # whose registers: saved_registers_first
         out = []
         for t in self.heap.threads:
             if t.exited:
                 continue
-            regs = t.regs if prefer_saved and t.regs else core.get(t.tid, t.regs)
+            regs = t.regs if self.saved_registers_first and t.regs else core.get(t.tid, t.regs)
             regs = live.get(t.tid, regs)
             sp = regs.get("rsp") if regs else None
             out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow,
@@ -289,6 +292,16 @@ class Dump:
                 sp = regs.get("rsp")
                 out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
         return out
+
+    @property
+    def saved_registers_first(self) -> bool:
+        """Whose registers are the program's: a snapshot's (on demand, at an
+        anomaly, at exit) are those libtag saved for every thread at one
+        instant before the fork - the core's own note of the snapshotting
+        thread is the fork child's, deep in libtag; a crash core is the
+        process itself, and a core libtag did not take (gcore) may be newer
+        than an earlier snapshot's registers: there the core's notes are."""
+        return self.heap.reason not in ("crash", "none")
 
     def _region_at(self, addr: int | None) -> Region | None:
         return next((r for r in self.mem.regions() if addr in r), None) if addr else None

@@ -109,3 +109,43 @@ def test_counts_by_kind():
                                       "possible": {"blocks": 0, "bytes": 0},
                                       "indirect": {"blocks": 0, "bytes": 0},
                                       "definite": {"blocks": 1, "bytes": 24}}
+
+
+# ------------------------------------------------------ retention paths --
+
+def test_a_slabs_retention_path_skips_its_own_links_and_names_each_hop():
+    # GIVEN a global -> a table (slot at +24) -> a slab whose words link
+    # into the slab itself (a free list), and a second, longer chain from
+    # the stack through another block
+    proc = F.FakeProcess()
+    table = proc.block(0x40, size=64)
+    slab = proc.block(0x100, size=256)
+    side = proc.block(0x240, size=16)
+    proc.word(proc.globals_at(0x10), table)
+    proc.word(table + 24, slab)
+    for off in range(0, 256, 32):
+        proc.word(slab + off, slab + off + 32 if off + 32 < 256 else slab)
+    proc.word(proc.stack_at(0x900), side)
+    proc.word(side + 8, slab + 16)  # interior
+    # WHEN who keeps the slab alive is asked
+    r = LeakScan(Dump(proc.memory()), classify=False).retainers(slab)
+    # THEN two roots reach it, the shortest chain first: the global, the
+    # table's slot; then the stack word, the side block (interior); the
+    # slab's own words are no link
+    assert r.count == 2 and not r.depth_limited
+    (g_root, g_links), (s_root, s_links) = r.paths
+    assert (g_root.kind, g_root.address) == ("global", proc.globals_at(0x10))
+    assert [(x.block_start, x.via - x.block_start, x.interior) for x in g_links] == [(table, 24, False)]
+    assert (s_root.kind, s_root.address, s_root.thread) == ("stack", proc.stack_at(0x900), F.MAIN_TID)
+    assert [(x.block_start, x.via - x.block_start, x.interior) for x in s_links] == [(side, 8, True)]
+
+
+def test_a_lost_block_has_no_retainers_and_a_freed_one_none_to_give():
+    proc = F.FakeProcess()
+    lost = proc.block(0x40, size=16)
+    gone = proc.block(0x80, size=16, freed=(0, F.MAIN_TID, 5))
+    proc.word(proc.globals_at(0), gone)
+    scan = LeakScan(Dump(proc.memory()), classify=False)
+    r = scan.retainers(lost)
+    assert (r.paths, r.count) == ([], 0)
+    assert scan.retainers(gone) is None  # no live block holds it

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.snapshots import snapdir
+import forensics_test_support as S
 
 KEPT_SIZE = 72  # shm_kinds.c
 
@@ -34,11 +34,7 @@ def case(build_victim, run_victim, tmp_path_factory):
     done = run_victim(exe, snap_dir=snaps)
     assert done.returncode == 0, f"expected exit 0, got {done.returncode}: {done.stderr}"
     facts = parse(done.stdout)
-    dirs = list(snaps.glob(f"*-{facts['pid'][0]}-1-on-demand"))
-    assert len(dirs) == 1, f"expected one snapshot dir, got {sorted(snaps.iterdir())}"
-    core = snapdir.find_core(snapdir.wait_complete(dirs[0], 60).path)
-    assert core is not None, f"expected a core in {dirs[0]}"
-    return facts, core, work / "state"
+    return facts, S.wait_core(snaps, int(facts["pid"][0])), work / "state"
 
 
 def expected_names(facts: dict[str, list[str]]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.snapshots import snapdir
+import forensics_test_support as S
 from forensics_test_browser import CHROMIUM, assert_clean, chromium, dom
 
 OWN_BLOCKS, OWN_SIZE, NODE_SIZE = 3, 100, 48  # rt_noise.c, rt_noise_cxx.cc
@@ -41,11 +41,7 @@ def snapshot(run_victim, exe: Path, snaps: Path) -> tuple[dict, Path]:
     done = run_victim(exe, snap_dir=snaps)
     assert done.returncode == 0, f"expected exit 0, got {done.returncode}: {done.stderr}"
     f = facts(done.stdout)
-    dirs = list(snaps.glob(f"*-{f['pid'][0]}-1-on-demand"))
-    assert len(dirs) == 1, f"expected one snapshot dir, got {sorted(snaps.iterdir())}"
-    core = snapdir.find_core(snapdir.wait_complete(dirs[0], 60).path)
-    assert core is not None, f"expected a core in {dirs[0]}"
-    return f, core
+    return f, S.wait_core(snaps, int(f["pid"][0]))
 
 
 def cli(run_cli, state: Path, *args: str):

@@ -46,6 +46,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "scrub.h"  /* scrub_stack, scrub_registers */
+
 #define SLAB_SIZE 4096
 #define OBJ_SIZE 64
 #define SLAB_SLOT 5
@@ -106,27 +108,6 @@ __attribute__((noinline)) static void report(void)
     printf("crowd_root %p\n", (void *)&crowd_root);
 }
 
-/* Zero the dead stack below the caller's frame. */
-__attribute__((noinline)) static void scrub_stack(void)
-{
-    volatile char buf[64 * 1024];
-    for (size_t i = 0; i < sizeof buf; i++)
-        buf[i] = 0;
-}
-
-/* Zero every caller-saved register. */
-__attribute__((noinline)) static void scrub_registers(void)
-{
-    __asm__ volatile(
-        "xor %%eax, %%eax\n\txor %%ecx, %%ecx\n\txor %%edx, %%edx\n\t"
-        "xor %%esi, %%esi\n\txor %%edi, %%edi\n\txor %%r8d, %%r8d\n\t"
-        "xor %%r9d, %%r9d\n\txor %%r10d, %%r10d\n\txor %%r11d, %%r11d\n\t"
-        "pxor %%xmm0, %%xmm0\n\tpxor %%xmm1, %%xmm1\n\tpxor %%xmm2, %%xmm2\n\t"
-        "pxor %%xmm3, %%xmm3\n\tpxor %%xmm4, %%xmm4\n\tpxor %%xmm5, %%xmm5\n\t"
-        "pxor %%xmm6, %%xmm6\n\tpxor %%xmm7, %%xmm7\n\t"
-        ::: "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11",
-            "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "memory");
-}
 
 /* Holds its block in a local only, and snapshots while its frame is live. */
 __attribute__((noinline)) static void hold_on_stack(int sig)

@@ -37,6 +37,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "scrub.h"  /* scrub_stack, scrub_registers */
+
 #define LIVE_SIZE 100
 #define FREED_SIZE 72
 
@@ -103,29 +105,6 @@ __attribute__((noinline)) static void setup_target(void **holder, void **stack_s
     printf(" %d\n", LIVE_SIZE);
 }
 
-/* Zero the dead stack below the caller's frame: the frames of printf, malloc
- * and libtag that ran before left copies of pointers there. */
-__attribute__((noinline)) static void scrub_stack(void)
-{
-    volatile char buf[64 * 1024];
-    for (size_t i = 0; i < sizeof buf; i++)
-        buf[i] = 0;
-}
-
-/* Zero every caller-saved register (the signal frame of the snapshot saves
- * them all on the stack). */
-__attribute__((noinline)) static void scrub_registers(void)
-{
-    __asm__ volatile(
-        "xor %%eax, %%eax\n\txor %%ecx, %%ecx\n\txor %%edx, %%edx\n\t"
-        "xor %%esi, %%esi\n\txor %%edi, %%edi\n\txor %%r8d, %%r8d\n\t"
-        "xor %%r9d, %%r9d\n\txor %%r10d, %%r10d\n\txor %%r11d, %%r11d\n\t"
-        "pxor %%xmm0, %%xmm0\n\tpxor %%xmm1, %%xmm1\n\tpxor %%xmm2, %%xmm2\n\t"
-        "pxor %%xmm3, %%xmm3\n\tpxor %%xmm4, %%xmm4\n\tpxor %%xmm5, %%xmm5\n\t"
-        "pxor %%xmm6, %%xmm6\n\tpxor %%xmm7, %%xmm7\n\t"
-        ::: "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11",
-            "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "memory");
-}
 
 int main(int argc, char **argv)
 {

@@ -367,3 +367,62 @@ __all__ = [
     "plain_crash_doc",
     "plain_inspect_doc",
 ]
+
+
+def plain_diff_doc(old: Dump, new: Dump, *, min_bytes: int = 0) -> dict:
+    """diff's document for two cores without libtag (docs/json.md, "diff"
+    without libtag): growth by size class - glibc's usable size of the
+    chunks in use (the program's blocks: in use in an arena, or mmapped) -
+    in place of by allocation stack.  In one process (same pid), a chunk at
+    the same address with the same usable size in both counts as kept; the
+    others are new or gone.  min_bytes keeps the classes whose bytes changed
+    by at least that much (either way)."""
+    import numpy as np
+
+    (os_, ou), (ns, nu) = old.blocks, new.blocks
+    same = old.pid == new.pid and old.pid != 0
+    if same:
+        kept_old, kept_new = _kept(os_, ou, ns, nu), _kept(ns, nu, os_, ou)
+    else:
+        kept_old, kept_new = np.zeros(len(os_), bool), np.zeros(len(ns), bool)
+    sizes = np.union1d(ou, nu)
+    rows = []
+    for s in sizes.tolist():
+        mo, mn = ou == s, nu == s
+        oc, nc = int(mo.sum()), int(mn.sum())
+        row = {"usable_size": s, "old_chunks": oc, "new_chunks": nc,
+               "old_bytes": oc * s, "new_bytes": nc * s,
+               "chunks": nc - oc, "bytes": (nc - oc) * s,
+               "kept": int((mn & kept_new).sum()), "added": int((mn & ~kept_new).sum()),
+               "gone": int((mo & ~kept_old).sum())}
+        if (row["chunks"] or row["added"] or row["gone"]) and abs(row["bytes"]) >= min_bytes:
+            rows.append(row)
+    rows.sort(key=lambda r: (r["bytes"], r["chunks"], r["added"]), reverse=True)
+
+    def side(d: Dump, us) -> dict:
+        return {"core": d.mem.name.removeprefix("core "), "pid": d.pid,
+                "chunks": int(len(us)), "bytes": int(us.sum())}
+
+    return {
+        "libtag": False,
+        "without_libtag": WITHOUT_LIBTAG,
+        "old": side(old, ou),
+        "new": side(new, nu),
+        "same_process": same,
+        "new_chunks": int((~kept_new).sum()),
+        "gone_chunks": int((~kept_old).sum()),
+        "kept_chunks": int(kept_new.sum()),
+        "size_classes": rows,
+        "warnings": old.warnings + [w for w in new.warnings if w not in old.warnings],
+    }
+
+
+def _kept(starts, sizes, other_starts, other_sizes):
+    """Which chunks (sorted starts, usable sizes) the other core has at the
+    same address with the same usable size."""
+    import numpy as np
+
+    if not len(other_starts) or not len(starts):
+        return np.zeros(len(starts), bool)
+    pos = np.minimum(np.searchsorted(other_starts, starts), len(other_starts) - 1)
+    return (other_starts[pos] == starts) & (other_sizes[pos] == sizes)

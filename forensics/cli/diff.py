@@ -13,6 +13,10 @@ then the share of the new blocks that have one size (a leak repeats itself).
 module name matches (a glob with * ? [ ], else a substring); both repeat.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
+
+Two cores without libtag (glibc's heap, no stacks) are compared by chunk
+size instead: the chunks in use of each usable size, and in one process
+which were kept (same address, same size), new or gone.
 """
 
 from __future__ import annotations
@@ -44,16 +48,32 @@ def main(args: argparse.Namespace) -> int:
     from forensics.cli._open import open_dump, warn_symbols
     from forensics.output import text
 
+    from forensics.errors import InputError
+
     with ExitStack() as stack:
-        old = stack.enter_context(open_dump(args.old, args))
-        new = stack.enter_context(open_dump(args.new, args))
-        d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
-        doc = diff_json(old, new, d)
+        old = stack.enter_context(open_dump(args.old, args, plain=True))
+        new = stack.enter_context(open_dump(args.new, args, plain=True))
+        if old.libtag != new.libtag:
+            plain = args.old if not old.libtag else args.new
+            raise InputError(f"diff: {plain} is a core without libtag and the other is not: "
+                             f"give two of one kind")
+        if old.libtag:
+            d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
+            doc = diff_json(old, new, d)
+        else:
+            if args.filter or args.exclude:
+                raise InputError("diff: --filter and --exclude match allocation stacks, and cores "
+                                 "without libtag have none (their diff is by chunk size)")
+            from forensics.answers.glibc import plain_diff_doc
+
+            doc = plain_diff_doc(old, new, min_bytes=args.min_bytes)
         warn_symbols([old, new])
     for w in doc["warnings"]:
         text.warn(w)
     if args.json:
         text.print_json(doc)
-    else:
+    elif old.libtag:
         text.show_diff(doc, top=args.top)
+    else:
+        text.show_plain_diff(doc, top=args.top)
     return 0

@@ -634,6 +634,32 @@ def show_diff(doc: dict, *, top: int = 20) -> None:
         con.print(f"[dim]... {len(growth) - top} more stacks (--json has them all)[/dim]")
 
 
+def show_plain_diff(doc: dict, *, top: int = 20) -> None:
+    """diff of two cores without libtag: growth by chunk size."""
+    con = out_console()
+    for key in ("old", "new"):
+        d = doc[key]
+        con.print(f"[bold]{key}[/bold] {_e(d['core'])}: {plural(d['chunks'], 'chunk')} in use, "
+                  f"{plural(d['bytes'], 'byte')}")
+    if doc["same_process"]:
+        con.print(f"{plural(doc['new_chunks'], 'new chunk')}, {doc['gone_chunks']} gone, "
+                  f"{doc['kept_chunks']} kept (same address, same size)")
+    else:
+        con.print("[dim]different processes: chunks compared by size only[/dim]")
+    rows = doc["size_classes"]
+    if not rows:
+        con.print("\n[bold]growth[/bold] none")
+    else:
+        con.print(table("growth by chunk size (usable bytes)",
+                        ["usable size", "chunks", "bytes", "old -> new chunks", "kept", "new", "gone"],
+                        [(r["usable_size"], f"{r['chunks']:+d}", f"{r['bytes']:+d}",
+                          f"{r['old_chunks']} -> {r['new_chunks']}", r["kept"], r["added"], r["gone"])
+                         for r in rows[:top]]))
+    if len(rows) > top:
+        con.print(f"[dim]... {len(rows) - top} more sizes (--json has them all)[/dim]")
+    con.print(f"[dim]without libtag: {_e(doc['without_libtag']['summary'])}[/dim]")
+
+
 def show_trend(doc: dict) -> None:
     con = out_console()
     con.print("[bold]snapshots[/bold]")

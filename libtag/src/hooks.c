@@ -55,22 +55,24 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     else if (h->ra[3] == ra)
         off = h->off[3];
     else
-        return _tag_enter_slow(t, fn, site);
+        return _tag_enter_slow(fn, site, t);
     uint64_t cfa = c + off;
     if (TAG_UNLIKELY(((const uint64_t *)cfa)[-1] != site))
-        return _tag_enter_slow(t, fn, site);
-    uint32_t d = t->shadow.depth;
-    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX - 1u)) {
-        uint64_t e = t->shadow.sp[d - 1];
-        if (TAG_UNLIKELY(e <= cfa) && (e != cfa || t->shadow.fn[d - 1] == fn))
-            return _tag_enter_slow(t, fn, site);
-    } else if (d != 0) {
-        return _tag_enter_slow(t, fn, site);  /* full */
-    }
-    t->shadow.depth = d + 1;
-    _tag_shadow_record(t, d, fn, site, cfa);
-    /* 0 in a new thread's state: its first hook here ticks */
-    if (TAG_UNLIKELY(--t->hook_left <= 0))
+        return _tag_enter_slow(fn, site, t);
+    uint64_t d = t->shadow.depth;  /* 64 bits: an index with no extension */
+    if (TAG_UNLIKELY(d >= TAG_SHADOW_MAX))
+        return _tag_enter_slow(fn, site, t);  /* full */
+    /* The innermost entry, sp[d - 1]; at depth 0 the word before sp[0]
+     * (site[TAG_SHADOW_MAX - 1]): whether it sends us to the slow path or
+     * not, an entry at depth 0 is recorded the same way. */
+    uint64_t e = _tag_shadow_below(t, d, sp);
+    if (TAG_UNLIKELY(e <= cfa) && (e != cfa || _tag_shadow_below(t, d, fn) == fn))
+        return _tag_enter_slow(fn, site, t);
+    t->shadow.depth = (uint32_t)d + 1;
+    _tag_shadow_record(t, (uint32_t)d, fn, site, cfa);
+    /* >= 1 here: a state's first enter (hook_left 0) takes the slow path,
+     * its hook_cache being empty, and that path leaves it >= 1 */
+    if (TAG_UNLIKELY(--t->hook_left == 0))
         return _tag_hook_tick(t);
 }
 
@@ -79,18 +81,21 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
     (void)call_site;
     struct tag_tls *t = _tag_tls.t;
     uint64_t sp = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
-    uint32_t d = t->shadow.depth;
+    uint64_t d = t->shadow.depth;  /* 64 bits: an index with no extension */
     /* The innermost entry above the exiting function's stack pointer: it
      * is the exiting function (the slow path pops what lies below).  At
      * the entry's CFA itself when the hook is reached after the epilogue
-     * (a tail call at -O2), if it is the same function. */
-    if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX)) {
-        uint64_t e = t->shadow.sp[d - 1] & ~1ull;
-        if (TAG_LIKELY(e > sp) ||
-            (e == sp && t->shadow.fn[d - 1] == (uint64_t)(uintptr_t)this_fn)) {
-            t->shadow.depth = d - 1;
+     * (a tail call at -O2), if it is the same function.  sp is 8-aligned,
+     * so sp + 1 is sp | 1, and e > sp | 1 is (e & ~1) > sp whatever e's
+     * bit 0: one lea, no and. */
+    uint64_t n = d - 1;
+    if (TAG_LIKELY(n < TAG_SHADOW_MAX)) {
+        uint64_t e = t->shadow.sp[n], sp1 = sp + 1;
+        if (TAG_LIKELY(e > sp1) ||
+            ((e | 1) == sp1 && t->shadow.fn[n] == (uint64_t)(uintptr_t)this_fn)) {
+            t->shadow.depth = (uint32_t)n;
             return;
         }
     }
-    return _tag_exit_slow(t, (uint64_t)(uintptr_t)this_fn, sp);
+    return _tag_exit_slow((uint64_t)(uintptr_t)this_fn, t, sp);
 }

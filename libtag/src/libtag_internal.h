@@ -438,8 +438,9 @@ struct tag_tls {
     /* The calling context of each shadow depth: cc[d] is a 64-bit hash
      * of the call sites site[0..d-1] (cc[0] = 0), kept for d <= cc_valid
      * (shadow_stack.c).  cc_valid is also how far the entries were found
-     * alive by a capture (_tag_shadow_settle): an enter that changes an
-     * entry lowers it, as it lowers shadow.valid. */
+     * alive by a capture (_tag_shadow_settle), and how far shadow.valid
+     * holds: an enter that changes an entry lowers cc_valid alone, and
+     * the ids are valid up to min(shadow.valid, cc_valid). */
     uint32_t cc_valid;
     uint64_t cc[TAG_SHADOW_MAX + 1];
     /* Shadow-stack captures, direct-mapped by a hash of (cc, pc)
@@ -732,6 +733,9 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
     uint32_t i = t->cc_valid;
     if (TAG_LIKELY(i >= d))
         return t->cc[d];
+    /* the prefix ids changed from i up too (see _tag_shadow_record) */
+    if (t->shadow.valid > i)
+        t->shadow.valid = i;
     uint64_t cc = t->cc[i];
     for (; i < d; i++) {
         cc = (((cc << 23) | (cc >> 41)) ^ t->shadow.site[i]) * TAG_CC_MIX;
@@ -742,39 +746,49 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
 }
 /* Record function fn, entered from site with its CFA at cfa, at depth d <
  * TAG_SHADOW_MAX.  Re-entering a depth the same way keeps the ids cached
- * above it: a loop that calls the same chain again captures for free. */
+ * above it: a loop that calls the same chain again captures for free.
+ * Only the site and the CFA count: the calling context and the prefix ids
+ * are made of sites, and whether an entry is alive is its CFA's slot
+ * holding its site (the innermost function is checked by the capture). */
 TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, uint64_t site,
                                    uint64_t cfa)
 {
-    /* A changed entry lowers valid: the next capture interns it, and
-     * checks that the entry below it is alive (_tag_shadow_settle). */
-    if (t->shadow.fn[d] != fn || t->shadow.site[d] != site || t->shadow.sp[d] != cfa) {
-        t->shadow.fn[d] = fn;
+    t->shadow.fn[d] = fn;
+    /* A changed entry lowers cc_valid: the next capture hashes it, checks
+     * that the entry below it is alive (_tag_shadow_settle), and lowers
+     * shadow.valid to it before raising cc_valid (_tag_shadow_cc): the ids
+     * are valid up to min(shadow.valid, cc_valid), one compare here. */
+    if (t->shadow.site[d] != site || t->shadow.sp[d] != cfa) {
         t->shadow.site[d] = site;
         t->shadow.sp[d] = cfa;
-        if (t->shadow.valid > d)
-            t->shadow.valid = d;
         if (t->cc_valid > d)
             t->cc_valid = d;
     }
 }
+/* The hooks' view of the innermost entry's field f (sp or fn) at depth d <
+ * TAG_SHADOW_MAX: f[d - 1], and at depth 0 the word just before f[0] in
+ * struct libtag_shadow (site[TAG_SHADOW_MAX - 1], or overflows): a word
+ * that is read but decides nothing, so depth 0 needs no test of its own. */
+#define _tag_shadow_below(t, d, f) \
+    (((const uint64_t *)((const char *)(t)->shadow.f - sizeof(uint64_t)))[(d)])
 
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */
-void _tag_enter_slow(struct tag_tls *t, uint64_t fn, uint64_t site);
-void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uint64_t sp);
+void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_tls *t);
+void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uint64_t sp);
 void _tag_hook_tick(struct tag_tls *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */
 uint32_t _tag_shadow_id(struct tag_tls *t);
 /* The interned id of the shadow stack's outer d frames (CALL nodes of
  * site[0..d-1]), d <= min(depth, TAG_SHADOW_MAX): id[d], interning the
- * depths from valid up first. */
+ * depths from min(valid, cc_valid) up first. */
 uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d);
 TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
 {
-    return TAG_LIKELY(t->shadow.valid >= d) ? t->shadow.id[d] : _tag_shadow_prefix_slow(t, d);
+    return TAG_LIKELY(t->shadow.valid >= d && t->cc_valid >= d) ? t->shadow.id[d]
+                                                                : _tag_shadow_prefix_slow(t, d);
 }
 
 /* ------------------------------------------------------------ sweep.c */

@@ -170,7 +170,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_tls *t)
 /* Every enter the fast path does not finish: no cached CFA offset for this
  * hook call (or it does not hold here), an innermost entry that may be
  * dead, an empty or full shadow stack. */
-TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(struct tag_tls *t, uint64_t fn, uint64_t site)
+TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_tls *t)
 {
     const uint64_t *frame = __builtin_frame_address(0);
     if (TAG_UNLIKELY(t->rec == NULL)) {
@@ -212,7 +212,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(struct tag_tls *t, uint64_t fn, ui
  * exited (longjmp).  At -O2 the hook may be reached by a tail jump after
  * the epilogue: then sp is the exiting function's own CFA, and the entry
  * there is itself. */
-TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uint64_t sp)
+TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uint64_t sp)
 {
     uint32_t d = t->shadow.depth;
     if (d == 0)
@@ -236,7 +236,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(struct tag_tls *t, uint64_t fn, uin
 uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d)
 {
     struct libtag_shadow *s = &t->shadow;
-    for (uint32_t i = s->valid; i < d; i++) {
+    for (uint32_t i = s->valid < t->cc_valid ? s->valid : t->cc_valid; i < d; i++) {
         if (t->used_parent[i] == s->id[i] && t->used_site[i] == s->site[i] && s->id[i + 1])
             continue;  /* this depth came back to what it was */
         t->used_parent[i] = s->id[i];

@@ -470,7 +470,7 @@ TAG_COLD void _tag_heap_init(void)
         ci->slices = (uint32_t)(span / TAG_HEAP_SLICE);
         ci->capacity = (uint32_t)(span / bs);
         uint32_t m = (32u * 1024) / bs;
-        ci->cache_max = m < 4 ? 4 : m > 64 ? 64 : m;
+        ci->cache_max = m < 4 ? 4 : m > 256 ? 256 : m;
         _tag_heap_cache_limit[c] = ci->cache_max;
     }
     _tag_heap.key = (_tag_ctl.secret * TAG_MIX2) | 1;

@@ -192,8 +192,10 @@ struct tag_heap_cache {
     void *bulk;
 };
 TAG_COLD void _tag_heap_init(void);
-/* Is p in the part of the region the heap has used?  (Arithmetic only.) */
-static inline int _tag_heap_has(const void *p)
+/* Is p in the part of the region the heap has used?  (Arithmetic only.)
+ * Forced inline: LTO made it a call in every link the spill and the
+ * central lists follow. */
+TAG_INLINE int _tag_heap_has(const void *p)
 {
     uint64_t used = __atomic_load_n(&_tag_heap.used, __ATOMIC_RELAXED);
     return (uint64_t)((uintptr_t)p - _tag_heap.base) < used * TAG_HEAP_SLICE;

@@ -25,7 +25,9 @@
 #define RING_SLOTS TAG_QUARANTINE_SLOTS
 #define PREFETCH_AHEAD 8  /* evictions: evict_one */
 
-void _tag_real_release(struct tag_tls *owner, void *user)
+/* Inline in the eviction, which runs once a free(): a call there cost
+ * ~15 instructions a pair of saves, restores and the call itself. */
+TAG_INLINE void real_release(struct tag_tls *owner, void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
@@ -43,6 +45,11 @@ void _tag_real_release(struct tag_tls *owner, void *user)
     char *raw = (char *)t - t->pad;  /* the slot's start, aligned or not */
     t->magic = 0;
     _tag_heap_free(owner ? owner->heap_cache : NULL, raw);
+}
+
+void _tag_real_release(struct tag_tls *owner, void *user)
+{
+    real_release(owner, user);
 }
 
 static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)
@@ -122,7 +129,7 @@ TAG_INLINE void evict_one(struct tag_tls *owner, struct libtag_quarantine_ring *
             struct libtag_free_rec rec = e->rec;
             report_uaf(user, off, &rec);
         }
-        _tag_real_release(owner, user);
+        real_release(owner, user);
     } else {
         struct libtag_free_rec rec = e->rec;
         size = evict_damaged(owner, user, &rec);

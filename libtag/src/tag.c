@@ -52,23 +52,57 @@ TAG_COLD void _tag_pattern_init(void)
     _tag_have_avx2 = __builtin_cpu_supports("avx2");
 }
 
+/* Unrolled: 2 stores or compares up to 64 bytes, 4 up to 128, then 128
+ * bytes a loop turn and the last 128 overlapping - the default 256-byte
+ * fill is 8 of each and one turn (callgrind: the one-a-turn loops cost
+ * ~30 and ~35 instructions a block on allocbench, these ~14 and ~20). */
+#define ST(off) _mm256_storeu_si256((__m256i *)(c + (off)), v)
 __attribute__((target("avx2"))) void _tag_pattern_fill_avx2(void *p, size_t n)
 {
     char *c = p;
     const __m256i v = _mm256_set1_epi8((char)TAG_FREE_PATTERN);
-    for (size_t i = 0; i + 32 < n; i += 32)
-        _mm256_storeu_si256((__m256i *)(c + i), v);
-    _mm256_storeu_si256((__m256i *)(c + n - 32), v);  /* the last 32 */
+    if (n <= 64) {
+        ST(0);
+        ST(n - 32);
+        return;
+    }
+    if (n > 128) {
+        for (size_t i = 0; i + 128 < n; i += 128) {
+            ST(i);
+            ST(i + 32);
+            ST(i + 64);
+            ST(i + 96);
+        }
+        ST(n - 128);
+        ST(n - 96);
+    } else {
+        ST(0);
+        ST(32);
+    }
+    ST(n - 64);
+    ST(n - 32);
 }
+#undef ST
 
+#define EQ(off) _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(c + (off))), v)
 __attribute__((target("avx2"))) size_t _tag_pattern_damage_avx2(const void *p, size_t n)
 {
     const char *c = p;
     const __m256i v = _mm256_set1_epi8((char)TAG_FREE_PATTERN);
-    __m256i a = _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(c + n - 32)), v);
-    for (size_t i = 0; i + 32 < n; i += 32)  /* the last 32 are in a */
-        a = _mm256_and_si256(a, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(c + i)), v));
+    __m256i a = _mm256_and_si256(EQ(0), EQ(n - 32));
+    if (n > 64) {
+        a = _mm256_and_si256(a, EQ(n - 64));
+        if (n > 128) {
+            for (size_t i = 0; i + 128 < n; i += 128)
+                a = _mm256_and_si256(_mm256_and_si256(a, _mm256_and_si256(EQ(i), EQ(i + 32))),
+                                     _mm256_and_si256(EQ(i + 64), EQ(i + 96)));
+            a = _mm256_and_si256(a, _mm256_and_si256(EQ(n - 128), EQ(n - 96)));
+        } else {
+            a = _mm256_and_si256(a, EQ(32));
+        }
+    }
     if (TAG_LIKELY(_mm256_movemask_epi8(a) == -1))
         return TAG_INTACT;
     return _tag_pattern_first_bad(p, n);
 }
+#undef EQ

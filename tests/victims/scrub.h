@@ -4,19 +4,20 @@
  * stack frame or a register as a reference. */
 #ifndef VICTIM_SCRUB_H
 #define VICTIM_SCRUB_H
+#include <string.h>
 
-/* Zero the dead stack below the caller's frame: the frames of printf, malloc
- * and libtag that ran before left copies of pointers there. */
-__attribute__((noinline)) static void scrub_stack(void)
+/* Clear the dead stack below the caller's frame: the functions it called
+ * (printf, malloc, libtag) left copies of pointers there. */
+__attribute__((noinline, unused)) static void scrub(void)
 {
     volatile char buf[64 * 1024];
-    for (unsigned long i = 0; i < sizeof buf; i++)
-        buf[i] = 0;
+    memset((char *)buf, 0, sizeof buf);
+    __asm__ volatile("" : : "r"(buf) : "memory");
 }
 
 /* Zero every caller-saved register (the signal frame of a snapshot saves
  * them all on the stack). */
-__attribute__((noinline)) static void scrub_registers(void)
+__attribute__((noinline, unused)) static void scrub_registers(void)
 {
     __asm__ volatile(
         "xor %%eax, %%eax\n\txor %%ecx, %%ecx\n\txor %%edx, %%edx\n\t"

@@ -46,7 +46,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "scrub.h"  /* scrub_stack, scrub_registers */
+#include "scrub.h"  /* scrub, scrub_registers */
 
 #define SLAB_SIZE 4096
 #define OBJ_SIZE 64
@@ -117,7 +117,7 @@ __attribute__((noinline)) static void hold_on_stack(int sig)
     printf("stack_block %p %d\n", mine, STACK_BLOCK_SIZE);
     printf("stack_slot %p\n", (void *)&mine);
     fflush(stdout);
-    scrub_stack();
+    scrub();
     scrub_registers();
     raise(sig);
     free(mine);
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     build_chain();
     build_crowd();
     report();
-    scrub_stack();
+    scrub();
     hold_on_stack(sig);
     return 0;
 }

@@ -37,7 +37,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "scrub.h"  /* scrub_stack, scrub_registers */
+#include "scrub.h"  /* scrub, scrub_registers */
 
 #define LIVE_SIZE 100
 #define FREED_SIZE 72
@@ -135,14 +135,14 @@ int main(int argc, char **argv)
     if (strcmp(mode, "wait") == 0) {
         printf("ready pid=%d\n", (int)getpid());
         fflush(stdout);
-        scrub_stack();
+        scrub();
         scrub_registers();
         char c;
         while (read(0, &c, 1) > 0)
             ;
     } else {
         fflush(stdout);
-        scrub_stack();
+        scrub();
         scrub_registers();
         raise(SIGUSR2);
     }

@@ -58,6 +58,8 @@ RUNTIME_LABEL = "(the C and C++ runtimes)"  # the hierarchy's node of their fold
 STACK_LIMIT = 2000  # allocation stacks symbolised and drawn; the rest are one "other" node
 REPORT_STACK_BLOCKS = 10  # blocks listed under each stack of the table (for whoowns)
 STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
+SIZE_LIMIT = 2000  # without libtag: size classes listed (most bytes first)
+CORRUPTION_LIMIT = 50  # without libtag: heap inconsistencies of one core shown as events
 
 # Allocation wrappers: functions that allocate for their caller, so "allocated
 # at" is the first frame of a stack that is none of these (docs/guide.md,
@@ -107,13 +109,14 @@ def snapshot_time(dump: Any, catalog_time: CatalogTime | None = None) -> tuple[f
 
     libtag's control block has the wall clock at start-up and the milliseconds
     since then at the snapshot (or at the crash / anomaly, for cores written
-    without a snapshot time); without those, catalog_time's answer for the
-    core, then the core file's mtime."""
-    c = dump.heap.control
-    ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
-    start_ns = int(c.start_realtime_ns)
-    if start_ns:
-        return start_ns / 1e9 + ms / 1e3, "control block"
+    without a snapshot time); without those (and for every core without
+    libtag), catalog_time's answer for the core, then the core file's mtime."""
+    if dump.libtag:
+        c = dump.heap.control
+        ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
+        start_ns = int(c.start_realtime_ns)
+        if start_ns:
+            return start_ns / 1e9 + ms / 1e3, "control block"
     path = dump.core.path if dump.core is not None else None
     if path:
         when = catalog_time(os.path.abspath(path)) if catalog_time is not None else None
@@ -321,6 +324,72 @@ def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
     }
 
 
+def plain_snapshot_point(dump: Any, crash: dict | None,
+                         catalog_time: CatalogTime | None = None) -> dict:
+    """One point of the curve for a core without libtag: glibc's chunks in
+    use (and mmapped) and free in a tcache or a bin, by usable size, as
+    inspect counts them; no start time, no snapshot sequence."""
+    from forensics.answers.glibc import _free_mask
+
+    t, source = snapshot_time(dump, catalog_time)
+    heap = dump.glibc
+    _, sizes = dump.blocks
+    free = _free_mask(heap)
+    return {
+        "start_ns": 0,
+        "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
+        "pid": dump.pid,
+        "exe": dump.exe,
+        "reason": "crash" if crash is not None else "on-demand",
+        "seq": 0,
+        "time": t,
+        "time_source": source,
+        "live_bytes": int(sizes.sum()),
+        "live_blocks": int(len(sizes)),
+        "freed_bytes": int(heap.usable(free).sum()),
+        "freed_blocks": int(free.sum()),
+    }
+
+
+def plain_events(dump: Any, crash: dict | None, core: str, frames: _Frames,
+                 process: tuple = ()) -> list[dict]:
+    """A core without libtag's event cards: its crash (with what it means for
+    the heap when it happened in the malloc family) and each inconsistency
+    found in glibc's structures (at most CORRUPTION_LIMIT), which have no
+    stacks."""
+    from forensics.answers.glibc import finding_json
+
+    out = events_of({"crash": crash}, core, frames, process)
+    m = (crash or {}).get("malloc")
+    if m and out:
+        out[0]["facts"].append(["heap", m["summary"]])
+        ch = m.get("chunk")
+        if ch:
+            out[0]["facts"].append(["chunk", f"{ch['start']} ({ch['size']} bytes, {ch['state']})"])
+    for f in dump.glibc.findings[:CORRUPTION_LIMIT]:
+        j = finding_json(f)
+        facts = [["what", j["message"]], ["chunk", str(j["chunk"])], ["block", str(j["user"])],
+                 ["arena", str(j["arena"])]]
+        if j["value"] is not None:
+            facts.append(["value", j["value"]])
+        out.append({"kind": "corruption", "title": f"heap corruption ({j['kind']}) at {j['chunk']}",
+                    "facts": facts, "stacks": [], "cores": [core],
+                    "key": (*process, "corruption", j["kind"], j["chunk"], j["value"])})
+    return out
+
+
+def size_classes(dump: Any) -> tuple[list[dict], int]:
+    """The chunks in use of a core without libtag by usable size (each exact
+    size its own class), most bytes first: (at most SIZE_LIMIT rows, how
+    many sizes there are)."""
+    _, sizes = dump.blocks
+    uniq, counts = np.unique(sizes.astype(np.int64), return_counts=True)
+    rows = [{"usable_size": int(s), "chunks": int(n), "bytes": int(s) * int(n)}
+            for s, n in zip(uniq.tolist(), counts.tolist())]
+    rows.sort(key=lambda r: (-r["bytes"], r["usable_size"]))
+    return rows[:SIZE_LIMIT], len(rows)
+
+
 class ReportBuilder:
     """Feed it the cores one at a time (add), then take the page's data (finish).
 
@@ -342,10 +411,24 @@ class ReportBuilder:
         self.events: list[dict] = []
         self.warnings: list[str] = []
         self._newest: tuple[float, int, Any] | None = None
+        self._kind: tuple[bool, str] | None = None  # (libtag, a core of that kind)
 
     def add(self, dump: Any) -> bool:
         """Take what the page needs from dump.  True if dump is the newest so
-        far: the caller keeps it open until finish() (or a newer one)."""
+        far: the caller keeps it open until finish() (or a newer one).
+        Cores with libtag and without are not mixed (an InputError)."""
+        name = dump.core.path if dump.core is not None else dump.mem.name
+        if self._kind is None:
+            self._kind = (dump.libtag, name)
+        elif self._kind[0] != dump.libtag:
+            plain, tagged = (name, self._kind[1]) if self._kind[0] else (self._kind[1], name)
+            raise InputError(f"report: {plain} is a core without libtag and {tagged} is not: "
+                             f"give cores of one kind")
+        if not dump.libtag:
+            if self.wrappers.patterns != list(WRAPPERS) or self.runtime or self.runtime_functions:
+                raise InputError("report: --wrapper, --runtime and --runtime-function read "
+                                 "allocation stacks, and cores without libtag have none")
+            return self._add_plain(dump)
         point = snapshot_point(dump, self.catalog_time)
         point["index"] = len(self.points)
         self.points.append(point)
@@ -360,11 +443,32 @@ class ReportBuilder:
                 else:
                     seen["cores"].append(point["core"])
         self._warn(point["core"], dump)
+        return self._take_newest(point, dump)
+
+    def _take_newest(self, point: dict, dump: Any) -> bool:
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
         if self._newest is None or key >= self._newest[:2]:
             self._newest = (key[0], key[1], dump)
             return True
         return False
+
+    def _add_plain(self, dump: Any) -> bool:
+        """add() for a core without libtag: glibc's heap."""
+        from forensics.answers.glibc import plain_crash_doc
+
+        crash = plain_crash_doc(dump)
+        point = plain_snapshot_point(dump, crash, self.catalog_time)
+        point["index"] = len(self.points)
+        self.points.append(point)
+        for ev in plain_events(dump, crash, point["core"], self.frames, (point["pid"], 0)):
+            seen = self._events.get(ev["key"])
+            if seen is None:
+                self._events[ev["key"]] = ev
+                self.events.append(ev)
+            else:
+                seen["cores"].append(point["core"])
+        self._warn(point["core"], dump)
+        return self._take_newest(point, dump)
 
     def _warn(self, core: str, dump: Any) -> None:
         for w in dump.warnings:
@@ -377,6 +481,8 @@ class ReportBuilder:
         if self._newest is None:
             raise InputError("report needs at least one core")
         _, primary, dump = self._newest
+        if not dump.libtag:
+            return self._finish_plain(dump, primary)
         try:
             totals = dump.heap.totals
             listed, runtime = top_stacks(dump, runtime=self.runtime,
@@ -403,17 +509,11 @@ class ReportBuilder:
             self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:
             self._newest = None
-        order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))
+        order, processes, title = self._order()
         first = self.points[primary]
-        processes = _processes(order)
-        for ev in self.events:
-            del ev["key"]
-        names = [f"{os.path.basename(p['exe'] or '?')} (pid {p['pid']})" for p in processes]
-        if len(names) > 3:
-            names = names[:3] + [f"{len(names) - 3} more"]
         return {
             "version": DATA_VERSION,
-            "title": "forensics report: " + ", ".join(names),
+            "title": title,
             "processes": processes,
             "stack_stats": recorded,
             "wrappers": self.wrappers.patterns,
@@ -425,6 +525,54 @@ class ReportBuilder:
             "tree": tree,
             "stacks": table,
             "distinct_stacks": distinct,
+            "events": self.events,
+            "leaks": leaks,
+            "warnings": self.warnings,
+        }
+
+    def _order(self) -> tuple[list[dict], list[dict], str]:
+        """(the points in time order, the processes, the page's title); the
+        events lose their keys."""
+        order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))
+        processes = _processes(order)
+        for ev in self.events:
+            del ev["key"]
+        names = [f"{os.path.basename(p['exe'] or '?')} (pid {p['pid']})" for p in processes]
+        if len(names) > 3:
+            names = names[:3] + [f"{len(names) - 3} more"]
+        return order, processes, "forensics report: " + ", ".join(names)
+
+    def _finish_plain(self, dump: Any, primary: int) -> dict:
+        """finish() for cores without libtag (docs/json.md, "forensics
+        report", without libtag): the heap by size class in place of the
+        hierarchy and the stack table, leaks by size."""
+        from forensics.answers.glibc import WITHOUT_LIBTAG
+
+        try:
+            sizes, distinct = size_classes(dump)
+            leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            self._warn(self.points[primary]["core"], dump)
+        finally:
+            self._newest = None
+        order, processes, title = self._order()
+        return {
+            "version": DATA_VERSION,
+            "libtag": False,
+            "without_libtag": WITHOUT_LIBTAG,
+            "title": title,
+            "processes": processes,
+            "stack_stats": False,
+            "wrappers": [],
+            "runtime": None,
+            "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "snapshots": order,
+            "primary": order.index(self.points[primary]),
+            "frames": self.frames.rows,
+            "tree": None,
+            "stacks": [],
+            "distinct_stacks": 0,
+            "size_classes": sizes,
+            "distinct_sizes": distinct,
             "events": self.events,
             "leaks": leaks,
             "warnings": self.warnings,

@@ -21,6 +21,12 @@ small page that opens at once.  The file is written 0600 (it names the
 program's functions and files) and replaced atomically.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
+
+Cores of a process that never ran libtag (the kernel's, gcore's; all of one
+kind) give the same page from glibc's heap, without stacks: the curve of
+the chunks in use, the chunks in use of the newest core by usable size in
+place of the hierarchy and the table, the crash explained in malloc's terms
+and each inconsistency found in glibc's structures, and the leaks by size.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cores", metavar="CORE", nargs="+", help="cores taken under libtag")
+    parser.add_argument("cores", metavar="CORE", nargs="+", help="cores taken under libtag, or cores of a glibc program without it")
     parser.add_argument("-o", "--output", metavar="FILE.html", required=True,
                         help="the HTML file to write")
     parser.add_argument("--wrapper", metavar="PATTERN", action="append", default=[],
@@ -61,16 +67,19 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as newest:  # keeps the newest core open until finish()
         for path in args.cores:
             with ExitStack() as this:
-                dump = this.enter_context(open_dump(path, args))
+                dump = this.enter_context(open_dump(path, args, plain=True))
                 if builder.add(dump):
                     newest.close()
                     newest.push(this.pop_all())
         data = builder.finish()
     path = write_page(out, render_page(data))
-    text.out_console().print(
-        f"wrote {path}: {len(data['snapshots'])} snapshot(s), "
-        f"{len(data['stacks'])} allocation stack(s), {len(data['events'])} anomaly/crash(es)",
-        markup=False, highlight=False, soft_wrap=True)
+    if data.get("libtag", True):
+        what = f"{len(data['stacks'])} allocation stack(s), {len(data['events'])} anomaly/crash(es)"
+    else:
+        what = (f"{data['distinct_sizes']} chunk size(s), {len(data['events'])} crash/corruption(s); "
+                f"without libtag: no stacks")
+    text.out_console().print(f"wrote {path}: {len(data['snapshots'])} snapshot(s), {what}",
+                             markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

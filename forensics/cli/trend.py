@@ -8,6 +8,8 @@ whose live bytes never fall and end higher than they started are flagged as
 growing monotonically (listed first) - the shape of a leak.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
+A core without libtag is refused (it has no stacks): diff and report take
+such cores.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ def main(args: argparse.Namespace) -> int:
 
     from forensics.answers.trend import trend, trend_json
     from forensics.cli._open import open_dump, warn_symbols
-    from forensics.errors import UsageError
+    from forensics.errors import InputError, UsageError
     from forensics.output import text
 
     if len(args.cores) < 2:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
     top = args.top if args.top is not None else (None if args.json else 20)
     with ExitStack() as stack:
-        dumps = [stack.enter_context(open_dump(p, args)) for p in args.cores]
+        dumps = [stack.enter_context(open_dump(p, args, plain=True)) for p in args.cores]
+        for path, dump in zip(args.cores, dumps):
+            if not dump.libtag:
+                raise InputError(f"trend: {path} is a core without libtag: trend follows allocation "
+                                 f"stacks, which only libtag records; diff (by chunk size) and "
+                                 f"report take such cores")
         doc = trend_json(trend(dumps), top=top, growing_only=args.growing)
         warn_symbols(dumps)
     if args.json:

@@ -81,6 +81,10 @@
 
   var data = JSON.parse(document.getElementById('fx-data').textContent);
   var frames = data.frames;
+  /* Cores of a process that never ran libtag: glibc's heap, no stacks - the
+   * heap by chunk size in place of the hierarchy and the stack table. */
+  var PLAIN = data.libtag === false;
+  var select = null;  // the hierarchy's: select(node) zooms in and shows its stack
 
   function frameName(i) {
     var f = frames[i];
@@ -152,7 +156,8 @@
      * blocks and stacks are not comparable. */
     app.appendChild(el('div', {class: 'banner warn', id: 'fx-processes', 'data-count': procs.length}, [
       el('strong', null, 'These cores come from ' + procs.length + ' different processes. '),
-      'Each has its own curve below; the hierarchy, the leaks and the table are of the newest core only (pid ' +
+      'Each has its own curve below; ' + (PLAIN ? 'the sizes and the leaks are' : 'the hierarchy, the leaks and the table are') +
+        ' of the newest core only (pid ' +
         primary.pid + ').',
       el('ul', null, procs.map(function (p, i) {
         return el('li', {'data-pid': p.pid}, [
@@ -162,8 +167,17 @@
       }))
     ]));
   }
+  if (PLAIN) {
+    var wl = data.without_libtag;
+    app.appendChild(el('div', {class: 'banner warn', id: 'fx-without-libtag'}, [
+      el('strong', null, 'Without libtag. '),
+      'These cores are of a process that never ran libtag: this page is read from glibc\'s own heap ' +
+        '(its arenas and chunks). Unknown without libtag: ' + wl.unknown.join(', ') +
+        ' - so no allocation hierarchy and no table of stacks; the chunks in use by size instead. ' +
+        wl.hint.charAt(0).toUpperCase() + wl.hint.slice(1) + '.']));
+  }
   app.appendChild(el('p', {class: 'sub'}, [
-    snaps.length + ' snapshot' + (snaps.length === 1 ? '' : 's') + '; hierarchy and table of ',
+    snaps.length + ' snapshot' + (snaps.length === 1 ? '' : 's') + (PLAIN ? '; sizes and leaks of ' : '; hierarchy and table of '),
     el('code', null, primary.core),
     ' (pid ' + primary.pid + ', ' + primary.reason + ', ' + fmtTime(primary.time) + '): ' +
       fmtBytes(primary.live_bytes) + ' live in ' + fmtInt(primary.live_blocks) + ' blocks. Generated ' +
@@ -298,7 +312,8 @@
         detail.appendChild(document.createTextNode(
           'Snapshot ' + (i + 1) + ' (' + s.reason + ', pid ' + s.pid + ', ' + fmtTime(s.time) + '): ' +
           fmtBytes(s.live_bytes) + ' live in ' + fmtInt(s.live_blocks) + ' blocks, ' +
-          fmtBytes(s.freed_bytes) + ' freed in quarantine in ' + fmtInt(s.freed_blocks) + ' blocks; core '));
+          fmtBytes(s.freed_bytes) + (PLAIN ? ' free in glibc\'s tcaches and bins in ' : ' freed in quarantine in ') +
+          fmtInt(s.freed_blocks) + ' blocks; core '));
         detail.appendChild(el('code', null, s.core));
       });
       root.appendChild(pt);
@@ -326,175 +341,202 @@
 
   // ---------------------------------------------------------- hierarchy --
 
-  var tree = data.tree;
-  var N = tree.parent.length;
-  var kids = [];
-  var depth = new Array(N), x0s = new Array(N);
-  for (var i = 0; i < N; i++) kids.push([]);
-  for (i = 1; i < N; i++) kids[tree.parent[i]].push(i);
-  kids.forEach(function (k) { k.sort(function (a, b) { return tree.bytes[b] - tree.bytes[a] || a - b; }); });
-  var maxDepth = 0;
-  (function layout() {
-    depth[0] = 0; x0s[0] = 0;
-    var stack = [0];
-    while (stack.length) {
-      var n = stack.pop();
-      var x = x0s[n];
-      for (var j = 0; j < kids[n].length; j++) {
-        var c = kids[n][j];
-        depth[c] = depth[n] + 1;
-        if (depth[c] > maxDepth) maxDepth = depth[c];
-        x0s[c] = x;
-        x += tree.bytes[c];
-        stack.push(c);
+  /* Without libtag: the newest core's chunks in use by usable size (each
+   * exact size one row), most bytes first, in place of the hierarchy. */
+  function drawSizes() {
+    var MAX = 500;
+    var rows = data.size_classes;
+    var total = rows.reduce(function (a, r) { return a + r.bytes; }, 0);
+    var sec = section('Heap by chunk size', 'fx-sizes-section',
+      'The chunks in use of the newest core by usable size (glibc\'s malloc_usable_size; each exact size is ' +
+      'one row), most bytes first: without libtag there are no allocation stacks, so no hierarchy. ' +
+      fmtInt(data.distinct_sizes) + ' distinct sizes' +
+      (rows.length < data.distinct_sizes ? '; the ' + fmtInt(rows.length) + ' holding the most bytes are listed.' : '.'));
+    var tb = el('tbody');
+    rows.slice(0, MAX).forEach(function (r) {
+      tb.appendChild(el('tr', {'data-size': r.usable_size, 'data-chunks': r.chunks, 'data-bytes': r.bytes}, [
+        el('td', {class: 'num'}, fmtInt(r.usable_size)), el('td', {class: 'num'}, fmtInt(r.chunks)),
+        el('td', {class: 'num'}, fmtBytes(r.bytes)),
+        el('td', {class: 'num'}, (100 * r.bytes / Math.max(1, total)).toFixed(1) + '%')]));
+    });
+    sec.appendChild(el('table', {id: 'fx-sizes', 'data-rows': Math.min(rows.length, MAX)}, [
+      el('thead', null, el('tr', null, [el('th', {class: 'num'}, 'usable size'), el('th', {class: 'num'}, 'chunks'),
+                                         el('th', {class: 'num'}, 'bytes'), el('th', {class: 'num'}, 'share')])),
+      tb]));
+    if (rows.length > MAX) sec.appendChild(el('p', {class: 'note'}, 'first ' + MAX + ' sizes shown'));
+  }
+
+  if (PLAIN) drawSizes(); else {
+    var tree = data.tree;
+    var N = tree.parent.length;
+    var kids = [];
+    var depth = new Array(N), x0s = new Array(N);
+    for (var i = 0; i < N; i++) kids.push([]);
+    for (i = 1; i < N; i++) kids[tree.parent[i]].push(i);
+    kids.forEach(function (k) { k.sort(function (a, b) { return tree.bytes[b] - tree.bytes[a] || a - b; }); });
+    var maxDepth = 0;
+    (function layout() {
+      depth[0] = 0; x0s[0] = 0;
+      var stack = [0];
+      while (stack.length) {
+        var n = stack.pop();
+        var x = x0s[n];
+        for (var j = 0; j < kids[n].length; j++) {
+          var c = kids[n][j];
+          depth[c] = depth[n] + 1;
+          if (depth[c] > maxDepth) maxDepth = depth[c];
+          x0s[c] = x;
+          x += tree.bytes[c];
+          stack.push(c);
+        }
       }
+    })();
+    function nodeName(n) {
+      if (n === 0) return 'all live blocks';
+      if (tree.label[String(n)]) return tree.label[String(n)];
+      return frameName(tree.frame[n]);
     }
-  })();
-  function nodeName(n) {
-    if (n === 0) return 'all live blocks';
-    if (tree.label[String(n)]) return tree.label[String(n)];
-    return frameName(tree.frame[n]);
-  }
-  function hue(s) {
-    var h = 0;
-    for (var j = 0; j < s.length; j++) h = (h * 31 + s.charCodeAt(j)) >>> 0;
-    return h;
-  }
-  function nodeColor(n) {
-    if (n === 0) return 'hsl(220, 14%, 80%)';
-    if (tree.frame[n] < 0) return 'hsl(0, 0%, 78%)';
-    var h = hue(nodeName(n));
-    return 'hsl(' + (10 + h % 45) + ', ' + (62 + (h >> 8) % 25) + '%, ' + (58 + (h >> 16) % 14) + '%)';
-  }
+    function hue(s) {
+      var h = 0;
+      for (var j = 0; j < s.length; j++) h = (h * 31 + s.charCodeAt(j)) >>> 0;
+      return h;
+    }
+    function nodeColor(n) {
+      if (n === 0) return 'hsl(220, 14%, 80%)';
+      if (tree.frame[n] < 0) return 'hsl(0, 0%, 78%)';
+      var h = hue(nodeName(n));
+      return 'hsl(' + (10 + h % 45) + ', ' + (62 + (h >> 8) % 25) + '%, ' + (58 + (h >> 16) % 14) + '%)';
+    }
 
-  var ROW = 20;
-  var flameSec = section('Allocation hierarchy', 'fx-flame-section',
-                         'Live bytes of the newest snapshot by allocation stack, outermost frame on top; ' +
-                         'width is bytes. Click a frame to zoom in and see its stack; click the top bar to zoom out.');
-  var resetBtn = el('button', {type: 'button', id: 'fx-reset'}, 'Zoom out');
-  var zoomNote = el('span', {class: 'note', id: 'fx-zoom-note'});
-  flameSec.appendChild(el('div', {class: 'toolbar'}, [resetBtn, zoomNote]));
-  var flameHost = el('div', {class: 'flame'});
-  var panel = el('div', {class: 'panel', id: 'fx-stack', 'data-node': ''},
-                 el('p', {class: 'note'}, 'Click a frame in the hierarchy (or a row of the table) to see its stack here.'));
-  flameSec.appendChild(el('div', {class: 'flame-wrap'}, [flameHost, panel]));
-  var flame = svg('svg', {class: 'chart', id: 'fx-flame', 'data-nodes': N, 'data-drawn': 0});
-  flameHost.appendChild(flame);
-  var zoomed = 0, selected = -1;
+    var ROW = 20;
+    var flameSec = section('Allocation hierarchy', 'fx-flame-section',
+                           'Live bytes of the newest snapshot by allocation stack, outermost frame on top; ' +
+                           'width is bytes. Click a frame to zoom in and see its stack; click the top bar to zoom out.');
+    var resetBtn = el('button', {type: 'button', id: 'fx-reset'}, 'Zoom out');
+    var zoomNote = el('span', {class: 'note', id: 'fx-zoom-note'});
+    flameSec.appendChild(el('div', {class: 'toolbar'}, [resetBtn, zoomNote]));
+    var flameHost = el('div', {class: 'flame'});
+    var panel = el('div', {class: 'panel', id: 'fx-stack', 'data-node': ''},
+                   el('p', {class: 'note'}, 'Click a frame in the hierarchy (or a row of the table) to see its stack here.'));
+    flameSec.appendChild(el('div', {class: 'flame-wrap'}, [flameHost, panel]));
+    var flame = svg('svg', {class: 'chart', id: 'fx-flame', 'data-nodes': N, 'data-drawn': 0});
+    flameHost.appendChild(flame);
+    var zoomed = 0, selected = -1;
 
-  function isAncestor(a, n) {  // a is n or an ancestor of n
-    while (n > 0 && n !== a) n = tree.parent[n];
-    return n === a;
-  }
-  function drawFlame() {
-    var W = Math.max(400, Math.floor(flameHost.clientWidth || 1000));
-    var H = (maxDepth + 1) * ROW + 2;
-    flame.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
-    flame.setAttribute('width', W);
-    flame.setAttribute('height', H);
-    while (flame.firstChild) flame.removeChild(flame.firstChild);
-    var zb = Math.max(1, tree.bytes[zoomed]), zx = x0s[zoomed];
-    var drawn = 0;
-    var frag = document.createDocumentFragment();
-    function put(n, x, w) {
-      var y = depth[n] * ROW;
-      var name = nodeName(n);
-      var cls = 'fx-node' + (n === selected ? ' selected' : '') +
-                (n !== zoomed && isAncestor(n, zoomed) ? ' dim' : '');
-      var g = svg('g', {class: cls, 'data-node': n, 'data-name': name,
-                        'data-function': tree.frame[n] >= 0 ? (frames[tree.frame[n]].function || '') : '',
-                        'data-bytes': tree.bytes[n], 'data-blocks': tree.blocks[n]});
-      g.appendChild(svg('rect', {x: x.toFixed(2), y: y, width: Math.max(0.5, w - 0.5).toFixed(2),
-                                 height: ROW - 1, fill: nodeColor(n)}));
-      g.appendChild(svg('title', null, name + ' - ' + fmtBytes(tree.bytes[n]) + ' in ' +
-                        fmtInt(tree.blocks[n]) + ' blocks' +
-                        (tree.frame[n] >= 0 && frameWhere(tree.frame[n]) ? '\n' + frameWhere(tree.frame[n]) : '')));
-      var chars = Math.floor((w - 6) / 6.6);
-      if (chars >= 3) {
-        var text = name + ' (' + fmtBytes(tree.bytes[n]) + ')';
-        if (text.length > chars) text = name.length > chars ? name.slice(0, chars - 1) + '\u2026' : name;
-        g.appendChild(svg('text', {x: (x + 3).toFixed(2), y: y + ROW - 6}, text));
+    function isAncestor(a, n) {  // a is n or an ancestor of n
+      while (n > 0 && n !== a) n = tree.parent[n];
+      return n === a;
+    }
+    function drawFlame() {
+      var W = Math.max(400, Math.floor(flameHost.clientWidth || 1000));
+      var H = (maxDepth + 1) * ROW + 2;
+      flame.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+      flame.setAttribute('width', W);
+      flame.setAttribute('height', H);
+      while (flame.firstChild) flame.removeChild(flame.firstChild);
+      var zb = Math.max(1, tree.bytes[zoomed]), zx = x0s[zoomed];
+      var drawn = 0;
+      var frag = document.createDocumentFragment();
+      function put(n, x, w) {
+        var y = depth[n] * ROW;
+        var name = nodeName(n);
+        var cls = 'fx-node' + (n === selected ? ' selected' : '') +
+                  (n !== zoomed && isAncestor(n, zoomed) ? ' dim' : '');
+        var g = svg('g', {class: cls, 'data-node': n, 'data-name': name,
+                          'data-function': tree.frame[n] >= 0 ? (frames[tree.frame[n]].function || '') : '',
+                          'data-bytes': tree.bytes[n], 'data-blocks': tree.blocks[n]});
+        g.appendChild(svg('rect', {x: x.toFixed(2), y: y, width: Math.max(0.5, w - 0.5).toFixed(2),
+                                   height: ROW - 1, fill: nodeColor(n)}));
+        g.appendChild(svg('title', null, name + ' - ' + fmtBytes(tree.bytes[n]) + ' in ' +
+                          fmtInt(tree.blocks[n]) + ' blocks' +
+                          (tree.frame[n] >= 0 && frameWhere(tree.frame[n]) ? '\n' + frameWhere(tree.frame[n]) : '')));
+        var chars = Math.floor((w - 6) / 6.6);
+        if (chars >= 3) {
+          var text = name + ' (' + fmtBytes(tree.bytes[n]) + ')';
+          if (text.length > chars) text = name.length > chars ? name.slice(0, chars - 1) + '\u2026' : name;
+          g.appendChild(svg('text', {x: (x + 3).toFixed(2), y: y + ROW - 6}, text));
+        }
+        frag.appendChild(g);
+        drawn += 1;
       }
-      frag.appendChild(g);
-      drawn += 1;
-    }
-    // the zoomed node's ancestors span the whole width
-    var chain = [];
-    for (var a = zoomed; a > 0; a = tree.parent[a]) chain.push(a);
-    chain.push(0);
-    chain.reverse();
-    chain.slice(0, -1).forEach(function (a) { put(a, 0, W); });
-    // the zoomed subtree, scaled to the width; nodes under half a pixel are left out
-    var todo = [zoomed];
-    while (todo.length) {
-      var n = todo.pop();
-      var w = tree.bytes[n] / zb * W;
-      if (n !== zoomed && w < 0.5) continue;
-      put(n, (x0s[n] - zx) / zb * W, n === zoomed ? W : w);
-      for (var j = kids[n].length - 1; j >= 0; j--) todo.push(kids[n][j]);
-    }
-    flame.appendChild(frag);
-    flame.setAttribute('data-drawn', drawn);
-    flame.setAttribute('data-zoom', zoomed);
-    zoomNote.textContent = zoomed === 0 ? fmtBytes(tree.bytes[0]) + ' in ' + fmtInt(tree.blocks[0]) +
-      ' blocks, ' + fmtInt(N - 1) + ' frames' : 'zoomed into ' + nodeName(zoomed) + ': ' +
-      fmtBytes(tree.bytes[zoomed]) + ' (' + (100 * tree.bytes[zoomed] / Math.max(1, tree.bytes[0])).toFixed(1) + '%)';
-  }
-
-  function showStack(n) {
-    panel.textContent = '';
-    panel.setAttribute('data-node', n);
-    var path = [];
-    for (var a = n; a > 0; a = tree.parent[a]) if (tree.frame[a] >= 0) path.push(a);
-    var selfBytes = tree.bytes[n], selfBlocks = tree.blocks[n];
-    kids[n].forEach(function (c) { selfBytes -= tree.bytes[c]; selfBlocks -= tree.blocks[c]; });
-    panel.appendChild(el('h3', null, nodeName(n)));
-    panel.appendChild(el('p', {class: 'note'},
-      fmtBytes(tree.bytes[n]) + ' (' + fmtInt(tree.bytes[n]) + ' bytes) in ' + fmtInt(tree.blocks[n]) +
-      ' live blocks under this frame; ' + fmtBytes(selfBytes) + ' in ' + fmtInt(selfBlocks) +
-      ' blocks allocated exactly here.'));
-    panel.appendChild(el('p', {class: 'note'}, n === 0 ? 'The root: every live block.' :
-                                                   'Stack, innermost first:'));
-    if (n === 0) return;
-    var list = el('ol', {class: 'frames'}, path.map(function (a) {
-      var f = tree.frame[a];
-      var more = tree.sites[String(a)];
-      var where = frameWhere(f);
-      if (more) {  // one function reached from several call sites: name them all
-        var file = frames[f].file;
-        var same = more.every(function (m) { return frames[m].file === file; });
-        where = same && file ? file + ': lines ' + more.map(function (m) { return frames[m].line; }).join(', ')
-                             : more.map(frameWhere).join(', ');
+      // the zoomed node's ancestors span the whole width
+      var chain = [];
+      for (var a = zoomed; a > 0; a = tree.parent[a]) chain.push(a);
+      chain.push(0);
+      chain.reverse();
+      chain.slice(0, -1).forEach(function (a) { put(a, 0, W); });
+      // the zoomed subtree, scaled to the width; nodes under half a pixel are left out
+      var todo = [zoomed];
+      while (todo.length) {
+        var n = todo.pop();
+        var w = tree.bytes[n] / zb * W;
+        if (n !== zoomed && w < 0.5) continue;
+        put(n, (x0s[n] - zx) / zb * W, n === zoomed ? W : w);
+        for (var j = kids[n].length - 1; j >= 0; j--) todo.push(kids[n][j]);
       }
-      return el('li', {'data-function': frames[f].function || '', 'data-sites': more ? more.length : 1}, [
-        el('span', {class: 'addr'}, more ? '' : frames[f].address + ' '),
-        el('span', {class: 'fn'}, frameName(f)),
-        where ? el('span', {class: 'where'}, ' at ' + where) : null
-      ]);
-    }));
-    panel.appendChild(list);
-  }
+      flame.appendChild(frag);
+      flame.setAttribute('data-drawn', drawn);
+      flame.setAttribute('data-zoom', zoomed);
+      zoomNote.textContent = zoomed === 0 ? fmtBytes(tree.bytes[0]) + ' in ' + fmtInt(tree.blocks[0]) +
+        ' blocks, ' + fmtInt(N - 1) + ' frames' : 'zoomed into ' + nodeName(zoomed) + ': ' +
+        fmtBytes(tree.bytes[zoomed]) + ' (' + (100 * tree.bytes[zoomed] / Math.max(1, tree.bytes[0])).toFixed(1) + '%)';
+    }
 
-  function select(n) {
-    selected = n;
-    zoomed = n;
+    function showStack(n) {
+      panel.textContent = '';
+      panel.setAttribute('data-node', n);
+      var path = [];
+      for (var a = n; a > 0; a = tree.parent[a]) if (tree.frame[a] >= 0) path.push(a);
+      var selfBytes = tree.bytes[n], selfBlocks = tree.blocks[n];
+      kids[n].forEach(function (c) { selfBytes -= tree.bytes[c]; selfBlocks -= tree.blocks[c]; });
+      panel.appendChild(el('h3', null, nodeName(n)));
+      panel.appendChild(el('p', {class: 'note'},
+        fmtBytes(tree.bytes[n]) + ' (' + fmtInt(tree.bytes[n]) + ' bytes) in ' + fmtInt(tree.blocks[n]) +
+        ' live blocks under this frame; ' + fmtBytes(selfBytes) + ' in ' + fmtInt(selfBlocks) +
+        ' blocks allocated exactly here.'));
+      panel.appendChild(el('p', {class: 'note'}, n === 0 ? 'The root: every live block.' :
+                                                     'Stack, innermost first:'));
+      if (n === 0) return;
+      var list = el('ol', {class: 'frames'}, path.map(function (a) {
+        var f = tree.frame[a];
+        var more = tree.sites[String(a)];
+        var where = frameWhere(f);
+        if (more) {  // one function reached from several call sites: name them all
+          var file = frames[f].file;
+          var same = more.every(function (m) { return frames[m].file === file; });
+          where = same && file ? file + ': lines ' + more.map(function (m) { return frames[m].line; }).join(', ')
+                               : more.map(frameWhere).join(', ');
+        }
+        return el('li', {'data-function': frames[f].function || '', 'data-sites': more ? more.length : 1}, [
+          el('span', {class: 'addr'}, more ? '' : frames[f].address + ' '),
+          el('span', {class: 'fn'}, frameName(f)),
+          where ? el('span', {class: 'where'}, ' at ' + where) : null
+        ]);
+      }));
+      panel.appendChild(list);
+    }
+
+    select = function (n) {
+      selected = n;
+      zoomed = n;
+      drawFlame();
+      showStack(n);
+    };
+    flame.addEventListener('click', function (e) {
+      var g = e.target.closest ? e.target.closest('.fx-node') : null;
+      if (!g) return;
+      var n = Number(g.getAttribute('data-node'));
+      // a click on an ancestor bar (drawn full width) zooms out to it
+      select(n);
+    });
+    resetBtn.addEventListener('click', function () { selected = -1; zoomed = 0; drawFlame(); });
     drawFlame();
-    showStack(n);
+    var resizeTimer = null;
+    window.addEventListener('resize', function () {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(drawFlame, 100);
+    });
   }
-  flame.addEventListener('click', function (e) {
-    var g = e.target.closest ? e.target.closest('.fx-node') : null;
-    if (!g) return;
-    var n = Number(g.getAttribute('data-node'));
-    // a click on an ancestor bar (drawn full width) zooms out to it
-    select(n);
-  });
-  resetBtn.addEventListener('click', function () { selected = -1; zoomed = 0; drawFlame(); });
-  drawFlame();
-  var resizeTimer = null;
-  window.addEventListener('resize', function () {
-    clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(drawFlame, 100);
-  });
 
   // ------------------------------------------------- anomalies, crashes --
 
@@ -529,13 +571,16 @@
   } else {
     var lt = el('table', {id: 'fx-leaks', 'data-count': data.leaks.length}, [
       el('thead', null, el('tr', null, [el('th', null, 'kind'), el('th', {class: 'num'}, 'blocks'),
-                                         el('th', {class: 'num'}, 'bytes'), el('th', null, 'allocated at')]))]);
+                                         el('th', {class: 'num'}, 'bytes'),
+                                         el('th', null, PLAIN ? 'usable size (no stacks without libtag)' : 'allocated at')]))]);
     var lb = el('tbody');
     data.leaks.forEach(function (g) {
-      lb.appendChild(el('tr', {'data-kind': g.kind}, [
+      lb.appendChild(el('tr', {'data-kind': g.kind, 'data-size': PLAIN ? g.usable_size : null,
+                               'data-blocks': PLAIN ? g.blocks : null}, [
         el('td', null, g.kind), el('td', {class: 'num'}, fmtInt(g.blocks)),
         el('td', {class: 'num'}, fmtBytes(g.bytes)),
-        el('td', null, el('details', null, [siteSummary(g.frames, g.site), frameList(g.frames)]))]));
+        PLAIN ? el('td', {class: 'mono'}, fmtInt(g.usable_size) + ' bytes each')
+              : el('td', null, el('details', null, [siteSummary(g.frames, g.site), frameList(g.frames)]))]));
     });
     lt.appendChild(lb);
     lkSec.appendChild(lt);
@@ -543,112 +588,114 @@
 
   // ------------------------------------------------------- stack table --
 
-  var MAX_ROWS = 500;
-  var tSec = section('Allocation stacks', 'fx-table-section',
-                     fmtInt(data.distinct_stacks) + ' distinct stacks hold live blocks in the newest snapshot' +
-                     (data.stacks.length < data.distinct_stacks ? '; the ' + fmtInt(data.stacks.length) +
-                      ' holding the most bytes are listed.' : '.') + ' Click a row to find it in the hierarchy.');
-  var filter = el('input', {type: 'search', id: 'fx-filter', placeholder: 'filter by function or file', 'aria-label': 'filter stacks'});
-  var countNote = el('span', {class: 'note', id: 'fx-count'});
-  tSec.appendChild(el('div', {class: 'toolbar'}, [filter, countNote]));
-  var cols = [
-    {key: 'rank', title: '#', num: true},
-    {key: 'bytes', title: 'live bytes', num: true},
-    {key: 'blocks', title: 'live blocks', num: true},
-    {key: 'avg', title: 'avg size', num: true},
-    {key: 'peak', title: 'peak bytes', num: true},
-    {key: 'temps', title: 'temporary', num: true},
-    {key: 'site', title: 'allocated at'},
-    {key: 'stack', title: 'stack'}
-  ];
-  var NOT_RECORDED = -1;
-  var rows = data.stacks.map(function (s, i) {
-    var text = s.frames.map(function (f) { return (frameName(f) + ' ' + frameWhere(f)).toLowerCase(); }).join('\n');
-    return {rank: i + 1, bytes: s.bytes, blocks: s.blocks, avg: s.blocks ? s.bytes / s.blocks : 0,
-            peak: data.stack_stats && s.peak_bytes !== null ? s.peak_bytes : NOT_RECORDED,
-            temps: data.stack_stats && s.temporaries !== null ? s.temporaries : NOT_RECORDED,
-            allocs: data.stack_stats ? s.allocs : null,
-            site: siteText(s.frames, s.site), siteFn: s.frames.length ? frames[s.frames[s.site]].function || '' : '',
-            frames: s.frames, node: s.node, text: text, blockList: s.block_list || []};
-  });
-  tSec.appendChild(el('p', {class: 'note', id: 'fx-stats-note', 'data-recorded': data.stack_stats ? 1 : 0},
-    data.stack_stats
-      ? 'peak bytes: the most this stack held live at once; temporary: its blocks freed soon after they ' +
-        'were made (libtag\'s per-stack counters; stacks with no live block are listed when they peaked or ' +
-        'churned the most).'
-      : 'peak bytes and temporary allocations: not recorded (the libtag that ran the program kept no ' +
-        'per-stack counters).'));
-  var rt = data.runtime || {stacks: 0};
-  if (rt.stacks && !rt.shown) {
-    tSec.appendChild(el('p', {class: 'note', id: 'fx-runtime', 'data-blocks': rt.blocks, 'data-bytes': rt.bytes,
-                              'data-stacks': rt.stacks},
-      'runtime: ' + fmtInt(rt.blocks) + (rt.blocks === 1 ? ' block, ' : ' blocks, ') + fmtInt(rt.bytes) +
-      (rt.bytes === 1 ? ' byte in ' : ' bytes in ') + fmtInt(rt.stacks) + (rt.stacks === 1 ? ' stack' : ' stacks') +
-      ' of the C and C++ runtimes (stdio buffers, libstdc++\'s emergency pool, the loader\'s TLS), not listed: ' +
-      'one node of the hierarchy (forensics report --runtime lists them).'));
-  }
-  tSec.appendChild(el('p', {class: 'note'}, 'allocated at: the first frame outside the allocation wrappers (' +
-    data.wrappers.length + ' patterns: malloc\'s family, strdup, operator new, the xmalloc family; ' +
-    'forensics report --wrapper PATTERN adds one).'));
-  var sortKey = 'bytes', sortDir = -1;
-  var heads = cols.map(function (c) {
-    return el('th', {'data-sort': c.key === 'stack' ? null : c.key, class: c.num ? 'num' : null,
-                     'aria-sort': c.key === sortKey ? 'descending' : null}, c.title);
-  });
-  var tbody = el('tbody');
-  var table = el('table', {id: 'fx-table', 'data-rows': 0}, [el('thead', null, el('tr', null, heads)), tbody]);
-  tSec.appendChild(table);
+  if (!PLAIN) {
+    var MAX_ROWS = 500;
+    var tSec = section('Allocation stacks', 'fx-table-section',
+                       fmtInt(data.distinct_stacks) + ' distinct stacks hold live blocks in the newest snapshot' +
+                       (data.stacks.length < data.distinct_stacks ? '; the ' + fmtInt(data.stacks.length) +
+                        ' holding the most bytes are listed.' : '.') + ' Click a row to find it in the hierarchy.');
+    var filter = el('input', {type: 'search', id: 'fx-filter', placeholder: 'filter by function or file', 'aria-label': 'filter stacks'});
+    var countNote = el('span', {class: 'note', id: 'fx-count'});
+    tSec.appendChild(el('div', {class: 'toolbar'}, [filter, countNote]));
+    var cols = [
+      {key: 'rank', title: '#', num: true},
+      {key: 'bytes', title: 'live bytes', num: true},
+      {key: 'blocks', title: 'live blocks', num: true},
+      {key: 'avg', title: 'avg size', num: true},
+      {key: 'peak', title: 'peak bytes', num: true},
+      {key: 'temps', title: 'temporary', num: true},
+      {key: 'site', title: 'allocated at'},
+      {key: 'stack', title: 'stack'}
+    ];
+    var NOT_RECORDED = -1;
+    var rows = data.stacks.map(function (s, i) {
+      var text = s.frames.map(function (f) { return (frameName(f) + ' ' + frameWhere(f)).toLowerCase(); }).join('\n');
+      return {rank: i + 1, bytes: s.bytes, blocks: s.blocks, avg: s.blocks ? s.bytes / s.blocks : 0,
+              peak: data.stack_stats && s.peak_bytes !== null ? s.peak_bytes : NOT_RECORDED,
+              temps: data.stack_stats && s.temporaries !== null ? s.temporaries : NOT_RECORDED,
+              allocs: data.stack_stats ? s.allocs : null,
+              site: siteText(s.frames, s.site), siteFn: s.frames.length ? frames[s.frames[s.site]].function || '' : '',
+              frames: s.frames, node: s.node, text: text, blockList: s.block_list || []};
+    });
+    tSec.appendChild(el('p', {class: 'note', id: 'fx-stats-note', 'data-recorded': data.stack_stats ? 1 : 0},
+      data.stack_stats
+        ? 'peak bytes: the most this stack held live at once; temporary: its blocks freed soon after they ' +
+          'were made (libtag\'s per-stack counters; stacks with no live block are listed when they peaked or ' +
+          'churned the most).'
+        : 'peak bytes and temporary allocations: not recorded (the libtag that ran the program kept no ' +
+          'per-stack counters).'));
+    var rt = data.runtime || {stacks: 0};
+    if (rt.stacks && !rt.shown) {
+      tSec.appendChild(el('p', {class: 'note', id: 'fx-runtime', 'data-blocks': rt.blocks, 'data-bytes': rt.bytes,
+                                'data-stacks': rt.stacks},
+        'runtime: ' + fmtInt(rt.blocks) + (rt.blocks === 1 ? ' block, ' : ' blocks, ') + fmtInt(rt.bytes) +
+        (rt.bytes === 1 ? ' byte in ' : ' bytes in ') + fmtInt(rt.stacks) + (rt.stacks === 1 ? ' stack' : ' stacks') +
+        ' of the C and C++ runtimes (stdio buffers, libstdc++\'s emergency pool, the loader\'s TLS), not listed: ' +
+        'one node of the hierarchy (forensics report --runtime lists them).'));
+    }
+    tSec.appendChild(el('p', {class: 'note'}, 'allocated at: the first frame outside the allocation wrappers (' +
+      data.wrappers.length + ' patterns: malloc\'s family, strdup, operator new, the xmalloc family; ' +
+      'forensics report --wrapper PATTERN adds one).'));
+    var sortKey = 'bytes', sortDir = -1;
+    var heads = cols.map(function (c) {
+      return el('th', {'data-sort': c.key === 'stack' ? null : c.key, class: c.num ? 'num' : null,
+                       'aria-sort': c.key === sortKey ? 'descending' : null}, c.title);
+    });
+    var tbody = el('tbody');
+    var table = el('table', {id: 'fx-table', 'data-rows': 0}, [el('thead', null, el('tr', null, heads)), tbody]);
+    tSec.appendChild(table);
 
-  function drawTable() {
-    var q = filter.value.trim().toLowerCase();
-    var shown = rows.filter(function (r) { return !q || r.text.indexOf(q) >= 0; });
-    shown.sort(function (a, b) {
-      var x = a[sortKey], y = b[sortKey];
-      var c = typeof x === 'string' ? x.localeCompare(y) : x - y;
-      return c * sortDir || a.rank - b.rank;
-    });
-    tbody.textContent = '';
-    var frag = document.createDocumentFragment();
-    shown.slice(0, MAX_ROWS).forEach(function (r) {
-      var tr = el('tr', {'data-node': r.node, 'data-bytes': r.bytes, 'data-blocks': r.blocks,
-                         'data-peak': r.peak === NOT_RECORDED ? '' : r.peak,
-                         'data-temporaries': r.temps === NOT_RECORDED ? '' : r.temps,
-                         'data-site': r.siteFn}, [
-        el('td', {class: 'num'}, r.rank), el('td', {class: 'num'}, fmtBytes(r.bytes)),
-        el('td', {class: 'num'}, fmtInt(r.blocks)), el('td', {class: 'num'}, r.blocks ? fmtBytes(Math.round(r.avg)) : ''),
-        el('td', {class: 'num' + (r.peak === NOT_RECORDED ? ' nr' : '')},
-           r.peak === NOT_RECORDED ? 'not recorded' : fmtBytes(r.peak)),
-        el('td', {class: 'num' + (r.temps === NOT_RECORDED ? ' nr' : '')},
-           r.temps === NOT_RECORDED ? 'not recorded' : fmtInt(r.temps) +
-             (r.allocs ? ' of ' + fmtInt(r.allocs) : '')),
-        el('td', {class: 'mono'}, r.site),
-        el('td', null, [el('details', null, [el('summary', null, r.frames.length + ' frames'), frameList(r.frames)]),
-                        blockDetails(r)])]);
-      tr.addEventListener('click', function (e) {
-        if (e.target.closest && e.target.closest('details')) return;
-        if (r.node < 0) return;  // no live block: not in the hierarchy
-        select(r.node);
-        document.getElementById('fx-flame-section').scrollIntoView();
+    function drawTable() {
+      var q = filter.value.trim().toLowerCase();
+      var shown = rows.filter(function (r) { return !q || r.text.indexOf(q) >= 0; });
+      shown.sort(function (a, b) {
+        var x = a[sortKey], y = b[sortKey];
+        var c = typeof x === 'string' ? x.localeCompare(y) : x - y;
+        return c * sortDir || a.rank - b.rank;
       });
-      frag.appendChild(tr);
+      tbody.textContent = '';
+      var frag = document.createDocumentFragment();
+      shown.slice(0, MAX_ROWS).forEach(function (r) {
+        var tr = el('tr', {'data-node': r.node, 'data-bytes': r.bytes, 'data-blocks': r.blocks,
+                           'data-peak': r.peak === NOT_RECORDED ? '' : r.peak,
+                           'data-temporaries': r.temps === NOT_RECORDED ? '' : r.temps,
+                           'data-site': r.siteFn}, [
+          el('td', {class: 'num'}, r.rank), el('td', {class: 'num'}, fmtBytes(r.bytes)),
+          el('td', {class: 'num'}, fmtInt(r.blocks)), el('td', {class: 'num'}, r.blocks ? fmtBytes(Math.round(r.avg)) : ''),
+          el('td', {class: 'num' + (r.peak === NOT_RECORDED ? ' nr' : '')},
+             r.peak === NOT_RECORDED ? 'not recorded' : fmtBytes(r.peak)),
+          el('td', {class: 'num' + (r.temps === NOT_RECORDED ? ' nr' : '')},
+             r.temps === NOT_RECORDED ? 'not recorded' : fmtInt(r.temps) +
+               (r.allocs ? ' of ' + fmtInt(r.allocs) : '')),
+          el('td', {class: 'mono'}, r.site),
+          el('td', null, [el('details', null, [el('summary', null, r.frames.length + ' frames'), frameList(r.frames)]),
+                          blockDetails(r)])]);
+        tr.addEventListener('click', function (e) {
+          if (e.target.closest && e.target.closest('details')) return;
+          if (r.node < 0) return;  // no live block: not in the hierarchy
+          select(r.node);
+          document.getElementById('fx-flame-section').scrollIntoView();
+        });
+        frag.appendChild(tr);
+      });
+      tbody.appendChild(frag);
+      table.setAttribute('data-rows', Math.min(shown.length, MAX_ROWS));
+      countNote.textContent = shown.length + ' of ' + rows.length + ' stacks' +
+        (shown.length > MAX_ROWS ? ' (first ' + MAX_ROWS + ' shown)' : '');
+    }
+    heads.forEach(function (th) {
+      var key = th.getAttribute('data-sort');
+      if (!key) return;
+      th.addEventListener('click', function () {
+        if (sortKey === key) sortDir = -sortDir; else { sortKey = key; sortDir = key === 'site' || key === 'rank' ? 1 : -1; }
+        heads.forEach(function (h) { h.removeAttribute('aria-sort'); });
+        th.setAttribute('aria-sort', sortDir > 0 ? 'ascending' : 'descending');
+        drawTable();
+      });
     });
-    tbody.appendChild(frag);
-    table.setAttribute('data-rows', Math.min(shown.length, MAX_ROWS));
-    countNote.textContent = shown.length + ' of ' + rows.length + ' stacks' +
-      (shown.length > MAX_ROWS ? ' (first ' + MAX_ROWS + ' shown)' : '');
+    filter.addEventListener('input', drawTable);
+    drawTable();
   }
-  heads.forEach(function (th) {
-    var key = th.getAttribute('data-sort');
-    if (!key) return;
-    th.addEventListener('click', function () {
-      if (sortKey === key) sortDir = -sortDir; else { sortKey = key; sortDir = key === 'site' || key === 'rank' ? 1 : -1; }
-      heads.forEach(function (h) { h.removeAttribute('aria-sort'); });
-      th.setAttribute('aria-sort', sortDir > 0 ? 'ascending' : 'descending');
-      drawTable();
-    });
-  });
-  filter.addEventListener('input', drawTable);
-  drawTable();
 
   // ---------------------------------------------------------- warnings --
 
@@ -669,6 +716,10 @@
       var k = kv.indexOf('=');
       if (k > 0) params[kv.slice(0, k)] = decodeURIComponent(kv.slice(k + 1));
     });
+    if (PLAIN && (params.filter !== undefined || params.sort !== undefined || params.select !== undefined)) {
+      recordError('#filter, #sort and #select need the stack table and hierarchy: cores without libtag have none');
+      return;
+    }
     if (params.filter !== undefined) {
       filter.value = params.filter;
       filter.dispatchEvent(new Event('input', {bubbles: true}));

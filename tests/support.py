@@ -274,3 +274,34 @@ def zero_block_core(exe: os.PathLike | str, cwd: os.PathLike | str) -> tuple[Pat
     address = int(proc.stdout.splitlines()[0].split("=")[1], 16)
     pid = parse_name(snapshot_dirs(Path(cwd) / "snaps")[0].name)[1]
     return wait_core(Path(cwd) / "snaps", pid), address
+
+
+def gcore(pid: int, out: os.PathLike | str) -> Path:
+    """gdb's gcore of the running process pid, written to out.PID."""
+    done = subprocess.run(["gcore", "-o", str(out), str(pid)], capture_output=True, text=True,
+                          timeout=120)
+    core = Path(f"{out}.{pid}")
+    assert done.returncode == 0 and core.is_file(), done.stdout + done.stderr
+    return core
+
+
+def growth_cores(exe: os.PathLike | str, work: Path, *args: str) -> tuple[Path, Path, int]:
+    """Run tests/victims/glibc_growth.c (ARGS) without libtag and take gcore's
+    core at each of its two waits: (at "ready 1", at "ready 2", its pid)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.Popen([str(exe), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        pid = int(proc.stdout.readline().split()[1])
+        cores = []
+        for n in (1, 2):
+            assert proc.stdout.readline().strip() == f"ready {n}"
+            cores.append(gcore(pid, work / ("first", "second")[n - 1]))
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return cores[0], cores[1], pid

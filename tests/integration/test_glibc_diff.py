@@ -12,46 +12,20 @@ without libtag; a libtag core against a plain one is refused in one line.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import forensics_test_support as S
+
 pytestmark = pytest.mark.skipif(shutil.which("gcore") is None, reason="gcore (gdb) is not installed")
-
-
-def gcore(pid: int, out: Path) -> Path:
-    done = subprocess.run(["gcore", "-o", str(out), str(pid)], capture_output=True, text=True,
-                          timeout=120)
-    core = Path(f"{out}.{pid}")
-    assert done.returncode == 0 and core.is_file(), done.stdout + done.stderr
-    return core
 
 
 @pytest.fixture(scope="module")
 def cores(build_victim, tmp_path_factory) -> tuple[Path, Path, int]:
-    work = tmp_path_factory.mktemp("glibc-diff")
     exe = build_victim("glibc_growth", instrument=False, extra_flags=["-O2"])
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        pid = int(proc.stdout.readline().split()[1])
-        assert proc.stdout.readline().strip() == "ready 1"
-        first = gcore(pid, work / "first")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "ready 2"
-        second = gcore(pid, work / "second")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return first, second, pid
+    return S.growth_cores(exe, tmp_path_factory.mktemp("glibc-diff"))
 
 
 def test_diff_of_two_plain_cores_is_by_chunk_size(cores, run_cli, tmp_path):
@@ -78,8 +52,6 @@ def test_diff_of_two_plain_cores_is_by_chunk_size(cores, run_cli, tmp_path):
 
 
 def test_filter_needs_stacks_and_kinds_do_not_mix(cores, run_cli, build_victim, run_victim, tmp_path):
-    import forensics_test_support as S
-
     first, second, _ = cores
     env = {"XDG_STATE_HOME": str(tmp_path / "state")}
     done = run_cli("diff", first, second, "--filter", "main", env=env)

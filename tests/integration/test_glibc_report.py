@@ -53,14 +53,6 @@ def page_data(page: Path) -> dict:
     return json.loads(found.group(1))
 
 
-def gcore(pid: int, out: Path) -> Path:
-    done = subprocess.run(["gcore", "-o", str(out), str(pid)], capture_output=True, text=True,
-                          timeout=120)
-    core = Path(f"{out}.{pid}")
-    assert done.returncode == 0 and core.is_file(), done.stdout + done.stderr
-    return core
-
-
 def env_without_libtag() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
@@ -70,26 +62,8 @@ def growth(build_victim, tmp_path_factory) -> tuple[Path, Path, int]:
     """gcore's two cores of glibc_growth leak: (at ready 1, at ready 2, pid)."""
     if shutil.which("gcore") is None:
         pytest.skip("gcore (gdb) is not installed")
-    work = tmp_path_factory.mktemp("glibc-report")
     exe = build_victim("glibc_growth", instrument=False, extra_flags=["-O2"])
-    proc = subprocess.Popen([str(exe), "leak"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env_without_libtag())
-    try:
-        pid = int(proc.stdout.readline().split()[1])
-        assert proc.stdout.readline().strip() == "ready 1"
-        first = gcore(pid, work / "first")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "ready 2"
-        second = gcore(pid, work / "second")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return first, second, pid
+    return S.growth_cores(exe, tmp_path_factory.mktemp("glibc-report"), "leak")
 
 
 def _raise_soft_core_limit() -> None:

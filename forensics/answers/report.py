@@ -429,21 +429,30 @@ class ReportBuilder:
                 raise InputError("report: --wrapper, --runtime and --runtime-function read "
                                  "allocation stacks, and cores without libtag have none")
             return self._add_plain(dump)
-        point = snapshot_point(dump, self.catalog_time)
-        point["index"] = len(self.points)
-        self.points.append(point)
+        point = self._add_point(snapshot_point(dump, self.catalog_time))
         heap = dump.heap
         if heap.anomaly is not None or heap.crash is not None:
             doc = inspect_doc(dump, top=0)
-            for ev in events_of(doc, point["core"], self.frames, (point["pid"], point["start_ns"])):
-                seen = self._events.get(ev["key"])
-                if seen is None:
-                    self._events[ev["key"]] = ev
-                    self.events.append(ev)
-                else:
-                    seen["cores"].append(point["core"])
+            self._add_events(events_of(doc, point["core"], self.frames, (point["pid"], point["start_ns"])),
+                             point["core"])
         self._warn(point["core"], dump)
         return self._take_newest(point, dump)
+
+    def _add_point(self, point: dict) -> dict:
+        point["index"] = len(self.points)
+        self.points.append(point)
+        return point
+
+    def _add_events(self, events: Iterable[dict], core: str) -> None:
+        """Each event once: one seen in an earlier core (the same key) names
+        this core too."""
+        for ev in events:
+            seen = self._events.get(ev["key"])
+            if seen is None:
+                self._events[ev["key"]] = ev
+                self.events.append(ev)
+            else:
+                seen["cores"].append(core)
 
     def _take_newest(self, point: dict, dump: Any) -> bool:
         key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
@@ -457,16 +466,9 @@ class ReportBuilder:
         from forensics.answers.glibc import plain_crash_doc
 
         crash = plain_crash_doc(dump)
-        point = plain_snapshot_point(dump, crash, self.catalog_time)
-        point["index"] = len(self.points)
-        self.points.append(point)
-        for ev in plain_events(dump, crash, point["core"], self.frames, (point["pid"], 0)):
-            seen = self._events.get(ev["key"])
-            if seen is None:
-                self._events[ev["key"]] = ev
-                self.events.append(ev)
-            else:
-                seen["cores"].append(point["core"])
+        point = self._add_point(plain_snapshot_point(dump, crash, self.catalog_time))
+        self._add_events(plain_events(dump, crash, point["core"], self.frames, (point["pid"], 0)),
+                         point["core"])
         self._warn(point["core"], dump)
         return self._take_newest(point, dump)
 

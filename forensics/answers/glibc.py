@@ -385,16 +385,23 @@ def plain_diff_doc(old: Dump, new: Dump, *, min_bytes: int = 0) -> dict:
         kept_old, kept_new = _kept(os_, ou, ns, nu), _kept(ns, nu, os_, ou)
     else:
         kept_old, kept_new = np.zeros(len(os_), bool), np.zeros(len(ns), bool)
+    # per usable size, in one pass each: chunks before and after, and the
+    # kept, added and gone among them
     sizes = np.union1d(ou, nu)
+    io, inn = np.searchsorted(sizes, ou), np.searchsorted(sizes, nu)
+
+    def count(idx, mask=None):
+        return np.bincount(idx if mask is None else idx[mask], minlength=len(sizes)).tolist()
+
+    old_n, new_n = count(io), count(inn)
+    kept, added, gone = count(inn, kept_new), count(inn, ~kept_new), count(io, ~kept_old)
     rows = []
-    for s in sizes.tolist():
-        mo, mn = ou == s, nu == s
-        oc, nc = int(mo.sum()), int(mn.sum())
+    for k, s in enumerate(sizes.tolist()):
+        oc, nc = old_n[k], new_n[k]
         row = {"usable_size": s, "old_chunks": oc, "new_chunks": nc,
                "old_bytes": oc * s, "new_bytes": nc * s,
                "chunks": nc - oc, "bytes": (nc - oc) * s,
-               "kept": int((mn & kept_new).sum()), "added": int((mn & ~kept_new).sum()),
-               "gone": int((mo & ~kept_old).sum())}
+               "kept": kept[k], "added": added[k], "gone": gone[k]}
         if (row["chunks"] or row["added"] or row["gone"]) and abs(row["bytes"]) >= min_bytes:
             rows.append(row)
     rows.sort(key=lambda r: (r["bytes"], r["chunks"], r["added"]), reverse=True)

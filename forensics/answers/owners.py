@@ -312,17 +312,14 @@ def root_json(dump: Dump, root: Root) -> dict:
            "module": root.module, "symbol": None, "section": None, "function": None,
            "interior": root.interior}
     if root.kind == "global" and root.address is not None:
+        # named as a referrer there is: a module's global by symbol, shared
+        # memory (and the like) by the mapping's name
         regions = dump.mem.regions()
         region = next((r for r in regions if root.address in r), None)
-        module = module_of_data(regions, region) if region is not None else None
-        if module is not None:
-            sym = dump.symbolizer.data_symbol(module, root.address)
-            doc["module"] = module
-            if sym is not None:
-                doc["symbol"], doc["section"] = sym.label, sym.section
-        else:  # shared memory, a file mapped for writing: named as a referrer in it is
-            ref = _global_referrer(dump, regions, region, root.address, root.interior)
-            doc["module"], doc["symbol"] = None, ref.symbol if ref is not None else None
+        ref = _global_referrer(dump, regions, region, root.address, root.interior)
+        doc["module"], doc["symbol"] = (ref.module, ref.symbol) if ref is not None else (None, None)
+        if ref is not None and ref.module is not None and ref.symbol is not None:
+            doc["section"] = dump.symbolizer.data_symbol(ref.module, root.address).section
     elif root.kind == "stack" and root.address is not None:
         doc["function"] = frame_function(dump, root.thread, root.address)
     return doc

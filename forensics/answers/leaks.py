@@ -435,6 +435,7 @@ class LeakScan:
         frontier = np.array([i], np.int64)
         skipped = [(r.start, r.end) for r in self.root_ranges
                    if skip_module is not None and r.kind == "global" and r.module and skip_module(r.module)]
+        x_lo, x_hi = _merge(skipped) if skipped else (None, None)
         found: list[tuple[int, int, bool]] = []  # (via, block, interior)
         count = 0
         depth = 0
@@ -443,7 +444,6 @@ class LeakScan:
             sel = _spans(np.searchsorted(self._root_dst, frontier, side="left"),
                          np.searchsorted(self._root_dst, frontier, side="right"))
             if skipped:
-                x_lo, x_hi = _merge(skipped)
                 via = self._root_via[sel]
                 k = np.searchsorted(x_lo, via, side="right").astype(np.int64) - 1
                 sel = sel[~((k >= 0) & (via < x_hi[np.maximum(k, 0)]))]

@@ -41,15 +41,14 @@ forensics.output.html.
 from __future__ import annotations
 
 import datetime as _dt
-import fnmatch
 import os
-import re
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
 from forensics.answers.leaks import leaks_json
+from forensics.answers.runtime import glob_regex
 from forensics.answers.shapes import frame_label, frames_json
 from forensics.errors import ForensicsError, InputError
 
@@ -86,7 +85,7 @@ class Wrappers:
 
     def __init__(self, extra: Sequence[str] = ()) -> None:
         self.patterns = list(WRAPPERS) + [p for p in extra if p]
-        self._rx = re.compile("|".join(fnmatch.translate(p) for p in self.patterns))
+        self._rx = glob_regex(self.patterns)
 
     def site(self, stack: Sequence[dict]) -> int:
         """Index of the first frame (innermost first) that is not a wrapper;

@@ -55,7 +55,8 @@ RUNTIME_FUNCTIONS = (
 )
 
 
-def _rx(patterns: Sequence[str]) -> re.Pattern[str]:
+def glob_regex(patterns: Sequence[str]) -> re.Pattern[str]:
+    """One regex matching any of the shell-style patterns (* ? [ ]), whole."""
     return re.compile("|".join(fnmatch.translate(p) for p in patterns))
 
 
@@ -67,9 +68,9 @@ class Runtime:
         self.dump = dump
         extra = [p for p in extra if p]
         self.functions = list(RUNTIME_FUNCTIONS) + extra
-        self._fn = _rx(self.functions)
-        self._mod = _rx(RUNTIME_MODULES)
-        self._extra = _rx(extra) if any(extra) else None
+        self._fn = glob_regex(self.functions)
+        self._mod = glob_regex(RUNTIME_MODULES)
+        self._extra = glob_regex(extra) if any(extra) else None
         self._module_kind: dict[str, str] = {}  # module path -> "runtime" / "libtag" / "program"
         self._known: dict[int, bool] = {}
 

@@ -373,7 +373,7 @@ struct tag_hook_set {
 } __attribute__((aligned(64)));
 /* The set of the enter hook's return address ra in tag_tls.hook_cache. */
 #define TAG_HOOK_SET(ra) (((ra) ^ ((ra) >> 6)) & (TAG_HOOK_SETS - 1))
-#define TAG_CAP_MEMO_BITS 9  /* tag_tls.cap_memo: 512 entries */
+#define TAG_CAP_MEMO_BITS 10  /* tag_tls.cap_memo: 1024 entries (40 KiB) */
 #define TAG_CAP_MEMO (1u << TAG_CAP_MEMO_BITS)
 struct tag_tls {
     struct libtag_shadow shadow;     /* first: its address is in the record */

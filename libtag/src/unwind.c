@@ -951,33 +951,86 @@ static TAG_NOINLINE void memo_verify(struct tag_tls *t, void *ret, void *frame, 
 }
 #endif
 
+/* Shadow entry i alive, seen from cur, where span = stack_hi - cur > 0:
+ * only a lower bound of its CFA (nothing to check), or its CFA on this
+ * thread's stack above cur with its return address slot holding its call
+ * site.  Entries on an alternate signal stack are for the full settle. */
+TAG_INLINE int memo_alive(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t span)
+{
+    uint64_t e = t->shadow.sp[i];
+    return (e & 1) || (e - cur - 1 < span && ((const uint64_t *)e)[-1] == t->shadow.site[i]);
+}
+
+/* _tag_shadow_settle and _tag_shadow_cc in one pass over the depths
+ * pushed since the last capture, in the usual case: every entry checked
+ * alive on this thread's own stack.  0 for anything else (nothing
+ * changed: the caller takes the two steps, which repair). */
+TAG_INLINE int memo_cc(struct tag_tls *t, uint64_t cur, uint32_t d, uint64_t *out)
+{
+    uint32_t v = t->cc_valid;
+    if (TAG_LIKELY(v >= d)) {
+        *out = t->cc[d];
+        return 1;
+    }
+    uint64_t hi = t->stack_hi;
+    if (hi <= cur)
+        return 0;
+    uint64_t span = hi - cur, cc = t->cc[v];
+    /* the entry below the first changed one (the innermost, d - 1, is
+     * the caller's to check: top_alive) */
+    if (v > 0 && !memo_alive(t, v - 1, cur, span))
+        return 0;
+    for (uint32_t i = v; i < d; i++) {
+        if (i + 1 < d && !memo_alive(t, i, cur, span))
+            return 0;
+        cc = (((cc << 23) | (cc >> 41)) ^ t->shadow.site[i]) * TAG_CC_MIX;
+        t->cc[i + 1] = cc;  /* beyond cc_valid until the end: unused if we leave */
+    }
+    if (t->shadow.valid > v)
+        t->shadow.valid = v;  /* as _tag_shadow_cc */
+    t->cc_valid = d;
+    *out = cc;
+    return 1;
+}
+
+/* The memo's answer for a capture from pc at sp under calling context cc,
+ * the innermost entry (depth d) alive; 0 if it has none. */
+TAG_INLINE uint32_t memo_get(struct tag_tls *t, uint64_t cc, uint64_t pc, uint64_t sp, uint32_t d)
+{
+    const struct tag_cap_memo *m = cap_memo_of(t, cc, pc);
+    if (m->cc == cc && m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
+        m->off == t->shadow.sp[d - 1] - sp &&
+        m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED) && m->id) {
+        t->captures++;
+        t->capture_frames += 1 + d;
+        return m->id;
+    }
+    return 0;
+}
+
 /* A shadow capture the memo knows: the innermost entry alive, the same
  * pc, function, prefix and CFA offset as a capture before. */
 static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tls *t, void *ret, void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
-    uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret;
-    _tag_shadow_settle(t, sp);
+    uint64_t sp = (uint64_t)(uintptr_t)frame + 16, pc = (uint64_t)(uintptr_t)ret, cc;
+    uint32_t d = t->shadow.depth, id = 0;
+    if (TAG_LIKELY(d > 0 && top_alive(t, sp) && memo_cc(t, sp, d, &cc))) {
+        id = memo_get(t, cc, pc, sp, d);
+    } else {
+        /* a dead entry, or one on another stack: settle, which repairs */
+        _tag_shadow_settle(t, sp);
+        d = t->shadow.depth;
+        if (d > 0 && top_alive(t, sp))
+            id = memo_get(t, _tag_shadow_cc(t, d), pc, sp, d);
+    }
 #ifdef LIBTAG_DEBUG
     shadow_verify(t, sp);
+    if (id)
+        memo_verify(t, ret, frame, id);
 #endif
-    uint32_t d = t->shadow.depth;
-    if (d > 0 && top_alive(t, sp)) {
-        uint64_t cc = _tag_shadow_cc(t, d);
-        const struct tag_cap_memo *m = cap_memo_of(t, cc, pc);
-        if (m->cc == cc && m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
-            m->off == t->shadow.sp[d - 1] - sp &&
-            m->gen == __atomic_load_n(&_tag_code_gen, __ATOMIC_RELAXED) && m->id) {
-            t->captures++;
-            t->capture_frames += 1 + d;
-#ifdef LIBTAG_DEBUG
-            memo_verify(t, ret, frame, m->id);
-#endif
-            return m->id;
-        }
-    }
-    return capture_slow(t, ret, frame);
+    return id ? id : capture_slow(t, ret, frame);
 }
 
 /* The fast checks first, in a function of its own that needs no stack

@@ -82,6 +82,8 @@ def test_a_live_stack_word_is_the_threads_and_a_dead_one_says_so():
     live = doc_of(proc, proc.stack_at(0x900))
     assert (live["owner"], live["thread"], live["region"]["name"], live["note"]) == (
         "stack", F.MAIN_TID, f"stack of thread {F.MAIN_TID}", "")
+    at_sp = doc_of(proc, proc.stack_at(0x800))  # the word at the stack pointer is live
+    assert (at_sp["owner"], at_sp["note"]) == ("stack", "")
     dead = doc_of(proc, proc.stack_at(0x100))
     assert (dead["owner"], dead["thread"]) == ("stack", F.MAIN_TID)
     assert dead["note"] == f"below the stack pointer {proc.stack_at(0x800):#x} (dead frame)"

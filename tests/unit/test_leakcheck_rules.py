@@ -141,3 +141,19 @@ def test_trend_follows_each_stack_over_the_snapshots_in_their_order():
     assert [f["function"] for f in doc["stacks"][0]["stack"]] == ["make_session"]
     growing = trend_json(trend(dumps), growing_only=True)
     assert ([s["stack_id"] for s in growing["stacks"]], growing["stacks_total"]) == ([1], 1)
+
+
+def test_trend_top_cuts_the_list_and_says_how_many_there_were():
+    snaps = []
+    for seq in (1, 2):
+        p = F.FakeProcess()
+        p.control_fields["snapshot_seq"] = seq
+        ids = [p.stack_id(pc) for pc in (LOSE, KEEP, CHILD)]
+        for i, s in enumerate(ids):  # each stack grows by i + 1 blocks of 16 bytes
+            for k in range(1 + (i + 1) * (seq - 1)):
+                p.block(0x40 + 0x200 * i + 0x40 * k, size=16, stack=s)
+        snaps.append(p)
+    doc = trend_json(trend([F.dump(p, symbols()) for p in snaps]), top=2)
+    assert [(s["stack_id"], s["blocks"], s["growth_bytes"]) for s in doc["stacks"]] == [
+        (3, [1, 4], 48), (2, [1, 3], 32)]
+    assert (doc["stacks_total"], doc["monotonic_stacks"]) == (3, 3)

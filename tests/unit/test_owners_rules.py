@@ -243,3 +243,30 @@ def test_a_lost_block_has_empty_retainers_and_a_freed_one_null():
     assert (doc["retainers"], doc["retainer_count"], doc["retainers_depth_limited"]) == (None, None, False)
     # a freed block still has referrers: who holds the dangling pointer
     assert [(r["in"], r["address"]) for r in doc["referrers"]] == [("global", hex(proc.globals_at(0)))]
+
+
+def test_a_zero_size_block_owns_its_start_and_has_referrers():
+    # GIVEN malloc(0)'s block, held by a global
+    proc = F.FakeProcess()
+    proc.modules()
+    z = proc.block(0x40, size=0)
+    proc.word(proc.globals_at(8), z)
+    doc = doc_of(proc, z)
+    assert (doc["owner"], doc["note"], doc["block"]["size"], doc["block"]["offset"]) == (
+        "heap", "0 bytes into a live block of 0 bytes", 0, 0)
+    assert [(r["in"], r["symbol"], r["interior"]) for r in doc["referrers"]] == [("global", "registry+8", False)]
+    assert doc["retainer_count"] == 1
+    # its next byte is no longer the block's: just past its end
+    assert doc_of(proc, z + 1)["note"] == f"just past the end of the live block at {z:#x} (0 bytes)"
+
+
+def test_an_address_in_libtags_guard_pool_outside_a_block_is_named_so():
+    proc = F.FakeProcess()
+    pool = 0x7E0000000000
+    proc.map(pool, 0x2000, writable=True)
+    proc.control_fields.update(guard_pool=pool, guard_pool_bytes=0x2000)
+    doc = doc_of(proc, pool + 0x1010)
+    assert (doc["owner"], doc["region"]["name"], doc["note"], doc["block"]) == (
+        "mapping", "libtag's guard pool", "a guard page, or the slack of a guarded block", None)
+    # the first byte past the pool: no mapping holds it
+    assert doc_of(proc, pool + 0x2000)["owner"] == "unmapped"

@@ -10,7 +10,8 @@ scan and diff run unchanged on it, with no process, core, compiler or gdb.
     a = proc.block(0x40, size=24)                      # a live block, tag + canary
     b = proc.block(0x100, size=16, freed=(0, 7, 50))   # freed: free stack, tid, time
     proc.word(proc.globals_at(0), a)                   # a global pointing at a
-    heap = Heap(proc.memory())
+    heap = F.heap(proc)                                # the real Heap over it
+    dump = F.dump(proc)                                # the real Dump, frames named by a FakeSymbolizer
 
 Only the layout libtag writes is faked; every check value, canary and
 control block is computed or built exactly as tag_abi.h says.
@@ -36,6 +37,10 @@ FILL = 256  # control.quarantine_fill: freed payload bytes patterned
 HEAP = 0x555500100000
 GLOBALS = 0x555500000000  # the program's writable data
 STACK = 0x7FFF00000000
+PROGRAM = "/fake/program"  # the module whose writable data is GLOBALS
+LIBTAG = "/fake/libtag.so"  # the module whose .data holds the control block
+PROGRAM_TEXT = 0x555400000000  # read-only mappings of the two: FakeProcess.modules()
+LIBTAG_TEXT = 0x7EFF00000000
 
 
 class FakeMemory:
@@ -84,6 +89,9 @@ class FakeProcess:
         self.pid = pid
         self.anomaly: dict | None = None
         self.ring: list[dict] = []  # the main thread's quarantine entries, oldest first
+        self.crash: dict | None = None  # control.crash's fields (signal, tid, address, code, stack, time)
+        self.control_fields: dict = {}  # other control block fields (options, snapshot_time_ms, ...)
+        self.mappings: list[tuple[int, bytes, bool, str | None]] = []  # more regions: map()
         self.thread(MAIN_TID)
 
     # -- the heap --------------------------------------------------------
@@ -162,25 +170,128 @@ class FakeProcess:
             reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID)
         if self.anomaly:
             control["anomaly"].update(self.anomaly)
+        if self.crash:
+            control["crash"].update(self.crash)
+        control.update(self.control_fields)
         libtag = bytearray(self.libtag)
         raw = abi.Control.build(control)
         libtag[0x100:0x100 + len(raw)] = raw
         nodes = b"".join(abi.StackNode.build(dict(pc=pc, parent=parent, kind=kind))
                          for pc, parent, kind in self.nodes)
         records = b"".join(abi.ThreadRecord.build(t) for t in self.threads)
-        ring = _zero(abi.QuarantineRing)
-        ring["count"] = len(self.ring)
-        for i, e in enumerate(self.ring):
-            ring["e"][i] = e
         return FakeMemory([
             (LIBTAG_DATA, libtag, True, "/fake/libtag.so"),
             (STACK_TABLE, nodes, True, None),
             (THREAD_RECORDS, records, True, None),
-            (QUARANTINE, abi.QuarantineRing.build(ring), True, None),
+            (QUARANTINE, _ring_bytes(self.ring), True, None),
             (GLOBALS, self.globals, True, "/fake/program"),
             (HEAP, self.heap, True, "[heap]"),
             (STACK, self.stack, True, "[stack]"),
+            *self.mappings,
         ])
+
+    # -- added helpers ---------------------------------------------------
+
+    def map(self, start: int, size: int, *, writable: bool = False, path: str | None = None) -> bytearray:
+        """Another mapping, of zeros: a module's read-only text (which makes
+        its writable mapping of the same path the module's globals), shared
+        memory, an anonymous mapping.  Returns its bytes, to write into."""
+        data = bytearray(size)
+        self.mappings.append((start, data, writable, path))
+        return data
+
+    def modules(self) -> None:
+        """The program's and libtag's text mapped read-only (PROGRAM_TEXT,
+        LIBTAG_TEXT): their writable mappings are then modules' globals."""
+        self.map(PROGRAM_TEXT, 0x1000, path=PROGRAM)
+        self.map(LIBTAG_TEXT, 0x1000, path=LIBTAG)
+
+    def libtag_word(self, offset: int, value: int) -> None:
+        """Write a pointer-sized word into libtag's .data (outside its control
+        block, which starts 0x100 in)."""
+        self.libtag[offset:offset + 8] = value.to_bytes(8, "little")
+
+    def record_anomaly(self, kind: int, user: int, *, address: int | None = None, tid: int = MAIN_TID,
+                       stack: int = 0, time: int = 0, block: int | None = None, **more) -> None:
+        """The anomaly libtag records: kind (abi.TAG_ANOMALY_*) at address
+        (default user), with its copy of the tag of the block at user (and of
+        its quarantine record, when freed) - as anomaly.c copies them.
+        block: the block libtag names (default user; 0: none)."""
+        tag_off = user - abi.TAG_SIZE - HEAP
+        tag = dict(abi.Tag.parse(bytes(self.heap[tag_off:tag_off + abi.TAG_SIZE])))
+        rec = next((e["rec"] for e in self.ring if e["user"] == user), None)
+        self.anomaly = dict(kind=kind, tid=tid, address=user if address is None else address,
+                            block=user if block is None else block, stack=stack, time=time,
+                            tag=tag, **({"free_rec": dict(rec)} if rec else {}), **more)
+        self.reason = abi.TAG_REASON_ANOMALY
+
+
+# ---------------------------------------------------------------- added --
+
+
+def heap(proc: FakeProcess):
+    """The real forensics.reader.heap.Heap over proc's image: every unit test
+    builds its Heap here, so how a Heap is constructed is one line to change."""
+    from forensics.reader.heap import Heap
+
+    return Heap(proc.memory())
+
+
+def dump(proc: FakeProcess, symbols: "FakeSymbolizer | None" = None):
+    """The real forensics.reader.dump.Dump over proc's image, its frames and
+    data named by symbols (a FakeSymbolizer; default: one that knows no
+    module) - no llvm-symbolizer, no symbol cache on disk."""
+    from forensics.reader.dump import Dump
+
+    d = Dump(proc.memory())
+    d.__dict__["symbolizer"] = symbols if symbols is not None else FakeSymbolizer()
+    return d
+
+
+class FakeSymbolizer:
+    """forensics.reader.symbols.Symbolizer's answers from tables the test
+    gives: modules [(path, start, end)] (load bias = start), functions
+    {pc: name} (the pc a stack records), data [(module, start, size, name,
+    section)] for data_symbol."""
+
+    def __init__(self, modules=(), functions: dict[int, str] | None = None, data=()) -> None:
+        from forensics.reader.symbols import Module
+
+        self.modules = sorted((Module(path, start, end, start) for path, start, end in modules),
+                              key=lambda m: m.start)
+        self.functions = dict(functions or {})
+        self.data = list(data)
+        self.warnings: list[str] = []
+
+    def module_at(self, pc: int):
+        return next((m for m in self.modules if pc in m), None)
+
+    def symbolize(self, pcs):
+        from forensics.reader.symbols import SymbolFrame
+
+        out = []
+        for pc, kind in pcs:
+            m = self.module_at(pc - 1 if kind == abi.TAG_FRAME_CALL else pc)
+            out.append(SymbolFrame(pc, self.functions.get(pc), None, None, m.path if m else None,
+                                   module_offset=pc - m.load_bias if m else None))
+        return out
+
+    def data_symbol(self, module_path: str, addr: int):
+        from forensics.reader.symbols import DataSymbol
+
+        for module, start, size, name, section in self.data:
+            if module == module_path and start <= addr < start + size:
+                return DataSymbol(name, addr - start, section, module)
+        return None
+
+
+def _ring_bytes(entries: list[dict]) -> bytes:
+    """abi.QuarantineRing.build of a ring holding entries (head 0, count,
+    the rest zero), with the 4096 empty slots as zero bytes: construct
+    takes ~80 ms to build them one by one, every memory() of every test."""
+    head = (0).to_bytes(4, "little") + len(entries).to_bytes(4, "little") + bytes(8)  # head, count, bytes
+    body = b"".join(abi.QEntry.build(e) for e in entries)
+    return head + body + bytes(abi.TAG_QUARANTINE_BYTES - len(head) - len(body))
 
 
 def _zero(struct) -> dict:

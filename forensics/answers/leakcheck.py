@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from forensics.answers.inspect import inspect_reason
-from forensics.answers.leaks import leaks_json
+from forensics.answers.leaks import LeakScan, leaks_json
 from forensics.errors import InputError
 from forensics.reader.dump import Dump
 
@@ -106,9 +106,10 @@ def _merge(groups: list[dict]) -> list[dict]:
         if have["age_ms"] is not None and g["age_ms"] is not None:
             have["age_ms"] = {"oldest": max(have["age_ms"]["oldest"], g["age_ms"]["oldest"]),
                               "newest": min(have["age_ms"]["newest"], g["age_ms"]["newest"])}
-        n = max(len(have["examples"]), len(g["examples"]))
+        # the lowest of both: each group's own are its lowest, so these are
+        # the merged group's lowest, as many as one group would show
         have["examples"] = sorted(set(have["examples"]) | set(g["examples"]),
-                                  key=lambda a: int(a, 16))[:n]
+                                  key=lambda a: int(a, 16))[:LeakScan.MAX_EXAMPLES]
     rank = {k: i for i, k in enumerate(KINDS)}
     return sorted(out.values(), key=lambda g: (rank[g["kind"]], -g["bytes"], g["stack_id"]))
 

@@ -333,8 +333,10 @@ struct tag_fast {
     uint32_t hits;         /* captures it answered, not yet in captures */
     uint32_t stamp;        /* when it was filled (the cache's replacement) */
 };
-#define TAG_FAST_SLOTS 16   /* the per-thread cache of walks, by (pc, sp):
-                               8 ways in each of 2 sets */
+#define TAG_FAST_SLOTS 64   /* the per-thread cache of walks, by (pc, sp):
+                               8 ways in each of 8 sets (2 sets missed a
+                               quarter of python3's captures: one malloc
+                               wrapper's (pc, sp) under many stacks) */
 #define TAG_FAST_READS 64   /* words it keeps per walk (one a frame, and a
                                saved rbp the walk outward needs); deeper
                                walks: not.  lua's allocations walk ~19

@@ -382,7 +382,7 @@ TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
 }
 
 #define FAST_WAYS 8
-#define FAST_SET_BITS 1  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
+#define FAST_SET_BITS 3  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
 #define FAST_KIN 4       /* ways of one set for walks of one frame and caller */
 _Static_assert(TAG_FAST_SLOTS == FAST_WAYS << FAST_SET_BITS, "fast cache shape");
 _Static_assert(sizeof(((struct tag_tls *)0)->fast_last) == 16, "fast_last");

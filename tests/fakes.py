@@ -3,14 +3,17 @@ libtag process image built in it with forensics.reader.abi's own Structs.
 
 `import forensics_test_fakes as F` (tests/conftest.py registers this file
 under that name).  As memray's reporter tests feed fake records to the real
-reporters, these feed fake memory to the real reader: Heap, Dump, the leak
-scan and diff run unchanged on it, with no process, core, compiler or gdb.
+reporters, these feed fake memory to the real reader: Control, Heap, Dump,
+the leak scan and diff run unchanged on it, with no process, core, compiler
+or gdb.
 
     proc = F.FakeProcess()
     a = proc.block(0x40, size=24)                      # a live block, tag + canary
     b = proc.block(0x100, size=16, freed=(0, 7, 50))   # freed: free stack, tid, time
     proc.word(proc.globals_at(0), a)                   # a global pointing at a
-    heap = Heap(proc.memory())
+    control = Control(proc.memory())                   # libtag's tables (reader/control.py)
+    heap = Heap(control)                               # the block index over them
+    dump = Dump(proc.memory())                         # both: dump.control, dump.heap
 
 Only the layout libtag writes is faked; every check value, canary and
 control block is computed or built exactly as tag_abi.h says.

@@ -70,7 +70,7 @@ class Control:
         self._read_stack_table()
         self._threads: list[Thread] | None = None
 
-    # ---------------------------------------------------------- the block --
+    # -------------------------------------------------- the control block --
 
     def _where(self) -> str:
         return getattr(self.mem, "name", "memory")

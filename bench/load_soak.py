@@ -43,6 +43,7 @@ from pathlib import Path
 from forensics import libpath
 from forensics.cli.main import main as forensics_main
 from forensics.core import Core
+from forensics.reader.control import Control
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory
 
@@ -80,7 +81,7 @@ def check_core(core_path: Path, table: int) -> dict:
                live_blocks=doc["heap"]["live_blocks"], threads=len(doc["threads"]))
     mismatches, slots = [], 0
     with Core(core_path) as core:
-        heap = Heap(CoreMemory(core))
+        heap = Heap(Control(CoreMemory(core)))
         words = struct.unpack(f"<{THREADS * SLOTS}Q", core.read(table, THREADS * SLOTS * 8))
         for i, p in enumerate(words):
             if not p:

@@ -3,15 +3,17 @@ libtag process image built in it with forensics.reader.abi's own Structs.
 
 `import forensics_test_fakes as F` (tests/conftest.py registers this file
 under that name).  As memray's reporter tests feed fake records to the real
-reporters, these feed fake memory to the real reader: Heap, Dump, the leak
-scan and diff run unchanged on it, with no process, core, compiler or gdb.
+reporters, these feed fake memory to the real reader: Control, Heap, Dump,
+the leak scan and diff run unchanged on it, with no process, core, compiler
+or gdb.
 
     proc = F.FakeProcess()
     a = proc.block(0x40, size=24)                      # a live block, tag + canary
     b = proc.block(0x100, size=16, freed=(0, 7, 50))   # freed: free stack, tid, time
     proc.word(proc.globals_at(0), a)                   # a global pointing at a
-    heap = F.heap(proc)                                # the real Heap over it
-    dump = F.dump(proc)                                # the real Dump, frames named by a FakeSymbolizer
+    control = F.control(proc)                          # libtag's tables (reader/control.py)
+    heap = F.heap(proc)                                # the block index over them (reader/heap.py)
+    dump = F.dump(proc)                                # both (dump.control, dump.heap), frames named by a FakeSymbolizer
 
 Only the layout libtag writes is faked; every check value, canary and
 control block is computed or built exactly as tag_abi.h says.
@@ -229,12 +231,21 @@ class FakeProcess:
 # ---------------------------------------------------------------- added --
 
 
+def control(proc: FakeProcess):
+    """The real forensics.reader.control.Control (libtag's control block and
+    the tables off it) over proc's image."""
+    from forensics.reader.control import Control
+
+    return Control(proc.memory())
+
+
 def heap(proc: FakeProcess):
-    """The real forensics.reader.heap.Heap over proc's image: every unit test
-    builds its Heap here, so how a Heap is constructed is one line to change."""
+    """The real forensics.reader.heap.Heap (the block index) over proc's
+    image: unit tests build their Heap here, so how one is constructed is
+    one line to change."""
     from forensics.reader.heap import Heap
 
-    return Heap(proc.memory())
+    return Heap(control(proc))
 
 
 def dump(proc: FakeProcess, symbols: "FakeSymbolizer | None" = None):

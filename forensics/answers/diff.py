@@ -82,7 +82,7 @@ class Diff:
 
 def same_process(a: Dump, b: Dump) -> bool:
     """Do the two snapshots come from one process (one libtag lifetime)?"""
-    ca, cb = a.heap.control, b.heap.control
+    ca, cb = a.control.fields, b.control.fields
     return a.pid == b.pid and int(ca.start_realtime_ns) == int(cb.start_realtime_ns)
 
 
@@ -240,11 +240,11 @@ def diff(old: Dump, new: Dump, *, filters: Sequence[str] = (),
 
 
 def snapshot_json(dump: Dump) -> dict:
-    c = dump.heap.control
+    c = dump.control.fields
     t = dump.heap.totals
     return {"core": dump.core.path if dump.core is not None else dump.mem.name,
             "pid": dump.pid, "snapshot_seq": int(c.snapshot_seq),
-            "time_ms": int(c.snapshot_time_ms), "reason": dump.heap.reason,
+            "time_ms": int(c.snapshot_time_ms), "reason": dump.control.reason,
             "live_blocks": t.live_blocks, "live_bytes": t.live_bytes}
 
 
@@ -294,7 +294,7 @@ def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
 
 def _taken_ms(dump: Dump) -> int | None:
     """When the snapshot was taken, ms since the epoch; None if unknown."""
-    c = dump.heap.control
+    c = dump.control.fields
     if not int(c.start_realtime_ns) or not int(c.snapshot_time_ms):
         return None
     return int(c.start_realtime_ns) // 1_000_000 + int(c.snapshot_time_ms)
@@ -302,7 +302,7 @@ def _taken_ms(dump: Dump) -> int | None:
 
 def _order_warnings(old: Dump, new: Dump, same_process: bool) -> list[str]:
     """A warning when OLD was taken after NEW: the growth would read as shrinkage."""
-    co, cn = old.heap.control, new.heap.control
+    co, cn = old.control.fields, new.control.fields
     if same_process and int(co.snapshot_seq) and int(cn.snapshot_seq):
         later = int(co.snapshot_seq) > int(cn.snapshot_seq)
         what = f"snapshot {int(co.snapshot_seq)} of pid {old.pid} after snapshot {int(cn.snapshot_seq)}"

@@ -18,7 +18,7 @@ def crash_frames(dump: Dump, tid: int) -> list[Frame]:
     none, the recorded one."""
     t = dump.thread(tid)
     frames = dump.thread_frames(t) if t is not None else []
-    c = dump.heap.crash
+    c = dump.control.crash
     recorded = dump.stack(c.stack) if c is not None and c.stack else []
     return recorded if len(recorded) > len(frames) else frames
 
@@ -45,15 +45,6 @@ FREED_WORD = int.from_bytes(bytes([abi.TAG_FREE_PATTERN]) * 8, "little")
 _NEAR_FREED = 1 << 16  # a pattern pointer plus a field offset is still "from a freed block"
 
 
-def _crash_regs(dump: Dump, tid: int) -> dict[str, int] | None:
-    """The faulting thread's registers at the fault: libtag saved them from
-    the signal context; else the core's own note for the thread."""
-    t = dump.heap.thread(tid)
-    if t is not None and t.regs and t.regs.get("rip"):
-        return t.regs
-    return dump.core_registers.get(tid)
-
-
 def _freed_pointer(value: int | None) -> bool:
     return value is not None and abs(value - FREED_WORD) < _NEAR_FREED
 
@@ -75,7 +66,7 @@ def crash_doc(dump: Dump, c) -> dict:
             pid, uid = c.address & 0xFFFFFFFF, c.address >> 32
             sender = {"pid": pid, "uid": uid, "self": pid == dump.pid}
     elif code == SI_KERNEL:
-        regs = _crash_regs(dump, c.thread)
+        regs = dump.crash_registers(c.thread)
         if regs is not None and name in ("SIGSEGV", "SIGBUS"):
             address, insn, cause = _decode_fault(dump, regs)
             source = "decoded" if address is not None else None
@@ -102,7 +93,7 @@ def crash_doc(dump: Dump, c) -> dict:
         "cause": cause,
         "summary": summary,
         "thread": c.thread,
-        "time": iso_time(int(dump.heap.control.start_realtime_ns) + c.time_ms * 1_000_000),
+        "time": iso_time(int(dump.control.fields.start_realtime_ns) + c.time_ms * 1_000_000),
         "time_ms": c.time_ms,
         "stack": frames_json(crash_frames(dump, c.thread)),
         "code": code,
@@ -234,13 +225,13 @@ def latent_uaf_docs(dump: Dump) -> list[dict]:
     """The use-after-free writes the core shows in freed blocks that libtag
     has not reported (docs/json.md: anomalies with ``detected_by`` "reader"),
     by address; the block of a recorded use-after-free is not repeated."""
-    heap = dump.heap
-    a = heap.anomaly
+    control = dump.control
+    a = control.anomaly
     known = a.block.start if a is not None and a.kind == "use-after-free" and a.block else None
-    found = [(b, off, w) for b, off, w in heap.latent_uaf() if b.start != known]
+    found = [(b, off, w) for b, off, w in dump.heap.latent_uaf() if b.start != known]
     dump.prefetch([s for b, _, _ in found for s in (b.alloc_stack, b.free_stack or 0)])
-    taken = heap.taken_ms
-    when = int(heap.control.start_realtime_ns) + (taken or 0) * 1_000_000
+    taken = control.taken_ms
+    when = int(control.fields.start_realtime_ns) + (taken or 0) * 1_000_000
     return [{
         "kind": "use-after-free",
         "address": hexaddr(b.start + off),
@@ -259,13 +250,13 @@ def latent_uaf_docs(dump: Dump) -> list[dict]:
     } for b, off, w in found]
 
 
-def inspect_reason(heap) -> str:
+def inspect_reason(control) -> str:
     """inspect's reason: "on-demand", "exit", an anomaly kind, or "crash".  A core
     libtag did not trigger (gcore, a kill the crash hook did not see) has no
     recorded reason: it is a snapshot taken on demand by other means."""
-    reason = heap.reason
+    reason = control.reason
     if reason == "none" or reason.startswith("reason-"):
-        return "crash" if heap.crash is not None else "on-demand"
+        return "crash" if control.crash is not None else "on-demand"
     return reason
 
 
@@ -281,7 +272,7 @@ def top_stacks(dump: Dump, *, runtime: bool = False, runtime_functions=()) -> tu
 
 def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_functions=()) -> dict:
 
-    heap = dump.heap
+    heap, control = dump.heap, dump.control
     totals = heap.totals
     # top 0 (the report's events): no stacks, so none to sort out either
     stacks, runtime_sum = (top_stacks(dump, runtime=runtime, runtime_functions=runtime_functions)
@@ -290,7 +281,7 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
     dump.prefetch([s for s, _, _, _ in by_stack])
 
     anomalies = []
-    a = heap.anomaly
+    a = control.anomaly
     if a is not None:
         # libtag records no block for an invalid free (it is not a block's
         # start); when the address is inside a tagged block, that block is the
@@ -317,19 +308,19 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
 
     anomalies += latent_uaf_docs(dump)
 
-    crash = crash_doc(dump, heap.crash) if heap.crash is not None else None
+    crash = crash_doc(dump, control.crash) if control.crash is not None else None
 
     threads = []
     for t in dump.threads:
         threads.append({"tid": t.tid, "sp": hexaddr(t.sp),
                         "stack": frames_json(dump.thread_frames(t))})
 
-    counters = heap.counters
+    counters = control.counters
     return {
         "core": dump.core.path if dump.core is not None else dump.mem.name,
         "process": {"pid": dump.pid, "exe": dump.exe},
-        "reason": inspect_reason(heap),
-        "payload": "omitted" if heap.payload_omitted else "kept",
+        "reason": inspect_reason(control),
+        "payload": "omitted" if control.payload_omitted else "kept",
         "libtag": True,
         "crash": crash,
         "heap": {

@@ -137,7 +137,7 @@ def leak_check_doc(dump: Dump, suppressions: Suppressions | None = None) -> dict
         "pid": dump.pid,
         "exe": dump.exe,
         "core": dump.core.path if dump.core is not None else dump.mem.name,
-        "reason": inspect_reason(dump.heap),
+        "reason": inspect_reason(dump.control),
         "leaks": kept,
         "totals": totals,
         "suppressed": {
@@ -146,7 +146,7 @@ def leak_check_doc(dump: Dump, suppressions: Suppressions | None = None) -> dict
             "patterns": [{"pattern": p, "blocks": b, "bytes": n} for p, (b, n) in counts.items()],
         },
         "leaked": any(totals[k]["blocks"] for k in FAILING_KINDS),
-        "warnings": list(dump.heap.warnings),
+        "warnings": list(dump.control.warnings),
     }
 
 

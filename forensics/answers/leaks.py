@@ -60,13 +60,14 @@ numpy step per node).  Each block is visited once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
 from forensics.reader import abi
-from forensics.reader.dump import Dump, ThreadStack
+from forensics.reader.dump import Dump
+from forensics.reader.model import Thread
 from forensics.reader.pointers import hits
 
 KINDS = ("reachable", "possible", "indirect", "definite")
@@ -672,42 +673,37 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------ roots --
 
 
-def thread_contexts(dump: Dump) -> list[ThreadStack]:
+def thread_contexts(dump: Dump) -> list[Thread]:
     """Every live thread at the snapshot, with the registers the scan takes
-    as roots (Dump.saved_registers_first says whose): for a snapshot, the
-    ones libtag saved, plus - conservatively - any other value the core's
-    own note of that thread holds (a kernel core's child registers, named
-    "core:NAME"); a thread libtag has no record of is not the program's
-    (the fork child).  Without libtag: the core's notes, every thread."""
-    heap = dump.heap
-    if heap is None:  # no libtag: the core's own notes, every thread as it died
+    as roots: Dump.threads' (Dump.saved_registers_first says whose) and,
+    where those are the ones libtag saved, conservatively any other value
+    the core's own note of that thread holds (a kernel core's child
+    registers, named "core:NAME"); a thread libtag has no record of is not
+    the program's (the fork child).  Without libtag: the core's notes,
+    every thread."""
+    if dump.control is None:  # no libtag: the core's own notes, every thread as it died
         return list(dump.threads)
     notes = dump.core_registers
     out = []
-    for t in heap.threads:
-        if t.exited:
+    for t in dump.threads:
+        if not t.recorded:
             continue
-        regs: dict[str, int] = {}
-        if dump.saved_registers_first and t.regs:
-            regs = dict(t.regs)
-            extra = notes.get(t.tid)
-            if extra:
-                have = set(regs.values())
-                for name, v in extra.items():
-                    if v not in have:
-                        regs[f"core:{name}"] = v
-        elif t.tid in notes:
-            regs = dict(notes[t.tid])
-        sp = regs.get("rsp")
-        out.append(ThreadStack(t.tid, sp, dump.stack_region(t, sp), regs))
+        regs = dict(t.regs or {})
+        extra = notes.get(t.tid)
+        if dump.saved_registers_first and t.saved_regs and extra:
+            have = set(regs.values())
+            for name, v in extra.items():
+                if v not in have:
+                    regs[f"core:{name}"] = v
+        out.append(replace(t, regs=regs))
     return out
 
 
 def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
     """[start, end) of libtag's per-thread block in every thread (struct
     tag_tls: shadow stacks, caches, the last allocations for the overflow
-    sweep): libtag's references, not the program's (Heap.libtag_tls_ranges)."""
-    return dump.heap.libtag_tls_ranges() if dump.heap is not None else []
+    sweep): libtag's references, not the program's (Control.libtag_tls_ranges)."""
+    return dump.control.libtag_tls_ranges() if dump.control is not None else []
 
 
 def _blocks(dump: Dump) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -728,7 +724,7 @@ def _u64(mem, addr: int) -> int | None:
         return None
 
 
-def _tls_ranges(dump: Dump, ctx: ThreadStack, fs: int) -> list[tuple[int, int]]:
+def _tls_ranges(dump: Dump, ctx: Thread, fs: int) -> list[tuple[int, int]]:
     """The static TLS block below fs (from the DTV's lowest static entry), the
     thread descriptor above it, and the DTV array."""
     regions = dump.mem.regions()
@@ -754,7 +750,7 @@ def _tls_ranges(dump: Dump, ctx: ThreadStack, fs: int) -> list[tuple[int, int]]:
     return out
 
 
-def root_ranges(dump: Dump, contexts: list[ThreadStack] | None = None) -> list[RootRange]:
+def root_ranges(dump: Dump, contexts: list[Thread] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
     from forensics.reader.memory import module_of_data, name_mapping
@@ -841,7 +837,7 @@ def leaks_json(dump: Dump) -> list[dict]:
     if not dump.libtag:
         return [_plain_group_json(g) for g in groups]
     dump.prefetch([g.stack_id for g in groups])
-    now = int(dump.heap.control.snapshot_time_ms)
+    now = int(dump.control.fields.snapshot_time_ms)
     out = []
     for g in groups:
         doc = {

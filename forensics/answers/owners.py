@@ -97,14 +97,13 @@ def _place(dump: Dump, addr: int, region: Region | None, regions: list[Region],
            near: tuple[Block, int] | None) -> Owner:
     """What holds an address no block holds: a thread's stack, libtag's
     guard pool, nothing, a module's globals, another mapping."""
-    heap = dump.heap
     t = dump.thread_of_stack(addr)
     if t is not None:
         live = t.sp is None or addr >= t.sp
         return Owner(addr, "stack", region=t.stack_region, thread=t.tid, near=near,
                      region_name=f"stack of thread {t.tid}",
                      note="" if live else f"below the stack pointer {t.sp:#x} (dead frame)")
-    c = heap.control if heap is not None else None
+    c = dump.control.fields if dump.control is not None else None
     if c is not None and int(c.guard_pool) <= addr < int(c.guard_pool) + int(c.guard_pool_bytes):
         return Owner(addr, "mapping", region=region, near=near, region_name="libtag's guard pool",
                      note=near_note(near) if near else "a guard page, or the slack of a guarded block")

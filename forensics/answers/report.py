@@ -111,7 +111,7 @@ def snapshot_time(dump: Any, catalog_time: CatalogTime | None = None) -> tuple[f
     without a snapshot time); without those (and for every core without
     libtag), catalog_time's answer for the core, then the core file's mtime."""
     if dump.libtag:
-        c = dump.heap.control
+        c = dump.control.fields
         ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
         start_ns = int(c.start_realtime_ns)
         if start_ns:
@@ -306,14 +306,14 @@ def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
     """One point of the curve: a core's time, reason and live/freed totals."""
     t, source = snapshot_time(dump, catalog_time)
     totals = dump.heap.totals
-    c = dump.heap.control
+    c = dump.control.fields
     return {
         "start_ns": int(c.start_realtime_ns),
         "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
         "pid": dump.pid,
         "exe": dump.exe,
-        "reason": dump.heap.reason,
-        "seq": int(dump.heap.control.snapshot_seq),
+        "reason": dump.control.reason,
+        "seq": int(dump.control.fields.snapshot_seq),
         "time": t,
         "time_source": source,
         "live_bytes": totals.live_bytes,
@@ -429,8 +429,8 @@ class ReportBuilder:
                                  "allocation stacks, and cores without libtag have none")
             return self._add_plain(dump)
         point = self._add_point(snapshot_point(dump, self.catalog_time))
-        heap = dump.heap
-        if heap.anomaly is not None or heap.crash is not None:
+        control = dump.control
+        if control.anomaly is not None or control.crash is not None:
             doc = inspect_doc(dump, top=0)
             self._add_events(events_of(doc, point["core"], self.frames, (point["pid"], point["start_ns"])),
                              point["core"])
@@ -584,7 +584,7 @@ class ReportBuilder:
         per-stack counters, plus rows for the stacks with no live block that
         peaked or churned the most; False (and nothing added) when libtag did
         not record them."""
-        stats = dump.heap.stack_stats()
+        stats = dump.control.stack_stats()
         if stats is None:
             return False
 

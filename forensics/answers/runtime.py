@@ -97,12 +97,12 @@ class Runtime:
 
     def classify(self, stack_ids: Sequence[int]) -> dict[int, bool]:
         """stack id -> whether it is the runtime's, for every id given."""
-        heap = self.dump.heap
+        control = self.dump.control
         todo: dict[int, list] = {}  # stack id -> the raw frames of its runtime run
         for sid in stack_ids:
             if sid in self._known:
                 continue
-            raw = heap.raw_stack(sid) if sid else []
+            raw = control.raw_stack(sid) if sid else []
             i = 0
             while i < len(raw) and self._kind(raw[i][0]) == "libtag":
                 i += 1

@@ -100,7 +100,7 @@ class _Clock:
 def _clock(dump: Any) -> _Clock | None:
     if dump is None:
         return None
-    c = dump.heap.control
+    c = dump.control.fields
     start = int(c.start_realtime_ns)
     if not start:
         return None

@@ -57,7 +57,7 @@ def order(dumps: Sequence[Dump]) -> tuple[list[Dump], bool]:
     dumps = list(dumps)
     one = all(same_process(dumps[0], s) for s in dumps[1:])
     if one:
-        dumps.sort(key=lambda s: (int(s.heap.control.snapshot_seq), int(s.heap.control.snapshot_time_ms)))
+        dumps.sort(key=lambda s: (int(s.control.fields.snapshot_seq), int(s.control.fields.snapshot_time_ms)))
     return dumps, one
 
 

@@ -27,9 +27,9 @@ from .notes import (
     Auxv,
     Mapping,
     PrPsInfo,
+    PrStatus,
     RawNote,
     SigInfo,
-    Thread,
 )
 
 __all__ = [
@@ -45,10 +45,10 @@ __all__ = [
     "Mapping",
     "NotDumpedError",
     "PrPsInfo",
+    "PrStatus",
     "RawNote",
     "Segment",
     "SigInfo",
-    "Thread",
     "TruncatedError",
     "UnmappedError",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import elf
 from .errors import CoreParseError, NotDumpedError, TruncatedError, UnmappedError
-from .notes import Auxv, Mapping, Notes, PrPsInfo, RawNote, SigInfo, Thread, decode_notes, iter_notes
+from .notes import Auxv, Mapping, Notes, PrPsInfo, PrStatus, RawNote, SigInfo, decode_notes, iter_notes
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,8 @@ class Core:
     # -- process facts -----------------------------------------------------
 
     @property
-    def threads(self) -> list[Thread]:
-        """One Thread per NT_PRSTATUS, in note order (the kernel puts the dumping thread first)."""
+    def threads(self) -> list[PrStatus]:
+        """Each thread's NT_PRSTATUS note, in note order (the kernel puts the dumping thread first)."""
         return self.notes.threads
 
     @property

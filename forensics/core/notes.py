@@ -144,8 +144,11 @@ class SigInfo:
 
 
 @dataclass
-class Thread:
-    """One thread (NT_PRSTATUS): its id, current signal and registers."""
+class PrStatus:
+    """One thread's NT_PRSTATUS note as the kernel (or gdb) wrote it: the
+    thread's id, its current signal and its registers.  Not a thread of the
+    reader: forensics.reader.model.Thread is that, with these registers when
+    they are the program's (Dump.saved_registers_first)."""
 
     tid: int
     signal: int  # pr_cursig
@@ -229,7 +232,7 @@ class Auxv:
 class Notes:
     """Everything decoded from a core's PT_NOTE segments."""
 
-    threads: list[Thread] = field(default_factory=list)
+    threads: list[PrStatus] = field(default_factory=list)  # one NT_PRSTATUS a thread, in note order
     prpsinfo: PrPsInfo | None = None
     auxv: Auxv = field(default_factory=Auxv)
     mappings: list[Mapping] = field(default_factory=list)  # sorted by start
@@ -274,9 +277,9 @@ def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def decode_prstatus(note: RawNote) -> Thread:
+def decode_prstatus(note: RawNote) -> PrStatus:
     st = _parse_desc(elf_prstatus, note, "NT_PRSTATUS")
-    return Thread(tid=st.pr_pid, signal=st.pr_cursig, regs=dict(zip(REG_NAMES, st.pr_reg, strict=True)))
+    return PrStatus(tid=st.pr_pid, signal=st.pr_cursig, regs=dict(zip(REG_NAMES, st.pr_reg, strict=True)))
 
 
 def decode_prpsinfo(note: RawNote) -> PrPsInfo:

@@ -1,13 +1,15 @@
 """A dump: the memory of a libtag process opened for answering questions -
-a core file, or a live process stopped under gdb - with its heap index,
-pointer edges and symbolised stacks, each built once and cached.
+a core file, or a live process stopped under gdb - with libtag's control
+block and what hangs off it, its heap index, its threads, pointer edges and
+symbolised stacks, each built once and cached.
 
 "Dump" is the opened memory; a "snapshot" is the core libtag takes of a
 running process (libtag/src/snapshot.c, ``forensics snapshot``), which is
 one of the files a Dump opens.
 
     with Dump.open(path) as dump:
-        block = dump.heap.block_at(addr)
+        dump.control.reason                          # libtag's records (reader/control.py)
+        block = dump.heap.block_at(addr)             # the block index (reader/heap.py)
         frames = dump.stack(block.alloc_stack)       # symbolised, merged
 
 Every verb that reads a core goes through this, so caching (the heap index and
@@ -18,14 +20,15 @@ mapping from a stack id to frames happen in one place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
 from forensics.reader import abi
-from forensics.reader.heap import Heap, _truncation
+from forensics.reader.control import Control, truncation
+from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
-from forensics.reader.model import Frame, RawFrame, ThreadState
+from forensics.reader.model import Frame, RawFrame, Thread
 from forensics.reader.pointers import Edges, build_edges
 
 Progress = Callable[[int, int], None]
@@ -34,41 +37,20 @@ Progress = Callable[[int, int], None]
 _EDGES_VERSION = 3  # 2: forensics.reader.cachefile format; 3: keyed like the heap index
 
 
-@dataclass(frozen=True)
-class ThreadStack:
-    """One thread at the snapshot: its tid, registers, stack pointer and
-    bounds, and its shadow stack (innermost first; shadow_sp: the CFA of
-    each CALL frame of it)."""
-
-    tid: int
-    sp: int | None
-    stack_region: Region | None
-    regs: dict[str, int] | None = None
-    shadow: list[RawFrame] = field(default_factory=list)
-    shadow_sp: list[int] = field(default_factory=list)
-    shadow_fn: list[int] = field(default_factory=list)
-
-    @property
-    def live_stack(self) -> tuple[int, int] | None:
-        """[sp, end of its stack mapping): the words of its live frames
-        (the whole mapping when sp is not in it); None without a mapping."""
-        r = self.stack_region
-        if r is None:
-            return None
-        return (self.sp if self.sp and self.sp in r else r.start, r.end)
-
-
 class Dump:
     """A libtag memory (a core, or a live process) with everything the answers need."""
 
     def __init__(self, mem: Memory, *, core=None, cache_base: str | None = None,
-                 progress: Progress | None = None, symbols=None, control=None) -> None:
+                 progress: Progress | None = None, symbols=None, found=None) -> None:
+        """found: what abi.find_control(mem) gave, when the caller has
+        looked already (Dump.open); None: look here."""
         self.mem = mem
         self.core = core
         self.cache_base = cache_base
         self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
-        self.heap = Heap(mem, progress=progress, control=control,
+        self.control = Control(mem, found)
+        self.heap = Heap(self.control, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
         self._thread_frames: dict[int, list[Frame]] = {}
@@ -103,7 +85,7 @@ class Dump:
                     mem = CoreMemory(core)
             try:
                 return cls(mem, core=core, cache_base=os.fspath(path), progress=progress,
-                           symbols=symbols, control=found)
+                           symbols=symbols, found=found)
             except abi.NoLibtagError as exc:
                 if not plain:
                     raise
@@ -137,7 +119,7 @@ class Dump:
 
     @property
     def pid(self) -> int:
-        return self.heap.pid
+        return self.control.pid
 
     @cached_property
     def taken_ms(self) -> int | None:
@@ -145,12 +127,12 @@ class Dump:
         snapshot's or the crash's time; for a live process the instant it was
         first read here (one Dump is one stop of the process, so its answers
         agree); None for a core libtag did not take (gcore)."""
-        taken = self.heap.taken_ms
+        taken = self.control.taken_ms
         if taken is None and self.core is None:
             import time
 
             coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
-            taken = (time.clock_gettime_ns(coarse) - int(self.heap.control.start_mono_ns)) // 1_000_000
+            taken = (time.clock_gettime_ns(coarse) - int(self.control.fields.start_mono_ns)) // 1_000_000
         return taken
 
     @property
@@ -187,11 +169,11 @@ class Dump:
 
     @property
     def warnings(self) -> list[str]:
-        """What could not be read or trusted: the heap's warnings, then the
-        symboliser's (a module whose file is not the one the process ran)
-        for the frames symbolised so far."""
+        """What could not be read or trusted: libtag's records' and the heap
+        index's (one list), then the symboliser's (a module whose file is not
+        the one the process ran) for the frames symbolised so far."""
         sym = self.__dict__.get("symbolizer")
-        return list(self.heap.warnings) + (list(sym.warnings) if sym is not None else [])
+        return list(self.control.warnings) + (list(sym.warnings) if sym is not None else [])
 
     def symbolize(self, raw: list[RawFrame]) -> list[Frame]:
         """Frames for raw (pc, kind) pairs, innermost first: ENTRY frames that
@@ -227,7 +209,7 @@ class Dump:
         # mapping at or below it is libtag's (the debug build's .bss is split
         # in parts, not all of them in a core, so "the mapping right after
         # the module" does not find every part)
-        ctl = self.heap.control_addr
+        ctl = self.control.addr
         module = None
         for r in self.mem.regions():
             if r.start > ctl:
@@ -250,7 +232,7 @@ class Dump:
         if not stack_id:
             return []
         if stack_id not in self._frames:
-            self._frames[stack_id] = self.symbolize(self.heap.raw_stack(stack_id))
+            self._frames[stack_id] = self.symbolize(self.control.raw_stack(stack_id))
         return self._frames[stack_id]
 
     def prefetch(self, stack_ids) -> None:
@@ -258,7 +240,7 @@ class Dump:
         todo = [s for s in dict.fromkeys(stack_ids) if s and s not in self._frames]
         if not todo:
             return
-        raws = [self.heap.raw_stack(s) for s in todo]
+        raws = [self.control.raw_stack(s) for s in todo]
         flat = [f for r in raws for f in r]
         if flat:
             self.symbolizer.symbolize(flat)  # fills the symbolizer's cache
@@ -268,29 +250,29 @@ class Dump:
     # ------------------------------------------------------------ threads --
 
     @cached_property
-    def threads(self) -> list[ThreadStack]:
+    def threads(self) -> list[Thread]:
         """Every thread of the process, with its registers: those libtag knew
-        that had not exited, then the others the core's notes (or the live
-        process) have - a thread that never allocated has no libtag record.
-        Registers: a live process's now (live_registers), else those libtag
-        saved for the snapshot, else the core's own notes."""
+        that had not exited (with their records), then the others the core's
+        notes (or the live process) have - a thread that never allocated has
+        no libtag record.  Registers: a live process's now (live_registers),
+        else those libtag saved for the snapshot, else the core's own notes
+        (saved_registers_first says which of the two)."""
         live = self.live_registers()
         core = self.core_registers
-        # whose registers: saved_registers_first
         out = []
-        for t in self.heap.threads:
+        for t in self.control.threads:
             if t.exited:
                 continue
-            regs = t.regs if self.saved_registers_first and t.regs else core.get(t.tid, t.regs)
+            saved = t.saved_regs
+            regs = saved if self.saved_registers_first and saved else core.get(t.tid, saved)
             regs = live.get(t.tid, regs)
             sp = regs.get("rsp") if regs else None
-            out.append(ThreadStack(t.tid, sp or None, self.stack_region(t, sp), regs, t.shadow,
-                                   t.shadow_sp, t.shadow_fn))
-        known = {t.tid for t in self.heap.threads}
+            out.append(replace(t, regs=regs, sp=sp or None, stack_region=self._stack_region(t, sp)))
+        known = {t.tid for t in self.control.threads}
         for tid, regs in {**core, **live}.items():
             if tid not in known:
                 sp = regs.get("rsp")
-                out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
+                out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
     @property
@@ -301,12 +283,21 @@ class Dump:
         thread is the fork child's, deep in libtag; a crash core is the
         process itself, and a core libtag did not take (gcore) may be newer
         than an earlier snapshot's registers: there the core's notes are."""
-        return self.heap.reason not in ("crash", "none")
+        return self.control.reason not in ("crash", "none")
+
+    def crash_registers(self, tid: int) -> dict[str, int] | None:
+        """The faulting thread's registers at a crash's fault: libtag saved
+        them from the signal context into its record; else the core's own
+        note for the thread."""
+        t = self.control.thread(tid)
+        if t is not None and t.saved_regs and t.saved_regs.get("rip"):
+            return t.saved_regs
+        return self.core_registers.get(tid)
 
     def _region_at(self, addr: int | None) -> Region | None:
         return next((r for r in self.mem.regions() if addr in r), None) if addr else None
 
-    def thread(self, tid: int) -> ThreadStack | None:
+    def thread(self, tid: int) -> Thread | None:
         return next((t for t in self.threads if t.tid == tid), None)
 
     @cached_property
@@ -327,7 +318,7 @@ class Dump:
         except Exception:
             return None
 
-    def thread_raw(self, t: ThreadStack) -> list[RawFrame]:
+    def thread_raw(self, t: Thread) -> list[RawFrame]:
         """Thread t's stack as (pc, kind), innermost first: unwound with CFI
         from its registers; where that walk ends before the outermost frame,
         the shadow stack's frames beyond it follow; with no registers, the
@@ -359,7 +350,7 @@ class Dump:
             raw.append((pc, kind))
         return raw
 
-    def thread_frames(self, t: ThreadStack) -> list[Frame]:
+    def thread_frames(self, t: Thread) -> list[Frame]:
         """Thread t's symbolised stack (thread_raw), cached."""
         if t.tid not in self._thread_frames:
             self._thread_frames[t.tid] = self.symbolize(self.thread_raw(t))
@@ -372,15 +363,15 @@ class Dump:
         one thread is the snapshotting thread: it is filed under that tid."""
         out: dict[int, dict[str, int]] = {}
         if self.core is not None:
-            snap_tid = int(self.heap.control.snapshot_tid)
+            snap_tid = int(self.control.fields.snapshot_tid)
             for t in self.core.threads:
                 tid = t.tid
-                if tid == self.core.pid and snap_tid and not self.heap.thread(tid):
+                if tid == self.core.pid and snap_tid and not self.control.thread(tid):
                     tid = snap_tid
                 out.setdefault(tid, dict(t.regs))
         return out
 
-    def stack_region(self, t: ThreadState, sp: int | None) -> Region | None:
+    def _stack_region(self, t: Thread, sp: int | None) -> Region | None:
         """The mapping that holds thread t's stack: the one sp is in, else
         the one just below the top of its stack libtag recorded."""
         probe = sp if sp else (t.stack_hi - 1 if t.stack_hi else None)
@@ -393,7 +384,7 @@ class Dump:
         (the gdb adapter's dump of a live process has them)."""
         return {}
 
-    def thread_of_stack(self, addr: int) -> ThreadStack | None:
+    def thread_of_stack(self, addr: int) -> Thread | None:
         for t in self.threads:
             if t.stack_region is not None and addr in t.stack_region:
                 return t
@@ -409,13 +400,13 @@ class Dump:
         path = f"{self.cache_base}.fxptr" if self.cache_base else None
         key = getattr(self.mem, "cache_key", None)
         if path and key:
-            key = (*key, self.heap.control_addr, self.heap.secret, len(self.heap))
+            key = (*key, self.control.addr, self.control.secret, len(self.heap))
             cached = _load_edges(path, key) if self.heap.from_cache else None
             if cached is not None:
                 return cached
         idx = self.heap.index
         regions = clip_regions([r for r in self.mem.regions() if r.writable],
-                               self.heap.own_ranges())
+                               self.control.own_ranges())
         edges = build_edges(regions, idx["start"], idx["size"], progress=self._progress)
         if path and key:
             _save_edges(path, key, edges)
@@ -426,8 +417,8 @@ class PlainDump(Dump):
     """The core of a process that never ran libtag: its memory, modules,
     threads and stacks as for any Dump, and glibc's own heap
     (reader/glibc_heap.py) in place of tagged blocks - so no allocation or
-    free stacks, times or threads.  ``heap`` is None; ``glibc`` reads the
-    heap (a GlibcError for a libc it cannot read)."""
+    free stacks, times or threads.  ``control`` and ``heap`` are None;
+    ``glibc`` reads the heap (a GlibcError for a libc it cannot read)."""
 
     libtag = False
 
@@ -437,6 +428,7 @@ class PlainDump(Dump):
         self.cache_base = None
         self.symbol_options = symbols
         self._progress = None
+        self.control = None
         self.heap = None
         self.no_libtag = why  # what the libtag reader said ("no libtag control block in ...")
         self._frames = {}
@@ -471,7 +463,7 @@ class PlainDump(Dump):
     def warnings(self) -> list[str]:
         heap = self.__dict__.get("glibc")
         sym = self.__dict__.get("symbolizer")
-        cut = _truncation(self.mem)
+        cut = truncation(self.mem)
         return ([f"{cut}: chunks there are not read"] if cut else []) + (
             list(heap.warnings) if heap is not None else []) + (
             list(sym.warnings) if sym is not None else [])
@@ -479,12 +471,12 @@ class PlainDump(Dump):
     libtag_module = None  # no libtag
 
     @cached_property
-    def threads(self) -> list[ThreadStack]:
+    def threads(self) -> list[Thread]:
         """Every thread in the core's notes, the one that took the signal first."""
         out = []
         for tid, regs in self.core_registers.items():
             sp = regs.get("rsp")
-            out.append(ThreadStack(tid, sp or None, self._region_at(sp), regs))
+            out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
     @cached_property

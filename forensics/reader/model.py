@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from forensics.core.notes import signal_name
 from forensics.reader import abi
+from forensics.reader.memory import Region
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,20 @@ RawFrame = tuple[int, int]  # (pc, frame kind: abi.TAG_FRAME_CALL / TAG_FRAME_EN
 
 
 @dataclass(frozen=True)
-class ThreadState:
-    """A thread record of libtag: who, counters, registers, its shadow stack now."""
+class Thread:
+    """One thread of the process.  Dump.threads gives every thread: the
+    registers that are the program's (Dump.saved_registers_first says
+    whose), its stack pointer and stack mapping, and - for a thread libtag
+    has a record of (``recorded``) - the record's fields.  Control.threads
+    gives the records alone: regs, sp and stack_region None there."""
 
     tid: int
-    flags: int
-    regs: dict[str, int] | None  # at the last snapshot (TAG_THREAD_REGS), else None
+    regs: dict[str, int] | None = None  # the program's registers at the dump, as Dump.threads chose them
+    sp: int | None = None
+    stack_region: Region | None = None  # the mapping that holds its stack
+    recorded: bool = False  # libtag has a record of this thread: the fields below are that record's
+    flags: int = 0  # abi.TAG_THREAD_*
+    saved_regs: dict[str, int] | None = None  # libtag's, saved at the last snapshot (TAG_THREAD_REGS)
     shadow: list[RawFrame] = field(default_factory=list)  # innermost first
     shadow_depth: int = 0  # frames entered (may exceed the stored 256)
     shadow_sp: list[int] = field(default_factory=list)  # CFA of each CALL frame of shadow, in its order
@@ -110,5 +119,14 @@ class ThreadState:
     def exited(self) -> bool:
         return bool(self.flags & abi.TAG_THREAD_EXITED)
 
+    @property
+    def live_stack(self) -> tuple[int, int] | None:
+        """[sp, end of its stack mapping): the words of its live frames
+        (the whole mapping when sp is not in it); None without a mapping."""
+        r = self.stack_region
+        if r is None:
+            return None
+        return (self.sp if self.sp and self.sp in r else r.start, r.end)
 
-__all__ = ["Anomaly", "Block", "Crash", "Frame", "RawFrame", "ThreadState"]
+
+__all__ = ["Anomaly", "Block", "Crash", "Frame", "RawFrame", "Thread"]

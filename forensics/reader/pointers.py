@@ -76,7 +76,7 @@ def build_edges(regions: Iterable, starts: np.ndarray, sizes: np.ndarray, *,
     """Scan regions (objects with .start and .array, a uint8 numpy view) for
     words pointing into the blocks (starts sorted, sizes alike).  The caller
     leaves libtag's own memory out (forensics.reader.memory.clip_regions with
-    Heap.own_ranges()): it holds stack ids and pointers to freed blocks, not
+    Control.own_ranges()): it holds stack ids and pointers to freed blocks, not
     the program's references."""
     starts = np.asarray(starts, np.uint64)
     sizes = np.asarray(sizes, np.uint64)

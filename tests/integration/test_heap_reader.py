@@ -29,6 +29,7 @@ from forensics.core import Core
 from forensics.errors import InputError
 from forensics.reader import abi
 from forensics.reader.abi import NoLibtagError
+from forensics.reader.control import Control
 from forensics.reader.heap import Heap
 from forensics.reader.live import LiveMemory
 from forensics.reader.memory import CoreMemory
@@ -111,7 +112,7 @@ def case(request, victim, run_victim, tmp_path_factory) -> Case:
     core_path = S.wait_core(snap_dir, report.pid)
     core = Core(core_path)
     base = min(m.start for m in core.mappings if m.path == str(victim) and m.offset == 0)
-    return Case(request.param, report, core_path, core, Heap(CoreMemory(core)), victim, base)
+    return Case(request.param, report, core_path, core, heap_of(CoreMemory(core)), victim, base)
 
 
 # ------------------------------------------------------------- symbolisation --
@@ -135,8 +136,13 @@ def function_names(exe: Path, base: int, frames: list[tuple[int, int]]) -> list[
     return [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
 
 
+def heap_of(mem, **kw) -> Heap:
+    """The block index of mem, over its libtag control block."""
+    return Heap(Control(mem), **kw)
+
+
 def stack_names(heap: Heap, exe: Path, base: int, stack_id: int) -> list[str]:
-    return function_names(exe, base, heap.raw_stack(stack_id))
+    return function_names(exe, base, heap.control.raw_stack(stack_id))
 
 
 # ---------------------------------------------------------------------- tests --
@@ -210,7 +216,7 @@ def test_totals_equal_what_libtag_and_the_victim_counted(case: Case):
     heap, report = case.heap, case.report
     t = heap.totals
     assert (t.live_blocks, t.live_bytes) == report.stats
-    c = heap.counters
+    c = heap.control.counters
     assert t.live_blocks == c["allocs"] - c["frees"]
     # the freed blocks are exactly those the victim freed and that fit the quarantine
     freed = {(b.start, b.size) for b in heap.blocks("freed")}
@@ -220,24 +226,25 @@ def test_totals_equal_what_libtag_and_the_victim_counted(case: Case):
 
 
 def test_reason_threads_and_shadow_stacks(case: Case):
-    heap, report = case.heap, case.report
-    assert heap.reason == "on-demand"
-    assert (heap.anomaly, heap.crash) == (None, None)
-    assert heap.pid == report.pid
-    assert {t.tid for t in heap.threads} == report.tids
-    for t in heap.threads:
-        assert t.regs is not None and t.regs["rip"] != 0, f"thread {t.tid} saved no registers"
+    control, report = case.heap.control, case.report
+    assert control.reason == "on-demand"
+    assert (control.anomaly, control.crash) == (None, None)
+    assert control.pid == report.pid
+    assert {t.tid for t in control.threads} == report.tids
+    for t in control.threads:
+        assert t.recorded and t.regs is None  # whose registers is Dump.threads' to say
+        assert t.saved_regs is not None and t.saved_regs["rip"] != 0, f"thread {t.tid} saved no registers"
         want = ["take_snapshot", "main"] if t.tid == report.pid else ["wait_for_quit", "worker"]
         assert function_names(case.exe, case.base, t.shadow) == want
         assert t.shadow[0][1] == abi.TAG_FRAME_ENTRY
-    workers = [t for t in heap.threads if t.tid != report.pid]
+    workers = [t for t in control.threads if t.tid != report.pid]
     assert sorted(t.allocs for t in workers) == [4] * WORKERS
     assert sorted(t.frees for t in workers) == [2] * WORKERS
 
 
 def test_progress_reports_every_region(case: Case):
     calls = []
-    Heap(CoreMemory(case.core), progress=lambda done, total: calls.append((done, total)))
+    heap_of(CoreMemory(case.core), progress=lambda done, total: calls.append((done, total)))
     total = calls[0][1]
     assert calls[0] == (0, total) and calls[-1] == (total, total)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
@@ -245,10 +252,10 @@ def test_progress_reports_every_region(case: Case):
 
 def test_index_cache_is_reused_and_rebuilt_when_bad(case: Case, tmp_path):
     cache = tmp_path / "core.fxidx"
-    first = Heap(CoreMemory(case.core), cache_path=cache)
+    first = heap_of(CoreMemory(case.core), cache_path=cache)
     assert first.from_cache is False and cache.is_file()
     assert cache.stat().st_mode & 0o777 == 0o600
-    second = Heap(CoreMemory(case.core), cache_path=cache)
+    second = heap_of(CoreMemory(case.core), cache_path=cache)
     assert second.from_cache is True
     for k in first.index:
         assert np.array_equal(first.index[k], second.index[k]), k
@@ -256,26 +263,26 @@ def test_index_cache_is_reused_and_rebuilt_when_bad(case: Case, tmp_path):
     assert second.totals == first.totals
 
     cache.write_bytes(b"not an npz")  # a bad cache is ignored and rewritten
-    third = Heap(CoreMemory(case.core), cache_path=cache)
+    third = heap_of(CoreMemory(case.core), cache_path=cache)
     assert third.from_cache is False
-    assert Heap(CoreMemory(case.core), cache_path=cache).from_cache is True
+    assert heap_of(CoreMemory(case.core), cache_path=cache).from_cache is True
 
     target = tmp_path / "elsewhere"
     target.write_bytes(b"keep")
     cache.unlink()
     cache.symlink_to(target)  # a symlink is never followed
-    fourth = Heap(CoreMemory(case.core), cache_path=cache)
+    fourth = heap_of(CoreMemory(case.core), cache_path=cache)
     assert fourth.from_cache is False
     assert not cache.is_symlink() and target.read_bytes() == b"keep"
 
 
 def test_cache_of_another_core_version_is_not_used(case: Case, tmp_path):
     cache = tmp_path / "core.fxidx"
-    Heap(CoreMemory(case.core), cache_path=cache)
+    heap_of(CoreMemory(case.core), cache_path=cache)
     st = case.core_path.stat()
     os.utime(case.core_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     try:
-        assert Heap(CoreMemory(case.core), cache_path=cache).from_cache is False
+        assert heap_of(CoreMemory(case.core), cache_path=cache).from_cache is False
     finally:
         os.utime(case.core_path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
@@ -319,16 +326,16 @@ def test_tags_read_back_from_the_running_process(victim, libtag_so):
     try:
         report = parse_report(out)
         with LiveMemory(proc.pid) as mem:
-            heap = Heap(mem)
+            heap = heap_of(mem)
             maps = Path(f"/proc/{proc.pid}/maps").read_text().splitlines()
             base = min(int(line.split("-")[0], 16) for line in maps
                        if line.endswith(str(victim)) and line.split()[2] == "00000000")
             # THEN the same blocks, owners and stacks as in a snapshot
             check_blocks(heap, report, victim, base)
-            assert heap.reason == "none"
+            assert heap.control.reason == "none"
             assert (heap.totals.live_blocks, heap.totals.live_bytes) == report.stats
             assert heap.from_cache is False
-            assert Heap(mem, cache_path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "never.npz")).from_cache is False
+            assert heap_of(mem, cache_path=str(Path(os.environ.get("TMPDIR", "/tmp")) / "never.npz")).from_cache is False
     finally:
         stop(proc)
 
@@ -337,7 +344,7 @@ def test_a_process_without_libtag_is_refused_clearly(victim):
     proc, _ = start_waiting(victim, None)
     try:
         with LiveMemory(proc.pid) as mem, pytest.raises(NoLibtagError) as err:
-            Heap(mem)
+            heap_of(mem)
         assert str(err.value) == (f"no libtag control block in process {proc.pid}: "
                                   f"the process did not run under libtag")
     finally:
@@ -356,7 +363,7 @@ def test_live_memory_of_no_process_is_an_input_error():
 
 def _patched_core(case: Case, tmp_path: Path, patches: dict[str, int]) -> Path:
     """A copy of the snapshot core with control block fields overwritten."""
-    addr = case.heap.control_addr
+    addr = case.heap.control.addr
     seg = case.core.find_segment(addr)
     data = bytearray(case.core_path.read_bytes())
     offsets = abi.field_offsets(abi.Control)
@@ -372,19 +379,19 @@ def _patched_core(case: Case, tmp_path: Path, patches: dict[str, int]) -> Path:
 def test_wild_control_pointers_give_warnings_not_tracebacks(case: Case, tmp_path):
     # GIVEN a core whose control block claims 2^32-1 stack nodes and threads at a wild address
     path = _patched_core(case, tmp_path, {"stack_count": 0xFFFFFFFF, "threads": 0x10, "thread_count": 9})
-    heap = Heap(CoreMemory(Core(path)))
+    heap = heap_of(CoreMemory(Core(path)))
     # THEN the blocks are still all there (who freed them is unknown: the
     # quarantine rings are found through the thread records), and what could
     # not be read is a warning
     check_blocks(heap, case.report, case.exe, case.base, free_records=False)
-    assert heap.threads == []
+    assert heap.control.threads == []
     assert any("the thread records at 0x10" in w for w in heap.warnings), heap.warnings
     assert any("stack table count 4294967295 exceeds" in w for w in heap.warnings), heap.warnings
-    assert heap.raw_stack(0xFFFFFFFF) == []
+    assert heap.control.raw_stack(0xFFFFFFFF) == []
 
 
 def test_another_abi_version_is_named(case: Case, tmp_path):
     path = _patched_core(case, tmp_path, {"abi_version": 99})
     with pytest.raises(abi.AbiVersionError) as err:
-        Heap(CoreMemory(Core(path)))
+        heap_of(CoreMemory(Core(path)))
     assert "has ABI version 99, this forensics reads version 3" in str(err.value)

@@ -47,7 +47,7 @@ def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, 
     core, address = _snapshot(build_victim, tmp_path, core_path, "omit")
     assert SECRET not in core.read_bytes()
     with Dump.open(core) as dump:
-        assert dump.heap.payload_omitted is True
+        assert dump.control.payload_omitted is True
         block = dump.heap.block_at(address)
         assert (block.start, block.size, block.state) == (address, 4096 * 3, "live")
         assert [f.function for f in dump.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
@@ -61,7 +61,7 @@ def test_keep_has_the_secret(core_path, build_victim, tmp_path):
     core, address = _snapshot(build_victim, tmp_path, core_path, "keep")
     assert SECRET in core.read_bytes()
     with Dump.open(core) as dump:
-        assert dump.heap.payload_omitted is False
+        assert dump.control.payload_omitted is False
         assert dump.heap.block_at(address).size == 4096 * 3
 
 

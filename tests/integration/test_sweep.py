@@ -34,7 +34,7 @@ def test_sweep_catches_an_overflow_before_free_and_reports_it_once(build_victim,
     assert [d.name.split("-")[-2:] for d in dirs] == [["heap", "overflow"]], dirs
     snap_dir = snapdir.wait_complete(dirs[0], 60)
     with Dump.open(snapdir.find_core(snap_dir.path)) as dump:
-        a = dump.heap.anomaly
+        a = dump.control.anomaly
         assert a.kind == "heap-overflow"
         # the address is the first byte written past the end; the block is b
         assert (a.address, a.block.start, a.written) == (address + 40, address, written)

@@ -22,7 +22,7 @@ import pytest
 import forensics_test_support as S
 from forensics.core import Core
 from forensics.reader import abi
-from forensics.reader.heap import Heap
+from forensics.reader.control import Control
 from forensics.reader.memory import CoreMemory
 
 pytestmark = pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
@@ -68,10 +68,10 @@ def test_crash_stack_equals_gdb_bt(build_victim, run_cli, tmp_path, core_path, h
     core = snapdir.find_core(snap.path)
     # WHEN the crash record's stack is read from the core
     with Core(core) as c:
-        heap = Heap(CoreMemory(c))
-        assert int(heap.control.crash.signal) == sig
-        tid = int(heap.control.crash.tid)
-        frames = heap.raw_stack(int(heap.control.crash.stack))
+        control = Control(CoreMemory(c))
+        assert int(control.fields.crash.signal) == sig
+        tid = int(control.fields.crash.tid)
+        frames = control.raw_stack(int(control.fields.crash.stack))
     # THEN its first frame is the exact faulting pc, then return addresses
     assert frames, "the crash record has no stack"
     assert [k for _, k in frames] == [abi.TAG_FRAME_SIGNAL] + [abi.TAG_FRAME_CALL] * (len(frames) - 1)

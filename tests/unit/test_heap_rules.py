@@ -2,7 +2,8 @@
 
 GIVEN a libtag process image laid out by tests/fakes.py (tags, canaries,
 free records, the control block and stack table built with abi's Structs)
-WHEN forensics.reader.heap.Heap reads it
+WHEN forensics.reader.control.Control reads libtag's tables and
+forensics.reader.heap.Heap indexes the blocks over it
 THEN it finds exactly the blocks the rules say: stale tags inside a block
 are dropped (a live tag beats a freed one, the later-freed beats the
 earlier), tags that do not validate are not blocks, and every lie in
@@ -15,11 +16,16 @@ import forensics_test_fakes as F
 import pytest
 
 from forensics.reader import abi
+from forensics.reader.control import Control
 from forensics.reader.heap import Heap
 
 
+def control_of(proc: F.FakeProcess) -> Control:
+    return Control(proc.memory())
+
+
 def heap_of(proc: F.FakeProcess) -> Heap:
-    return Heap(proc.memory())
+    return Heap(control_of(proc))
 
 
 def starts(heap: Heap) -> list[int]:
@@ -161,38 +167,38 @@ def test_a_smashed_canary_is_a_warning_naming_the_block():
 def test_a_stack_is_its_frames_innermost_first():
     proc = F.FakeProcess()
     s = proc.stack_id(0x1000, 0x2000, 0x3000)  # main -> f -> g
-    heap = heap_of(proc)
-    assert heap.raw_stack(s) == [(0x3000, abi.TAG_FRAME_CALL), (0x2000, abi.TAG_FRAME_CALL),
-                                 (0x1000, abi.TAG_FRAME_CALL)]
-    assert heap.raw_stack(0) == []
-    assert heap.warnings == []
+    control = control_of(proc)
+    assert control.raw_stack(s) == [(0x3000, abi.TAG_FRAME_CALL), (0x2000, abi.TAG_FRAME_CALL),
+                                    (0x1000, abi.TAG_FRAME_CALL)]
+    assert control.raw_stack(0) == []
+    assert control.warnings == []
 
 
 def test_a_stack_id_beyond_the_table_is_a_warning_and_no_frames():
     proc = F.FakeProcess()
     proc.stack_id(0x1000)
-    heap = heap_of(proc)
-    assert heap.raw_stack(99) == []
-    assert heap.warnings == ["stack id 99 is beyond the stack table's 2 nodes: its frames are unknown"]
+    control = control_of(proc)
+    assert control.raw_stack(99) == []
+    assert control.warnings == ["stack id 99 is beyond the stack table's 2 nodes: its frames are unknown"]
 
 
 def test_a_parent_link_that_does_not_go_down_cuts_the_stack():
     proc = F.FakeProcess()
     s = proc.stack_id(0x1000, 0x2000)
     proc.nodes[1] = (0x1000, 2, abi.TAG_FRAME_CALL)  # a cycle: 2 -> 1 -> 2
-    heap = heap_of(proc)
-    assert heap.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL), (0x1000, abi.TAG_FRAME_CALL)]
-    assert heap.warnings == ["corrupt stack table: node 1's parent 2 is not below it "
-                             "(a cycle or a forward link); stack 2 is cut there"]
+    control = control_of(proc)
+    assert control.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL), (0x1000, abi.TAG_FRAME_CALL)]
+    assert control.warnings == ["corrupt stack table: node 1's parent 2 is not below it "
+                                "(a cycle or a forward link); stack 2 is cut there"]
 
 
 def test_a_node_of_an_unknown_kind_cuts_the_stack():
     proc = F.FakeProcess()
     s = proc.stack_id(0x1000, 0x2000)
     proc.nodes[1] = (0x1000, 0, 7)
-    heap = heap_of(proc)
-    assert heap.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL)]
-    assert heap.warnings == ["corrupt stack table: node 1 has unknown frame kind 7; stack 2 is cut there"]
+    control = control_of(proc)
+    assert control.raw_stack(s) == [(0x2000, abi.TAG_FRAME_CALL)]
+    assert control.warnings == ["corrupt stack table: node 1 has unknown frame kind 7; stack 2 is cut there"]
 
 
 def test_live_bytes_by_allocation_stack_most_first():
@@ -211,7 +217,7 @@ def test_live_bytes_by_allocation_stack_most_first():
 def test_memory_without_libtag_says_so():
     mem = F.FakeMemory([(0x1000, bytes(0x1000), True, None)], name="a plain process")
     with pytest.raises(abi.NoLibtagError, match="no libtag control block in a plain process"):
-        Heap(mem)
+        Control(mem)
 
 
 def test_another_abi_version_is_refused_by_name():
@@ -225,7 +231,7 @@ def test_another_abi_version_is_refused_by_name():
     other = F.FakeMemory([(r.start, raw if r is libtag else r.array.tobytes(), r.writable, r.path)
                           for r in mem.regions()])
     with pytest.raises(abi.AbiVersionError, match=f"has ABI version {abi.TAG_ABI_VERSION + 1}"):
-        Heap(other)
+        Control(other)
 
 
 def test_the_anomaly_is_read_from_the_control_block_copy_of_the_tag():
@@ -235,7 +241,7 @@ def test_the_anomaly_is_read_from_the_control_block_copy_of_the_tag():
     rec = proc.ring[0]["rec"]  # libtag copies the ring entry's record into the anomaly
     proc.anomaly = dict(kind=abi.TAG_ANOMALY_DOUBLE_FREE, tid=8, address=user, block=user, stack=3, time=95,
                         tag=dict(tag), free_rec=dict(rec))
-    heap = heap_of(proc)
-    a = heap.anomaly
-    assert (heap.reason, a.kind, a.address, a.thread, a.stack) == ("double-free", "double-free", user, 8, 3)
+    control = control_of(proc)
+    a = control.anomaly
+    assert (control.reason, a.kind, a.address, a.thread, a.stack) == ("double-free", "double-free", user, 8, 3)
     assert (a.block.start, a.block.state, a.block.free_thread, a.block.free_time_ms) == (user, "freed", 8, 90)

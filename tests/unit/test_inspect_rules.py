@@ -83,7 +83,7 @@ def test_the_reason(reason, crash, want):
     proc = F.FakeProcess(reason=reason)
     if crash:
         proc.crash = dict(signal=11, tid=F.MAIN_TID, address=0x10, code=1, time=3)
-    assert inspect.inspect_reason(F.heap(proc)) == want
+    assert inspect.inspect_reason(F.control(proc)) == want
 
 
 def test_payloads_omitted_are_said_and_hide_no_use_after_free_guess():
@@ -207,9 +207,6 @@ def test_an_anomaly_whose_tag_copy_does_not_validate_has_no_block_and_a_warning(
            f"its size, stacks and thread are unknown" in doc["warnings"]
 
 
-@pytest.mark.xfail(strict=True, reason="Heap.anomaly appends its warning at every access (heap.py, "
-                   "_block_from_copy: warnings.append, not _warn_once), and inspect_doc reads it twice; "
-                   "heap.py is being restructured in parallel (issue 26)")
 def test_the_damaged_tag_warning_is_said_once():
     proc, b = damaged_double_free()
     assert doc_of(proc)["warnings"] == [f"double-free at {b:#x}: the block's tag was damaged beyond repair; "

@@ -65,7 +65,7 @@ void _tag_anomaly_no_core(void)
 
 void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 {
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     _tag_anomaly_at(r, t ? _tag_capture(t, ret, frame) : 0);
     if (_tag_opt.on_anomaly == TAG_ON_ABORT) {
         /* One core, the snapshot's; then the process dies of SIGABRT

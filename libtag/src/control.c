@@ -160,7 +160,7 @@ void _tag_init(void)
     _tag_ctl.pid = (uint32_t)getpid();
     _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
-    _tag_ctl.tls_bytes = sizeof(struct tag_tls);
+    _tag_ctl.thread_state_bytes = sizeof(struct tag_thread_state);
     _tag_ctl.guard_rate = _tag_opt.guard_rate;
     _tag_ctl.guard_slot_size = TAG_GUARD_SLOT_SIZE;
     _tag_ctl.guard_capacity = _tag_opt.guard_slots ? _tag_opt.guard_slots
@@ -207,7 +207,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
 {
     if (!_tag_ready)
         return;
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (t->rec && !t->exiting) {
         if (_tag_opt.sweep_every)
             _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));

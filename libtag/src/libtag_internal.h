@@ -360,7 +360,7 @@ struct tag_walk_new {
     uint32_t flags;        /* TAG_WF_* and what its step used (unwind.c) */
 };
 
-/* tag_tls.hook_cache: TAG_HOOK_SETS sets (a power of 2) of TAG_HOOK_WAYS
+/* tag_thread_state.hook_cache: TAG_HOOK_SETS sets (a power of 2) of TAG_HOOK_WAYS
  * entries, one cache line a set.  Real programs enter hundreds of hot
  * functions: 64 direct-mapped entries missed on 31-40 M enters of
  * brotli's and sqlite3's runs in bench/run_real.py (every miss a CFI
@@ -371,11 +371,11 @@ struct tag_hook_set {
     uint64_t ra[TAG_HOOK_WAYS];   /* newest first; 0 = empty */
     uint32_t off[TAG_HOOK_WAYS];  /* the CFA - the hook's own CFA */
 } __attribute__((aligned(64)));
-/* The set of the enter hook's return address ra in tag_tls.hook_cache. */
+/* The set of the enter hook's return address ra in tag_thread_state.hook_cache. */
 #define TAG_HOOK_SET(ra) (((ra) ^ ((ra) >> 6)) & (TAG_HOOK_SETS - 1))
-#define TAG_CAP_MEMO_BITS 9  /* tag_tls.cap_memo: 512 entries */
+#define TAG_CAP_MEMO_BITS 9  /* tag_thread_state.cap_memo: 512 entries */
 #define TAG_CAP_MEMO (1u << TAG_CAP_MEMO_BITS)
-struct tag_tls {
+struct tag_thread_state {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered (and in
                                         _tag_tls_none, always) */
@@ -465,7 +465,7 @@ struct tag_tls {
     uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
 };
-/* struct tag_tls is ~83 KiB: as static TLS it would be carved out of every
+/* struct tag_thread_state is ~83 KiB: as static TLS it would be carved out of every
  * thread's stack by glibc, and a program whose threads have small stacks
  * (PTHREAD_STACK_MIN, 32 KiB) would see pthread_create fail with EINVAL
  * under libtag.  So it is mapped per thread (_tag_map, at registration;
@@ -479,7 +479,7 @@ struct tag_tls {
  * slow paths, which register.  So the hot paths pay one load (the pointer)
  * for the indirection and no test of their own. */
 struct tag_tls_ref {
-    struct tag_tls *t;               /* this thread's state, or &_tag_tls_none */
+    struct tag_thread_state *t;               /* this thread's state, or &_tag_tls_none */
     int *errno_at;                   /* this thread's errno (free() keeps
                                         it): no __errno_location call */
     struct libtag_thread *rec;       /* its record (also once t is gone); NULL = none */
@@ -488,8 +488,8 @@ struct tag_tls_ref {
 };
 extern __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec")));
 union tag_tls_none {
-    struct tag_tls t;
-    char pages[(sizeof(struct tag_tls) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
+    struct tag_thread_state t;
+    char pages[(sizeof(struct tag_thread_state) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
 };
 extern union tag_tls_none _tag_tls_none_pages;
 #define _tag_tls_none (_tag_tls_none_pages.t)
@@ -497,14 +497,14 @@ extern union tag_tls_none _tag_tls_none_pages;
  * the state, or NULL when the thread has none (its mapping failed, or it
  * is past its exit hook): then the caller works without one (a stack id 0,
  * no quarantine); _tag_tls.tid is set either way. */
-TAG_COLD struct tag_tls *_tag_thread_register(void);
+TAG_COLD struct tag_thread_state *_tag_thread_register(void);
 TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
 TAG_COLD void _tag_threads_late_init(void);  /* pthread key, atfork: after libc init */
 /* The calling thread's state, registering it first; NULL: it has none
  * (see _tag_thread_register). */
-static inline struct tag_tls *_tag_self(void)
+static inline struct tag_thread_state *_tag_self(void)
 {
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (TAG_UNLIKELY(t->rec == NULL))
         t = _tag_thread_register();
     return t;
@@ -514,7 +514,7 @@ static inline struct tag_tls *_tag_self(void)
  * thread's record: plain adds where the record is the thread's own,
  * atomics where threads beyond the record capacity share it, or where the
  * thread has no state (t NULL: the record kept in static TLS, if any). */
-TAG_INLINE void _tag_count(struct tag_tls *t, int freed, uint64_t size)
+TAG_INLINE void _tag_count(struct tag_thread_state *t, int freed, uint64_t size)
 {
     struct libtag_thread *r = t ? t->rec : _tag_tls.rec;
     if (!t && !r)
@@ -552,14 +552,14 @@ void _tag_stack_table_init(uint32_t capacity);
 /* Intern (parent, kind, pc) and return its id.  Lock-free on hits; inserts
  * take the table lock.  Returns 0 (the root) and counts stack_full when the
  * table is full.  The caller has missed the per-thread cache entry c. */
-TAG_COLD uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+TAG_COLD uint32_t _tag_intern_slow(struct tag_thread_state *t, uint32_t parent, uint32_t kind,
                                    uint64_t pc, unsigned c);
 
 /* The per-thread cache in front of the table: a capture does several of
  * these per allocation, so the hit path is a few shifts and compares,
  * inlined (callgrind: the out-of-line version with a multiplicative hash
  * was a fifth of all instructions under allocbench). */
-static inline uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t kind,
+static inline uint32_t _tag_intern(struct tag_thread_state *t, uint32_t parent, uint32_t kind,
                                    uint64_t pc)
 {
     unsigned c = (unsigned)((pc >> 2) ^ (pc >> 9) ^ (parent * 7u) ^ kind) & 255u;
@@ -600,7 +600,7 @@ TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
 }
 /* t: the thread's state, or NULL for a thread without one (interpose.c),
  * whose temporaries are not counted. */
-TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t size,
+TAG_INLINE void _tag_stats_alloc(struct tag_thread_state *t, uint32_t stack, uint64_t size,
                                  const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
@@ -615,7 +615,7 @@ TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t siz
     if (t)
         t->last_alloc = user;
 }
-TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size,
+TAG_INLINE void _tag_stats_free(struct tag_thread_state *t, uint32_t stack, uint64_t size,
                                 const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
@@ -684,43 +684,43 @@ uint64_t _tag_cfi_rule(const struct tag_module *m, uintptr_t addr);
  * with frame pointers: frame[0] = the caller's rbp, frame[1] = ret).  ret
  * NULL (from a trace hook): frame is the hook's.  LIBTAG_UNWIND chooses
  * the shadow stack, a frame-pointer walk or a CFI walk.  Normal context. */
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
+uint32_t _tag_capture(struct tag_thread_state *t, void *ret, void *frame);
 /* The frames of the interrupted code of a signal handler's ucontext
  * (the first is its exact pc, TAG_FRAME_SIGNAL), innermost first: uses the
  * module list and rules already known, no locks, no malloc, no
  * dl_iterate_phdr: async-signal-safe.  Returns the frame count. */
 struct ucontext_t;
-uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *uc,
+uint32_t _tag_unwind_uc(struct tag_thread_state *t, const struct ucontext_t *uc,
                         uint64_t *pcs, uint32_t *kinds, uint32_t max);
 /* The same, interned (_tag_intern_signal): 0 when the table is busy. */
-uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc);
+uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc);
 /* The CFA of the instrumented function whose enter hook returns to ra;
  * c: its stack pointer at the hook call, rbp: its rbp, site: its return
  * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
  * (no rule, and site not found near c).  Fills t->hook_cache with the
  * offset from c of a CFA it found by rule (hooks.c). */
-uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                        uintptr_t site);
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
  * (sigaltstack, the fork child).  Normal context of the thread. */
-void _tag_unwind_forget(struct tag_tls *t);
+void _tag_unwind_forget(struct tag_thread_state *t);
 /* Bring t->captures and capture_frames up to date (the fast check counts
  * its hits per walk).  The thread's own normal context. */
-void _tag_unwind_settle(struct tag_tls *t);
+void _tag_unwind_settle(struct tag_thread_state *t);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 /* ----------------------------------------------------- shadow_stack.c */
 /* Pop the shadow entries whose frames are gone (longjmp, exceptions) as
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */
-uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+uint32_t _tag_shadow_pop(struct tag_thread_state *t, uint64_t cur, uint64_t fn, uint64_t site);
 /* Before a capture from stack pointer cur uses the shadow stack: the
  * entries recorded since the last capture (from valid - 1 up) are alive,
  * or the dead ones are dropped (shadow_stack.c). */
-void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur);
-TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
+void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur);
+TAG_INLINE void _tag_shadow_settle(struct tag_thread_state *t, uint64_t cur)
 {
     uint32_t d = t->shadow.depth;
     if (t->cc_valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
@@ -730,7 +730,7 @@ TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
  * entries alive: hashes the sites from cc_valid up, raises cc_valid to d.
  * One rotate, xor and multiply a site pushed since the last capture. */
 #define TAG_CC_MIX 0x9e3779b97f4a7c15ull
-TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
+TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
 {
     uint32_t i = t->cc_valid;
     if (TAG_LIKELY(i >= d))
@@ -752,7 +752,7 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
  * Only the site and the CFA count: the calling context and the prefix ids
  * are made of sites, and whether an entry is alive is its CFA's slot
  * holding its site (the innermost function is checked by the capture). */
-TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, uint64_t site,
+TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint64_t fn, uint64_t site,
                                    uint64_t cfa)
 {
     t->shadow.fn[d] = fn;
@@ -777,17 +777,17 @@ TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, u
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */
-void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_tls *t);
-void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uint64_t sp);
-void _tag_hook_tick(struct tag_tls *t);
+void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_thread_state *t);
+void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t sp);
+void _tag_hook_tick(struct tag_thread_state *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */
-uint32_t _tag_shadow_id(struct tag_tls *t);
+uint32_t _tag_shadow_id(struct tag_thread_state *t);
 /* The interned id of the shadow stack's outer d frames (CALL nodes of
  * site[0..d-1]), d <= min(depth, TAG_SHADOW_MAX): id[d], interning the
  * depths from min(valid, cc_valid) up first. */
-uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d);
-TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
+uint32_t _tag_shadow_prefix_slow(struct tag_thread_state *t, uint32_t d);
+TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_thread_state *t, uint32_t d)
 {
     return TAG_LIKELY(t->shadow.valid >= d && t->cc_valid >= d) ? t->shadow.id[d]
                                                                 : _tag_shadow_prefix_slow(t, d);
@@ -795,10 +795,10 @@ TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
 
 /* ------------------------------------------------------------ sweep.c */
 #define TAG_SWEEP_RECENT 64
-void _tag_sweep_remember(struct tag_tls *t, void *user);
+void _tag_sweep_remember(struct tag_thread_state *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
-TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
+TAG_COLD void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame);
 /* The sweep's probe (sweep.c): a load that may fault, recovered by the
  * crash hook.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
  * and SIGBUS (crash.c sets it, and clears it where it gives one back).
@@ -1031,18 +1031,18 @@ TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 /* -------------------------------------------------------- quarantine.c */
 /* Evict (check, then really free) the oldest blocks of q until size more
  * bytes fit budget. */
-void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring *q, uint64_t size,
+void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
                                uint64_t budget);
 /* The rare cases of a put: the ring to put user in, or NULL when it was
  * released directly (the thread exits, it exceeds the budget, no ring). */
-TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user,
+TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_thread_state *t, void *user,
                                                              uint64_t size);
 /* Put a freed block of size bytes (freed by this thread, now, from
  * free_stack) and its free record in the calling thread's quarantine;
  * evicts the oldest blocks beyond the budget.  Inline: once per free.
  * head and count change so that [head, head + count) names only blocks
  * still held, at every instant (see quarantine.c). */
-TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size,
+TAG_INLINE void _tag_quarantine_put(struct tag_thread_state *t, void *user, uint64_t size,
                                     uint32_t free_stack, uint32_t now)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
@@ -1074,8 +1074,8 @@ TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size
 }
 /* Check and hand back every block of the thread's quarantine; drain also
  * unmaps the ring (thread exit), flush keeps it (process exit). */
-void _tag_quarantine_flush(struct tag_tls *t);
-void _tag_quarantine_drain(struct tag_tls *t);
+void _tag_quarantine_flush(struct tag_thread_state *t);
+void _tag_quarantine_drain(struct tag_thread_state *t);
 /* The free record of a quarantined block, from whichever thread's ring
  * holds it; 0 if none does.  Rare path (reads rings with _tag_copy_own). */
 TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out);
@@ -1084,7 +1084,7 @@ TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out)
 TAG_COLD void _tag_quarantine_check_all(void);
 /* Hand a block back to the real allocator, or leak it when its tag says it
  * was damaged (TAG_FLAG_REPORTED). */
-void _tag_real_release(struct tag_tls *t, void *user);
+void _tag_real_release(struct tag_thread_state *t, void *user);
 
 /* --------------------------------------------------------- anomaly.c */
 /* What an anomaly is about (see struct libtag_anomaly for each kind). */
@@ -1145,7 +1145,7 @@ TAG_COLD void _tag_redact_payloads(void);
 /* A guarded block for this allocation, or NULL: the caller allocates as
  * usual (the rate is off, the block does not fit a slot, the pool is
  * full).  Normal context. */
-TAG_COLD void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero,
+TAG_COLD void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero,
                                 uint32_t kind, uint32_t stack, int sampled);
 /* LIBTAG_GUARD_SITES in effect: 0 when guarded sampling or the per-stack
  * counters are off.  A stack whose counter of allocations is below it is a
@@ -1166,7 +1166,7 @@ TAG_INLINE int _tag_guarded(const void *ptr)
 }
 /* free() and delete of a pointer into the pool, released as dealloc
  * expects (enum libtag_alloc_kind). */
-TAG_COLD void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret,
+TAG_COLD void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, void *ret,
                               void *frame);
 /* realloc()'s check of a pointer into the pool: 1 when it is a live
  * guarded block (damage found is reported), else reported and 0. */

@@ -13,7 +13,7 @@
  * today; the code stays for whatever remembers one) may be unmapped: it is
  * read with a probe, one 8-byte load at a known instruction
  * (_tag_probe_insn) that may fault.  While the thread is probing
- * (tag_tls.probing), libtag's SIGSEGV/SIGBUS handler, which runs first for
+ * (tag_thread_state.probing), libtag's SIGSEGV/SIGBUS handler, which runs first for
  * every such signal (crash.c), recognises a fault at that instruction and
  * resumes at the probe's failure exit (_tag_probe_fixup), the way the
  * kernel's exception tables work.  That is only safe where libtag's
@@ -103,7 +103,7 @@ static int in_heap(const void *p, size_t n)
  * directly, the rest with the probe (where probe_safe() allows it: asked
  * once a sweep, in *probe, -1 until then) or _tag_copy_own.  One that
  * could not be read gets local iov_len 0. */
-static void read_own(struct tag_tls *t, struct iovec *local, struct iovec *remote, unsigned n,
+static void read_own(struct tag_thread_state *t, struct iovec *local, struct iovec *remote, unsigned n,
                      int *probe)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -146,7 +146,7 @@ static void read_own(struct tag_tls *t, struct iovec *local, struct iovec *remot
     }
 }
 
-void _tag_sweep_remember(struct tag_tls *t, void *user)
+void _tag_sweep_remember(struct tag_thread_state *t, void *user)
 {
     t->recent[t->recent_next++ % TAG_SWEEP_RECENT] = user;
 }
@@ -178,7 +178,7 @@ unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n)
 
 _Static_assert(TAG_SWEEP_RECENT == 64, "_tag_sweep hashes addresses to 7 bits");
 
-void _tag_sweep(struct tag_tls *t, void *ret, void *frame)
+void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
 {
     struct libtag_tag tags[TAG_SWEEP_RECENT];
     uint64_t canaries[TAG_SWEEP_RECENT];

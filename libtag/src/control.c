@@ -7,8 +7,6 @@
  * handlers) waits for libtag's constructor.
  */
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/auxv.h>
 #include <elf.h>
 #include <time.h>
@@ -86,36 +84,6 @@ static TAG_COLD void vdso_init(void)
             return;
         }
     }
-}
-
-/* libtag's own memory: never the heap it tags.  A PROT_NONE page on each
- * side keeps the kernel from merging the mapping with a neighbour (a glibc
- * mmap'ed chunk, a thread stack), so a reader can tell libtag's tables from
- * the program's memory by address range, and a scan that skips them skips
- * nothing else.  The name shows in /proc/PID/maps where the kernel has
- * CONFIG_ANON_VMA_NAME. */
-void *_tag_map(size_t bytes, int noreserve)
-{
-    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
-    char *p = mmap(NULL, len + 2 * page, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    if (mmap(p + page, len, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (noreserve ? MAP_NORESERVE : 0),
-             -1, 0) == MAP_FAILED) {
-        munmap(p, len + 2 * page);
-        return NULL;
-    }
-    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)(p + page), len,
-          (unsigned long)"libtag");
-    return p + page;
-}
-
-void _tag_unmap(void *addr, size_t bytes)
-{
-    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
-    munmap((char *)addr - page, len + 2 * page);
 }
 
 static uint64_t random_secret(void)

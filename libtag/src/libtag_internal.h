@@ -2,7 +2,8 @@
  * by the file that defines it, with the hot paths' inline bodies (tag
  * checks, the heap cache, the shadow stack's record and calling context),
  * so each stays one inline body in its caller.  Every .c includes just
- * this; it brings in the types (tag_types.h).  Nothing here is exported:
+ * this; it brings in the types (tag_types.h) and the primitives
+ * (tag_prim.h).  Nothing here is exported:
  * the library is built with -fvisibility=hidden and the shared names are
  * _tag_*.  Exported names (the malloc family, the instrumentation hooks and
  * libtag_*) are marked TAG_EXPORT where they are defined. */
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <emmintrin.h>  /* SSE2: the free pattern (tag.c section) */
 #include "tag_types.h"
+#include "tag_prim.h"
 
 /* ---------------------------------------------------------- options.c */
 extern struct tag_options _tag_opt;
@@ -64,10 +66,6 @@ TAG_INLINE uint32_t _tag_now_ms(void)
     uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
 }
-/* Memory of libtag's own (tables, rings), fenced by guard pages; NULL on
- * failure.  No malloc. */
-TAG_COLD void *_tag_map(size_t bytes, int noreserve);
-TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
 /* ------------------------------------------------------------- heap.c */
 extern struct tag_heap _tag_heap;
@@ -461,20 +459,6 @@ void _tag_sweep_remember(struct tag_thread_state *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
 TAG_COLD void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame);
-/* The sweep's probe (sweep.c): a load that may fault, recovered by the
- * crash hook.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
- * and SIGBUS (crash.c sets it, and clears it where it gives one back).
- * _tag_probe_fault: the crash hook's first question - is this a fault of
- * the probe's load in a thread that is probing?  Then the context resumes
- * at the probe's failure exit and 1 is returned.  Async-signal-safe. */
-extern int _tag_probe_armed;
-int _tag_probe_fault(int sig, void *uc);
-/* Copy n iovecs of the process's own memory with process_vm_readv, so an
- * unmapped or unreadable address shortens the copy instead of faulting.
- * Returns the iovecs handled; one that faulted gets local iov_len 0.
- * Returns 0 where the kernel refuses the call (a seccomp filter). */
-struct iovec;
-unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n);
 
 /* -------------------------------------------------------------- tag.c */
 static inline struct libtag_tag *_tag_of(const void *user)
@@ -767,11 +751,6 @@ TAG_COLD void _tag_snapshot_signal_taken(int sig); /* the program's now */
 TAG_COLD void _tag_snapshot_at_exit(void);
 TAG_COLD void _tag_snapshot_reap(void);   /* collect exited snapshot children */
 extern int _tag_snapshot_pending;         /* children not collected yet */
-void _tag_die(int sig);                   /* default action of sig, now */
-/* Save the registers of a signal context into a thread record (the order
- * of struct user_regs_struct).  Async-signal-safe. */
-struct ucontext_t;
-void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc);
 /* The crash hook, with LIBTAG_DIR set: make the crash core land in a new
  * snapshot directory.  Async-signal-safe; 0 or -errno. */
 TAG_COLD int _tag_crash_dir(void);
@@ -834,10 +813,5 @@ void _tag_guard_atfork_child(void);
 
 /* ----------------------------------------------------------- crash.c */
 TAG_COLD void _tag_crash_init(void);
-
-/* glibc's sigaction under another name: libtag's own handlers must not go
- * through the sigaction() it interposes for the program (crash.c). */
-struct sigaction;
-extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
 #endif /* LIBTAG_INTERNAL_H */

@@ -50,4 +50,24 @@ void _tag_die(int sig);   /* default action of sig, now */
  * through the sigaction() it interposes for the program (crash.c). */
 extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
+/* ------------------------------------------------------------ maps.c */
+/* open(path, O_RDONLY | O_CLOEXEC), again after EINTR: a /proc file. */
+int _tag_proc_open(const char *path);
+
+/* One line of /proc/self/maps. */
+struct tag_maps_line {
+    uint64_t start, end;   /* [start, end) */
+    uint64_t offset;       /* file offset, bytes */
+    uint64_t inode;        /* 0 for anonymous memory */
+    char perms[4];         /* as shown: "rw-p", "r-xs" ... */
+    const char *path;      /* not NUL-terminated; plen 0 = none */
+    size_t plen;
+};
+
+/* Call fn(line, ctx) for each line of /proc/self/maps, in order: libtag's
+ * one maps parser (the core writer and the payload redaction use it).
+ * Returns 0 or -errno.  Async-signal-safe, no malloc; one static read
+ * buffer, so one caller at a time (the fork child is single-threaded). */
+int _tag_maps_each(void (*fn)(const struct tag_maps_line *, void *), void *ctx);
+
 #endif /* LIBTAG_PRIM_H */

@@ -126,3 +126,19 @@ void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
         __atomic_store_n(&anomaly_lock, 0, __ATOMIC_RELEASE);
     }
 }
+
+/* A release of the live block ptr by a function expecting dealloc when it
+ * was allocated otherwise: an anomaly when new_delete.c's pairing rule
+ * (_tag_cxx_checked) calls it one. */
+void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
+        return;
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
+        .dealloc = dealloc,
+        .address = ptr,
+        .block = ptr,
+    };
+    _tag_anomaly(&r, ret, frame);
+}

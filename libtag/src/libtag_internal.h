@@ -227,9 +227,6 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame);
  * dealloc one libtag can call a mismatch?  (Not when the program replaces
  * operator new or delete itself.) */
 TAG_COLD int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
-/* Report the release of the live block ptr by a function expecting dealloc,
- * when _tag_cxx_checked calls it a mismatch. */
-TAG_COLD void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame);
 
 /* ------------------------------------------------------ stack_table.c */
 void _tag_stack_table_init(uint32_t capacity);
@@ -740,6 +737,9 @@ TAG_COLD void _tag_anomaly_record(const struct tag_report *r, uint32_t tid, uint
 void _tag_anomaly_no_core(void);
 /* "double-free", ... as in the snapshot directory names and the JSON. */
 const char *_tag_anomaly_name(uint32_t kind);
+/* Report the release of the live block ptr by a function expecting dealloc,
+ * when _tag_cxx_checked calls it a mismatch. */
+TAG_COLD void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame);
 
 /* -------------------------------------------------------- snapshot.c */
 TAG_COLD int _tag_snapshot(uint32_t reason);

@@ -28,9 +28,10 @@ Roots (docs/leaks.md says why each, and what is left out):
   block below fs_base (its lowest address from the DTV), the thread
   descriptor above it, and the DTV array itself.
 
-libtag's own static TLS block in every thread (struct tag_tls: shadow stack,
-caches, the last 64 allocations for the overflow sweep) lies inside these
-ranges and is cut out of them.
+libtag's own per-thread state in every thread (struct tag_thread_state, a
+mapping of libtag's found through one TLS pointer: shadow stack, caches, the
+last 64 allocations for the overflow sweep) lies inside these ranges and is
+cut out of them.
 
 The words themselves come from the pointer edge index (forensics.reader.pointers,
 cached beside the core): every aligned word of writable memory, libtag's own
@@ -701,7 +702,7 @@ def thread_contexts(dump: Dump) -> list[Thread]:
 
 def libtag_tls_ranges(dump: Dump) -> list[tuple[int, int]]:
     """[start, end) of libtag's per-thread block in every thread (struct
-    tag_tls: shadow stacks, caches, the last allocations for the overflow
+    tag_thread_state: shadow stacks, caches, the last allocations for the overflow
     sweep): libtag's references, not the program's (Control.libtag_tls_ranges)."""
     return dump.control.libtag_tls_ranges() if dump.control is not None else []
 

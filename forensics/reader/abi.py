@@ -287,7 +287,7 @@ Control = Struct(
     "anomaly_count" / Int32ul,
     "anomaly" / Anomaly,
     "crash" / Crash,
-    "tls_bytes" / Int32ul,  # libtag's per-thread block from each record's shadow address
+    "thread_state_bytes" / Int32ul,  # libtag's per-thread block from each record's shadow address
     "latent_uaf" / Int32ul,  # snapshot core: quarantined blocks found written after free
     "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
     "damaged_bytes" / Int64ul,

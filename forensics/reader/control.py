@@ -342,10 +342,10 @@ class Control:
         return [int(q) for q in recs["quarantine"] if q] if recs is not None else []
 
     def libtag_tls_ranges(self) -> list[tuple[int, int]]:
-        """[start, end) of libtag's per-thread block (control.tls_bytes from
+        """[start, end) of libtag's per-thread block (control.thread_state_bytes from
         each thread record's shadow address) in every thread that has one."""
         recs = self.thread_records()
-        size = int(self.fields.tls_bytes)
+        size = int(self.fields.thread_state_bytes)
         if recs is None or not size:
             return []
         return [(int(a), int(a) + size) for a, tid in zip(recs["shadow"], recs["tid"]) if a and tid]

@@ -474,11 +474,12 @@ struct libtag_control {
                                  TAG_REASON_ANOMALY; kind 0 = none yet */
     struct libtag_crash   crash;
 
-    uint32_t tls_bytes;       /* size of libtag's per-thread block (its
-                                 state, mapped per thread, not TLS), which
-                                 starts at each thread record's shadow
-                                 address: libtag's own memory, never the
-                                 program's references */
+    uint32_t thread_state_bytes; /* size of libtag's per-thread block
+                                 (struct tag_thread_state, mapped per
+                                 thread, not TLS), which starts at each
+                                 thread record's shadow address: libtag's
+                                 own memory, never the program's
+                                 references */
     uint32_t latent_uaf;      /* in a snapshot core: quarantined blocks the
                                  snapshot found written after free (the
                                  first is in anomaly when no anomaly was
@@ -548,7 +549,7 @@ _Static_assert(sizeof(struct libtag_crash) == 32, "crash record");
 _Static_assert(offsetof(struct libtag_control, stack_nodes) == 72, "control");
 _Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
 _Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
-_Static_assert(offsetof(struct libtag_control, tls_bytes) == 288, "control");
+_Static_assert(offsetof(struct libtag_control, thread_state_bytes) == 288, "control");
 _Static_assert(offsetof(struct libtag_control, stack_stats) == 312, "control");
 _Static_assert(offsetof(struct libtag_control, guard_pool) == 320, "control");
 _Static_assert(offsetof(struct libtag_control, request_signal) == 368, "control");

@@ -65,7 +65,7 @@ void _tag_anomaly_no_core(void)
 
 void _tag_anomaly(const struct tag_report *r, void *ret, void *frame)
 {
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     _tag_anomaly_at(r, t ? _tag_capture(t, ret, frame) : 0);
     if (_tag_opt.on_anomaly == TAG_ON_ABORT) {
         /* One core, the snapshot's; then the process dies of SIGABRT
@@ -125,4 +125,20 @@ void _tag_anomaly_at(const struct tag_report *r, uint32_t stack)
             snapshot_now();
         __atomic_store_n(&anomaly_lock, 0, __ATOMIC_RELEASE);
     }
+}
+
+/* A release of the live block ptr by a function expecting dealloc when it
+ * was allocated otherwise: an anomaly when new_delete.c's pairing rule
+ * (_tag_cxx_checked) calls it one. */
+void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
+{
+    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
+        return;
+    struct tag_report r = {
+        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
+        .dealloc = dealloc,
+        .address = ptr,
+        .block = ptr,
+    };
+    _tag_anomaly(&r, ret, frame);
 }

@@ -7,8 +7,6 @@
  * handlers) waits for libtag's constructor.
  */
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/auxv.h>
 #include <elf.h>
 #include <time.h>
@@ -88,36 +86,6 @@ static TAG_COLD void vdso_init(void)
     }
 }
 
-/* libtag's own memory: never the heap it tags.  A PROT_NONE page on each
- * side keeps the kernel from merging the mapping with a neighbour (a glibc
- * mmap'ed chunk, a thread stack), so a reader can tell libtag's tables from
- * the program's memory by address range, and a scan that skips them skips
- * nothing else.  The name shows in /proc/PID/maps where the kernel has
- * CONFIG_ANON_VMA_NAME. */
-void *_tag_map(size_t bytes, int noreserve)
-{
-    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
-    char *p = mmap(NULL, len + 2 * page, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    if (mmap(p + page, len, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (noreserve ? MAP_NORESERVE : 0),
-             -1, 0) == MAP_FAILED) {
-        munmap(p, len + 2 * page);
-        return NULL;
-    }
-    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)(p + page), len,
-          (unsigned long)"libtag");
-    return p + page;
-}
-
-void _tag_unmap(void *addr, size_t bytes)
-{
-    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
-    munmap((char *)addr - page, len + 2 * page);
-}
-
 static uint64_t random_secret(void)
 {
     /* AT_RANDOM: 16 random bytes the kernel gave the process at exec; the
@@ -160,7 +128,7 @@ void _tag_init(void)
     _tag_ctl.pid = (uint32_t)getpid();
     _tag_ctl.quarantine_bytes = _tag_opt.quarantine_bytes;
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
-    _tag_ctl.tls_bytes = sizeof(struct tag_tls);
+    _tag_ctl.thread_state_bytes = sizeof(struct tag_thread_state);
     _tag_ctl.guard_rate = _tag_opt.guard_rate;
     _tag_ctl.guard_slot_size = TAG_GUARD_SLOT_SIZE;
     _tag_ctl.guard_capacity = _tag_opt.guard_slots ? _tag_opt.guard_slots
@@ -207,7 +175,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
 {
     if (!_tag_ready)
         return;
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (t->rec && !t->exiting) {
         if (_tag_opt.sweep_every)
             _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));

@@ -35,7 +35,8 @@
  * the last CW_KEEP_SLOTS slots (the core stays valid, the other higher
  * mappings are missing, thread stacks among them); NT_FILE paths share a CW_PATH_POOL pool - a
  * mapping whose path does not fit stays in the PT_LOADs but is left out of
- * NT_FILE; a /proc/self/maps line longer than CW_READ_BUF is dropped.
+ * NT_FILE; a /proc/self/maps line longer than maps.c's read window
+ * (TAG_MAPS_WINDOW) is dropped.
  * Known differences from the kernel: MADV_DONTDUMP is not honoured (maps does
  * not show it), PROT_NONE pages that were once written are not dumped (the
  * kernel reads them with FOLL_FORCE), no NT_FPREGSET/NT_X86_XSTATE/NT_SIGINFO.
@@ -77,7 +78,6 @@ _Static_assert(sizeof(elf_gregset_t) == TAG_NREGS * 8, "pr_reg is user_regs_stru
 _Static_assert(CW_MAX_MAPS >= 2 * CW_KEEP_SLOTS && CW_MAX_MAPS <= 0xfffd,
                "e_phnum < PN_XNUM");
 #define CW_PATH_POOL     (1u << 20)  /* NT_FILE path bytes */
-#define CW_READ_BUF      (64u << 10) /* /proc/self/maps read window */
 #define CW_SMALL_BUF     8192u       /* auxv, cmdline, comm, stat */
 #define CW_OUT_BUF       (64u << 10) /* headers and notes are buffered */
 #define CW_PAGEMAP_BATCH 4096u       /* pagemap entries per pread */
@@ -104,7 +104,6 @@ static struct cw_map maps[CW_MAX_MAPS];
 static unsigned nmaps;
 static char path_pool[CW_PATH_POOL];
 static uint32_t pool_used;
-static char rbuf[CW_READ_BUF];
 static unsigned char auxv[CW_SMALL_BUF];
 static size_t auxv_len;
 static char small[CW_SMALL_BUF];
@@ -270,21 +269,11 @@ static int out_mem(uint64_t addr, uint64_t len)
 }
 
 /* ---------------------------------------------------------- /proc ----- */
-static int open_ro(const char *path)
-{
-    int fd;
-
-    do
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    while (fd < 0 && errno == EINTR);
-    return fd;
-}
-
 /* Read a whole small file (up to cap bytes); returns its length or -1. */
 static ssize_t read_small(const char *path, void *buf, size_t cap)
 {
     size_t have = 0;
-    int fd = open_ro(path);
+    int fd = _tag_proc_open(path);
 
     if (fd < 0)
         return -1;
@@ -300,33 +289,6 @@ static ssize_t read_small(const char *path, void *buf, size_t cap)
     return (ssize_t)have;
 }
 
-static const char *parse_hex(const char *p, const char *end, uint64_t *v)
-{
-    uint64_t x = 0;
-
-    for (; p < end; p++) {
-        unsigned d;
-        if (*p >= '0' && *p <= '9')
-            d = (unsigned)(*p - '0');
-        else if (*p >= 'a' && *p <= 'f')
-            d = (unsigned)(*p - 'a' + 10);
-        else
-            break;
-        x = x << 4 | d;
-    }
-    *v = x;
-    return p;
-}
-
-static const char *skip_field(const char *p, const char *end)
-{
-    while (p < end && *p != ' ')
-        p++;
-    while (p < end && *p == ' ')
-        p++;
-    return p;
-}
-
 static int starts(const char *p, size_t len, const char *lit)
 {
     size_t l = strlen(lit);
@@ -336,74 +298,6 @@ static int starts(const char *p, size_t len, const char *lit)
 static int equals(const char *p, size_t len, const char *lit)
 {
     return len == strlen(lit) && memcmp(p, lit, len) == 0;
-}
-
-/* One line of /proc/self/maps (no newline):
- *   start-end perms offset dev inode [spaces path]
- * Returns 0, or -1 for a line that does not parse. */
-static int parse_map_line(const char *p, size_t len, struct tag_maps_line *l)
-{
-    const char *end = p + len;
-
-    p = parse_hex(p, end, &l->start);
-    if (p >= end || *p != '-')
-        return -1;
-    p = parse_hex(p + 1, end, &l->end);
-    if (p + 5 > end || *p != ' ' || l->end <= l->start)
-        return -1;
-    p++;
-    memcpy(l->perms, p, sizeof l->perms);
-    p = skip_field(p, end);
-    p = parse_hex(p, end, &l->offset);
-    p = skip_field(p, end);     /* past offset's trailing space */
-    p = skip_field(p, end);     /* dev */
-    for (l->inode = 0; p < end && *p >= '0' && *p <= '9'; p++)
-        l->inode = l->inode * 10 + (uint64_t)(*p - '0');
-    p = skip_field(p, end);     /* the padding after the inode */
-    l->path = p;
-    l->plen = (size_t)(end - p);
-    return 0;
-}
-
-int _tag_maps_each(void (*fn)(const struct tag_maps_line *, void *), void *ctx)
-{
-    size_t have = 0;
-    int skipping = 0;
-    int fd = open_ro("/proc/self/maps");
-    struct tag_maps_line line;
-
-    if (fd < 0)
-        return err_or(EIO);
-    for (;;) {
-        ssize_t r = read(fd, rbuf + have, sizeof rbuf - have);
-        char *p, *end, *nl;
-
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            /* A read error ends the list early: the lines so far stand. */
-            if (have && !skipping && parse_map_line(rbuf, have, &line) == 0)
-                fn(&line, ctx);
-            break;
-        }
-        have += (size_t)r;
-        p = rbuf;
-        end = rbuf + have;
-        while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
-            if (!skipping && parse_map_line(p, (size_t)(nl - p), &line) == 0)
-                fn(&line, ctx);
-            skipping = 0;
-            p = nl + 1;
-        }
-        have = (size_t)(end - p);
-        memmove(rbuf, p, have);
-        if (have == sizeof rbuf) {      /* one line fills the window */
-            skipping = 1;
-            have = 0;
-        }
-    }
-    close(fd);
-    return 0;
 }
 
 /* A mapping for the core: its flags, and its path in the NT_FILE pool. */
@@ -920,7 +814,7 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
         return rc;
 
     /* Segment data, in program header order. */
-    pagemap = open_ro("/proc/self/pagemap");
+    pagemap = _tag_proc_open("/proc/self/pagemap");
     for (i = 0; rc == 0 && i < nmaps; i++) {
         const struct cw_map *m = &maps[i];
         uint64_t sz = filesz(m);

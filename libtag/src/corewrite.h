@@ -11,22 +11,6 @@
 
 struct libtag_thread;
 
-/* One line of /proc/self/maps. */
-struct tag_maps_line {
-    uint64_t start, end;   /* [start, end) */
-    uint64_t offset;       /* file offset, bytes */
-    uint64_t inode;        /* 0 for anonymous memory */
-    char perms[4];         /* as shown: "rw-p", "r-xs" ... */
-    const char *path;      /* not NUL-terminated; plen 0 = none */
-    size_t plen;
-};
-
-/* Call fn(line, ctx) for each line of /proc/self/maps, in order: libtag's
- * one maps parser (the core writer and the payload redaction use it).
- * Returns 0 or -errno.  Async-signal-safe, no malloc; one static read
- * buffer, so one caller at a time (the fork child is single-threaded). */
-int _tag_maps_each(void (*fn)(const struct tag_maps_line *, void *), void *ctx);
-
 /* Write an ELF64 x86_64 core of the calling process to fd (already open,
  * O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600 - the caller opens it and
  * unlinks the partial file on failure).

@@ -50,7 +50,7 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
     if (_tag_guard_fault(sig, si, ucv))  /* guard.c: a guarded block's fault */
         return;
     ucontext_t *uc = ucv;
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     if (!__atomic_exchange_n(&in_crash, 1, __ATOMIC_ACQ_REL)) {
         struct libtag_crash *c = &_tag_ctl.crash;
         c->signal = (uint32_t)sig;

@@ -391,7 +391,7 @@ uint64_t _tag_guard_allocs(void)
     return __atomic_load_n(&guard_allocs, __ATOMIC_RELAXED);
 }
 
-void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero, uint32_t kind,
+void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero, uint32_t kind,
                        uint32_t stack, int sampled)
 {
     if (sampled) {
@@ -558,7 +558,7 @@ static TAG_COLD void bad_release(void *ptr, uint32_t i, void *ret, void *frame)
     _tag_anomaly(&r, ret, frame);
 }
 
-void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret, void *frame)
+void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     uint32_t i = slot_of(ptr);
     struct libtag_guard_slot *s = i == NO_SLOT ? NULL : &slots[i];
@@ -633,7 +633,7 @@ static int used(uint32_t state)
  * table lock taken only while another thread inserts (the faulting code
  * is the program's, which never holds it; a handler of the program that
  * interrupted an insert of its own thread is why the wait is bounded). */
-static uint32_t fault_stack(struct tag_tls *t, const ucontext_t *uc)
+static uint32_t fault_stack(struct tag_thread_state *t, const ucontext_t *uc)
 {
     uint32_t id = 0;
     for (int k = 0; k < 100 && !id; k++) {
@@ -714,7 +714,7 @@ int _tag_guard_fault(int sig, void *siv, void *ucv)
         return 1;
     }
     __atomic_fetch_add(&_tag_ctl.guard_faults, 1, __ATOMIC_RELAXED);
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     struct libtag_tag copy = s->tag;
     struct libtag_free_rec rec = s->rec;
     uint32_t st = __atomic_load_n(&s->state, __ATOMIC_SEQ_CST);

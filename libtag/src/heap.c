@@ -20,7 +20,7 @@
  *           describes the span.  A pointer's span is two loads away.
  *
  * Blocks of a size class move between three places, every move O(1):
- *   - a thread's cache (tag_tls.heap_cache, no lock): per class a LIFO list
+ *   - a thread's cache (tag_thread_state.heap_cache, no lock): per class a LIFO list
  *     where free() puts them (after libtag's quarantine) and malloc() takes
  *     them, and a bulk list, one span's whole free list taken at once when
  *     both were empty, which only malloc() drains;

@@ -40,7 +40,7 @@ _Static_assert(TAG_HOOK_WAYS == 4, "__cyg_profile_func_enter looks in 4 ways");
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
 {
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     uint64_t fn = (uint64_t)(uintptr_t)this_fn, site = (uint64_t)(uintptr_t)call_site;
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
@@ -79,7 +79,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
 {
     (void)call_site;
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     uint64_t sp = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint64_t d = t->shadow.depth;  /* 64 bits: an index with no extension */
     /* The innermost entry above the exiting function's stack pointer: it

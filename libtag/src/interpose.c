@@ -60,7 +60,7 @@ static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint3
 void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
 {
     _tag_ensure_init();
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     if (TAG_UNLIKELY(t == NULL))
         return alloc_stateless(size, align, zero, kind);
     uint32_t stack = _tag_capture(t, ret, frame);
@@ -190,7 +190,7 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     if (TAG_UNLIKELY(t == NULL)) {
         free_stateless(ptr, dealloc, ret, frame);
         return;
@@ -253,7 +253,7 @@ TAG_EXPORT void *calloc(size_t nmemb, size_t size)
 static void *realloc_in_place(void *ptr, size_t size, void *ret, void *frame)
 {
     struct libtag_tag *tg = _tag_of(ptr);
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     if (t == NULL || tg->pad != 0 || _tag_reported(tg))
         return NULL;
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;

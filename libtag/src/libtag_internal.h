@@ -1,4 +1,9 @@
-/* libtag_internal.h - what libtag's own files share.  Nothing here is exported:
+/* libtag_internal.h - what libtag's own files share: the internal API,
+ * by the file that defines it, with the hot paths' inline bodies (tag
+ * checks, the heap cache, the shadow stack's record and calling context),
+ * so each stays one inline body in its caller.  Every .c includes just
+ * this; it brings in the types (tag_types.h) and the primitives
+ * (tag_prim.h).  Nothing here is exported:
  * the library is built with -fvisibility=hidden and the shared names are
  * _tag_*.  Exported names (the malloc family, the instrumentation hooks and
  * libtag_*) are marked TAG_EXPORT where they are defined. */
@@ -10,86 +15,10 @@
 #include <string.h>
 #include <time.h>
 #include <emmintrin.h>  /* SSE2: the free pattern (tag.c section) */
-#include "tag_abi.h"
-
-#define TAG_EXPORT  __attribute__((visibility("default")))
-#define TAG_NOINSTR __attribute__((no_instrument_function))
-#define TAG_LIKELY(x)   __builtin_expect(!!(x), 1)
-#define TAG_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Rare paths (anomalies, registration, table inserts, sweeps) stay out of
- * the hot functions' code: the fast path is one inline body, every rare case
- * a call (mimalloc's free.c does the same). */
-#define TAG_COLD     __attribute__((cold, noinline))
-#define TAG_NOINLINE __attribute__((noinline))
-#define TAG_INLINE   static inline __attribute__((always_inline))
-
-/* The page size libtag assumes (x86_64); guard pages, mincore probes and the
- * self-written core use it. */
-#define TAG_PAGE_SIZE 4096u
-/* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
-#define TAG_NSIG 65
-/* The real-time signal libtag stops threads with for a snapshot (each saves
- * its registers), and which takes forensics' reap requests (snapshot.c). */
-#define TAG_REGS_SIGNAL (SIGRTMAX - 1)
-
-/* How long a handed-over snapshot's child waits for its caller to read
- * the pipe its core goes through (see TAG_SNAPSHOT_REQUEST), between two
- * reads, before it gives up and exits. */
-#define TAG_HANDOFF_WAIT_MS 30000
-
-/* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
- * which CI runs once); compiled out otherwise.  A failure writes one line
- * with write(2) and aborts: no stdio, no malloc. */
-#ifdef LIBTAG_DEBUG
-#define TAG_ASSERT(c) \
-    (TAG_LIKELY(c) ? (void)0 : _tag_fatal("libtag: assertion failed: %s (%s:%d)", #c, __FILE__, __LINE__))
-#else
-#define TAG_ASSERT(c) ((void)0)
-#endif
+#include "tag_types.h"
+#include "tag_prim.h"
 
 /* ---------------------------------------------------------- options.c */
-enum tag_on_anomaly { TAG_ON_SNAPSHOT = 0, TAG_ON_ABORT = 1, TAG_ON_IGNORE = 2 };
-enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 };
-/* LIBTAG_UNWIND: where stacks come from (unwind.c). */
-enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
-
-/* The guard pool (guard.c): the default rate, one allocation in this many;
- * the default caps, in slots, at a sampling rate and at rate 1; and the
- * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
-#define TAG_GUARD_DEFAULT_RATE  5000u
-#define TAG_GUARD_SAMPLED_SLOTS 256u
-/* ... and the first this many allocations of every allocation stack (a
- * site) are guarded too (LIBTAG_GUARD_SITES). */
-#define TAG_GUARD_DEFAULT_SITES 1u
-#define TAG_GUARD_MAX_SLOTS     (1u << 18)
-#define TAG_GUARD_ALL_SLOTS     TAG_GUARD_MAX_SLOTS
-/* Bytes of one slot: blocks up to this minus their tag are guarded. */
-#define TAG_GUARD_SLOT_SIZE     (4u * TAG_PAGE_SIZE)
-
-struct tag_options {
-    int on_anomaly;              /* enum tag_on_anomaly */
-    int core_path;               /* enum tag_core_path */
-    int signal;                  /* snapshot signal, 0 = none */
-    int quiet;                   /* LIBTAG_QUIET=1: no log lines but the stats */
-    int log;                     /* enum tag_log: where log lines go */
-    int at_exit;                 /* enum tag_at_exit */
-    int stats;                   /* print counters at exit */
-    int stack_stats;             /* LIBTAG_STACK_STATS: per-stack counters */
-    int omit_payload;            /* LIBTAG_PAYLOAD=omit */
-    int unwind;                  /* enum tag_unwind */
-    uint32_t fp_depth;           /* depth bound of fp and CFI walks */
-    uint32_t stack_nodes;        /* stack table capacity */
-    uint64_t quarantine_bytes;   /* per-thread quarantine budget */
-    uint32_t quarantine_fill;    /* payload bytes patterned when freed */
-    uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
-    uint32_t guard_rate;         /* LIBTAG_GUARD_RATE: 1 in N guarded, 0 = off */
-    uint32_t guard_slots;        /* LIBTAG_GUARD_SLOTS: the pool's cap, 0 = by rate */
-    uint32_t guard_sites;        /* LIBTAG_GUARD_SITES: a stack's first N guarded */
-    char dir[512];               /* snapshot directory, "" = cwd */
-    char log_path[512];          /* LIBTAG_LOG=PATH: lines go to PATH.<pid> */
-};
-enum tag_log { TAG_LOG_STDERR, TAG_LOG_PATH, TAG_LOG_OFF };
-enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
 extern struct tag_options _tag_opt;
 /* Parse LIBTAG_* from the environment; a bad value is reported once and
  * libtag refuses to start (the process exits 2). No malloc. */
@@ -137,60 +66,9 @@ TAG_INLINE uint32_t _tag_now_ms(void)
     uint64_t ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     return (uint32_t)((ns - _tag_ctl.start_mono_ns) / 1000000u);
 }
-/* Memory of libtag's own (tables, rings), fenced by guard pages; NULL on
- * failure.  No malloc. */
-TAG_COLD void *_tag_map(size_t bytes, int noreserve);
-TAG_COLD void _tag_unmap(void *addr, size_t bytes);
 
 /* ------------------------------------------------------------- heap.c */
-/* libtag's own heap (heap.c says how it works, docs/design.md why).  A
- * slice is 64 KiB of the heap's region; spans of slices hold the blocks of
- * one size class, or one large block. */
-#define TAG_HEAP_SLICE     65536u
-#define TAG_HEAP_SMALL_MAX (512u * 1024)  /* larger slots: a span each */
-#define TAG_HEAP_CLASSES   56u            /* 16..128 by 16, then 4 a doubling */
-enum tag_span_kind { TAG_SPAN_FREE = 0, TAG_SPAN_SMALL = 1, TAG_SPAN_LARGE = 2 };
-#define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
-#define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */
-/* One per slice.  Every slice of a span leads back (first_off) to the
- * span's first slice, whose entry describes the span. */
-struct tag_slice {
-    uint32_t first_off;     /* slices back to the span's first slice */
-    uint32_t slices;        /* first slice: the span's length */
-    uint32_t kind;          /* enum tag_span_kind */
-    uint32_t flags;         /* TAG_SPAN_* */
-    uint32_t cls;           /* TAG_SPAN_SMALL: its size class */
-    uint32_t block_size;    /* TAG_SPAN_SMALL: bytes of one slot */
-    uint32_t capacity;      /* slots in the span */
-    uint32_t carved;        /* slots handed out at least once: [0, carved) */
-    uint32_t nfree;         /* slots in the span's free list */
-    uint32_t reserved;
-    void *free;             /* the span's free list (class lock) */
-    struct tag_slice *next, *prev;  /* class list / free bin (locks) */
-};
-/* The heap's global state (heap.c). */
-struct tag_heap {
-    uintptr_t base;         /* slice 0 */
-    uint64_t slices_max;    /* slices the region has room for */
-    uint64_t used;          /* slices [0, used) were ever handed out */
-    uint64_t committed;     /* slices [0, committed) are read-write */
-    struct tag_slice *meta; /* one entry a slice */
-    uint64_t key;           /* free blocks' links are xor'ed with it */
-    uint64_t large_count, large_bytes;  /* large spans live (page lock) */
-    uint64_t broken_links;  /* free lists found overwritten */
-};
 extern struct tag_heap _tag_heap;
-/* A thread's cache of free blocks, per class: head, a LIFO list of the
- * blocks it freed (count of them, spilled past the class's limit), and
- * bulk, a span's whole free list taken at once (uncounted, never spilled:
- * only allocations drain it).  malloc() takes head first: the blocks
- * freed last are the ones still in the CPU's caches. */
-struct tag_heap_cache {
-    void *head;
-    uint32_t count;
-    uint32_t reserved;
-    void *bulk;
-};
 TAG_COLD void _tag_heap_init(void);
 /* Is p in the part of the region the heap has used?  (Arithmetic only.)
  * Forced inline: LTO made it a call in every link the spill and the
@@ -291,222 +169,26 @@ size_t _tag_heap_usable(const void *p);
 void _tag_heap_flush(struct tag_heap_cache *hc);
 /* malloc_trim: free spans back to the kernel; 1 if any was. */
 int _tag_heap_trim(void);
-struct tag_heap_stats {
-    uint64_t used, free_spans, large_count, large_bytes;
-};
 void _tag_heap_stats(struct tag_heap_stats *st);
 void _tag_heap_atfork_prepare(void);
 void _tag_heap_atfork_release(void);
 
 /* ----------------------------------------------------------- thread.c */
-/* A thread's last stack walk (unwind.c), outermost frame first, so the
- * next capture can prove its outer part unchanged and take its interned id:
- * per frame the registers the walk had there, and every word the walk read
- * from that frame outward (return address and saved rbp slots, the word
- * that ended it) with the value it read. */
-struct tag_walk_frame {
-    uint64_t pc, sp, bp;   /* sp: the frame's stack pointer (its callee's CFA) */
-    uint32_t id;           /* stack id of this frame and all outer ones */
-    uint16_t flags;        /* TAG_WF_* */
-    uint16_t reads;        /* rd[0..reads) were read stepping out of f[0..this] */
-};
-struct tag_walk_read {
-    uint64_t addr, value;
-};
-#define TAG_WF_BP_KNOWN 1u  /* bp holds the frame's rbp */
-#define TAG_WF_SIGNAL   2u  /* pc is exact (TAG_FRAME_SIGNAL), not a return address */
-#define TAG_WF_DEP_BP   4u  /* the walk from here outward depends on bp */
-#define TAG_WALK_MAX 128    /* LIBTAG_FP_DEPTH's upper bound */
-#define TAG_WALK_KEEP 64    /* deeper walks are not kept for reuse */
-#define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
-#define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
-#define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */
-/* The fast check (unwind.c) of one complete walk: a capture from the same
- * innermost frame - return address, stack pointer and, where the walk
- * depends on it, rbp (bits under bp_mask) - with the same code generation,
- * whose words read rd[0..reads) all still hold, is this very walk: it takes
- * id.  pc 0 = none. */
-struct tag_fast {
-    uint64_t pc, sp, bp, bp_mask;
-    uint32_t id, reads;
-    uint32_t gen, frames;  /* _tag_code_gen of the walk; its frames (stats) */
-    uint32_t hits;         /* captures it answered, not yet in captures */
-    uint32_t stamp;        /* when it was filled (the cache's replacement) */
-};
-#define TAG_FAST_SLOTS 64   /* the per-thread cache of walks, by (pc, sp):
-                               8 ways in each of 8 sets (2 sets missed a
-                               quarter of python3's captures: one malloc
-                               wrapper's (pc, sp) under many stacks) */
-#define TAG_FAST_READS 64   /* words it keeps per walk (one a frame, and a
-                               saved rbp the walk outward needs); deeper
-                               walks: not.  lua's allocations walk ~19
-                               frames: 16 words left them all uncached */
-struct tag_fast_entry {
-    struct tag_fast h;
-    struct tag_walk_read rd[TAG_FAST_READS];
-};
-struct tag_walk {
-    struct tag_fast fast;  /* this walk's, over rd[] */
-    uint32_t n;            /* frames; 0 = nothing to reuse */
-    uint32_t gen;          /* _tag_code_gen when it was walked */
-    uint32_t stop;         /* TAG_WALK_STOP_* */
-    uint32_t unused;
-    uint64_t hi;           /* top of the stack it read (bounds every rd[]) */
-    struct tag_walk_frame f[TAG_WALK_KEEP];
-    struct tag_walk_read rd[2 * TAG_WALK_KEEP + 1];
-};
-/* A frame found by the walk in progress, innermost first. */
-struct tag_walk_new {
-    uint64_t pc, sp, bp;
-    uint32_t bp_off;       /* its step read rbp at sp + bp_off */
-    uint32_t flags;        /* TAG_WF_* and what its step used (unwind.c) */
-};
-
-/* tag_tls.hook_cache: TAG_HOOK_SETS sets (a power of 2) of TAG_HOOK_WAYS
- * entries, one cache line a set.  Real programs enter hundreds of hot
- * functions: 64 direct-mapped entries missed on 31-40 M enters of
- * brotli's and sqlite3's runs in bench/run_real.py (every miss a CFI
- * lookup), 256 x 4 on 400-6,000. */
-#define TAG_HOOK_SETS 256
-#define TAG_HOOK_WAYS 4
-struct tag_hook_set {
-    uint64_t ra[TAG_HOOK_WAYS];   /* newest first; 0 = empty */
-    uint32_t off[TAG_HOOK_WAYS];  /* the CFA - the hook's own CFA */
-} __attribute__((aligned(64)));
-/* The set of the enter hook's return address ra in tag_tls.hook_cache. */
-#define TAG_HOOK_SET(ra) (((ra) ^ ((ra) >> 6)) & (TAG_HOOK_SETS - 1))
-#define TAG_CAP_MEMO_BITS 10  /* tag_tls.cap_memo: 1024 entries (40 KiB) */
-#define TAG_CAP_MEMO (1u << TAG_CAP_MEMO_BITS)
-struct tag_tls {
-    struct libtag_shadow shadow;     /* first: its address is in the record */
-    struct libtag_thread *rec;       /* NULL until registered (and in
-                                        _tag_tls_none, always) */
-    /* Allocations this thread makes before its next guarded one
-     * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
-     * below, calls _tag_guard_alloc, which draws the next one.  Here, not
-     * in a TLS variable of its own: the hook then needs no second load of
-     * a TLS offset from the GOT. */
-    int32_t guard_countdown;
-    uint32_t tid;
-    int overflow_rec;                /* rec is shared: update with atomics */
-    int exiting;                     /* quarantine drained, free directly */
-    uint32_t frees;                  /* this thread's frees, for pacing */
-    const void *last_alloc;          /* this thread's newest block: freed
-                                        before the next allocation, it is a
-                                        temporary (stack stats) */
-    uint32_t entry_parent, entry_id; /* memo of the last ENTRY node */
-    uint64_t entry_fn;
-    /* What shadow.id[d+1] was computed from: (id[d], site[d]) at the time.
-     * A depth that flips between two callees and back (an inlined helper
-     * called before the allocating path) then costs a compare, not a
-     * re-intern of everything above it. */
-    uint32_t used_parent[TAG_SHADOW_MAX];
-    uint64_t used_site[TAG_SHADOW_MAX];
-    /* Enters before the next hook tick (_tag_hook_tick): 0 in a new
-     * thread, so its first enter registers it; then LIBTAG_SWEEP, so a
-     * sweep is due at 0.  One decrement: the enter hook checks nothing
-     * else for either. */
-    int32_t hook_left;
-    uint32_t recent_next;
-    void *recent[64];                /* TAG_SWEEP_RECENT last allocations */
-    struct libtag_quarantine_ring *quarantine;
-    /* heap.c: free blocks by class, for this thread's allocations */
-    struct tag_heap_cache heap_cache[TAG_HEAP_CLASSES];
-    struct { uint64_t pc; uint32_t parent_kind; uint32_t id; } cache[256];
-    /* The top of this thread's stack (its record's stack_hi; kept here
-     * too because threads beyond the record capacity share one record). */
-    uint64_t stack_hi;
-    /* The alternate signal stack this thread set with sigaltstack(), so an
-     * unwind or a shadow-stack pop knows which stack it is on. */
-    uint64_t alt_lo, alt_hi;
-    /* Shadow entries recorded at or above this address take the slow pop
-     * path: stack_hi, or 0 while an alternate signal stack is set. */
-    uint64_t pop_limit;
-    /* The CFA offset of instrumented functions from their stack pointer at
-     * their enter hook call, by the hook's return address (what
-     * _tag_hook_cfa found from CFI).  The enter hook trusts an entry only
-     * when the slot at CFA - 8 holds its call site; hook_gen: the
-     * _tag_code_gen the entries were made under (the slow path drops them
-     * when it changed). */
-    uint32_t hook_gen;
-    struct tag_hook_set hook_cache[TAG_HOOK_SETS];
-    /* Code pages found in no module since the module list last changed
-     * (unknown_gen): a capture asks the loader once per page. */
-    uint32_t unknown_gen, unknown_next;
-    uint64_t unknown_pages[16];
-    uint32_t probing;                /* sweep.c's probe may fault now */
-    uint32_t in_walk;                /* captures under way (a walk, or the
-                                        fast check): a nested one (from a
-                                        signal handler) leaves walk[] alone */
-    uint64_t captures, capture_frames; /* for LIBTAG_STATS */
-    /* The calling context of each shadow depth: cc[d] is a 64-bit hash
-     * of the call sites site[0..d-1] (cc[0] = 0), kept for d <= cc_valid
-     * (shadow_stack.c).  cc_valid is also how far the entries were found
-     * alive by a capture (_tag_shadow_settle), and how far shadow.valid
-     * holds: an enter that changes an entry lowers cc_valid alone, and
-     * the ids are valid up to min(shadow.valid, cc_valid). */
-    uint32_t cc_valid;
-    uint64_t cc[TAG_SHADOW_MAX + 1];
-    /* Shadow-stack captures, direct-mapped by a hash of (cc, pc)
-     * (unwind.c): the stack id of a capture from pc whose innermost
-     * instrumented function is fn, entered under calling context cc, with
-     * its CFA at the capture's sp + off, while the code was gen.  The same
-     * inputs give the same stack, so a capture that hits costs a hash of
-     * the sites pushed since the last one and a probe: no intern, however
-     * the stack below changed (docs/design.md, "Calling contexts"). */
-    struct tag_cap_memo { uint64_t cc, pc, fn; uint32_t off, gen, id, pad; } cap_memo[TAG_CAP_MEMO];
-    uint32_t walk_lru;               /* the walk[] to replace next */
-    struct tag_walk walk[TAG_WALKS];
-    /* Complete walks of up to TAG_FAST_READS words, direct-mapped by their
-     * innermost frame: the fast check of many sites, beyond the two kept
-     * walks' own. */
-    struct tag_fast_entry fast[TAG_FAST_SLOTS];
-    uint32_t fast_clock;             /* stamps its fills */
-    uint8_t fast_last[16];           /* by (pc, sp): the way that answered
-                                        last (unwind.c fast_hint) */
-    uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
-    struct tag_walk_new walk_new[TAG_WALK_MAX];
-};
-/* struct tag_tls is ~83 KiB: as static TLS it would be carved out of every
- * thread's stack by glibc, and a program whose threads have small stacks
- * (PTHREAD_STACK_MIN, 32 KiB) would see pthread_create fail with EINVAL
- * under libtag.  So it is mapped per thread (_tag_map, at registration;
- * unmapped at thread exit) and static TLS holds only this: the pointer to
- * it, and what the paths that run without it (before registration, after
- * exit, a thread whose mapping failed) need.
- *
- * t points at _tag_tls_none until the thread registers: a zeroed state
- * that nothing writes, whose rec is NULL - the test every entry point
- * makes (_tag_self), and on which the hooks' fast paths all fail to their
- * slow paths, which register.  So the hot paths pay one load (the pointer)
- * for the indirection and no test of their own. */
-struct tag_tls_ref {
-    struct tag_tls *t;               /* this thread's state, or &_tag_tls_none */
-    int *errno_at;                   /* this thread's errno (free() keeps
-                                        it): no __errno_location call */
-    struct libtag_thread *rec;       /* its record (also once t is gone); NULL = none */
-    uint32_t tid;                    /* set at its first registration */
-    uint32_t gone;                   /* t unmapped at thread exit: no new one */
-};
 extern __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec")));
-union tag_tls_none {
-    struct tag_tls t;
-    char pages[(sizeof(struct tag_tls) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
-};
 extern union tag_tls_none _tag_tls_none_pages;
 #define _tag_tls_none (_tag_tls_none_pages.t)
 /* First libtag use in a thread: map its state and take a record.  Returns
  * the state, or NULL when the thread has none (its mapping failed, or it
  * is past its exit hook): then the caller works without one (a stack id 0,
  * no quarantine); _tag_tls.tid is set either way. */
-TAG_COLD struct tag_tls *_tag_thread_register(void);
+TAG_COLD struct tag_thread_state *_tag_thread_register(void);
 TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
 TAG_COLD void _tag_threads_late_init(void);  /* pthread key, atfork: after libc init */
 /* The calling thread's state, registering it first; NULL: it has none
  * (see _tag_thread_register). */
-static inline struct tag_tls *_tag_self(void)
+static inline struct tag_thread_state *_tag_self(void)
 {
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (TAG_UNLIKELY(t->rec == NULL))
         t = _tag_thread_register();
     return t;
@@ -516,7 +198,7 @@ static inline struct tag_tls *_tag_self(void)
  * thread's record: plain adds where the record is the thread's own,
  * atomics where threads beyond the record capacity share it, or where the
  * thread has no state (t NULL: the record kept in static TLS, if any). */
-TAG_INLINE void _tag_count(struct tag_tls *t, int freed, uint64_t size)
+TAG_INLINE void _tag_count(struct tag_thread_state *t, int freed, uint64_t size)
 {
     struct libtag_thread *r = t ? t->rec : _tag_tls.rec;
     if (!t && !r)
@@ -545,23 +227,20 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame);
  * dealloc one libtag can call a mismatch?  (Not when the program replaces
  * operator new or delete itself.) */
 TAG_COLD int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc);
-/* Report the release of the live block ptr by a function expecting dealloc,
- * when _tag_cxx_checked calls it a mismatch. */
-TAG_COLD void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame);
 
 /* ------------------------------------------------------ stack_table.c */
 void _tag_stack_table_init(uint32_t capacity);
 /* Intern (parent, kind, pc) and return its id.  Lock-free on hits; inserts
  * take the table lock.  Returns 0 (the root) and counts stack_full when the
  * table is full.  The caller has missed the per-thread cache entry c. */
-TAG_COLD uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+TAG_COLD uint32_t _tag_intern_slow(struct tag_thread_state *t, uint32_t parent, uint32_t kind,
                                    uint64_t pc, unsigned c);
 
 /* The per-thread cache in front of the table: a capture does several of
  * these per allocation, so the hit path is a few shifts and compares,
  * inlined (callgrind: the out-of-line version with a multiplicative hash
  * was a fifth of all instructions under allocbench). */
-static inline uint32_t _tag_intern(struct tag_tls *t, uint32_t parent, uint32_t kind,
+static inline uint32_t _tag_intern(struct tag_thread_state *t, uint32_t parent, uint32_t kind,
                                    uint64_t pc)
 {
     unsigned c = (unsigned)((pc >> 2) ^ (pc >> 9) ^ (parent * 7u) ^ kind) & 255u;
@@ -602,7 +281,7 @@ TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
 }
 /* t: the thread's state, or NULL for a thread without one (interpose.c),
  * whose temporaries are not counted. */
-TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t size,
+TAG_INLINE void _tag_stats_alloc(struct tag_thread_state *t, uint32_t stack, uint64_t size,
                                  const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
@@ -617,7 +296,7 @@ TAG_INLINE void _tag_stats_alloc(struct tag_tls *t, uint32_t stack, uint64_t siz
     if (t)
         t->last_alloc = user;
 }
-TAG_INLINE void _tag_stats_free(struct tag_tls *t, uint32_t stack, uint64_t size,
+TAG_INLINE void _tag_stats_free(struct tag_thread_state *t, uint32_t stack, uint64_t size,
                                 const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
@@ -640,11 +319,6 @@ void _tag_stack_table_atfork_child(void);
 uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc);
 
 /* ---------------------------------------------------------- modules.c */
-struct tag_module {
-    uintptr_t lo, hi;            /* one executable segment [lo, hi) */
-    uintptr_t eh_hdr;            /* its object's .eh_frame_hdr; 0 = none */
-    uintptr_t data_lo, data_hi;  /* the PT_LOAD holding it: bounds CFI reads */
-};
 void _tag_modules_init(void);    /* constructor: the first scan */
 void _tag_modules_allow(void);   /* start-up: scans from now on */
 void _tag_modules_atfork_child(void);
@@ -658,23 +332,6 @@ void _tag_modules_leave(void);
 extern uint32_t _tag_code_gen;   /* bumped whenever the module list changes */
 
 /* -------------------------------------------------------------- cfi.c */
-/* An unwind rule: how to go from a frame to its caller's, cached per code
- * address in unwind.c.  bits 0..2: TAG_RULE_*; then flags; bits 8..31 the
- * CFA offset; 32..47 where rbp was saved, in 8-byte slots below the CFA;
- * 48..63 a check of the key (unwind.c). */
-#define TAG_RULE_TYPE   7ull
-#define TAG_RULE_NONE   0ull  /* empty cache slot / nothing known */
-#define TAG_RULE_CFA    1ull  /* CFA = rsp or rbp + offset; RA at CFA - 8 */
-#define TAG_RULE_FP     2ull  /* no usable CFI: frame pointers, if valid */
-#define TAG_RULE_SIGNAL 3ull  /* the signal trampoline: the sigcontext */
-#define TAG_RULE_END    4ull  /* outermost frame: return address undefined */
-#define TAG_RULE_BAD    5ull  /* not a return address: the walk ends */
-#define TAG_RULE_CFA_RBP   (1ull << 3)  /* the CFA is rbp + offset */
-#define TAG_RULE_RBP_SAVED (1ull << 4)  /* rbp saved at CFA - 8 * slot */
-#define TAG_RULE_RBP_LOST  (1ull << 5)  /* rbp not recoverable */
-#define TAG_RULE_OFF_SHIFT   8
-#define TAG_RULE_SLOT_SHIFT  32
-#define TAG_RULE_CHECK_SHIFT 48
 /* The rule for code address addr (a return address minus 1, or an exact
  * pc) from the module's CFI: TAG_RULE_CFA, _END or _FP.  Async-signal-safe;
  * call inside _tag_modules_enter/_leave. */
@@ -686,43 +343,43 @@ uint64_t _tag_cfi_rule(const struct tag_module *m, uintptr_t addr);
  * with frame pointers: frame[0] = the caller's rbp, frame[1] = ret).  ret
  * NULL (from a trace hook): frame is the hook's.  LIBTAG_UNWIND chooses
  * the shadow stack, a frame-pointer walk or a CFI walk.  Normal context. */
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame);
+uint32_t _tag_capture(struct tag_thread_state *t, void *ret, void *frame);
 /* The frames of the interrupted code of a signal handler's ucontext
  * (the first is its exact pc, TAG_FRAME_SIGNAL), innermost first: uses the
  * module list and rules already known, no locks, no malloc, no
  * dl_iterate_phdr: async-signal-safe.  Returns the frame count. */
 struct ucontext_t;
-uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *uc,
+uint32_t _tag_unwind_uc(struct tag_thread_state *t, const struct ucontext_t *uc,
                         uint64_t *pcs, uint32_t *kinds, uint32_t max);
 /* The same, interned (_tag_intern_signal): 0 when the table is busy. */
-uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc);
+uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc);
 /* The CFA of the instrumented function whose enter hook returns to ra;
  * c: its stack pointer at the hook call, rbp: its rbp, site: its return
  * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
  * (no rule, and site not found near c).  Fills t->hook_cache with the
  * offset from c of a CFA it found by rule (hooks.c). */
-uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                        uintptr_t site);
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
  * (sigaltstack, the fork child).  Normal context of the thread. */
-void _tag_unwind_forget(struct tag_tls *t);
+void _tag_unwind_forget(struct tag_thread_state *t);
 /* Bring t->captures and capture_frames up to date (the fast check counts
  * its hits per walk).  The thread's own normal context. */
-void _tag_unwind_settle(struct tag_tls *t);
+void _tag_unwind_settle(struct tag_thread_state *t);
 extern uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 /* ----------------------------------------------------- shadow_stack.c */
 /* Pop the shadow entries whose frames are gone (longjmp, exceptions) as
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */
-uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site);
+uint32_t _tag_shadow_pop(struct tag_thread_state *t, uint64_t cur, uint64_t fn, uint64_t site);
 /* Before a capture from stack pointer cur uses the shadow stack: the
  * entries recorded since the last capture (from valid - 1 up) are alive,
  * or the dead ones are dropped (shadow_stack.c). */
-void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur);
-TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
+void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur);
+TAG_INLINE void _tag_shadow_settle(struct tag_thread_state *t, uint64_t cur)
 {
     uint32_t d = t->shadow.depth;
     if (t->cc_valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
@@ -731,8 +388,7 @@ TAG_INLINE void _tag_shadow_settle(struct tag_tls *t, uint64_t cur)
 /* The calling context of the outer d frames (d <= min(depth, max)), the
  * entries alive: hashes the sites from cc_valid up, raises cc_valid to d.
  * One rotate, xor and multiply a site pushed since the last capture. */
-#define TAG_CC_MIX 0x9e3779b97f4a7c15ull
-TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
+TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
 {
     uint32_t i = t->cc_valid;
     if (TAG_LIKELY(i >= d))
@@ -754,7 +410,7 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_tls *t, uint32_t d)
  * Only the site and the CFA count: the calling context and the prefix ids
  * are made of sites, and whether an entry is alive is its CFA's slot
  * holding its site (the innermost function is checked by the capture). */
-TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, uint64_t site,
+TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint64_t fn, uint64_t site,
                                    uint64_t cfa)
 {
     t->shadow.fn[d] = fn;
@@ -779,42 +435,27 @@ TAG_INLINE void _tag_shadow_record(struct tag_tls *t, uint32_t d, uint64_t fn, u
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */
-void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_tls *t);
-void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uint64_t sp);
-void _tag_hook_tick(struct tag_tls *t);
+void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_thread_state *t);
+void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t sp);
+void _tag_hook_tick(struct tag_thread_state *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */
-uint32_t _tag_shadow_id(struct tag_tls *t);
+uint32_t _tag_shadow_id(struct tag_thread_state *t);
 /* The interned id of the shadow stack's outer d frames (CALL nodes of
  * site[0..d-1]), d <= min(depth, TAG_SHADOW_MAX): id[d], interning the
  * depths from min(valid, cc_valid) up first. */
-uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d);
-TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_tls *t, uint32_t d)
+uint32_t _tag_shadow_prefix_slow(struct tag_thread_state *t, uint32_t d);
+TAG_INLINE uint32_t _tag_shadow_prefix(struct tag_thread_state *t, uint32_t d)
 {
     return TAG_LIKELY(t->shadow.valid >= d && t->cc_valid >= d) ? t->shadow.id[d]
                                                                 : _tag_shadow_prefix_slow(t, d);
 }
 
 /* ------------------------------------------------------------ sweep.c */
-#define TAG_SWEEP_RECENT 64
-void _tag_sweep_remember(struct tag_tls *t, void *user);
+void _tag_sweep_remember(struct tag_thread_state *t, void *user);
 /* Check the recent blocks' tags and canaries; reports heap-overflow and
  * heap-underflow anomalies. */
-TAG_COLD void _tag_sweep(struct tag_tls *t, void *ret, void *frame);
-/* The sweep's probe (sweep.c): a load that may fault, recovered by the
- * crash hook.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
- * and SIGBUS (crash.c sets it, and clears it where it gives one back).
- * _tag_probe_fault: the crash hook's first question - is this a fault of
- * the probe's load in a thread that is probing?  Then the context resumes
- * at the probe's failure exit and 1 is returned.  Async-signal-safe. */
-extern int _tag_probe_armed;
-int _tag_probe_fault(int sig, void *uc);
-/* Copy n iovecs of the process's own memory with process_vm_readv, so an
- * unmapped or unreadable address shortens the copy instead of faulting.
- * Returns the iovecs handled; one that faulted gets local iov_len 0.
- * Returns 0 where the kernel refuses the call (a seccomp filter). */
-struct iovec;
-unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n);
+TAG_COLD void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame);
 
 /* -------------------------------------------------------------- tag.c */
 static inline struct libtag_tag *_tag_of(const void *user)
@@ -874,7 +515,6 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
 /* Is user a live/freed block of ours?  Its tag must lie in the heap's
  * used region (arithmetic on the address: that memory is always mapped),
  * and validate there.  Inline: every free() and realloc() starts here. */
-enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
 TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
 {
     const struct libtag_tag *t = _tag_of(user);
@@ -905,7 +545,6 @@ unsigned _tag_canary_damage(const void *user);
  * call to memset and one to memcmp against a page of the pattern cost more
  * (callgrind, allocbench: 80 Ir/op for the check alone).  p is 16-aligned
  * (a user pointer); any n works. */
-#define TAG_PATTERN64 (0x0101010101010101ull * TAG_FREE_PATTERN)
 extern int _tag_have_avx2;  /* tag.c: set once, at start */
 TAG_COLD void _tag_pattern_init(void);
 void _tag_pattern_fill_avx2(void *p, size_t n);            /* n >= 32 */
@@ -940,7 +579,6 @@ TAG_INLINE void _tag_pattern_fill(void *p, size_t n)
 }
 /* The offset of the first byte of p[0..n) that is not TAG_FREE_PATTERN,
  * or TAG_INTACT. */
-#define TAG_INTACT ((size_t)-1)
 TAG_COLD size_t _tag_pattern_first_bad(const void *p, size_t n);
 TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
 {
@@ -1017,14 +655,6 @@ TAG_COLD int _tag_recover(uint64_t tag_addr, struct libtag_tag *t);
  * underflow of this one - or say nothing explains it.  rec: its free record
  * when it is known to be a quarantined block, else NULL.  Reports, never
  * leaks: the caller keeps the chunk from glibc.  Rare path. */
-enum tag_damage {
-    TAG_DAMAGE_NONE     = 0,  /* nothing explains it; nothing reported */
-    TAG_DAMAGE_KNOWN    = 1,  /* explained and reported; the tag stays
-                                 damaged (size unknown): leak the chunk */
-    TAG_DAMAGE_REPAIRED = 2,  /* reported; the tag is restored, marked
-                                 TAG_FLAG_REPORTED, in its state (live or
-                                 freed): go on with it */
-};
 TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec,
                                       void *ret, void *frame);
 /* Count a chunk deliberately never handed back to the real allocator. */
@@ -1033,18 +663,18 @@ TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 /* -------------------------------------------------------- quarantine.c */
 /* Evict (check, then really free) the oldest blocks of q until size more
  * bytes fit budget. */
-void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring *q, uint64_t size,
+void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
                                uint64_t budget);
 /* The rare cases of a put: the ring to put user in, or NULL when it was
  * released directly (the thread exits, it exceeds the budget, no ring). */
-TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user,
+TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_thread_state *t, void *user,
                                                              uint64_t size);
 /* Put a freed block of size bytes (freed by this thread, now, from
  * free_stack) and its free record in the calling thread's quarantine;
  * evicts the oldest blocks beyond the budget.  Inline: once per free.
  * head and count change so that [head, head + count) names only blocks
  * still held, at every instant (see quarantine.c). */
-TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size,
+TAG_INLINE void _tag_quarantine_put(struct tag_thread_state *t, void *user, uint64_t size,
                                     uint32_t free_stack, uint32_t now)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
@@ -1076,8 +706,8 @@ TAG_INLINE void _tag_quarantine_put(struct tag_tls *t, void *user, uint64_t size
 }
 /* Check and hand back every block of the thread's quarantine; drain also
  * unmaps the ring (thread exit), flush keeps it (process exit). */
-void _tag_quarantine_flush(struct tag_tls *t);
-void _tag_quarantine_drain(struct tag_tls *t);
+void _tag_quarantine_flush(struct tag_thread_state *t);
+void _tag_quarantine_drain(struct tag_thread_state *t);
 /* The free record of a quarantined block, from whichever thread's ring
  * holds it; 0 if none does.  Rare path (reads rings with _tag_copy_own). */
 TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out);
@@ -1086,20 +716,9 @@ TAG_COLD int _tag_quarantine_find(const void *user, struct libtag_free_rec *out)
 TAG_COLD void _tag_quarantine_check_all(void);
 /* Hand a block back to the real allocator, or leak it when its tag says it
  * was damaged (TAG_FLAG_REPORTED). */
-void _tag_real_release(struct tag_tls *t, void *user);
+void _tag_real_release(struct tag_thread_state *t, void *user);
 
 /* --------------------------------------------------------- anomaly.c */
-/* What an anomaly is about (see struct libtag_anomaly for each kind). */
-struct tag_report {
-    uint32_t kind;                      /* enum libtag_anomaly_kind */
-    uint32_t dealloc;                   /* mismatch: the expected alloc kind */
-    const void *address;
-    const void *block;                  /* NULL = none */
-    const struct libtag_tag *tag;       /* copied; NULL = block's own tag */
-    const struct libtag_free_rec *rec;  /* copied; NULL = none */
-    uint32_t access;                    /* a fault: TAG_ACCESS_*; else 0 */
-    const void *pc;                     /* a fault: the faulting instruction */
-};
 /* Record an anomaly and act on LIBTAG_ON_ANOMALY.  Returns when the faulty
  * operation should be skipped; does not return with abort. */
 TAG_COLD void _tag_anomaly(const struct tag_report *r, void *ret, void *frame);
@@ -1118,6 +737,9 @@ TAG_COLD void _tag_anomaly_record(const struct tag_report *r, uint32_t tid, uint
 void _tag_anomaly_no_core(void);
 /* "double-free", ... as in the snapshot directory names and the JSON. */
 const char *_tag_anomaly_name(uint32_t kind);
+/* Report the release of the live block ptr by a function expecting dealloc,
+ * when _tag_cxx_checked calls it a mismatch. */
+TAG_COLD void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame);
 
 /* -------------------------------------------------------- snapshot.c */
 TAG_COLD int _tag_snapshot(uint32_t reason);
@@ -1129,11 +751,6 @@ TAG_COLD void _tag_snapshot_signal_taken(int sig); /* the program's now */
 TAG_COLD void _tag_snapshot_at_exit(void);
 TAG_COLD void _tag_snapshot_reap(void);   /* collect exited snapshot children */
 extern int _tag_snapshot_pending;         /* children not collected yet */
-void _tag_die(int sig);                   /* default action of sig, now */
-/* Save the registers of a signal context into a thread record (the order
- * of struct user_regs_struct).  Async-signal-safe. */
-struct ucontext_t;
-void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc);
 /* The crash hook, with LIBTAG_DIR set: make the crash core land in a new
  * snapshot directory.  Async-signal-safe; 0 or -errno. */
 TAG_COLD int _tag_crash_dir(void);
@@ -1147,7 +764,7 @@ TAG_COLD void _tag_redact_payloads(void);
 /* A guarded block for this allocation, or NULL: the caller allocates as
  * usual (the rate is off, the block does not fit a slot, the pool is
  * full).  Normal context. */
-TAG_COLD void *_tag_guard_alloc(struct tag_tls *t, size_t size, size_t align, int zero,
+TAG_COLD void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero,
                                 uint32_t kind, uint32_t stack, int sampled);
 /* LIBTAG_GUARD_SITES in effect: 0 when guarded sampling or the per-stack
  * counters are off.  A stack whose counter of allocations is below it is a
@@ -1168,7 +785,7 @@ TAG_INLINE int _tag_guarded(const void *ptr)
 }
 /* free() and delete of a pointer into the pool, released as dealloc
  * expects (enum libtag_alloc_kind). */
-TAG_COLD void _tag_guard_free(struct tag_tls *t, void *ptr, uint32_t dealloc, void *ret,
+TAG_COLD void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, void *ret,
                               void *frame);
 /* realloc()'s check of a pointer into the pool: 1 when it is a live
  * guarded block (damage found is reported), else reported and 0. */
@@ -1196,10 +813,5 @@ void _tag_guard_atfork_child(void);
 
 /* ----------------------------------------------------------- crash.c */
 TAG_COLD void _tag_crash_init(void);
-
-/* glibc's sigaction under another name: libtag's own handlers must not go
- * through the sigaction() it interposes for the program (crash.c). */
-struct sigaction;
-extern int __sigaction(int, const struct sigaction *, struct sigaction *);
 
 #endif /* LIBTAG_INTERNAL_H */

@@ -208,7 +208,7 @@ int _tag_module_find(uintptr_t pc, struct tag_module *out, int may_rescan)
      * module list changes.  dlopen() is not interposed to know better:
      * glibc resolves the caller's RUNPATH and namespace from its return
      * address, which would then be libtag's. */
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (t->rec == NULL) {  /* no state of its own (_tag_tls_none): no memo */
         rescan(0);
         return lookup(pc, out);

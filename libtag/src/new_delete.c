@@ -182,19 +182,6 @@ static int program_uses_ours(void)
     return a;
 }
 
-void _tag_report_mismatch(void *ptr, uint32_t dealloc, void *ret, void *frame)
-{
-    if (!_tag_cxx_checked(_tag_alloc_kind(_tag_of(ptr)), dealloc))
-        return;
-    struct tag_report r = {
-        .kind = TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH,
-        .dealloc = dealloc,
-        .address = ptr,
-        .block = ptr,
-    };
-    _tag_anomaly(&r, ret, frame);
-}
-
 int _tag_cxx_checked(uint32_t alloc_kind, uint32_t dealloc)
 {
     if (alloc_kind == TAG_ALLOC_MALLOC || dealloc == TAG_ALLOC_MALLOC)

@@ -27,7 +27,7 @@
 
 /* Inline in the eviction, which runs once a free(): a call there cost
  * ~15 instructions a pair of saves, restores and the call itself. */
-TAG_INLINE void real_release(struct tag_tls *owner, void *user)
+TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
@@ -47,7 +47,7 @@ TAG_INLINE void real_release(struct tag_tls *owner, void *user)
     _tag_heap_free(owner ? owner->heap_cache : NULL, raw);
 }
 
-void _tag_real_release(struct tag_tls *owner, void *user)
+void _tag_real_release(struct tag_thread_state *owner, void *user)
 {
     real_release(owner, user);
 }
@@ -67,7 +67,7 @@ static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free
  * (an underflow through a dangling pointer) or by an overflow of the block
  * before.  Reported and leaked; returns the bytes to take off the budget
  * (0 when its size is lost with its tag). */
-static TAG_COLD uint64_t evict_damaged(struct tag_tls *t, void *user,
+static TAG_COLD uint64_t evict_damaged(struct tag_thread_state *t, void *user,
                                        const struct libtag_free_rec *rec)
 {
     void *ret = __builtin_return_address(0), *frame = __builtin_frame_address(0);
@@ -106,7 +106,7 @@ static TAG_COLD uint64_t evict_damaged(struct tag_tls *t, void *user,
  * Skipping the pattern check altogether (not allowed, for scale): 0.96;
  * non-temporal stores for the fill: 2.4x slower (the check then reads
  * from DRAM). */
-TAG_INLINE void evict_one(struct tag_tls *owner, struct libtag_quarantine_ring *q)
+TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quarantine_ring *q)
 {
     uint32_t head = q->head, count = q->count;
     TAG_ASSERT(count > 0 && count <= RING_SLOTS && head < RING_SLOTS);
@@ -138,13 +138,13 @@ TAG_INLINE void evict_one(struct tag_tls *owner, struct libtag_quarantine_ring *
     q->bytes = bytes - (size < bytes ? size : bytes);
 }
 
-static TAG_NOINLINE void evict_all(struct tag_tls *t, struct libtag_quarantine_ring *q)
+static TAG_NOINLINE void evict_all(struct tag_thread_state *t, struct libtag_quarantine_ring *q)
 {
     while (q->count)
         evict_one(t, q);
 }
 
-static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
+static struct libtag_quarantine_ring *ring_new(struct tag_thread_state *t)
 {
     void *p = _tag_map(sizeof(struct libtag_quarantine_ring), 0);
     if (p == NULL)
@@ -157,7 +157,7 @@ static struct libtag_quarantine_ring *ring_new(struct tag_tls *t)
 /* Evict the oldest blocks until size more bytes fit the budget (the put
  * itself is inline in free(), libtag_internal.h).  Out of line, so that
  * only q, size and budget stay live across the calls into glibc. */
-void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring *q, uint64_t size,
+void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
                                uint64_t budget)
 {
     do
@@ -168,7 +168,7 @@ void _tag_quarantine_make_room(struct tag_tls *t, struct libtag_quarantine_ring 
 /* The put's rare cases: no ring yet (mapped now), the thread is exiting,
  * the block is larger than the whole budget, or no ring can be mapped.
  * Returns the ring to put the block in, or NULL when it was released. */
-struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *user, uint64_t size)
+struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_thread_state *t, void *user, uint64_t size)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
     if (!t->exiting && size <= _tag_opt.quarantine_bytes && (q || (q = ring_new(t))))
@@ -177,7 +177,7 @@ struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_tls *t, void *use
     return NULL;
 }
 
-void _tag_quarantine_flush(struct tag_tls *t)
+void _tag_quarantine_flush(struct tag_thread_state *t)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
     if (q)
@@ -190,7 +190,7 @@ void _tag_quarantine_flush(struct tag_tls *t)
  * its ring and a program that runs many short threads grows without bound.
  * Another thread reading this ring (_tag_quarantine_find) copies it with
  * process_vm_readv, so the unmap cannot fault it. */
-void _tag_quarantine_drain(struct tag_tls *t)
+void _tag_quarantine_drain(struct tag_thread_state *t)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
     _tag_quarantine_flush(t);

@@ -20,7 +20,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "corewrite.h"
 #include "libtag_internal.h"
 
 static void blank(uintptr_t lo, uintptr_t hi)

@@ -4,7 +4,7 @@
  * and _exit around every function; we keep (this_fn, call_site, sp) per
  * depth in the thread's state (thread.c), where sp is the function's CFA: the stack
  * address it was entered from.  A hash of the call sites below each depth
- * (tag_tls.cc[], kept up to cc_valid) keys the capture memo (unwind.c), so
+ * (tag_thread_state.cc[], kept up to cc_valid) keys the capture memo (unwind.c), so
  * a capture hashes only the depths changed since the last one; on a miss,
  * the interned id of each prefix is cached per depth (shadow.id[], up to
  * shadow.valid) and interns only the frames changed since it was computed.
@@ -29,7 +29,7 @@
  * hooks for inlined calls too, from the host's frame), unless it is the
  * same function entered again from the same call site: the last one never
  * exited (longjmp). */
-static int dead(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t fn, uint64_t site,
+static int dead(const struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t fn, uint64_t site,
                 int cur_alt, uint64_t hi)
 {
     uint64_t e = t->shadow.sp[i], at = e & ~1ull;
@@ -43,7 +43,7 @@ static int dead(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t fn, 
     return !(e & 1) && ((const uint64_t *)at)[-1] != t->shadow.site[i];
 }
 
-uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t site)
+uint32_t _tag_shadow_pop(struct tag_thread_state *t, uint64_t cur, uint64_t fn, uint64_t site)
 {
     uint32_t d = t->shadow.depth;
     uint64_t hi = t->stack_hi;
@@ -67,7 +67,7 @@ uint32_t _tag_shadow_pop(struct tag_tls *t, uint64_t cur, uint64_t fn, uint64_t 
  * against the nearest alive entry inside it - down to the first alive
  * entry below lo (those below it were checked by an earlier capture and
  * are alive when it is). */
-static void shadow_repair(struct tag_tls *t, uint64_t cur, uint32_t lo)
+static void shadow_repair(struct tag_thread_state *t, uint64_t cur, uint32_t lo)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth, n = 0, first = d;
@@ -120,7 +120,7 @@ static void shadow_repair(struct tag_tls *t, uint64_t cur, uint32_t lo)
  * are dead above a live one: so a capture first checks the entries
  * recorded since the last capture and the one below them (valid - 1 up to
  * the innermost, which the capture checks itself), and drops the dead. */
-void _tag_shadow_settle_slow(struct tag_tls *t, uint64_t cur)
+void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth, lo = t->cc_valid ? t->cc_valid - 1 : 0;
@@ -155,7 +155,7 @@ static int32_t hook_period(void)
 
 /* hook_left ran out: a sweep is due (or, should a thread's first enter
  * ever get here, register the thread, so a reader finds its stack). */
-TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_tls *t)
+TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_thread_state *t)
 {
     if (TAG_UNLIKELY(t->rec == NULL)) {
         if ((t = _tag_thread_register()) != NULL)
@@ -170,7 +170,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_tls *t)
 /* Every enter the fast path does not finish: no cached CFA offset for this
  * hook call (or it does not hold here), an innermost entry that may be
  * dead, an empty or full shadow stack. */
-TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_tls *t)
+TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_thread_state *t)
 {
     const uint64_t *frame = __builtin_frame_address(0);
     if (TAG_UNLIKELY(t->rec == NULL)) {
@@ -212,7 +212,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
  * exited (longjmp).  At -O2 the hook may be reached by a tail jump after
  * the epilogue: then sp is the exiting function's own CFA, and the entry
  * there is itself. */
-TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uint64_t sp)
+TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t sp)
 {
     uint32_t d = t->shadow.depth;
     if (d == 0)
@@ -233,7 +233,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_tls *t, uin
     t->shadow.depth = d;
 }
 
-uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d)
+uint32_t _tag_shadow_prefix_slow(struct tag_thread_state *t, uint32_t d)
 {
     struct libtag_shadow *s = &t->shadow;
     for (uint32_t i = s->valid < t->cc_valid ? s->valid : t->cc_valid; i < d; i++) {
@@ -247,7 +247,7 @@ uint32_t _tag_shadow_prefix_slow(struct tag_tls *t, uint32_t d)
     return s->id[d];
 }
 
-uint32_t _tag_shadow_id(struct tag_tls *t)
+uint32_t _tag_shadow_id(struct tag_thread_state *t)
 {
     struct libtag_shadow *s = &t->shadow;
     uint32_t d = s->depth < TAG_SHADOW_MAX ? s->depth : TAG_SHADOW_MAX;
@@ -265,6 +265,6 @@ uint32_t _tag_shadow_id(struct tag_tls *t)
 TAG_EXPORT uint32_t libtag_current_stack(void)
 {
     _tag_ensure_init();
-    struct tag_tls *t = _tag_self();
+    struct tag_thread_state *t = _tag_self();
     return t ? _tag_capture(t, __builtin_return_address(0), __builtin_frame_address(0)) : 0;
 }

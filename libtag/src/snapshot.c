@@ -82,26 +82,6 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* ---------------------------------------------------------------------
- * Registers.  The order is struct user_regs_struct, as in a core's
- * NT_PRSTATUS note. */
-void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
-{
-    const greg_t *g = uc->uc_mcontext.gregs;
-    if (!r)
-        return;  /* a thread without a record (its state could not be mapped) */
-    uint64_t *o = r->regs;
-    o[0] = g[REG_R15];  o[1] = g[REG_R14];  o[2] = g[REG_R13];  o[3] = g[REG_R12];
-    o[4] = g[REG_RBP];  o[5] = g[REG_RBX];  o[6] = g[REG_R11];  o[7] = g[REG_R10];
-    o[8] = g[REG_R9];   o[9] = g[REG_R8];   o[10] = g[REG_RAX]; o[11] = g[REG_RCX];
-    o[12] = g[REG_RDX]; o[13] = g[REG_RSI]; o[14] = g[REG_RDI]; o[15] = (uint64_t)-1;
-    o[16] = g[REG_RIP]; o[17] = g[REG_CSGSFS] & 0xffff;       o[18] = g[REG_EFL];
-    o[19] = g[REG_RSP]; o[20] = 0x2b;
-    o[21] = (uint64_t)(uintptr_t)__builtin_thread_pointer();  o[22] = 0;
-    o[23] = o[24] = o[25] = o[26] = 0;
-    __atomic_or_fetch(&r->flags, TAG_THREAD_REGS, __ATOMIC_RELEASE);
-}
-
 static void regs_handler(int sig, siginfo_t *si, void *uc)
 {
     (void)sig;
@@ -796,22 +776,6 @@ int _tag_crash_dir(void)
     write_file(dir, "info", info, n);
     close(dir);
     return rc;
-}
-
-/* Die of sig with its default action, whatever handler is installed.
- * Raw system calls: in a raw-clone child glibc's raise() would signal the
- * parent's thread id cached in the thread descriptor. */
-void _tag_die(int sig)
-{
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(sigset_t) / 16);
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, sig);
-    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
-    syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), sig);
 }
 
 void _tag_snapshot_at_exit(void)

@@ -10,7 +10,7 @@
  * its id is published into a hash slot with a release store; readers load
  * slots with acquire.  Inserts (rare after warm-up) take table_lock, a
  * spinlock, and re-probe.  In front of the table each thread has a small
- * direct-mapped cache (tag_tls.cache), so the common capture touches no
+ * direct-mapped cache (tag_thread_state.cache), so the common capture touches no
  * shared cache line at all.
  *
  * Sized by use: the node and per-stack counter arrays are reserved for the
@@ -276,7 +276,7 @@ static uint32_t insert(uint32_t parent, uint32_t kind, uint64_t pc, uint64_t h)
     return id;
 }
 
-uint32_t _tag_intern_slow(struct tag_tls *t, uint32_t parent, uint32_t kind,
+uint32_t _tag_intern_slow(struct tag_thread_state *t, uint32_t parent, uint32_t kind,
                           uint64_t pc, unsigned c)
 {
     uint64_t h = key_hash(parent, kind, pc);

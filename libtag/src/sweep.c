@@ -11,15 +11,10 @@
  * for the life of the process: so their tags and canaries are read with
  * plain loads, no system call.  A remembered block outside the heap (none
  * today; the code stays for whatever remembers one) may be unmapped: it is
- * read with a probe, one 8-byte load at a known instruction
- * (_tag_probe_insn) that may fault.  While the thread is probing
- * (tag_tls.probing), libtag's SIGSEGV/SIGBUS handler, which runs first for
- * every such signal (crash.c), recognises a fault at that instruction and
- * resumes at the probe's failure exit (_tag_probe_fixup), the way the
- * kernel's exception tables work.  That is only safe where libtag's
- * handler is installed for both signals (_tag_probe_armed) and neither is
- * blocked in this thread; otherwise one process_vm_readv() on our own pid
- * copies instead (an unmapped block shortens that copy; where the kernel
+ * read with the probe (prim.c: a load that may fault, recovered by
+ * libtag's SIGSEGV/SIGBUS handler) where that is safe (_tag_probe_safe),
+ * otherwise one process_vm_readv() on our own pid copies instead
+ * (_tag_copy_own: an unmapped block shortens that copy; where the kernel
  * refuses the call - a seccomp filter - those blocks are skipped).
  * Measured on lua -finstrument-functions (callgrind, binary_trees 11): the
  * sweep was 26,700 instructions each with probes and a signal-mask system
@@ -29,66 +24,10 @@
  * handler, so reporting an anomaly from here is allowed.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <string.h>
-#include <ucontext.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include "libtag_internal.h"
-
-static int sweep_off;  /* the kernel refused process_vm_readv */
-int _tag_probe_armed;
-
-/* int _tag_probe_word(const void *src, uint64_t *dst): copy 8 bytes from
- * src; 0, or 1 when the load faulted (then dst is left alone).  The load
- * is the one instruction the crash hook recovers from. */
-__asm__(".text\n"
-        ".p2align 4\n"
-        ".globl _tag_probe_word\n"
-        ".hidden _tag_probe_word\n"
-        ".type _tag_probe_word, @function\n"
-        "_tag_probe_word:\n"
-        ".cfi_startproc\n"
-        ".globl _tag_probe_insn\n"
-        ".hidden _tag_probe_insn\n"
-        "_tag_probe_insn:\n"
-        "    movq (%rdi), %rax\n"
-        "    movq %rax, (%rsi)\n"
-        "    xorl %eax, %eax\n"
-        "    ret\n"
-        ".globl _tag_probe_fixup\n"
-        ".hidden _tag_probe_fixup\n"
-        "_tag_probe_fixup:\n"
-        "    movl $1, %eax\n"
-        "    ret\n"
-        ".cfi_endproc\n"
-        ".size _tag_probe_word, .-_tag_probe_word\n");
-int _tag_probe_word(const void *src, uint64_t *dst);
-extern const char _tag_probe_insn[], _tag_probe_fixup[];
-
-int _tag_probe_fault(int sig, void *ucv)
-{
-    ucontext_t *uc = ucv;
-    if ((sig != SIGSEGV && sig != SIGBUS) || !_tag_tls.t->probing ||
-        uc->uc_mcontext.gregs[REG_RIP] != (greg_t)(uintptr_t)_tag_probe_insn)
-        return 0;
-    uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)_tag_probe_fixup;
-    return 1;
-}
-
-/* May this thread probe now?  libtag's handler installed, and SIGSEGV and
- * SIGBUS not blocked (one rt_sigprocmask, which only reads the mask). */
-static int probe_safe(void)
-{
-    if (!__atomic_load_n(&_tag_probe_armed, __ATOMIC_RELAXED))
-        return 0;
-    sigset_t cur;
-    if (pthread_sigmask(SIG_BLOCK, NULL, &cur) != 0)
-        return 0;
-    return !sigismember(&cur, SIGSEGV) && !sigismember(&cur, SIGBUS);
-}
 
 /* Is [p, p + n) in the part of libtag's heap that is in use?  That memory
  * stays mapped read-write for the life of the process (heap.c never
@@ -100,10 +39,10 @@ static int in_heap(const void *p, size_t n)
 }
 
 /* Copy n iovecs of our own memory, each at least 8 bytes: from the heap
- * directly, the rest with the probe (where probe_safe() allows it: asked
+ * directly, the rest with the probe (where _tag_probe_safe() allows it: asked
  * once a sweep, in *probe, -1 until then) or _tag_copy_own.  One that
  * could not be read gets local iov_len 0. */
-static void read_own(struct tag_tls *t, struct iovec *local, struct iovec *remote, unsigned n,
+static void read_own(struct tag_thread_state *t, struct iovec *local, struct iovec *remote, unsigned n,
                      int *probe)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -125,9 +64,9 @@ static void read_own(struct tag_tls *t, struct iovec *local, struct iovec *remot
          * today, kept safe for whatever does (it may be unmapped).  One at
          * a time, no arrays: a sweep runs on small thread stacks too. */
         if (*probe < 0)
-            *probe = probe_safe();
+            *probe = _tag_probe_safe();
         if (!*probe) {
-            if (sweep_off || _tag_copy_own(&local[i], &remote[i], 1) != 1)
+            if (_tag_copy_own_refused || _tag_copy_own(&local[i], &remote[i], 1) != 1)
                 local[i].iov_len = 0;
             continue;
         }
@@ -146,39 +85,14 @@ static void read_own(struct tag_tls *t, struct iovec *local, struct iovec *remot
     }
 }
 
-void _tag_sweep_remember(struct tag_tls *t, void *user)
+void _tag_sweep_remember(struct tag_thread_state *t, void *user)
 {
     t->recent[t->recent_next++ % TAG_SWEEP_RECENT] = user;
 }
 
-unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n)
-{
-    unsigned done = 0;
-    pid_t pid = getpid();
-    while (done < n) {
-        ssize_t got = process_vm_readv(pid, local + done, n - done, remote + done, n - done, 0);
-        if (got < 0) {
-            if (errno == EPERM || errno == ENOSYS)
-                sweep_off = 1;
-            return done;
-        }
-        /* whole iovecs copied; the next one faulted (or all are done) */
-        while (done < n && (size_t)got >= remote[done].iov_len) {
-            got -= (ssize_t)remote[done].iov_len;
-            done++;
-        }
-        if (done < n) {
-            /* mark the faulting one as unreadable and go on after it */
-            local[done].iov_len = 0;
-            done++;
-        }
-    }
-    return done;
-}
-
 _Static_assert(TAG_SWEEP_RECENT == 64, "_tag_sweep hashes addresses to 7 bits");
 
-void _tag_sweep(struct tag_tls *t, void *ret, void *frame)
+void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
 {
     struct libtag_tag tags[TAG_SWEEP_RECENT];
     uint64_t canaries[TAG_SWEEP_RECENT];

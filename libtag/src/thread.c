@@ -52,7 +52,7 @@ void _tag_threads_init(void)
  * goes away. */
 static void thread_exit(void *arg)
 {
-    struct tag_tls *t = _tag_tls.t;
+    struct tag_thread_state *t = _tag_tls.t;
     if (t->rec == NULL)
         return;  /* no state (its mapping failed) */
     /* Its state goes at the last round of the thread's key destructors:
@@ -93,10 +93,10 @@ static void thread_exit(void *arg)
     }
 }
 
-struct tag_tls *_tag_thread_register(void)
+struct tag_thread_state *_tag_thread_register(void)
 {
     struct tag_tls_ref *ref = &_tag_tls;
-    struct tag_tls *t = ref->t;
+    struct tag_thread_state *t = ref->t;
     _tag_ensure_init();
     if (t->rec)
         return t;
@@ -178,7 +178,7 @@ static void atfork_child(void)
         _tag_tls.t->rec = NULL;
     _tag_tls.rec = NULL;
     _tag_tls.tid = 0;
-    struct tag_tls *t = _tag_thread_register();
+    struct tag_thread_state *t = _tag_thread_register();
     /* In the child tid == pid even when a non-main thread forked, so
      * register() took __libc_stack_end; but this thread still runs on the
      * forking thread's stack, whose top is its descriptor.  A wrong bound
@@ -217,7 +217,7 @@ void _tag_threads_late_init(void)
 TAG_EXPORT int sigaltstack(const stack_t *ss, stack_t *old)
 {
     long r = syscall(SYS_sigaltstack, ss, old);
-    struct tag_tls *t;
+    struct tag_thread_state *t;
     /* the bounds go into the thread's state: registered first */
     if (r == 0 && ss && (t = _tag_self()) != NULL) {
         if (ss->ss_flags & SS_DISABLE) {

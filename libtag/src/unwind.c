@@ -29,7 +29,7 @@
  * syscall) continues in the interrupted code with the registers of its
  * sigcontext, as gdb does; that frame's pc is exact (TAG_FRAME_SIGNAL).
  *
- * Reuse.  A thread's last walk is kept (tag_tls.walk): per frame its
+ * Reuse.  A thread's last walk is kept (tag_thread_state.walk): per frame its
  * registers and what the step out of it read.  A new walk that reaches a
  * frame with the same pc, sp (and rbp, where the rest of the walk uses it)
  * as a frame of the last one, takes that frame's interned id for itself and
@@ -361,7 +361,7 @@ TAG_INLINE int same_frame(const struct tag_walk_frame *f, const struct ustate *s
            (!((f->flags ^ s->flags) & TAG_WF_BP_KNOWN) && f->bp == s->bp);
 }
 
-static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, struct tag_tls *t)
+static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, struct tag_thread_state *t)
 {
     uint64_t pcs[32];
     uint32_t kinds[32];
@@ -374,7 +374,7 @@ static TAG_NOINLINE uint32_t walk_nested(struct ustate s, struct bounds *b, stru
 }
 
 /* Count a fast header's hits in the thread's captures, before it changes. */
-TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
+TAG_INLINE void fast_settle(struct tag_thread_state *t, struct tag_fast *h)
 {
     t->captures += h->hits;
     t->capture_frames += h->hits * h->frames;
@@ -385,7 +385,7 @@ TAG_INLINE void fast_settle(struct tag_tls *t, struct tag_fast *h)
 #define FAST_SET_BITS 3  /* TAG_FAST_SLOTS = FAST_WAYS << FAST_SET_BITS */
 #define FAST_KIN 4       /* ways of one set for walks of one frame and caller */
 _Static_assert(TAG_FAST_SLOTS == FAST_WAYS << FAST_SET_BITS, "fast cache shape");
-_Static_assert(sizeof(((struct tag_tls *)0)->fast_last) == 16, "fast_last");
+_Static_assert(sizeof(((struct tag_thread_state *)0)->fast_last) == 16, "fast_last");
 /* The hint of (pc, sp): the way of its set that answered its last capture.
  * By key, not by set: the two call sites of one allocation helper (its
  * realloc and its free) share a set as often as not, and one hint for
@@ -404,7 +404,7 @@ TAG_INLINE unsigned fast_slot(uint64_t pc, uint64_t sp)
 
 /* Arm the fast checks of walk w (n > 0) for its innermost frame: w's own
  * header and, when its words fit, the cache entry of that frame. */
-static void fast_set(struct tag_tls *t, struct tag_walk *w)
+static void fast_set(struct tag_thread_state *t, struct tag_walk *w)
 {
     const struct tag_walk_frame *f = &w->f[w->n - 1];
     struct tag_fast h = {0, f->sp, f->bp, f->flags & TAG_WF_DEP_BP ? ~0ull : 0,
@@ -456,7 +456,7 @@ static void fast_set(struct tag_tls *t, struct tag_walk *w)
  * the same bounds (_tag_unwind_forget), and every word it read still the
  * same?  Then a full walk would give the same frames: its id is the
  * answer, without a rule lookup or an intern.  One load per word. */
-TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct tag_walk_read *p,
+TAG_INLINE int fast_check(struct tag_thread_state *t, struct tag_fast *h, const struct tag_walk_read *p,
                           const uint64_t *frame, uint32_t *id)
 {
     if (((h->bp ^ frame[0]) & h->bp_mask) ||
@@ -511,7 +511,7 @@ TAG_INLINE int fast_check(struct tag_tls *t, struct tag_fast *h, const struct ta
 
 /* One of the two kept walks: the usual answer, the last walk of this
  * site. */
-TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, uint32_t *id)
+TAG_INLINE int fast_hit(struct tag_thread_state *t, uint64_t pc, const uint64_t *frame, uint32_t *id)
 {
     uint64_t sp = (uint64_t)(uintptr_t)(frame + 2);  /* as entry_state */
     struct tag_walk *w = &t->walk[0];
@@ -523,7 +523,7 @@ TAG_INLINE int fast_hit(struct tag_tls *t, uint64_t pc, const uint64_t *frame, u
     return fast_check(t, &w->fast, w->rd, frame, id);
 }
 
-void _tag_unwind_forget(struct tag_tls *t)
+void _tag_unwind_forget(struct tag_thread_state *t)
 {
     _tag_unwind_settle(t);
     for (unsigned i = 0; i < TAG_WALKS; i++) {
@@ -535,7 +535,7 @@ void _tag_unwind_forget(struct tag_tls *t)
         t->fast[i].h.pc = 0;
 }
 
-void _tag_unwind_settle(struct tag_tls *t)
+void _tag_unwind_settle(struct tag_thread_state *t)
 {
     for (unsigned i = 0; i < TAG_WALKS; i++)
         fast_settle(t, &t->walk[i].fast);
@@ -547,7 +547,7 @@ void _tag_unwind_settle(struct tag_tls *t)
  * thread's last walks, then takes that frame's id and rewrites the record
  * from there inward.  Two walks are kept: allocations and frees usually
  * come from two different places, and each finds its own. */
-static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *b)
+static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct bounds *b)
 {
     if (TAG_UNLIKELY(t->in_walk))
         return walk_nested(s, b, t);
@@ -711,7 +711,7 @@ static uint32_t walk_capture(struct tag_tls *t, struct ustate s, struct bounds *
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
-static uint32_t libunwind_capture(struct tag_tls *t, uint64_t ret)
+static uint32_t libunwind_capture(struct tag_thread_state *t, uint64_t ret)
 {
     void *pcs[TAG_WALK_MAX + 8];
     uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
@@ -742,7 +742,7 @@ TAG_INLINE struct ustate entry_state(void *ret, void *frame)
     return s;
 }
 
-TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
+TAG_INLINE void bounds_of(struct tag_thread_state *t, struct bounds *b)
 {
     b->stack_hi = t->stack_hi;
     b->alt_lo = t->alt_lo;
@@ -751,14 +751,14 @@ TAG_INLINE void bounds_of(struct tag_tls *t, struct bounds *b)
 }
 
 /* The memo entry of a shadow capture from pc under calling context cc. */
-TAG_INLINE struct tag_cap_memo *cap_memo_of(struct tag_tls *t, uint64_t cc, uint64_t pc)
+TAG_INLINE struct tag_cap_memo *cap_memo_of(struct tag_thread_state *t, uint64_t cc, uint64_t pc)
 {
     return &t->cap_memo[((cc ^ pc) * TAG_MIX1) >> (64 - TAG_CAP_MEMO_BITS)];
 }
 
 /* Remember the stack id of a shadow capture from pc at stack pointer sp
- * (see tag_tls.cap_memo); its entries alive (the capture checked them). */
-TAG_INLINE void cap_memo_put(struct tag_tls *t, uint64_t pc, uint64_t sp, uint32_t id)
+ * (see tag_thread_state.cap_memo); its entries alive (the capture checked them). */
+TAG_INLINE void cap_memo_put(struct tag_thread_state *t, uint64_t pc, uint64_t sp, uint32_t id)
 {
     uint32_t d = t->shadow.depth;
     if (d - 1u >= TAG_SHADOW_MAX || !id)
@@ -779,7 +779,7 @@ TAG_INLINE void cap_memo_put(struct tag_tls *t, uint64_t pc, uint64_t sp, uint32
 /* auto with instrumented frames: CFI from the allocation up to the
  * innermost instrumented function (frames the shadow stack does not see,
  * e.g. strdup called from it), then the shadow stack. */
-static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds *b)
+static uint32_t capture_hybrid(struct tag_thread_state *t, struct ustate s, struct bounds *b)
 {
     uint32_t top = t->shadow.depth <= TAG_SHADOW_MAX ? t->shadow.depth - 1 : TAG_SHADOW_MAX - 1;
     uint64_t target = t->shadow.sp[top];
@@ -816,7 +816,7 @@ static uint32_t capture_hybrid(struct tag_tls *t, struct ustate s, struct bounds
 
 /* The innermost shadow entry is alive, seen from stack pointer cur: the
  * common case, without a call to the full check. */
-TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
+TAG_INLINE int top_alive(const struct tag_thread_state *t, uint64_t cur)
 {
     uint32_t d = t->shadow.depth;
     if (d > TAG_SHADOW_MAX)
@@ -830,7 +830,7 @@ TAG_INLINE int top_alive(const struct tag_tls *t, uint64_t cur)
 /* The debug build checks, at every shadow capture, that every entry below
  * the innermost on this thread's stack above sp still holds its call
  * site: no dead entry survived _tag_shadow_settle. */
-static void shadow_verify(const struct tag_tls *t, uint64_t sp)
+static void shadow_verify(const struct tag_thread_state *t, uint64_t sp)
 {
     uint32_t d = t->shadow.depth;
     if (d > TAG_SHADOW_MAX)
@@ -845,7 +845,7 @@ static void shadow_verify(const struct tag_tls *t, uint64_t sp)
 
 /* Everything but the fast check: the shadow stack, a walk. */
 /* noclone: _tag_capture jumps here with its own arguments, as they are */
-static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tls *t, void *ret,
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_thread_state *t, void *ret,
                                                                  void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
@@ -888,7 +888,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_tl
 
 #ifdef LIBTAG_DEBUG
 /* The debug build checks every fast answer against a plain walk. */
-static TAG_NOINLINE void fast_verify(struct tag_tls *t, void *ret, void *frame, uint32_t id)
+static TAG_NOINLINE void fast_verify(struct tag_thread_state *t, void *ret, void *frame, uint32_t id)
 {
     struct ustate s = entry_state(ret, frame);
     struct bounds b;
@@ -908,7 +908,7 @@ static TAG_NOINLINE void fast_verify(struct tag_tls *t, void *ret, void *frame, 
 
 /* The fast check in the cache: each way of the set of (ret, sp) holding
  * a walk from there.  Then the rest. */
-static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_tls *t, void *ret,
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_cached(struct tag_thread_state *t, void *ret,
                                                                     void *frame)
 {
     uint64_t pc = (uint64_t)(uintptr_t)ret, sp = (uint64_t)(uintptr_t)((uint64_t *)frame + 2);
@@ -936,7 +936,7 @@ hit:
 #ifdef LIBTAG_DEBUG
 /* The debug build checks every memo hit against the capture it stands
  * for (its counters left as they were). */
-static TAG_NOINLINE void memo_verify(struct tag_tls *t, void *ret, void *frame, uint32_t id)
+static TAG_NOINLINE void memo_verify(struct tag_thread_state *t, void *ret, void *frame, uint32_t id)
 {
     uint64_t captures = t->captures, frames = t->capture_frames;
     struct bounds b;
@@ -955,7 +955,7 @@ static TAG_NOINLINE void memo_verify(struct tag_tls *t, void *ret, void *frame, 
  * only a lower bound of its CFA (nothing to check), or its CFA on this
  * thread's stack above cur with its return address slot holding its call
  * site.  Entries on an alternate signal stack are for the full settle. */
-TAG_INLINE int memo_alive(const struct tag_tls *t, uint32_t i, uint64_t cur, uint64_t span)
+TAG_INLINE int memo_alive(const struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t span)
 {
     uint64_t e = t->shadow.sp[i];
     return (e & 1) || (e - cur - 1 < span && ((const uint64_t *)e)[-1] == t->shadow.site[i]);
@@ -965,7 +965,7 @@ TAG_INLINE int memo_alive(const struct tag_tls *t, uint32_t i, uint64_t cur, uin
  * pushed since the last capture, in the usual case: every entry checked
  * alive on this thread's own stack.  0 for anything else (nothing
  * changed: the caller takes the two steps, which repair). */
-TAG_INLINE int memo_cc(struct tag_tls *t, uint64_t cur, uint32_t d, uint64_t *out)
+TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uint64_t *out)
 {
     uint32_t v = t->cc_valid;
     if (TAG_LIKELY(v >= d)) {
@@ -995,7 +995,7 @@ TAG_INLINE int memo_cc(struct tag_tls *t, uint64_t cur, uint32_t d, uint64_t *ou
 
 /* The memo's answer for a capture from pc at sp under calling context cc,
  * the innermost entry (depth d) alive; 0 if it has none. */
-TAG_INLINE uint32_t memo_get(struct tag_tls *t, uint64_t cc, uint64_t pc, uint64_t sp, uint32_t d)
+TAG_INLINE uint32_t memo_get(struct tag_thread_state *t, uint64_t cc, uint64_t pc, uint64_t sp, uint32_t d)
 {
     const struct tag_cap_memo *m = cap_memo_of(t, cc, pc);
     if (m->cc == cc && m->pc == pc && m->fn == t->shadow.fn[d - 1] &&
@@ -1010,7 +1010,7 @@ TAG_INLINE uint32_t memo_get(struct tag_tls *t, uint64_t cc, uint64_t pc, uint64
 
 /* A shadow capture the memo knows: the innermost entry alive, the same
  * pc, function, prefix and CFA offset as a capture before. */
-static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tls *t, void *ret, void *frame)
+static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_thread_state *t, void *ret, void *frame)
 {
     if (!ret)  /* a trace hook's frame: its return address is the pc */
         ret = ((void **)frame)[1];
@@ -1038,7 +1038,7 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_memo(struct tag_tl
  * (auto or shadow, with instrumented frames on this thread): the memo of
  * shadow captures.  Otherwise the two kept walks, then the cache. */
 __attribute__((noclone))  /* under LTO: t in a register, not _tag_tls.t loaded again */
-uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
+uint32_t _tag_capture(struct tag_thread_state *t, void *ret, void *frame)
 {
     uint32_t id;
     if (t->shadow.depth != 0 && _tag_opt.unwind < TAG_UNWIND_FP)
@@ -1057,7 +1057,7 @@ uint32_t _tag_capture(struct tag_tls *t, void *ret, void *frame)
 
 /* ---------------------------------------------------- signal context -- */
 
-uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *ucv,
+uint32_t _tag_unwind_uc(struct tag_thread_state *t, const struct ucontext_t *ucv,
                         uint64_t *pcs, uint32_t *kinds, uint32_t max)
 {
     const ucontext_t *uc = (const ucontext_t *)ucv;
@@ -1083,7 +1083,7 @@ uint32_t _tag_unwind_uc(struct tag_tls *t, const struct ucontext_t *ucv,
     return walk_plain(s, &b, pcs, kinds, max, 0, 0);
 }
 
-uint32_t _tag_capture_uc(struct tag_tls *t, const struct ucontext_t *uc)
+uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc)
 {
     uint64_t pcs[TAG_WALK_MAX];
     uint32_t kinds[TAG_WALK_MAX];
@@ -1108,7 +1108,7 @@ static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
     return (c + 8) | 1;
 }
 
-TAG_COLD uint64_t _tag_hook_cfa(struct tag_tls *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+TAG_COLD uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                                 uintptr_t site)
 {
     uint64_t hi = t->stack_hi;

@@ -1,8 +1,9 @@
 """The second core path: libtag's own ELF core writer (libtag/src/corewrite.c).
 
-The driver (tests/victims/corewrite_driver.c) links corewrite.c alone, records
-its threads' registers, forks with the raw syscall, and the child writes a
-core of itself with _tag_write_core().  The cores are checked with real
+The driver (tests/victims/corewrite_driver.c) links corewrite.c alone (with
+maps.c, the /proc/self/maps reader it uses), records its threads' registers,
+forks with the raw syscall, and the child writes a core of itself with
+_tag_write_core().  The cores are checked with real
 `gdb --batch -nx` and `readelf`, whatever the machine's core_pattern says:
 this path never involves the kernel's core dumper.
 """
@@ -20,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER_SRC = ROOT / "tests" / "victims" / "corewrite_driver.c"
 WRITER_SRC = ROOT / "libtag" / "src" / "corewrite.c"
+MAPS_SRC = ROOT / "libtag" / "src" / "maps.c"  # the /proc/self/maps reader it uses
 
 GLOBAL_VALUE = "0x1122334455667788"             # driver_global
 HEAP_BYTES = ["0xa0", "0xa1", "0xa2", "0xa3"]   # driver_heap[0..3]
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.skipif(
 def _compile(out, *defines):
     cmd = ["gcc", "-g", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
            *defines, f"-I{ROOT / 'libtag' / 'include'}",
-           f"-I{ROOT / 'libtag' / 'src'}", str(DRIVER_SRC), str(WRITER_SRC),
+           f"-I{ROOT / 'libtag' / 'src'}", str(DRIVER_SRC), str(WRITER_SRC), str(MAPS_SRC),
            "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out

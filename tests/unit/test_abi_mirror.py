@@ -211,7 +211,7 @@ def test_control_has_every_field_the_header_pins(probe):
     assert probe["sizeof"]["libtag_stack_stats"] == 32
     assert probe["sizeof"]["libtag_guard_slot"] == 72
     assert probe["field"][("libtag_control", "anomaly")] == (160, 96)
-    assert probe["field"][("libtag_control", "tls_bytes")] == (288, 4)
+    assert probe["field"][("libtag_control", "thread_state_bytes")] == (288, 4)
     assert probe["sizeof"]["libtag_quarantine_ring"] == abi.TAG_QUARANTINE_BYTES
     assert probe["field"][("libtag_control", "stack_nodes")] == (72, 8)
     assert probe["field"][("libtag_thread", "regs")] == (56, 8 * 27)

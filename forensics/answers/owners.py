@@ -289,14 +289,11 @@ def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:
     t = dump.thread(tid) if tid is not None else None
     if t is None or not t.regs or not t.regs.get("rip"):
         return None
-    steps = dump.__dict__.setdefault("_steps_by_tid", {})
-    if tid not in steps:
-        bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
-        try:
-            steps[tid] = dump.unwinder.unwind(t.regs, stack=bounds)
-        except Exception:  # noqa: BLE001 - an unwind that fails names no frame
-            steps[tid] = []
-    for s in steps[tid]:
+    try:
+        steps = dump.thread_steps(t)
+    except Exception:  # noqa: BLE001 - an unwind that fails names no frame
+        return None
+    for s in steps:
         if s.sp is not None and s.cfa is not None and s.sp <= addr < s.cfa:
             frames = [f for f in dump.symbolize([(s.pc, s.kind)]) if not f.inlined]
             return frames[-1].function if frames else None

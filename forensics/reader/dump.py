@@ -53,6 +53,7 @@ class Dump:
         self.heap = Heap(self.control, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
+        self._thread_steps: dict[int, list] = {}
         self._thread_frames: dict[int, list[Frame]] = {}
 
     libtag = True  # a PlainDump is the memory of a process without libtag
@@ -323,10 +324,7 @@ class Dump:
         from its registers; where that walk ends before the outermost frame,
         the shadow stack's frames beyond it follow; with no registers, the
         shadow stack alone."""
-        steps = []
-        if t.regs and t.regs.get("rip"):
-            bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
-            steps = self.unwinder.unwind(t.regs, stack=bounds)
+        steps = self.thread_steps(t)
         if not steps:
             return list(t.shadow)
         raw = [(s.pc, s.kind) for s in steps]
@@ -349,6 +347,19 @@ class Dump:
                 raw.append((fn, abi.TAG_FRAME_ENTRY))
             raw.append((pc, kind))
         return raw
+
+    def thread_steps(self, t: Thread) -> list:
+        """Thread t's frames unwound with CFI from its registers (the
+        unwinder's steps: pc, kind, sp, cfa), innermost first; [] without
+        registers.  Cached: the stack and whoowns' frame of a stack word
+        come from this one walk."""
+        if t.tid not in self._thread_steps:
+            steps = []
+            if t.regs and t.regs.get("rip"):
+                bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
+                steps = self.unwinder.unwind(t.regs, stack=bounds)
+            self._thread_steps[t.tid] = steps
+        return self._thread_steps[t.tid]
 
     def thread_frames(self, t: Thread) -> list[Frame]:
         """Thread t's symbolised stack (thread_raw), cached."""
@@ -432,6 +443,7 @@ class PlainDump(Dump):
         self.heap = None
         self.no_libtag = why  # what the libtag reader said ("no libtag control block in ...")
         self._frames = {}
+        self._thread_steps = {}
         self._thread_frames = {}
 
     @property

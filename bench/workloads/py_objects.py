@@ -1,7 +1,13 @@
 """A short allocation-bound Python workload for bench/run_real.py's python3
 row (run under PYTHONMALLOC=malloc, so every object is a malloc and a free):
 dicts, lists, tuples, strings, class instances, JSON round trips, sorting
-and a regex scan, deterministic, about a second on glibc."""
+and a regex scan, deterministic, about a second on glibc.
+
+    python3 py_objects.py [ROUNDS [DEPTH]]
+
+DEPTH > 0 runs it under DEPTH nested calls through C (each one a `map`
+over a one-element list), as a test runner's deep stacks are: every
+allocation then has about 3 * DEPTH more C frames above it."""
 
 import json
 import random
@@ -56,5 +62,12 @@ def main(rounds):
     print(total)
 
 
+def nested(depth, rounds):
+    if depth == 0:
+        return main(rounds)
+    return list(map(lambda _: nested(depth - 1, rounds), [0]))
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    nested(int(sys.argv[2]) if len(sys.argv) > 2 else 0, rounds)

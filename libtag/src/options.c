@@ -18,7 +18,7 @@ struct tag_options _tag_opt = {
     .signal = SIGUSR2,
     .quiet = 0,
     .unwind = TAG_UNWIND_AUTO,
-    .fp_depth = 64,
+    .fp_depth = TAG_WALK_MAX,
     .stack_nodes = 1u << 24,  /* a cap: the table grows to it by use (stack_table.c) */
     .stack_stats = 1,
     .quarantine_bytes = 1u << 20,
@@ -145,7 +145,7 @@ void _tag_options_init(void)
         _tag_opt.unwind = choice("LIBTAG_UNWIND", v, unwind, 4, "auto, shadow, fp or cfi");
     }
     if ((v = getenv("LIBTAG_FP_DEPTH")))
-        _tag_opt.fp_depth = (uint32_t)number("LIBTAG_FP_DEPTH", v, 1, 128);
+        _tag_opt.fp_depth = (uint32_t)number("LIBTAG_FP_DEPTH", v, 1, TAG_WALK_MAX);
     if ((v = getenv("LIBTAG_STACK_NODES")))
         _tag_opt.stack_nodes = (uint32_t)number("LIBTAG_STACK_NODES", v, 1024, 1u << 28);
     if ((v = getenv("LIBTAG_QUARANTINE")))

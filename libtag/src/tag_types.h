@@ -158,8 +158,18 @@ struct tag_walk_read {
 #define TAG_WF_BP_KNOWN 1u  /* bp holds the frame's rbp */
 #define TAG_WF_SIGNAL   2u  /* pc is exact (TAG_FRAME_SIGNAL), not a return address */
 #define TAG_WF_DEP_BP   4u  /* the walk from here outward depends on bp */
-#define TAG_WALK_MAX 128    /* LIBTAG_FP_DEPTH's upper bound */
-#define TAG_WALK_KEEP 64    /* deeper walks are not kept for reuse */
+#define TAG_WALK_MAX 256    /* LIBTAG_FP_DEPTH's upper bound and default:
+                               a stack cut at a fixed depth starts at a
+                               different frame whenever the part inside it
+                               changes length, so it shares no node with the
+                               last one (numpy's tests, cut at 64 frames
+                               under nested imports: 4.5 M stack nodes where
+                               whole stacks make 2.5 M) */
+#define TAG_WALK_KEEP TAG_WALK_MAX  /* walks kept for reuse: all of them */
+#define TAG_UC_WALK_MAX 128 /* a capture from a signal handler (guard
+                               faults, the crash): its frames are on the
+                               handler's stack, which may be a small
+                               sigaltstack of the program's */
 #define TAG_WALKS 2         /* walks kept per thread: malloc's and free's */
 #define TAG_WALK_STOP_FIXED 0  /* decided by registers and rules alone */
 #define TAG_WALK_STOP_DEPTH 1  /* LIBTAG_FP_DEPTH frames */

@@ -1085,9 +1085,9 @@ uint32_t _tag_unwind_uc(struct tag_thread_state *t, const struct ucontext_t *ucv
 
 uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc)
 {
-    uint64_t pcs[TAG_WALK_MAX];
-    uint32_t kinds[TAG_WALK_MAX];
-    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    uint64_t pcs[TAG_UC_WALK_MAX];
+    uint32_t kinds[TAG_UC_WALK_MAX];
+    uint32_t max = _tag_opt.fp_depth < TAG_UC_WALK_MAX ? _tag_opt.fp_depth : TAG_UC_WALK_MAX;
     uint32_t n = _tag_unwind_uc(t, uc, pcs, kinds, max), id = 0;
     while (n > 0) {
         n--;

@@ -30,7 +30,7 @@ def _env(**extra: str) -> dict[str, str]:
     ("LIBTAG_CORE", "maybe", "expected auto, kernel or self"),
     ("LIBTAG_QUARANTINE", "lots", "expected a number"),
     ("LIBTAG_QUARANTINE", "12q", "expected a number, optionally with a k, m or g suffix"),
-    ("LIBTAG_FP_DEPTH", "0", "expected a number from 1 to 128"),
+    ("LIBTAG_FP_DEPTH", "0", "expected a number from 1 to 256"),
     ("LIBTAG_SIGNAL", "HUPPP", "expected a signal"),
     ("LIBTAG_DIR", "relative/dir", "expected an absolute path"),
     ("LIBTAG_PAYLOAD", "some", "expected keep or omit"),

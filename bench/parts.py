@@ -100,7 +100,7 @@ def main() -> int:
     ap.add_argument("--callgrind-iters", type=int, default=200_000,
                     help="iterations under callgrind (0: skip instruction counts)")
     ap.add_argument("--program", help="a program of bench/run_real.py (lua, sqlite3, cmark, "
-                    "brotli) on its workload, instead of allocbench")
+                    "brotli, python3: its O2 build only) on its workload, instead of allocbench")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = ap.parse_args()
     real = None
@@ -110,6 +110,8 @@ def main() -> int:
         if real is None:
             ap.error(f"unknown program {args.program!r}: choose from {', '.join(run_real.PROGRAMS)}")
     builds = [b for b in args.builds.split(",") if b]
+    if real and real.installed:
+        builds = [b for b in builds if b == "O2"] or ap.error(f"{real.name} is installed, not built: --builds O2")
     bad = [b for b in builds if b not in BUILDS]
     if bad:
         ap.error(f"unknown build {bad[0]!r}: choose from {', '.join(BUILDS)}")
@@ -126,6 +128,7 @@ def main() -> int:
         tmp = Path(tmp_s)
         launcher = Launcher(tmp)
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_")}
+        base_env.update(real.env or {} if real else {})  # python3: PYTHONMALLOC=malloc
         lt_env = dict(base_env, LD_PRELOAD=str(lib), LIBTAG_LOG="off", LIBTAG_DIR=str(tmp / "snaps"))
         configs = [("base", base_env), ("libtag", lt_env)]
         configs += [(f"-{name}", dict(lt_env, **off)) for name, off in PARTS]

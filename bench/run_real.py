@@ -18,6 +18,10 @@ nothing of theirs is committed:
   cmark    cmark-gfm (cmarkgfm's third_party/cmark) rendering a generated
            Markdown document with the GFM extensions to HTML
   brotli   the brotli tool (brotli's c/), compressing a generated text
+  python3  Debian's /usr/bin/python3 as installed (built -O2, no frame
+           pointers: the O2 row only), under PYTHONMALLOC=malloc in every
+           column, running bench/workloads/py_objects.py: JSON, dicts,
+           sorting, small objects, every one a malloc
 
 Build modes: O2 (-O2: no frame pointers; libtag's stacks come from CFI or the
 frame walk), fp (-O2 -fno-omit-frame-pointer) and instr
@@ -74,8 +78,10 @@ class Program:
     package: str  # PyPI name
     version: str
     sdist: str  # file name pip writes
-    build: Callable[[Path, Path, list[str]], None]  # (unpacked sdist root, exe, flags)
+    build: Callable[[Path, Path, list[str]], None] | None  # (unpacked sdist root, exe, flags)
     workload: Callable[[Path, Path], list[str]]  # (exe, scratch dir) -> argv
+    installed: str | None = None  # a binary of the system, as shipped: the O2 row only, nothing built
+    env: dict | None = None  # set in every column's run (bare included)
 
 
 def _gcc(flags: list[str], sources: list[Path], exe: Path, extra: list[str] = (),
@@ -194,11 +200,17 @@ def run_brotli(exe: Path, scratch: Path) -> list[str]:
     return [str(exe), "-c", "-q", "6", "-w", "22", str(text)]
 
 
+def run_python(exe: Path, scratch: Path) -> list[str]:
+    return [str(exe), str(BENCH / "workloads" / "py_objects.py"), "20"]
+
+
 PROGRAMS = {p.name: p for p in [
     Program("lua", "lupa", "2.8", "lupa-2.8.tar.gz", build_lua, run_lua),
     Program("sqlite3", "sqlean.py", "3.50.4.5", "sqlean_py-3.50.4.5.tar.gz", build_sqlite, run_sqlite),
     Program("cmark", "cmarkgfm", "2025.10.22", "cmarkgfm-2025.10.22.tar.gz", build_cmark, run_cmark),
     Program("brotli", "brotli", "1.2.1", "brotli-1.2.1.tar.gz", build_brotli, run_brotli),
+    Program("python3", "", "", "", None, run_python, installed="/usr/bin/python3",
+            env={"PYTHONMALLOC": "malloc"}),
 ]}
 
 
@@ -218,7 +230,12 @@ def fetch(p: Program) -> Path:
 
 
 def built(p: Program, mode: str) -> Path:
-    """The program built in mode, from the cache when it is there."""
+    """The program built in mode, from the cache when it is there (an
+    installed program: the binary itself)."""
+    if p.installed:
+        if not Path(p.installed).is_file():
+            sys.exit(f"run_real: {p.name} wants {p.installed}, which is not installed")
+        return Path(p.installed)
     out = BUILDS / f"{p.name}-{p.version}-{mode}"
     exe = out / p.name
     if exe.is_file():
@@ -271,7 +288,10 @@ def main() -> int:
     print_machine(machine())
     print(f"libtag: {lib}{'  ' + ' '.join(args.env) if args.env else ''}")
 
-    bins = {(p, m): built(PROGRAMS[p], m) for p in progs for m in modes}
+    bins = {(p, m): built(PROGRAMS[p], m) for p in progs for m in modes
+            if not PROGRAMS[p].installed or m == "O2"}
+    if not bins:
+        ap.error("nothing to run: an installed program (python3) has the O2 row only")
     tmp = Path(tempfile.mkdtemp(prefix="fx-real-"))
     os.chmod(tmp, 0o700)
     try:
@@ -308,6 +328,7 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
                 runs.append(("heaptrack", clean, ["heaptrack", "-o", str(tmp / "ht")]))
             for tool, env, prefix in runs:
                 argv = PROGRAMS[p].workload(exe, scratch[p])
+                env = dict(env, **(PROGRAMS[p].env or {}))
                 res.setdefault((p, m, tool), []).append(launcher.timed([*prefix, *argv], env))
                 for f in tmp.glob("ht*"):
                     f.unlink()

@@ -10,7 +10,8 @@ whole suite takes minutes bare and several times that under libtag).
 numpy runs from the Python that runs this script (--python: another one with
 numpy, pytest and hypothesis installed), under PYTHONMALLOC=malloc so every
 Python object goes through malloc and so through libtag.  Each repetition
-runs the suite bare, then under libtag (LD_PRELOAD, LIBTAG_STATS=1), each
+runs the suite bare, then under libtag (LD_PRELOAD, LIBTAG_STATS=1 with
+LIBTAG_LOG=<a file a process>, so no test sees libtag's lines), each
 with pytest's JUnit XML; the two XML files are compared test by test.
 
 Prints the median wall seconds of each, the ratio, the outcome counts
@@ -74,11 +75,12 @@ def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) ->
     return took
 
 
-def stats(log: Path) -> Counter:
+def stats(logs: list[Path]) -> Counter:
     """libtag's LIBTAG_STATS=1 counters, summed over every process's line
-    ("processes": how many lines there were)."""
+    in the log files ("processes": how many lines there were)."""
     total: Counter = Counter()
-    for line in STAT.findall(log.read_text(errors="replace")):
+    text = "".join(f.read_text(errors="replace") for f in logs)
+    for line in STAT.findall(text):
         total["processes"] += 1
         for key, value in (kv.split("=", 1) for kv in line.split()):
             if value.isdigit():
@@ -126,10 +128,16 @@ def main() -> int:
                 run_dir = tmp / f"{name}-{rep}"
                 run_dir.mkdir()
                 junit, log = run_dir / "junit.xml", run_dir / "output.txt"
+                if name == "libtag":
+                    # libtag's lines (the counters) to files of their own, one
+                    # a process: on stderr they would be in the output of every
+                    # subprocess a test reads (numpy's distutils exec_command
+                    # test compares a child's stdout+stderr with "Hello")
+                    env = dict(env, LIBTAG_LOG=str(run_dir / "libtag"))
                 times[name].append(run_once(args.python, targets, env, junit, log))
                 results[name] = outcomes(junit)
                 if name == "libtag":
-                    counters = stats(log)
+                    counters = stats(sorted(run_dir.glob("libtag.*")))
                 print(f"  rep {rep + 1}/{args.reps} {name}: {times[name][-1]:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -385,9 +385,15 @@ TAG_INLINE void _tag_shadow_settle(struct tag_thread_state *t, uint64_t cur)
     if (t->cc_valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
         _tag_shadow_settle_slow(t, cur);
 }
+/* The calling context one site deeper: cc[d + 1] of cc[d] and site[d].
+ * One rotate, xor and multiply. */
+TAG_INLINE uint64_t _tag_cc_step(uint64_t cc, uint64_t site)
+{
+    return (((cc << 23) | (cc >> 41)) ^ site) * TAG_CC_MIX;
+}
 /* The calling context of the outer d frames (d <= min(depth, max)), the
  * entries alive: hashes the sites from cc_valid up, raises cc_valid to d.
- * One rotate, xor and multiply a site pushed since the last capture. */
+ * One step a site pushed since the last capture. */
 TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
 {
     uint32_t i = t->cc_valid;
@@ -398,7 +404,7 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
         t->shadow.valid = i;
     uint64_t cc = t->cc[i];
     for (; i < d; i++) {
-        cc = (((cc << 23) | (cc >> 41)) ^ t->shadow.site[i]) * TAG_CC_MIX;
+        cc = _tag_cc_step(cc, t->shadow.site[i]);
         t->cc[i + 1] = cc;
     }
     t->cc_valid = d;

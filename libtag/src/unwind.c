@@ -983,7 +983,7 @@ TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uin
     for (uint32_t i = v; i < d; i++) {
         if (i + 1 < d && !memo_alive(t, i, cur, span))
             return 0;
-        cc = (((cc << 23) | (cc >> 41)) ^ t->shadow.site[i]) * TAG_CC_MIX;
+        cc = _tag_cc_step(cc, t->shadow.site[i]);
         t->cc[i + 1] = cc;  /* beyond cc_valid until the end: unused if we leave */
     }
     if (t->shadow.valid > v)

@@ -17,52 +17,75 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TAG_ABI_VERSION 3u
+#define TAG_ABI_VERSION 4u
 
 #ifdef __cplusplus
 #define _Static_assert static_assert  /* C++ readers include this header too */
 #endif
 
 /* ------------------------------------------------------------------ tags --
- * Heap layout of one block, from the address the real allocator returned:
+ * Every block lives in libtag's heap (see "heap" below) or in the guard pool.
+ * Layout of one block, from the start of its slot:
  *
- *   raw ... [pad bytes] [struct libtag_tag, 32 bytes] [payload: size bytes]
- *           [canary: 8 bytes, unaligned, right after the payload] [slack]
+ *   slot: [struct libtag_tag, 16 bytes] [payload: size bytes]
+ *         [canary: 8 bytes, unaligned, right after the payload] [slack]
+ *
+ * An aligned block (memalign & co. with an alignment above 16) starts its
+ * slot with a forward record instead, a libtag_tag whose state is
+ * TAG_STATE_FORWARD and whose alloc_stack holds pad, the bytes from the
+ * slot's start to the block's tag:
+ *
+ *   slot: [forward record] [...] [struct libtag_tag] [payload] [canary] ...
+ *         ^ slot start           ^ slot start + pad
  *
  * The user pointer is the address just after the tag and is 16-aligned (or
- * aligned as memalign & co. asked).  The payload region is never smaller than
- * TAG_MIN_PAYLOAD bytes.
+ * aligned as memalign & co. asked).  The payload region is never smaller
+ * than TAG_MIN_PAYLOAD bytes.  A slot whose tag (or forward record) has
+ * state TAG_STATE_NONE holds no block: a free slot keeps the heap's link in
+ * its first 8 bytes and 0 in its tag's bits.
+ *
+ * The tag is 16 bytes: the allocating stack and time, and one word of bits
+ * (check, thread, size, state, how it was allocated, a reported flag).  The
+ * order puts what can be guessed at the top, next to the payload, so that
+ * an underflow of a few bytes (which hits the tag's last bytes first) can
+ * be undone: the size from where the canary is, the flags by trying each.
+ *
+ * A size of TAG_SIZE_BIG or more is stored as TAG_SIZE_BIG, and the exact
+ * size is in the large span's entry (libtag_slice.large_size): only a block
+ * of a large span is that big.
  *
  * While a block is freed and waits in the quarantine, its payload from
  * offset 0 holds TAG_FREE_PATTERN, min(size, control.quarantine_fill) bytes
  * of it, and its free record (who freed it, when) lives outside the block,
  * in the freeing thread's quarantine ring (struct libtag_quarantine_ring
  * below), so no write into the freed payload can erase it.  Once the block
- * leaves the quarantine libtag clears the tag's magic and hands the block
- * back to the real allocator: it no longer exists for a reader.
+ * leaves the quarantine libtag sets its tag's bits (and its forward
+ * record's) to 0 and hands the slot back to the heap: it no longer exists
+ * for a reader.
  *
- * A block whose header or canary was found damaged (TAG_FLAG_REPORTED) is
- * never handed back: glibc checks its own chunk headers, which the same
- * write may have hit, and would abort the program.  It stays, tag and all,
- * and control.damaged_leaked counts it.
+ * A block whose tag or canary was found damaged (TAG_FLAG_REPORTED) is
+ * never handed back: its slot stays taken, tag and all, and
+ * control.damaged_leaked counts it.
  */
-#define TAG_MAGIC        0x6754614cu          /* bytes "LaTg" */
 #define TAG_MIN_PAYLOAD  16u
 #define TAG_CANARY_SIZE  8u
 #define TAG_FREE_PATTERN 0xfdu
-#define TAG_SIZE_MASK    0x0000ffffffffffffull /* size_state bits 0..47 */
-#define TAG_STATE_SHIFT  48
-#define TAG_FLAG_REPORTED (1ull << 56)         /* damage to this block (its
+/* struct libtag_tag.bits, from bit 0 up: */
+#define TAG_CHECK_MASK   0xffffull             /* bits 0..15: the check value */
+#define TAG_TID_SHIFT    16                    /* bits 16..37: allocating */
+#define TAG_TID_MASK     0x3fffffull           /*   thread (tids < 2^22) */
+#define TAG_SIZE_SHIFT   38                    /* bits 38..57: requested */
+#define TAG_SIZE_FIELD   0xfffffull            /*   size, TAG_SIZE_BIG = */
+#define TAG_SIZE_BIG     0xfffffull            /*   see the span's entry */
+#define TAG_STATE_SHIFT  58                    /* bits 58..59: enum libtag_state */
+#define TAG_STATE_MASK   3u
+#define TAG_ALLOC_SHIFT  60                    /* bits 60..62: enum */
+#define TAG_ALLOC_MASK   7u                    /*   libtag_alloc_kind */
+#define TAG_FLAG_REPORTED (1ull << 63)         /* damage to this block (its
                                                   canary or its tag) was
                                                   reported: never report it
                                                   again, never hand it back
-                                                  to the real allocator */
-#define TAG_ALLOC_SHIFT  57                    /* size_state bits 57..59: */
-#define TAG_ALLOC_MASK   7u                    /* how it was allocated */
-#define TAG_FLAG_GUARDED (1ull << 60)          /* the block lives in a slot
-                                                  of the guard pool (below);
-                                                  it has no canary */
-/* Bits 61..63 are zero. */
+                                                  to the heap */
 
 /* How a block was allocated, and so how it must be released. */
 enum libtag_alloc_kind {
@@ -74,24 +97,19 @@ enum libtag_alloc_kind {
 };
 
 enum libtag_state {
-    TAG_STATE_LIVE  = 1,  /* handed to the program, not freed */
-    TAG_STATE_FREED = 2,  /* freed by the program, held in the quarantine */
+    TAG_STATE_NONE    = 0,  /* no block (a free slot) */
+    TAG_STATE_LIVE    = 1,  /* handed to the program, not freed */
+    TAG_STATE_FREED   = 2,  /* freed by the program, held in the quarantine */
+    TAG_STATE_FORWARD = 3,  /* a forward record: the slot's block is an
+                               aligned one, its tag alloc_stack bytes on */
 };
 
 struct libtag_tag {
-    uint32_t magic;       /* TAG_MAGIC; anything else is not a tag */
-    uint32_t check;       /* tag_check_value(): address, fields and secret; a
-                             mismatch means user bytes or a smashed tag */
-    uint64_t size_state;  /* bits 0..47: requested size in bytes (0 allowed);
-                             bits 48..55: enum libtag_state; bit 56:
-                             TAG_FLAG_REPORTED; 57..59: enum
-                             libtag_alloc_kind; 60: TAG_FLAG_GUARDED;
-                             61..63: zero */
-    uint32_t alloc_stack; /* stack table id of the allocating stack; 0 = none */
-    uint32_t alloc_tid;   /* kernel thread id that allocated the block */
+    uint32_t alloc_stack; /* stack table id of the allocating stack; 0 =
+                             none (a forward record: pad) */
     uint32_t alloc_time;  /* ms since start_mono_ns when it was allocated */
-    uint32_t pad;         /* bytes from the real allocation's start to this
-                             tag (aligned allocations); 0 for plain ones */
+    uint64_t bits;        /* check, tid, size, state, kind, reported: see
+                             TAG_*_SHIFT above */
 };
 
 /* Who freed a block: in its quarantine ring entry, not in the block. */
@@ -110,16 +128,15 @@ struct libtag_free_rec {
 #define TAG_FREE_SALT 0x46524545u              /* "FREE" */
 
 /* The formulas, of the fields' values (libtag computes them from the values
- * it is about to store: a load of fields just stored waits for the stores). */
-static inline uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t size_state,
-                                        uint32_t alloc_stack, uint32_t alloc_tid,
-                                        uint32_t alloc_time, uint32_t pad)
+ * it is about to store: a load of fields just stored waits for the stores).
+ * bits is the tag's bits word without its check (bits 0..15 zero). */
+static inline uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t bits,
+                                        uint32_t alloc_stack, uint32_t alloc_time)
 {
     uint64_t h = tag_addr ^ secret;
-    h = (h ^ size_state) * TAG_MIX1;
-    h = (h ^ ((uint64_t)alloc_tid << 32 | alloc_stack)) * TAG_MIX1;
-    h = (h ^ ((uint64_t)pad << 32 | alloc_time)) * TAG_MIX2;
-    return (uint32_t)(h ^ (h >> 32));
+    h = (h ^ bits) * TAG_MIX1;
+    h = (h ^ ((uint64_t)alloc_time << 32 | alloc_stack)) * TAG_MIX2;
+    return (uint32_t)((h ^ (h >> 32)) >> 16) & 0xffffu;
 }
 
 static inline uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
@@ -135,8 +152,37 @@ static inline uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
 static inline uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
                                        const struct libtag_tag *t)
 {
-    return tag_check_fields(tag_addr, secret, t->size_state, t->alloc_stack, t->alloc_tid,
-                            t->alloc_time, t->pad);
+    return tag_check_fields(tag_addr, secret, t->bits & ~TAG_CHECK_MASK, t->alloc_stack,
+                            t->alloc_time);
+}
+
+/* The fields of a tag's bits word. */
+static inline uint32_t tag_check_of(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->bits & TAG_CHECK_MASK);
+}
+static inline uint32_t tag_tid_of(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->bits >> TAG_TID_SHIFT & TAG_TID_MASK);
+}
+static inline uint32_t tag_size_field(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->bits >> TAG_SIZE_SHIFT & TAG_SIZE_FIELD);
+}
+static inline uint32_t tag_state_of(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->bits >> TAG_STATE_SHIFT) & TAG_STATE_MASK;
+}
+static inline uint32_t tag_kind_of(const struct libtag_tag *t)
+{
+    return (uint32_t)(t->bits >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
+}
+/* The bits word of a tag, check excluded (bits 0..15 zero). */
+static inline uint64_t tag_bits(uint32_t tid, uint64_t size, uint32_t state, uint32_t kind)
+{
+    uint64_t sz = size < TAG_SIZE_BIG ? size : TAG_SIZE_BIG;
+    return (uint64_t)(tid & TAG_TID_MASK) << TAG_TID_SHIFT | sz << TAG_SIZE_SHIFT |
+           (uint64_t)state << TAG_STATE_SHIFT | (uint64_t)kind << TAG_ALLOC_SHIFT;
 }
 
 static inline uint32_t free_rec_check_value(uint64_t tag_addr, uint64_t secret,
@@ -255,6 +301,56 @@ struct libtag_thread {
     uint64_t reserved;        /* zero */
 };
 
+/* ----------------------------------------------------------------- heap --
+ * libtag's own heap (libtag/src/heap.c), which a reader walks to find every
+ * block: no scan of memory.  control.heap is the address of its struct
+ * libtag_heap.
+ *
+ *   region: slices of TAG_HEAP_SLICE bytes from heap.base; slices
+ *           [0, heap.used) were handed out at least once.
+ *   meta:   struct libtag_slice[heap.used] at heap.meta, one per slice.
+ *           Slice i's entry has first_off = how many slices back its span
+ *           starts; the span's first entry describes the span (kind ...).
+ *   span:   TAG_SPAN_SMALL: slots of block_size bytes from the span's start;
+ *           slots [0, carved) were handed out at least once, each starts
+ *           with a tag or a forward record (state NONE: free).
+ *           TAG_SPAN_LARGE: one block, its slot at the span's start plus
+ *           block_off; large_size is its requested size when the tag's
+ *           size field says TAG_SIZE_BIG.
+ *           TAG_SPAN_FREE: no blocks.
+ */
+#define TAG_HEAP_SLICE 65536u
+
+enum libtag_span_kind { TAG_SPAN_FREE = 0, TAG_SPAN_SMALL = 1, TAG_SPAN_LARGE = 2 };
+
+struct libtag_slice {
+    uint32_t first_off;   /* slices back to the span's first slice */
+    uint32_t slices;      /* first slice: the span's length in slices */
+    uint32_t kind;        /* enum libtag_span_kind */
+    uint32_t flags;       /* libtag's own */
+    uint32_t cls;         /* TAG_SPAN_SMALL: its size class */
+    uint32_t block_size;  /* TAG_SPAN_SMALL: bytes of one slot */
+    uint32_t capacity;    /* slots in the span */
+    uint32_t carved;      /* slots handed out at least once: [0, carved) */
+    uint32_t nfree;       /* libtag's own */
+    uint32_t block_off;   /* TAG_SPAN_LARGE: bytes from the span's start to
+                             its block's slot */
+    uint64_t large_size;  /* TAG_SPAN_LARGE: requested size of its block
+                             (TAG_SPAN_SMALL: libtag's own) */
+    uint64_t next, prev;  /* libtag's own */
+};
+
+struct libtag_heap {
+    uint64_t base;        /* address of slice 0 */
+    uint64_t slices_max;  /* slices the region has room for */
+    uint64_t used;        /* slices [0, used) were ever handed out */
+    uint64_t committed;   /* slices [0, committed) are read-write */
+    uint64_t meta;        /* address of struct libtag_slice[slices_max] */
+    uint64_t key;         /* libtag's own (free links are xor'ed with it) */
+    uint64_t large_count, large_bytes;  /* large spans live */
+    uint64_t broken_links;/* free lists found overwritten */
+};
+
 /* ----------------------------------------------------------- guard pool --
  * LIBTAG_GUARD_RATE=N places one allocation in N (chosen at random per
  * thread) in a slot of its own, in a pool of whole pages:
@@ -268,8 +364,8 @@ struct libtag_thread {
  * first), so the first access to a freed block faults, as does the first
  * access past its end.  The block is right-aligned: user + max(size,
  * TAG_MIN_PAYLOAD), rounded up to the block's alignment, is the slot's end.
- * Its tag, with TAG_FLAG_GUARDED and pad 0, is in the 32 bytes before
- * user as for any block; there is no canary.  The slack - from the start
+ * Its tag is in the 16 bytes before user as for any block (a reader finds
+ * it from the slot record's user); there is no canary.  The slack - from the start
  * of the page holding the tag up to the tag, and from the end of the
  * payload to the end of the slot - holds TAG_GUARD_PATTERN and is checked
  * when the block is freed.  The pages of a slot below the tag's page hold
@@ -370,7 +466,7 @@ struct libtag_anomaly {
     uint32_t stack;           /* stack table id of the detecting stack (for a
                                  bad release: the releasing stack); 0 = none */
     uint32_t time;            /* ms since start_mono_ns */
-    struct libtag_tag tag;    /* copy of the block's tag; magic 0 if none */
+    struct libtag_tag tag;    /* copy of the block's tag; all zero if none */
     struct libtag_free_rec free_rec; /* copy of its free record, if freed;
                                  all zero if none */
     uint32_t access;          /* TAG_ACCESS_*: the faulting access of a
@@ -518,6 +614,7 @@ struct libtag_control {
     uint64_t request_nonce;   /* written from outside: hand the next
                                  on-demand snapshot over (0 = none) */
     struct libtag_snapinfo last; /* the latest snapshot taken */
+    uint64_t heap;            /* address of struct libtag_heap (see "heap") */
     char     dir[512];        /* the snapshot root the process writes to
                                  (LIBTAG_DIR, else its XDG state dir, as
                                  resolved at start); "" = none */
@@ -532,9 +629,10 @@ struct libtag_stack_stats {
 };
 
 /* The layout is the contract: pin it. */
-_Static_assert(sizeof(struct libtag_tag) == 32, "tag is 32 bytes");
-_Static_assert(offsetof(struct libtag_tag, size_state) == 8, "tag layout");
-_Static_assert(offsetof(struct libtag_tag, pad) == 28, "tag layout");
+_Static_assert(sizeof(struct libtag_tag) == 16, "tag is 16 bytes");
+_Static_assert(offsetof(struct libtag_tag, bits) == 8, "tag layout");
+_Static_assert(sizeof(struct libtag_slice) == 64, "slice entry");
+_Static_assert(sizeof(struct libtag_heap) == 72, "heap");
 _Static_assert(sizeof(struct libtag_free_rec) == 16, "free rec");
 _Static_assert(sizeof(struct libtag_stack_node) == 16, "stack node");
 _Static_assert(offsetof(struct libtag_shadow, fn) == 16, "shadow layout");
@@ -544,20 +642,21 @@ _Static_assert(offsetof(struct libtag_thread, regs) == 56, "thread layout");
 _Static_assert(sizeof(struct libtag_qentry) == 24, "quarantine entry");
 _Static_assert(sizeof(struct libtag_quarantine_ring) == TAG_QUARANTINE_BYTES,
                "quarantine ring");
-_Static_assert(sizeof(struct libtag_anomaly) == 96, "anomaly record");
+_Static_assert(sizeof(struct libtag_anomaly) == 80, "anomaly record");
 _Static_assert(sizeof(struct libtag_crash) == 32, "crash record");
 _Static_assert(offsetof(struct libtag_control, stack_nodes) == 72, "control");
 _Static_assert(offsetof(struct libtag_control, anomaly) == 160, "control");
-_Static_assert(offsetof(struct libtag_control, crash) == 256, "control");
-_Static_assert(offsetof(struct libtag_control, thread_state_bytes) == 288, "control");
-_Static_assert(offsetof(struct libtag_control, stack_stats) == 312, "control");
-_Static_assert(offsetof(struct libtag_control, guard_pool) == 320, "control");
-_Static_assert(offsetof(struct libtag_control, request_signal) == 368, "control");
-_Static_assert(offsetof(struct libtag_control, last) == 392, "control");
-_Static_assert(offsetof(struct libtag_control, dir) == 456, "control");
+_Static_assert(offsetof(struct libtag_control, crash) == 240, "control");
+_Static_assert(offsetof(struct libtag_control, thread_state_bytes) == 272, "control");
+_Static_assert(offsetof(struct libtag_control, stack_stats) == 296, "control");
+_Static_assert(offsetof(struct libtag_control, guard_pool) == 304, "control");
+_Static_assert(offsetof(struct libtag_control, request_signal) == 352, "control");
+_Static_assert(offsetof(struct libtag_control, last) == 376, "control");
+_Static_assert(offsetof(struct libtag_control, heap) == 440, "control");
+_Static_assert(offsetof(struct libtag_control, dir) == 448, "control");
 _Static_assert(sizeof(struct libtag_snapinfo) == 64, "snapinfo");
-_Static_assert(sizeof(struct libtag_control) == 968, "control block");
+_Static_assert(sizeof(struct libtag_control) == 960, "control block");
 _Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
-_Static_assert(sizeof(struct libtag_guard_slot) == 72, "guard slot record");
+_Static_assert(sizeof(struct libtag_guard_slot) == 56, "guard slot record");
 
 #endif /* TAG_ABI_H */

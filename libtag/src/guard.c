@@ -573,7 +573,7 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
         .free_time = _tag_now_ms(),
     };
     rec.check = free_rec_check_value((uint64_t)(uintptr_t)tg, _tag_ctl.secret, &rec);
-    _tag_write_freed(ptr);
+    _tag_write_freed(ptr, size);
     s->tag = *tg;
     s->rec = rec;
     _tag_count(t, 1, size);

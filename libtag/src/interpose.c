@@ -182,7 +182,7 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
     _tag_stats_free(NULL, tg->alloc_stack, size, ptr);
-    _tag_write_freed(ptr);
+    _tag_write_freed(ptr, size);
     _tag_count(NULL, 1, size);
     _tag_real_release(NULL, ptr);
 }
@@ -204,7 +204,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
     uint64_t size = _tag_size(_tag_of(ptr));
     _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
     uint32_t stack = _tag_capture(t, ret, frame);
-    _tag_write_freed(ptr);
+    _tag_write_freed(ptr, size);
     _tag_count(t, 1, size);
     _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&

@@ -153,9 +153,8 @@ static inline char *_tag_heap_span_start(const struct tag_slice *s)
 }
 /* Give back the block that starts at p (as _tag_heap_alloc or, aligned,
  * _tag_heap_alloc_slow returned it: always a slot's start). */
-TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
+TAG_INLINE void _tag_heap_free_in(struct tag_heap_cache *hc, struct tag_slice *s, void *p)
 {
-    struct tag_slice *s = _tag_heap_span(p);
     if (TAG_LIKELY(hc != NULL && s->kind == TAG_SPAN_SMALL)) {
         unsigned c = s->cls;
         TAG_ASSERT((uint64_t)((char *)p - _tag_heap_span_start(s)) % s->block_size == 0);
@@ -166,6 +165,10 @@ TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
         return;
     }
     _tag_heap_free_slow(hc, p);
+}
+TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
+{
+    _tag_heap_free_in(hc, _tag_heap_span(p), p);
 }
 /* Bytes usable from p to its slot's end. */
 size_t _tag_heap_usable(const void *p);
@@ -540,12 +543,11 @@ TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
     return (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
            tag_check_of(t) == tag_check_value(tag_addr, _tag_ctl.secret, t);
 }
-/* The slot start of the heap block whose tag is at tag_addr (heap.c's
- * arithmetic: its span, its class's reciprocal), or 0 when tag_addr is in
- * no span of blocks. */
-TAG_INLINE uint64_t _tag_slot_of(uint64_t tag_addr)
+/* The slot start of the heap block whose tag is at tag_addr, in span s
+ * (heap.c's arithmetic: its class's reciprocal), or 0 when s holds no
+ * blocks. */
+TAG_INLINE uint64_t _tag_slot_in(const struct tag_slice *s, uint64_t tag_addr)
 {
-    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
     uint64_t start = (uint64_t)(uintptr_t)_tag_heap_span_start(s);
     if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL)) {
         uint32_t off = (uint32_t)(tag_addr - start);
@@ -554,14 +556,25 @@ TAG_INLINE uint64_t _tag_slot_of(uint64_t tag_addr)
     }
     return s->kind == TAG_SPAN_LARGE ? start + s->block_off : 0;
 }
+TAG_INLINE uint64_t _tag_slot_of(uint64_t tag_addr)
+{
+    return _tag_slot_in(_tag_heap_span((const void *)(uintptr_t)tag_addr), tag_addr);
+}
 /* Is the tag at tag_addr where its slot says a tag is: at the slot's start,
  * or where the slot's forward record points?  The exact-free half of
  * _tag_lookup (the check value is the other). */
 TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr);
 TAG_INLINE int _tag_in_place(uint64_t tag_addr)
 {
-    uint64_t slot = _tag_slot_of(tag_addr);
-    return TAG_LIKELY(slot == tag_addr) || _tag_forward_ok(slot, tag_addr);
+    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
+    /* the common case in one multiply: a small span's offset divisible by
+     * its slot size (Lemire et al.: n % d == 0 iff n * M < M, mod 2^64) */
+    uint64_t m = _tag_heap_div[s->cls];
+    uint32_t off = (uint32_t)(tag_addr - (uint64_t)(uintptr_t)_tag_heap_span_start(s));
+    if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m))
+        return 1;
+    return _tag_forward_ok(_tag_slot_in(s, tag_addr), tag_addr) ||
+           _tag_slot_in(s, tag_addr) == tag_addr;
 }
 /* Is user a live/freed block of ours?  Its tag must lie in the heap's
  * used region, at its slot's start (arithmetic on the address: that memory
@@ -668,34 +681,34 @@ TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
     }
     return _tag_pattern_first_bad(p, n);
 }
-/* Bytes of a freed block's payload that hold TAG_FREE_PATTERN. */
-TAG_INLINE size_t _tag_fill_len(const struct libtag_tag *t)
+/* Bytes of a freed block of size bytes whose payload holds TAG_FREE_PATTERN. */
+TAG_INLINE size_t _tag_fill_len(uint64_t size)
 {
-    uint64_t size = _tag_size(t);
     return size < _tag_opt.quarantine_fill ? (size_t)size : _tag_opt.quarantine_fill;
 }
-/* Mark freed and pattern the payload (the free record goes to the ring).
- * free() marks the tag before the block can be reused by anyone, so a
- * reader never sees a freed block that still claims to be live.  The whole
- * payload up to the fill cap gets the pattern: the free record is kept in
- * the quarantine ring, so the first bytes of an object - a refcount, a
- * vtable pointer, a next pointer, what a dangling pointer writes first - are
- * watched like the rest. */
-TAG_INLINE void _tag_write_freed(void *user)
+/* Mark freed and pattern the payload (the free record goes to the ring);
+ * size: the block's, as its tag says.  free() marks the tag before the
+ * block can be reused by anyone, so a reader never sees a freed block that
+ * still claims to be live.  The whole payload up to the fill cap gets the
+ * pattern: the free record is kept in the quarantine ring, so the first
+ * bytes of an object - a refcount, a vtable pointer, a next pointer, what a
+ * dangling pointer writes first - are watched like the rest. */
+TAG_INLINE void _tag_write_freed(void *user, uint64_t size)
 {
     struct libtag_tag *t = _tag_of(user);
-    _tag_pattern_fill(user, _tag_fill_len(t));
+    _tag_pattern_fill(user, _tag_fill_len(size));
     uint64_t bits = (t->bits & ~(TAG_CHECK_MASK | (uint64_t)TAG_STATE_MASK << TAG_STATE_SHIFT)) |
                     (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
     t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
                                       t->alloc_stack, t->alloc_time);
 }
 /* The offset of the first byte of a freed block's patterned payload that
- * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid.
- * Async-signal-safe (the snapshot child checks every ring with it). */
-TAG_INLINE size_t _tag_freed_damage(const void *user)
+ * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid;
+ * size is the block's.  Async-signal-safe (the snapshot child checks every
+ * ring with it). */
+TAG_INLINE size_t _tag_freed_damage(const void *user, uint64_t size)
 {
-    return _tag_pattern_damage(user, _tag_fill_len(_tag_of(user)));
+    return _tag_pattern_damage(user, _tag_fill_len(size));
 }
 
 /* ---------------------------------------------------------- damage.c */

@@ -43,11 +43,12 @@ TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
      * aligned block's forward record's at the slot's start; the heap then
      * writes its free-list link over the slot's first 8 bytes. */
     uint64_t tag_addr = (uint64_t)(uintptr_t)t;
-    uint64_t slot = _tag_slot_of(tag_addr);
+    struct tag_slice *s = _tag_heap_span(t);
+    uint64_t slot = _tag_slot_in(s, tag_addr);
     t->bits = 0;
     if (TAG_UNLIKELY(slot != tag_addr))
         ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;
-    _tag_heap_free(owner ? owner->heap_cache : NULL, (void *)(uintptr_t)slot);
+    _tag_heap_free_in(owner ? owner->heap_cache : NULL, s, (void *)(uintptr_t)slot);
 }
 
 void _tag_real_release(struct tag_thread_state *owner, void *user)
@@ -127,7 +128,7 @@ TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quaranti
     uint64_t size;
     if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED)) {
         size = _tag_size(t);
-        size_t off = _tag_freed_damage(user);
+        size_t off = _tag_freed_damage(user, size);
         if (TAG_UNLIKELY(off != TAG_INTACT)) {
             struct libtag_free_rec rec = e->rec;
             report_uaf(user, off, &rec);
@@ -259,7 +260,7 @@ void _tag_quarantine_check_all(void)
             const struct libtag_tag *t = _tag_of(user);
             if (!_tag_valid_at((uint64_t)(uintptr_t)t, t) || _tag_state(t) != TAG_STATE_FREED)
                 continue;  /* a damaged tag: its thread reports it at eviction */
-            size_t off = _tag_freed_damage(user);
+            size_t off = _tag_freed_damage(user, _tag_size(t));
             if (off == TAG_INTACT)
                 continue;
             if (_tag_ctl.latent_uaf++ == 0 && _tag_ctl.anomaly.kind == TAG_ANOMALY_NONE) {

@@ -19,6 +19,13 @@
 
 #define TAG_ABI_VERSION 4u
 
+/* The helpers below sit on libtag's hot paths: inline them everywhere. */
+#if defined(__GNUC__)
+#define TAG_ABI_INLINE static inline __attribute__((always_inline))
+#else
+#define TAG_ABI_INLINE static inline
+#endif
+
 #ifdef __cplusplus
 #define _Static_assert static_assert  /* C++ readers include this header too */
 #endif
@@ -130,7 +137,7 @@ struct libtag_free_rec {
 /* The formulas, of the fields' values (libtag computes them from the values
  * it is about to store: a load of fields just stored waits for the stores).
  * bits is the tag's bits word without its check (bits 0..15 zero). */
-static inline uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t bits,
+TAG_ABI_INLINE uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t bits,
                                         uint32_t alloc_stack, uint32_t alloc_time)
 {
     uint64_t h = tag_addr ^ secret;
@@ -139,7 +146,7 @@ static inline uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint
     return (uint32_t)((h ^ (h >> 32)) >> 16) & 0xffffu;
 }
 
-static inline uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
+TAG_ABI_INLINE uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
                                              uint32_t free_stack, uint32_t free_tid,
                                              uint32_t free_time)
 {
@@ -149,7 +156,7 @@ static inline uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
     return (uint32_t)(h ^ (h >> 32));
 }
 
-static inline uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
+TAG_ABI_INLINE uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
                                        const struct libtag_tag *t)
 {
     return tag_check_fields(tag_addr, secret, t->bits & ~TAG_CHECK_MASK, t->alloc_stack,
@@ -157,42 +164,42 @@ static inline uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
 }
 
 /* The fields of a tag's bits word. */
-static inline uint32_t tag_check_of(const struct libtag_tag *t)
+TAG_ABI_INLINE uint32_t tag_check_of(const struct libtag_tag *t)
 {
     return (uint32_t)(t->bits & TAG_CHECK_MASK);
 }
-static inline uint32_t tag_tid_of(const struct libtag_tag *t)
+TAG_ABI_INLINE uint32_t tag_tid_of(const struct libtag_tag *t)
 {
     return (uint32_t)(t->bits >> TAG_TID_SHIFT & TAG_TID_MASK);
 }
-static inline uint32_t tag_size_field(const struct libtag_tag *t)
+TAG_ABI_INLINE uint32_t tag_size_field(const struct libtag_tag *t)
 {
     return (uint32_t)(t->bits >> TAG_SIZE_SHIFT & TAG_SIZE_FIELD);
 }
-static inline uint32_t tag_state_of(const struct libtag_tag *t)
+TAG_ABI_INLINE uint32_t tag_state_of(const struct libtag_tag *t)
 {
     return (uint32_t)(t->bits >> TAG_STATE_SHIFT) & TAG_STATE_MASK;
 }
-static inline uint32_t tag_kind_of(const struct libtag_tag *t)
+TAG_ABI_INLINE uint32_t tag_kind_of(const struct libtag_tag *t)
 {
     return (uint32_t)(t->bits >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
 }
 /* The bits word of a tag, check excluded (bits 0..15 zero). */
-static inline uint64_t tag_bits(uint32_t tid, uint64_t size, uint32_t state, uint32_t kind)
+TAG_ABI_INLINE uint64_t tag_bits(uint32_t tid, uint64_t size, uint32_t state, uint32_t kind)
 {
     uint64_t sz = size < TAG_SIZE_BIG ? size : TAG_SIZE_BIG;
     return (uint64_t)(tid & TAG_TID_MASK) << TAG_TID_SHIFT | sz << TAG_SIZE_SHIFT |
            (uint64_t)state << TAG_STATE_SHIFT | (uint64_t)kind << TAG_ALLOC_SHIFT;
 }
 
-static inline uint32_t free_rec_check_value(uint64_t tag_addr, uint64_t secret,
+TAG_ABI_INLINE uint32_t free_rec_check_value(uint64_t tag_addr, uint64_t secret,
                                             const struct libtag_free_rec *f)
 {
     return free_rec_check_fields(tag_addr, secret, f->free_stack, f->free_tid, f->free_time);
 }
 
 /* The 8 bytes stored right after the payload of a live block. */
-static inline uint64_t tag_canary_value(uint64_t tag_addr, uint64_t secret)
+TAG_ABI_INLINE uint64_t tag_canary_value(uint64_t tag_addr, uint64_t secret)
 {
     return ((tag_addr ^ secret) * TAG_MIX2) ^ (tag_addr >> 4);
 }

@@ -120,6 +120,7 @@ void _tag_init(void)
     _tag_ctl.self = (uint64_t)(uintptr_t)&_tag_ctl;
     _tag_ctl.abi_version = TAG_ABI_VERSION;
     _tag_ctl.tag_size = sizeof(struct libtag_tag);
+    _tag_ctl.heap = (uint64_t)(uintptr_t)&_tag_heap;
     _tag_ctl.free_rec_size = sizeof(struct libtag_free_rec);
     _tag_ctl.canary_size = TAG_CANARY_SIZE;
     _tag_ctl.secret = random_secret();

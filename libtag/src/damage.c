@@ -3,40 +3,35 @@
  * A free() of a pointer whose tag fails its check is not simply an invalid
  * free.  Before saying so, libtag asks what damaged the tag:
  *
- * 1. The nearest tagged block below it, if its canary is smashed, overflowed
+ * 0. Its tag must sit where its slot says a tag is (arithmetic on the
+ *    address: the slot's start, or where its forward record points);
+ *    anything else is not a block of ours.
+ * 1. The block in the slot below, if its canary is smashed, overflowed
  *    into it: that is one heap-overflow of the block below, with its stacks
  *    (reported once: not again when it was reported at its own free or by a
  *    sweep), and no second anomaly for the neighbour.
- * 2. A tag whose magic survives but whose check fails was written from
- *    below: an underflow of the block itself.  A write of up to 4 bytes
- *    before the block touches only pad, which is 0 or an alignment minus 32,
- *    so libtag tries each value and re-checks: when one validates, the tag
- *    is restored and the heap-underflow names the block, its stacks and the
- *    first damaged byte; when none does, the heap-underflow says the tag is
- *    unknown (its copy does not validate) rather than guess.
+ * 2. A tag whose bits are not 0 (a free slot's) was written from below: an
+ *    underflow of the block itself.  A write of up to 4 bytes before the
+ *    block touches only the top half of the bits word, which libtag
+ *    rebuilds (_tag_recover) and re-checks: when one candidate validates,
+ *    the tag is restored and the heap-underflow names the block, its
+ *    stacks and the first damaged byte; when none does, the heap-underflow
+ *    says the tag is unknown (its copy does not validate) rather than
+ *    guess.
  * 3. Otherwise the pointer is not a block of ours.
  *
- * The damaged chunk itself is never handed back to glibc (the caller leaks
- * it, see _tag_leak_damaged): glibc's chunk header sits right below the tag
- * and would fail glibc's own checks.
+ * The damaged block itself is never handed back to the heap (the caller
+ * leaks it, see _tag_leak_damaged): the write that damaged it may have
+ * gone further.
  *
  * Rare path, in the program's normal context (never a signal handler).  The
- * pointer may be anything, so memory around it is read with
- * _tag_copy_own (process_vm_readv): an unmapped or PROT_NONE page ends the
- * search instead of faulting.
+ * pointer may be anything, but only memory of the heap's used region is
+ * read, which is always mapped.
  */
 #include <string.h>
 #include <sys/uio.h>
 
 #include "libtag_internal.h"
-
-/* How far below a damaged tag to look for the block that overflowed into
- * it: blocks larger than this (glibc mmaps them by default anyway) are not
- * found, and the damage stays unexplained. */
-#define LOOKBACK (1u << 20)
-/* The smallest distance from one tag to the next: tag, minimum payload,
- * canary, rounded to 16. */
-#define MIN_STRIDE 64u
 
 void _tag_leak_damaged(uint64_t bytes)
 {
@@ -44,59 +39,112 @@ void _tag_leak_damaged(uint64_t bytes)
     __atomic_fetch_add(&_tag_ctl.damaged_bytes, bytes, __ATOMIC_RELAXED);
 }
 
-static int peek(void *dst, uint64_t src, size_t n)
+/* The end of the slot that starts at slot (a heap slot: small or large). */
+static uint64_t slot_end(uint64_t slot)
 {
-    struct iovec local = {dst, n}, remote = {(void *)(uintptr_t)src, n};
-    return _tag_copy_own(&local, &remote, 1) == 1 && local.iov_len == n;
+    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)slot);
+    if (s->kind == TAG_SPAN_SMALL)
+        return slot + s->block_size;
+    return (uint64_t)(uintptr_t)_tag_heap_span_start(s) + (uint64_t)s->slices * TAG_HEAP_SLICE;
 }
 
-int _tag_recover(uint64_t tag_addr, struct libtag_tag *t)
+/* Where the block's canary is, found by its value: the size of a block
+ * whose tag lost its size field.  0: not found (the size is then 0, or
+ * not known). */
+static int size_by_canary(uint64_t tag_addr, uint64_t *size)
 {
-    struct libtag_tag c = *t;
-    if (c.magic != TAG_MAGIC)
+    uint64_t slot = _tag_slot_of(tag_addr);
+    if (slot == 0)
         return 0;
-    /* pad = 2^k - 32 for alignments 2^k = 32 .. 2^31; k = 5 gives 0, the
-     * pad of every block allocated with the default alignment */
-    for (unsigned k = 5; k < 32; k++) {
-        c.pad = (1u << k) - 32u;
-        if (_tag_valid_at(tag_addr, &c)) {
-            *t = c;
+    uint64_t user = tag_addr + sizeof(struct libtag_tag), end = slot_end(slot);
+    uint64_t want = tag_canary_value(tag_addr, _tag_ctl.secret);
+    for (uint64_t a = user; a + TAG_CANARY_SIZE <= end && a - user <= TAG_SIZE_BIG; a++) {
+        uint64_t have;
+        memcpy(&have, (const void *)(uintptr_t)a, sizeof have);
+        if (have == want) {
+            *size = a - user;
             return 1;
         }
     }
     return 0;
 }
 
-/* The nearest valid tag below tag_addr (within LOOKBACK): its address and a
- * copy in *out, or 0. */
-static uint64_t tag_below(uint64_t tag_addr, struct libtag_tag *out)
+/* A write of up to 4 bytes before a block hits its tag's last 4 bytes:
+ * the top half of the bits word - 6 bits of the thread id, the size field,
+ * the state, the kind, the reported flag.  The size comes back from where
+ * the canary is; the thread id's top bits from the threads libtag knows;
+ * the rest is tried value by value, each candidate re-checked against the
+ * check value (the tag's first 12 bytes, which such a write cannot reach). */
+int _tag_recover(uint64_t tag_addr, struct libtag_tag *t)
 {
-    enum { T = sizeof(struct libtag_tag) };
-    unsigned char buf[TAG_PAGE_SIZE + T];
-    if (tag_addr < TAG_PAGE_SIZE + MIN_STRIDE)
+    if (!_tag_heap_has((const void *)(uintptr_t)tag_addr))
         return 0;
-    uint64_t floor = tag_addr > LOOKBACK + TAG_PAGE_SIZE ? tag_addr - LOOKBACK : TAG_PAGE_SIZE;
-    uint64_t a = (tag_addr - MIN_STRIDE) & ~15ull;  /* highest candidate */
-    while (a >= floor) {
-        /* this window: candidates lo..a, one page, read with the 32 bytes
-         * of the top candidate's tag */
-        uint64_t lo = a & ~(uint64_t)(TAG_PAGE_SIZE - 1);
-        if (lo < floor)
-            lo = floor & ~15ull;
-        if (!peek(buf, lo, (size_t)(a - lo) + T))
-            return 0;
-        for (uint64_t c = a;; c -= 16) {
-            struct libtag_tag t;
-            memcpy(&t, buf + (c - lo), T);
-            if (t.magic == TAG_MAGIC && _tag_valid_at(c, &t)) {
-                *out = t;
-                return c;
-            }
-            if (c == lo)
-                break;
-        }
-        a = lo - 16;
+    uint64_t size;
+    if (!size_by_canary(tag_addr, &size))
+        return 0;
+    uint64_t sz = size < TAG_SIZE_BIG ? size : TAG_SIZE_BIG;
+    if (sz == TAG_SIZE_BIG && _tag_big_size(tag_addr) != size)
+        return 0;
+    const struct libtag_thread *rec = (const struct libtag_thread *)(uintptr_t)_tag_ctl.threads;
+    uint32_t nrec = __atomic_load_n(&_tag_ctl.thread_count, __ATOMIC_ACQUIRE);
+    if (nrec > _tag_ctl.thread_capacity)
+        nrec = _tag_ctl.thread_capacity;
+    uint64_t low = t->bits & 0xffffffffull;  /* check, tid bits 0..15 */
+    uint64_t tried = 0;  /* bit n: tid high part n was tried */
+    for (uint32_t r = 0; r <= nrec; r++) {
+        uint32_t tid = r < nrec ? rec[r].tid : _tag_tls.tid;
+        uint32_t hi = (tid >> 16) & 63u;
+        if (tried & (1ull << hi))
+            continue;
+        tried |= 1ull << hi;
+        for (uint32_t state = TAG_STATE_LIVE; state <= TAG_STATE_FREED; state++)
+            for (uint32_t kind = 0; kind <= TAG_ALLOC_NEW_ARRAY_ALIGNED; kind++)
+                for (uint64_t rep = 0; rep <= TAG_FLAG_REPORTED; rep += TAG_FLAG_REPORTED) {
+                    struct libtag_tag c = *t;
+                    c.bits = low | (uint64_t)hi << 32 | sz << TAG_SIZE_SHIFT |
+                             (uint64_t)state << TAG_STATE_SHIFT | (uint64_t)kind << TAG_ALLOC_SHIFT |
+                             rep;
+                    if (_tag_valid_at(tag_addr, &c)) {
+                        *t = c;
+                        return 1;
+                    }
+                }
     }
+    return 0;
+}
+
+/* The tag of the block whose slot starts at slot, resolving a forward
+ * record: its address and a copy in *out, or 0 when the slot holds no
+ * valid one. */
+static uint64_t tag_in_slot(uint64_t slot, struct libtag_tag *out)
+{
+    const struct libtag_tag *f = (const struct libtag_tag *)(uintptr_t)slot;
+    uint64_t at = slot;
+    if (tag_state_of(f) == TAG_STATE_FORWARD) {
+        if (tag_check_of(f) != tag_check_value(slot, _tag_ctl.secret, f))
+            return 0;
+        at = slot + f->alloc_stack;
+    }
+    memcpy(out, (const void *)(uintptr_t)at, sizeof *out);
+    return _tag_valid_at(at, out) ? at : 0;
+}
+
+/* The slot right below slot's: the one before it in its span, or the last
+ * one carved of the span below; 0 if none. */
+static uint64_t slot_below(uint64_t slot)
+{
+    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)slot);
+    uint64_t start = (uint64_t)(uintptr_t)_tag_heap_span_start(s);
+    if (s->kind == TAG_SPAN_SMALL && slot >= start + s->block_size)
+        return slot - s->block_size;
+    if (start == _tag_heap.base)
+        return 0;
+    const struct tag_slice *p = _tag_heap_span((const void *)(uintptr_t)(start - 1));
+    uint64_t pstart = (uint64_t)(uintptr_t)_tag_heap_span_start(p);
+    if (p->kind == TAG_SPAN_SMALL && p->carved)
+        return pstart + (uint64_t)(p->carved - 1) * p->block_size;
+    if (p->kind == TAG_SPAN_LARGE)
+        return pstart + p->block_off;
     return 0;
 }
 
@@ -104,17 +152,18 @@ static uint64_t tag_below(uint64_t tag_addr, struct libtag_tag *out)
  * unless it was reported before; returns 1 when it explains the damage. */
 static int overflow_below(uint64_t tag_addr, void *ret, void *frame)
 {
+    uint64_t slot = _tag_slot_of(tag_addr);
+    uint64_t below_slot = slot ? slot_below(slot) : 0;
     struct libtag_tag below;
-    uint64_t bt = tag_below(tag_addr, &below);
+    uint64_t bt = below_slot ? tag_in_slot(below_slot, &below) : 0;
     if (!bt)
         return 0;
-    uint64_t user = bt + sizeof below, size = _tag_size(&below);
+    uint64_t user = bt + sizeof below, size = _tag_size_at(bt, &below);
     uint64_t extent = (size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size) + TAG_CANARY_SIZE;
     if (user + extent > tag_addr)
         return 0;  /* tag_addr is inside that block: an interior pointer */
     unsigned char have[TAG_CANARY_SIZE];
-    if (!peek(have, user + size, sizeof have))
-        return 0;
+    memcpy(have, (const void *)(uintptr_t)(user + size), sizeof have);
     uint64_t want = tag_canary_value(bt, _tag_ctl.secret);
     unsigned first = 0;
     while (first < TAG_CANARY_SIZE && have[first] == (unsigned char)(want >> (8 * first)))
@@ -141,14 +190,20 @@ static int overflow_below(uint64_t tag_addr, void *ret, void *frame)
 enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec, void *ret, void *frame)
 {
     uint64_t u = (uint64_t)(uintptr_t)user, tag_addr = u - sizeof(struct libtag_tag);
-    if ((u & 15) != 0 || u < TAG_PAGE_SIZE + MIN_STRIDE)
+    /* a block's tag is where its slot says (arithmetic): anything else is
+     * not a block of ours */
+    if ((u & 15) != 0 || !_tag_heap_has((const void *)(uintptr_t)tag_addr))
+        return TAG_DAMAGE_NONE;
+    uint64_t slot = _tag_slot_of(tag_addr);
+    if (slot == 0 || (slot != tag_addr && !_tag_forward_ok(slot, tag_addr)))
         return TAG_DAMAGE_NONE;
     if (overflow_below(tag_addr, ret, frame))
         return TAG_DAMAGE_KNOWN;
 
-    /* 2: written from below, or not ours */
+    /* 2: written from below, or a free slot (not a block) */
     struct libtag_tag found, t;
-    if (!peek(&found, tag_addr, sizeof found) || found.magic != TAG_MAGIC)
+    memcpy(&found, (const void *)(uintptr_t)tag_addr, sizeof found);
+    if (found.bits == 0)
         return TAG_DAMAGE_NONE;
     t = found;
     int restored = _tag_recover(tag_addr, &t);

@@ -406,7 +406,7 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
     }
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     /* the block with its tag must fit: user is the slot's end minus the
-     * payload rounded up to align, the tag the 32 bytes before it */
+     * payload rounded up to align, the tag the 16 bytes before it */
     if (_tag_opt.guard_rate == 0 || align > PAGE ||
         payload > TAG_GUARD_SLOT_SIZE - sizeof(struct libtag_tag) ||
         ((payload + align - 1) & ~(align - 1)) > TAG_GUARD_SLOT_SIZE - sizeof(struct libtag_tag))
@@ -425,7 +425,7 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
         /* The pages keep what the last block left (no madvise, no fresh
          * page faults: the slot's cost is its two mprotect calls); its tag
          * goes, so no reader finds a block that is gone. */
-        _tag_of((void *)(uintptr_t)s->user)->magic = 0;
+        _tag_of((void *)(uintptr_t)s->user)->bits = 0;
         if (zero)
             memset(user, 0, size);
     }
@@ -434,16 +434,10 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
     memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
     memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
 
-    /* the tag as _tag_write_live writes it, with TAG_FLAG_GUARDED and no
-     * canary: the slack and the guard page after it take its place */
-    tg->size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT |
-                     (uint64_t)kind << TAG_ALLOC_SHIFT | TAG_FLAG_GUARDED;
-    tg->alloc_stack = stack;
-    tg->alloc_tid = t->tid;
-    tg->alloc_time = _tag_now_ms();
-    tg->pad = 0;
-    tg->check = tag_check_value((uint64_t)(uintptr_t)tg, _tag_ctl.secret, tg);
-    tg->magic = TAG_MAGIC;
+    /* the tag as _tag_write_live writes it, and no canary: the slack and
+     * the guard page after it take its place (a reader knows the block is
+     * guarded from its address, in the pool) */
+    _tag_store(tg, tag_bits(t->tid, size, TAG_STATE_LIVE, kind), stack, _tag_now_ms());
     s->tag = *tg;
     memset(&s->rec, 0, sizeof s->rec);
     s->user = (uint64_t)(uintptr_t)user;

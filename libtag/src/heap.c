@@ -417,8 +417,14 @@ static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
             ct->carving = s;
         }
         char *base = span_start(s);
+        int fresh = (s->flags & TAG_SPAN_ZERO) != 0;
         while (got < want && s->carved < s->capacity) {
-            append(&head, &tail, base + (size_t)s->carved++ * ci->block_size);
+            char *b = base + (size_t)s->carved++ * ci->block_size;
+            /* a slot holds no block until one is tagged in it: its tag's
+             * bits read 0 (a reused span's memory holds anything) */
+            if (!fresh)
+                memset(b + offsetof(struct libtag_tag, bits), 0, sizeof(uint64_t));
+            append(&head, &tail, b);
             got++;
         }
     }
@@ -472,6 +478,7 @@ TAG_COLD void _tag_heap_init(void)
         uint32_t m = (32u * 1024) / bs;
         ci->cache_max = m < 4 ? 4 : m > 256 ? 256 : m;
         _tag_heap_cache_limit[c] = ci->cache_max;
+        _tag_heap_div[c] = UINT64_MAX / bs + 1;
     }
     _tag_heap.key = (_tag_ctl.secret * TAG_MIX2) | 1;
     if (!region_init())
@@ -512,6 +519,7 @@ TAG_COLD void _tag_heap_spill(struct tag_heap_cache *hc, unsigned c)
 }
 
 uint32_t _tag_heap_cache_limit[TAG_HEAP_CLASSES];
+uint64_t _tag_heap_div[TAG_HEAP_CLASSES];
 
 void _tag_heap_flush(struct tag_heap_cache *hc)
 {
@@ -541,7 +549,7 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
         s->capacity = 1;
         s->carved = 1;
         s->nfree = 0;
-        s->free = NULL;
+        s->large_size = 0;
         _tag_heap.large_count++;
         _tag_heap.large_bytes += n * TAG_HEAP_SLICE;
     }
@@ -553,6 +561,7 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
     uintptr_t p = (uintptr_t)span_start(s);
     if (align > TAG_HEAP_SLICE)
         p = (p + align - 1) & ~(uintptr_t)(align - 1);
+    s->block_off = (uint32_t)(p - (uintptr_t)span_start(s));
     return (void *)p;
 }
 

@@ -27,7 +27,7 @@ TAG_INLINE char *alloc_block(struct tag_heap_cache *hc, size_t size, size_t alig
                              uint32_t *pad)
 {
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
-    if (TAG_UNLIKELY(payload > (size_t)TAG_SIZE_MASK - OVERHEAD - align)) {
+    if (TAG_UNLIKELY(payload > TAG_BLOCK_MAX - OVERHEAD - align)) {
         errno = ENOMEM;
         return NULL;
     }
@@ -106,7 +106,7 @@ static TAG_COLD void report_overflow(void *ptr, void *ret, void *frame)
     _tag_set_bits(ptr, 0, TAG_FLAG_REPORTED);
     struct tag_report r = {
         .kind = TAG_ANOMALY_HEAP_OVERFLOW,
-        .address = (char *)ptr + _tag_size(&copy) + _tag_canary_damage(ptr),
+        .address = (char *)ptr + _tag_size(_tag_of(ptr)) + _tag_canary_damage(ptr),
         .block = ptr,
         .tag = &copy,
     };
@@ -254,11 +254,12 @@ static void *realloc_in_place(void *ptr, size_t size, void *ret, void *frame)
 {
     struct libtag_tag *tg = _tag_of(ptr);
     struct tag_thread_state *t = _tag_self();
-    if (t == NULL || tg->pad != 0 || _tag_reported(tg))
+    if (t == NULL || _tag_reported(tg) ||
+        _tag_slot_of((uint64_t)(uintptr_t)tg) != (uint64_t)(uintptr_t)tg)
         return NULL;
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     size_t room = _tag_heap_usable(tg);
-    if (size > (size_t)TAG_SIZE_MASK - OVERHEAD || payload + OVERHEAD > room ||
+    if (size > TAG_BLOCK_MAX - OVERHEAD || payload + OVERHEAD > room ||
         2 * (payload + OVERHEAD) <= room)
         return NULL;
     uint64_t old_size = _tag_size(tg);

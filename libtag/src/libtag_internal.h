@@ -91,6 +91,10 @@ void _tag_heap_free_slow(struct tag_heap_cache *hc, void *p);
 TAG_COLD void *_tag_heap_refill(struct tag_heap_cache *hc, unsigned c);
 TAG_COLD void _tag_heap_spill(struct tag_heap_cache *hc, unsigned c);
 extern uint32_t _tag_heap_cache_limit[TAG_HEAP_CLASSES];
+/* Per class, floor(2^64 / slot bytes) + 1: an offset into a span times it,
+ * high 64 bits, is the offset's slot (exact for 32-bit offsets: Lemire,
+ * Kaser and Kurz, "Faster remainder by direct computation"). */
+extern uint64_t _tag_heap_div[TAG_HEAP_CLASSES];
 /* A free block's link (its first word, encoded; heap.c). */
 TAG_COLD void *_tag_heap_link_broken(const void *block);
 TAG_INLINE void *_tag_heap_link_next(void *block)
@@ -468,59 +472,101 @@ static inline struct libtag_tag *_tag_of(const void *user)
 {
     return (struct libtag_tag *)((char *)user - sizeof(struct libtag_tag));
 }
-static inline uint64_t _tag_size(const struct libtag_tag *t)
+/* The size of a block of a large span whose tag says TAG_SIZE_BIG (tag.c). */
+uint64_t _tag_big_size(uint64_t tag_addr);
+/* The requested size of the block whose tag, or a copy of it t, is at
+ * tag_addr. */
+TAG_INLINE uint64_t _tag_size_at(uint64_t tag_addr, const struct libtag_tag *t)
 {
-    return t->size_state & TAG_SIZE_MASK;
+    uint32_t f = tag_size_field(t);
+    return TAG_LIKELY(f != TAG_SIZE_BIG) ? f : _tag_big_size(tag_addr);
+}
+TAG_INLINE uint64_t _tag_size(const struct libtag_tag *t)
+{
+    return _tag_size_at((uint64_t)(uintptr_t)t, t);
 }
 static inline uint32_t _tag_state(const struct libtag_tag *t)
 {
-    return (uint32_t)(t->size_state >> TAG_STATE_SHIFT) & 0xff;
+    return tag_state_of(t);
 }
 static inline uint32_t _tag_alloc_kind(const struct libtag_tag *t)
 {
-    return (uint32_t)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK;
+    return tag_kind_of(t);
 }
+/* Store a tag: stack and time first, the bits word (with its check) last,
+ * so a reader that stops the thread between the stores sees the old bits
+ * (0 in a free slot: no block) or the whole new tag. */
+TAG_INLINE void _tag_store(struct libtag_tag *t, uint64_t bits, uint32_t stack, uint32_t now)
+{
+    uint64_t w0 = (uint64_t)now << 32 | stack;
+    memcpy(t, &w0, sizeof w0);
+    /* from the values, not the fields just stored: a load of fields just
+     * stored waits for the stores (perf: 17 % of the quarantine's time sat
+     * on such a load once) */
+    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits, stack, now);
+}
+/* The large-size and forward-record halves of _tag_write_live (tag.c). */
+TAG_COLD void _tag_write_big(uint64_t tag_addr, uint64_t size);
+TAG_COLD void _tag_write_forward(uint64_t tag_addr, uint32_t pad);
 /* Write a live tag and canary for a block of size bytes at user, allocated
- * as kind (enum libtag_alloc_kind).  Inline: once per allocation. */
+ * as kind (enum libtag_alloc_kind); pad: bytes from its slot's start to
+ * the tag (0, or an aligned block's).  Inline: once per allocation. */
 TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t stack,
                                 uint32_t tid, uint32_t now, uint32_t kind)
 {
     struct libtag_tag *t = _tag_of(user);
     uint64_t addr = (uint64_t)(uintptr_t)t;
     TAG_ASSERT(((uintptr_t)user & 15) == 0 && kind <= TAG_ALLOC_NEW_ARRAY_ALIGNED);
-    uint64_t size_state = (uint64_t)size | (uint64_t)TAG_STATE_LIVE << TAG_STATE_SHIFT |
-                          (uint64_t)kind << TAG_ALLOC_SHIFT;
-    t->size_state = size_state;
-    t->alloc_stack = stack;
-    t->alloc_tid = tid;
-    t->alloc_time = now;
-    t->pad = pad;
-    /* from the values, not the fields just stored: a 64-bit load of
-     * alloc_stack and alloc_tid cannot be forwarded from their two 32-bit
-     * stores (perf: 17 % of the quarantine's time sat on such a load) */
-    t->check = tag_check_fields(addr, _tag_ctl.secret, size_state, stack, tid, now, pad);
-    TAG_ASSERT(t->check == tag_check_value(addr, _tag_ctl.secret, t));
+    if (TAG_UNLIKELY(size >= TAG_SIZE_BIG))
+        _tag_write_big(addr, size);
+    if (TAG_UNLIKELY(pad != 0))
+        _tag_write_forward(addr, pad);
+    _tag_store(t, tag_bits(tid, size, TAG_STATE_LIVE, kind), stack, now);
+    TAG_ASSERT(tag_check_of(t) == tag_check_value(addr, _tag_ctl.secret, t));
     uint64_t canary = tag_canary_value(addr, _tag_ctl.secret);
     memcpy((char *)user + size, &canary, sizeof canary);
-    t->magic = TAG_MAGIC;
 }
-/* Set bits of size_state (TAG_FLAG_REPORTED, an alloc kind) and keep the
- * check value in step. */
+/* Set bits of the tag's bits word (TAG_FLAG_REPORTED, an alloc kind) and
+ * keep the check value in step. */
 void _tag_set_bits(void *user, uint64_t clear, uint64_t set);
 static inline int _tag_reported(const struct libtag_tag *t)
 {
-    return (t->size_state & TAG_FLAG_REPORTED) != 0;
+    return (t->bits & TAG_FLAG_REPORTED) != 0;
 }
-/* Does a tag at tag_addr validate (magic, check, a known state)? */
+/* Does a tag at tag_addr validate (a block's state, its check)? */
 TAG_INLINE int _tag_valid_at(uint64_t tag_addr, const struct libtag_tag *t)
 {
     uint32_t state = _tag_state(t);
-    return t->magic == TAG_MAGIC && (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
-           t->check == tag_check_value(tag_addr, _tag_ctl.secret, t);
+    return (state == TAG_STATE_LIVE || state == TAG_STATE_FREED) &&
+           tag_check_of(t) == tag_check_value(tag_addr, _tag_ctl.secret, t);
+}
+/* The slot start of the heap block whose tag is at tag_addr (heap.c's
+ * arithmetic: its span, its class's reciprocal), or 0 when tag_addr is in
+ * no span of blocks. */
+TAG_INLINE uint64_t _tag_slot_of(uint64_t tag_addr)
+{
+    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
+    uint64_t start = (uint64_t)(uintptr_t)_tag_heap_span_start(s);
+    if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL)) {
+        uint32_t off = (uint32_t)(tag_addr - start);
+        uint64_t q = (uint64_t)(((unsigned __int128)_tag_heap_div[s->cls] * off) >> 64);
+        return start + q * s->block_size;
+    }
+    return s->kind == TAG_SPAN_LARGE ? start + s->block_off : 0;
+}
+/* Is the tag at tag_addr where its slot says a tag is: at the slot's start,
+ * or where the slot's forward record points?  The exact-free half of
+ * _tag_lookup (the check value is the other). */
+TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr);
+TAG_INLINE int _tag_in_place(uint64_t tag_addr)
+{
+    uint64_t slot = _tag_slot_of(tag_addr);
+    return TAG_LIKELY(slot == tag_addr) || _tag_forward_ok(slot, tag_addr);
 }
 /* Is user a live/freed block of ours?  Its tag must lie in the heap's
- * used region (arithmetic on the address: that memory is always mapped),
- * and validate there.  Inline: every free() and realloc() starts here. */
+ * used region, at its slot's start (arithmetic on the address: that memory
+ * is always mapped), and validate there.  Inline: every free() and
+ * realloc() starts here. */
 TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
 {
     const struct libtag_tag *t = _tag_of(user);
@@ -529,7 +575,8 @@ TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
     uint64_t off = (uint64_t)(u - _tag_heap.base);
     if ((u & 15) != 0 || off < sizeof *t || off > used)
         return TAG_NOT_OURS;
-    if (!_tag_valid_at((uint64_t)u - sizeof *t, t))
+    uint64_t tag_addr = (uint64_t)u - sizeof *t;
+    if (!_tag_valid_at(tag_addr, t) || !_tag_in_place(tag_addr))
         return TAG_NOT_OURS;
     return _tag_state(t) == TAG_STATE_LIVE ? TAG_IS_LIVE : TAG_IS_FREED;
 }
@@ -638,9 +685,10 @@ TAG_INLINE void _tag_write_freed(void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     _tag_pattern_fill(user, _tag_fill_len(t));
-    t->size_state = (t->size_state & ~((uint64_t)0xff << TAG_STATE_SHIFT)) |
+    uint64_t bits = (t->bits & ~(TAG_CHECK_MASK | (uint64_t)TAG_STATE_MASK << TAG_STATE_SHIFT)) |
                     (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
-    t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
+    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
+                                      t->alloc_stack, t->alloc_time);
 }
 /* The offset of the first byte of a freed block's patterned payload that
  * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid.

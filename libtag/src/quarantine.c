@@ -38,13 +38,16 @@ TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
         _tag_leak_damaged(_tag_size(t));
         return;
     }
-    /* The heap writes its free-list link over the first 8 bytes of the
-     * slot, which kills the tag of a plain block - but an aligned block's
-     * tag sits pad bytes further in and would survive in free memory as a
-     * valid-looking freed tag.  Clear the magic first. */
-    char *raw = (char *)t - t->pad;  /* the slot's start, aligned or not */
-    t->magic = 0;
-    _tag_heap_free(owner ? owner->heap_cache : NULL, raw);
+    /* No tag may outlive its block: a reader walking the slots would take
+     * it for one.  The tag's bits go to 0 (state NONE), and so do an
+     * aligned block's forward record's at the slot's start; the heap then
+     * writes its free-list link over the slot's first 8 bytes. */
+    uint64_t tag_addr = (uint64_t)(uintptr_t)t;
+    uint64_t slot = _tag_slot_of(tag_addr);
+    t->bits = 0;
+    if (TAG_UNLIKELY(slot != tag_addr))
+        ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;
+    _tag_heap_free(owner ? owner->heap_cache : NULL, (void *)(uintptr_t)slot);
 }
 
 void _tag_real_release(struct tag_thread_state *owner, void *user)

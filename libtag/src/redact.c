@@ -36,60 +36,53 @@ static void blank(uintptr_t lo, uintptr_t hi)
     memset((void *)last, 0, hi - last);
 }
 
-/* Blank the payloads of the tagged blocks in [lo, hi). */
-static void redact_region(uintptr_t lo, uintptr_t hi)
+/* Blank the payload of the block whose slot starts at slot, if it holds
+ * one (a forward record leads to an aligned block's tag). */
+static void redact_slot(uint64_t slot, uint64_t end)
 {
-    uint64_t secret = _tag_ctl.secret;
-    for (uintptr_t a = (lo + 15) & ~15ul; a + sizeof(struct libtag_tag) + TAG_MIN_PAYLOAD <= hi; a += 16) {
-        const struct libtag_tag *t = (const struct libtag_tag *)a;
-        if (t->magic != TAG_MAGIC || t->check != tag_check_value(a, secret, t))
-            continue;
-        uint32_t state = _tag_state(t);
-        uintptr_t user = a + sizeof *t;
-        uint64_t size = _tag_size(t);
-        if ((state != TAG_STATE_LIVE && state != TAG_STATE_FREED) || size > hi - user)
-            continue;
-        if (size)
-            blank(user, user + size);
-        a = ((user + size) & ~15ul) - 16;  /* go on after the payload */
+    const struct libtag_tag *t = (const struct libtag_tag *)(uintptr_t)slot;
+    uint64_t at = slot;
+    if (tag_state_of(t) == TAG_STATE_FORWARD) {
+        if (tag_check_of(t) != tag_check_value(slot, _tag_ctl.secret, t) ||
+            t->alloc_stack >= end - slot)
+            return;
+        at = slot + t->alloc_stack;
+        t = (const struct libtag_tag *)(uintptr_t)at;
     }
+    if (!_tag_valid_at(at, t))
+        return;
+    uint64_t user = at + sizeof *t, size = _tag_size(t);
+    if (size && size <= end - user)
+        blank((uintptr_t)user, (uintptr_t)(user + size));
 }
 
-/* The ranges to walk: anonymous private writable memory (inode 0), where
- * blocks live; a private file mapping can fault (SIGBUS past the file's
- * end) and holds no heap anyway.  Collected first: blanking does not change
- * the mappings, but reading maps while walking them costs nothing to avoid. */
-static uintptr_t ranges[8192][2];
-static unsigned nranges;
-
-static void note_range(const struct tag_maps_line *l, void *ctx)
-{
-    (void)ctx;
-    if (l->perms[0] == 'r' && l->perms[1] == 'w' && l->perms[3] == 'p' && l->inode == 0 &&
-        nranges < sizeof ranges / sizeof ranges[0]) {
-        ranges[nranges][0] = (uintptr_t)l->start;
-        ranges[nranges][1] = (uintptr_t)l->end;
-        nranges++;
-    }
-}
-
+/* Every block of the heap, by its spans (tag_abi.h, "heap"), and every
+ * live guarded one, by its slot record. */
 void _tag_redact_payloads(void)
 {
-    nranges = 0;
-    if (_tag_maps_each(note_range, NULL) < 0)
-        return;
-    uintptr_t own[2][2] = {
-        {(uintptr_t)_tag_ctl.stack_nodes,
-         (uintptr_t)_tag_ctl.stack_nodes + (uintptr_t)_tag_ctl.stack_capacity * 16u},
-        {(uintptr_t)_tag_ctl.threads,
-         (uintptr_t)_tag_ctl.threads + (uintptr_t)_tag_ctl.thread_capacity * sizeof(struct libtag_thread)},
-    };
-    for (unsigned i = 0; i < nranges; i++) {
-        int mine = 0;
-        for (int k = 0; k < 2; k++)
-            mine |= ranges[i][0] < own[k][1] && own[k][0] < ranges[i][1];
-        if (!mine)  /* libtag's tables hold no blocks: do not walk them */
-            redact_region(ranges[i][0], ranges[i][1]);
+    uint64_t used = _tag_heap.used;
+    for (uint64_t i = 0; i < used;) {
+        const struct tag_slice *s = &_tag_heap.meta[i];
+        uint64_t n = s->slices ? s->slices : 1;
+        uint64_t start = _tag_heap.base + i * TAG_HEAP_SLICE, end = start + n * TAG_HEAP_SLICE;
+        if (s->kind == TAG_SPAN_SMALL)
+            for (uint32_t k = 0; k < s->carved; k++)
+                redact_slot(start + (uint64_t)k * s->block_size,
+                            start + (uint64_t)(k + 1) * s->block_size);
+        else if (s->kind == TAG_SPAN_LARGE)
+            redact_slot(start + s->block_off, end);
+        i += n;
+    }
+    /* guarded blocks: the pool is readable whole by now (the snapshot
+     * child opened it, _tag_guard_expose) */
+    const struct libtag_guard_slot *g = (const struct libtag_guard_slot *)(uintptr_t)_tag_ctl.guard_slots;
+    for (uint32_t i = 0; g && i < _tag_ctl.guard_used; i++) {
+        uint32_t state = g[i].state;
+        if ((state == TAG_GUARD_LIVE || state == TAG_GUARD_FREED) && g[i].user) {
+            uint64_t size = tag_size_field(&g[i].tag);
+            if (size && size < TAG_SIZE_BIG)
+                blank((uintptr_t)g[i].user, (uintptr_t)(g[i].user + size));
+        }
     }
     _tag_ctl.options |= TAG_OPTION_NO_PAYLOAD;
 }

@@ -138,10 +138,10 @@ void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
         uint64_t addr = (uint64_t)(uintptr_t)_tag_of(which[i]);
         int sound = local[i].iov_len != 0 && _tag_valid_at(addr, tag);
         if (!sound || _tag_state(tag) != TAG_STATE_LIVE) {
-            /* freed, recycled or gone: forget it - unless its magic
-             * survived a write from below (or an overflow of the block
-             * before it), which is reported now, while it lives */
-            if (!sound && local[i].iov_len != 0 && tag->magic == TAG_MAGIC &&
+            /* freed, recycled or gone: forget it - unless it is a tag
+             * that a write from below (or an overflow of the block before
+             * it) damaged, which is reported now, while it lives */
+            if (!sound && local[i].iov_len != 0 && tag->bits != 0 &&
                 _tag_recover(addr, tag) && _tag_state(tag) == TAG_STATE_LIVE)
                 _tag_damaged(which[i], NULL, ret, frame);
             t->recent[slot[i]] = NULL;  /* forget it */
@@ -149,7 +149,7 @@ void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
         }
         idx[m] = i;
         local[m] = (struct iovec){&canaries[m], sizeof canaries[m]};
-        remote[m] = (struct iovec){(char *)which[i] + _tag_size(tag), sizeof canaries[m]};
+        remote[m] = (struct iovec){(char *)which[i] + _tag_size_at(addr, tag), sizeof canaries[m]};
         m++;
     }
     read_own(t, local, remote, m, &probe);
@@ -170,7 +170,7 @@ void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
                 first++;
             struct tag_report r = {
                 .kind = TAG_ANOMALY_HEAP_OVERFLOW,
-                .address = (char *)user + _tag_size(tag) + first,
+                .address = (char *)user + _tag_size_at((uint64_t)(uintptr_t)_tag_of(user), tag) + first,
                 .block = user,
                 .tag = tag,
             };

@@ -13,8 +13,45 @@
 void _tag_set_bits(void *user, uint64_t clear, uint64_t set)
 {
     struct libtag_tag *t = _tag_of(user);
-    t->size_state = (t->size_state & ~clear) | set;
-    t->check = tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t);
+    uint64_t bits = (t->bits & ~(clear | TAG_CHECK_MASK)) | set;
+    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
+                                      t->alloc_stack, t->alloc_time);
+}
+
+/* A block of 1 MiB or more lives alone in a large span (heap.c), whose
+ * entry keeps its size: the tag's 20-bit field says TAG_SIZE_BIG. */
+uint64_t _tag_big_size(uint64_t tag_addr)
+{
+    if (!_tag_heap_has((const void *)(uintptr_t)tag_addr))
+        return 0;  /* not a heap block (a guarded one is never this big) */
+    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
+    return s->kind == TAG_SPAN_LARGE ? s->large_size : 0;
+}
+
+TAG_COLD void _tag_write_big(uint64_t tag_addr, uint64_t size)
+{
+    if (!_tag_heap_has((const void *)(uintptr_t)tag_addr))
+        return;
+    struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
+    TAG_ASSERT(s->kind == TAG_SPAN_LARGE);
+    s->large_size = size;
+}
+
+/* An aligned block's slot starts with a forward record: a tag of state
+ * TAG_STATE_FORWARD whose alloc_stack is pad, checked as any tag. */
+TAG_COLD void _tag_write_forward(uint64_t tag_addr, uint32_t pad)
+{
+    _tag_store((struct libtag_tag *)(uintptr_t)(tag_addr - pad),
+               (uint64_t)TAG_STATE_FORWARD << TAG_STATE_SHIFT, pad, 0);
+}
+
+TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr)
+{
+    if (slot == 0 || slot > tag_addr)
+        return 0;
+    const struct libtag_tag *f = (const struct libtag_tag *)(uintptr_t)slot;
+    return tag_state_of(f) == TAG_STATE_FORWARD && f->alloc_stack == tag_addr - slot &&
+           tag_check_of(f) == tag_check_value(slot, _tag_ctl.secret, f);
 }
 
 /* The first damaged canary byte (0..7) of a block whose canary is bad. */

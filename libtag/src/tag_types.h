@@ -92,26 +92,34 @@ enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
 /* libtag's own heap (heap.c says how it works, docs/design.md why).  A
  * slice is 64 KiB of the heap's region; spans of slices hold the blocks of
  * one size class, or one large block. */
-#define TAG_HEAP_SLICE     65536u
+/* TAG_HEAP_SLICE: tag_abi.h ("heap") */
+/* The largest block libtag hands out (the heap's own limit, 64 TiB). */
+#define TAG_BLOCK_MAX ((size_t)1 << 46)
 #define TAG_HEAP_SMALL_MAX (512u * 1024)  /* larger slots: a span each */
 #define TAG_HEAP_CLASSES   56u            /* 16..128 by 16, then 4 a doubling */
-enum tag_span_kind { TAG_SPAN_FREE = 0, TAG_SPAN_SMALL = 1, TAG_SPAN_LARGE = 2 };
+/* span kinds: enum libtag_span_kind (tag_abi.h) */
 #define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
 #define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */
 /* One per slice.  Every slice of a span leads back (first_off) to the
- * span's first slice, whose entry describes the span. */
+ * span's first slice, whose entry describes the span.  The layout is
+ * struct libtag_slice's (tag_abi.h: a reader walks the heap by it), with
+ * pointers where libtag follows them. */
 struct tag_slice {
     uint32_t first_off;     /* slices back to the span's first slice */
     uint32_t slices;        /* first slice: the span's length */
-    uint32_t kind;          /* enum tag_span_kind */
+    uint32_t kind;          /* enum libtag_span_kind */
     uint32_t flags;         /* TAG_SPAN_* */
     uint32_t cls;           /* TAG_SPAN_SMALL: its size class */
     uint32_t block_size;    /* TAG_SPAN_SMALL: bytes of one slot */
     uint32_t capacity;      /* slots in the span */
     uint32_t carved;        /* slots handed out at least once: [0, carved) */
     uint32_t nfree;         /* slots in the span's free list */
-    uint32_t reserved;
-    void *free;             /* the span's free list (class lock) */
+    uint32_t block_off;     /* TAG_SPAN_LARGE: its block's slot, from the
+                               span's start */
+    union {
+        void *free;         /* TAG_SPAN_SMALL: its free list (class lock) */
+        uint64_t large_size;/* TAG_SPAN_LARGE: its block's requested size */
+    };
     struct tag_slice *next, *prev;  /* class list / free bin (locks) */
 };
 /* The heap's global state (heap.c). */
@@ -125,6 +133,16 @@ struct tag_heap {
     uint64_t large_count, large_bytes;  /* large spans live (page lock) */
     uint64_t broken_links;  /* free lists found overwritten */
 };
+/* ... laid out as tag_abi.h says */
+_Static_assert(sizeof(struct tag_slice) == sizeof(struct libtag_slice), "slice entry");
+_Static_assert(offsetof(struct tag_slice, carved) == offsetof(struct libtag_slice, carved), "slice");
+_Static_assert(offsetof(struct tag_slice, block_off) == offsetof(struct libtag_slice, block_off),
+               "slice");
+_Static_assert(offsetof(struct tag_slice, large_size) == offsetof(struct libtag_slice, large_size),
+               "slice");
+_Static_assert(sizeof(struct tag_heap) == sizeof(struct libtag_heap), "heap");
+_Static_assert(offsetof(struct tag_heap, used) == offsetof(struct libtag_heap, used), "heap");
+_Static_assert(offsetof(struct tag_heap, meta) == offsetof(struct libtag_heap, meta), "heap");
 /* A thread's cache of free blocks, per class: head, a LIFO list of the
  * blocks it freed (count of them, spilled past the class's limit), and
  * bulk, a span's whole free list taken at once (uncounted, never spilled:

@@ -125,7 +125,7 @@ def test_overflow_into_the_next_block_is_one_heap_overflow_of_the_block_before(
     f = facts(done.stdout)
     block, neighbour, tid = int(f["block"], 16), int(f["neighbour"], 16), int(f["tid"])
     written = S.overwritten(f["written"], 0x42).hex()
-    assert block < neighbour - 32 < block + 64 + 100, "q's tag must lie in the overflow"
+    assert block < neighbour - 16 < block + 64 + 100, "q's tag must lie in the overflow"
     # THEN exactly one anomaly, blamed on p, with its stacks; none for q
     a = the_anomaly(inspect(run_cli, one_anomaly_core(snaps, "heap-overflow"), tmp_path))
     assert (a["kind"], a["address"], a["offset"], a["written"]) == (

@@ -155,7 +155,7 @@ def check_blocks(heap: Heap, report: Report, exe: Path, base: int, free_records:
         b = heap.block_at(p.addr)
         assert b is not None, f"block {p.addr:#x} ({p.size} bytes from {p.who}) not found"
         assert (b.start, b.size, b.state, b.thread) == (p.addr, p.size, p.state, p.tid)
-        assert b.tag_addr == p.addr - 32
+        assert b.tag_addr == p.addr - 16
         inner = heap.block_at(p.addr + p.size // 2)
         assert inner is not None and inner.start == p.addr
         assert block_json(inner, lambda s: [], offset=p.size // 2)["offset"] == p.size // 2
@@ -201,8 +201,8 @@ def test_bytes_past_the_end_are_near_the_block(case: Case):
 
 def test_a_copied_tag_in_a_payload_is_not_a_block(case: Case):
     copy, holder = case.report.copy
-    assert case.heap.block_at(copy + 32).start == holder  # the copy's "user pointer" is in holder
-    assert int(copy + 32) not in case.heap.index["start"].tolist()
+    assert case.heap.block_at(copy + 16).start == holder  # the copy's "user pointer" is in holder
+    assert int(copy + 16) not in case.heap.index["start"].tolist()
 
 
 def test_a_stale_tag_in_recycled_memory_is_not_a_block(case: Case):

@@ -67,8 +67,8 @@ def forensics_json(run_cli, tmp_path):
 
 
 def test_overflow_over_a_neighbours_tag(hostile, forensics_json):
-    # GIVEN a core where a live block of 64 bytes was overrun by 48 bytes, over
-    # its canary and the tag of the block after it
+    # GIVEN a core where a live block of 64 bytes was overrun by 32 bytes, over
+    # its canary, its slot's slack and the 16-byte tag of the block after it
     v = hostile("overflow")
     assert int(v.printed["smashed"][0], 16) == v.other
     # WHEN inspect and whoowns read it

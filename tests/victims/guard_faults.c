@@ -171,13 +171,13 @@ int main(int argc, char **argv)
         do_read(p, p + 112);  /* 100 rounded up to 16: the slot's end */
         free(p);
     } else if (!strcmp(c, "underflow-read") || !strcmp(c, "underflow-write")) {
-        /* 16384 - 32: the block fills its slot, its tag is the first
-         * bytes of it, and the byte before is the guard page below */
-        unsigned char *p = malloc(16384 - 32);
+        /* 16384 - 16: the block fills its slot, its 16-byte tag is the
+         * first bytes of it, and the byte before is the guard page below */
+        unsigned char *p = malloc(16384 - 16);
         if (c[10] == 'r')
-            do_read(p, p - 33);
+            do_read(p, p - 17);
         else
-            do_write(p, p - 33);
+            do_write(p, p - 17);
         free(p);
     } else if (!strcmp(c, "uaf-read") || !strcmp(c, "uaf-write")) {
         unsigned char *p = malloc(256);

@@ -8,8 +8,9 @@
  *   pid PID
  *   block ADDR SIZE TID live|freed WHO   every block it allocated; WHO is the
  *                                        function that called make_record
- *   copy ADDR HOLDER                     ADDR: 32 bytes copied from another
- *                                        block's tag, inside block HOLDER
+ *   copy ADDR HOLDER                     ADDR: the 16 bytes of another
+ *                                        block's tag, copied inside block
+ *                                        HOLDER
  *   recycled OLD NEW                     OLD: a freed big block whose memory
  *                                        the heap merged and handed out again
  *                                        as NEW (OLD's old tag inside NEW)
@@ -136,7 +137,7 @@ int main(int argc, char **argv)
     char *holder = make_record(96);
     memset(m1, 0x33, 40);
     memset(holder, 0, 96);
-    memcpy(holder + 32, m1 - 32, 32); /* a copy of m1's tag, at the wrong address */
+    memcpy(holder + 32, m1 - 16, 16); /* a copy of m1's 16-byte tag, at the wrong address */
     printf("copy %p %p\n", (void *)(holder + 32), (void *)holder);
     report("main", m1, 40, "live");
     report("main", holder, 96, "live");

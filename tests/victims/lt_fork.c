@@ -38,12 +38,12 @@ static unsigned churn(unsigned rounds, unsigned salt)
         if (!p) { bad++; continue; }
         memset(p, (int)(i & 0xff), n);
         const struct libtag_tag *t = lt_tag(p);
-        if (!t || lt_state(t) != TAG_STATE_LIVE || lt_size(t) != n || t->alloc_tid != me)
+        if (!t || lt_state(t) != TAG_STATE_LIVE || lt_size(t) != n || !lt_tid_is(t, me))
             bad++;
         if (i % 7 == 0) {
             p = realloc(p, n + 100);
             t = lt_tag(p);
-            if (!t || lt_size(t) != n + 100 || t->alloc_tid != me)
+            if (!t || lt_size(t) != n + 100 || !lt_tid_is(t, me))
                 bad++;
         }
         unsigned slot = i % 16;
@@ -75,7 +75,7 @@ static int simple(void)
         printf("child pid_updated=%d\n", c->pid == (uint32_t)getpid());
         printf("child inherited_tag_ok=%d from_parent=%d content=%d\n",
                t != NULL && lt_state(t) == TAG_STATE_LIVE && lt_size(t) == 123,
-               t ? t->alloc_tid == (uint32_t)parent : 0, before[122] == 0x77);
+               t ? lt_tid_is(t, (uint32_t)parent) : 0, before[122] == 0x77);
         struct libtag_stats s0, s1;
         libtag_stats(&s0);
         free(before);

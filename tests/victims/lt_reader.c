@@ -1,9 +1,10 @@
 /* lt_reader.c - a tiny reader of libtag's tags, from inside the victim.
  *
  * Not a victim on its own: the lt_* victims #include it.  It validates a tag
- * exactly as a reader of a core would (magic, check value with the control
- * block's secret), finds the calling thread's record, and walks a stack id
- * through the stack table.  libtag_control/libtag_stats are weak, so the
+ * exactly as a reader of a core would (a block's state, check value with the
+ * control block's secret), finds a block's slot and a big block's size in
+ * libtag's heap (control.heap), finds the calling thread's record, and walks
+ * a stack id through the stack table.  libtag_control/libtag_stats are weak, so the
  * same victim runs without libtag (they are NULL then).
  */
 #ifndef LT_READER_C
@@ -37,23 +38,87 @@ __attribute__((unused)) static uint32_t lt_gettid(void)
     return (uint32_t)syscall(SYS_gettid);
 }
 
-/* The tag in front of user if it validates, else NULL. */
+/* The tag in front of user if it validates, else NULL: a block's state
+ * (live or freed, not a free slot's NONE or a forward record) and the check
+ * value of its bits, stack and time. */
 __attribute__((unused)) static const struct libtag_tag *lt_tag(const void *user)
 {
     const struct libtag_control *c = lt_ctl();
     if (!c || !user)
         return NULL;
-    const struct libtag_tag *t = (const struct libtag_tag *)((const char *)user - 32);
-    if (t->magic != TAG_MAGIC)
+    const struct libtag_tag *t =
+        (const struct libtag_tag *)((const char *)user - sizeof(struct libtag_tag));
+    uint32_t state = tag_state_of(t);
+    if (state != TAG_STATE_LIVE && state != TAG_STATE_FREED)
         return NULL;
-    if (t->check != tag_check_value((uint64_t)(uintptr_t)t, c->secret, t))
+    if (tag_check_of(t) != tag_check_value((uint64_t)(uintptr_t)t, c->secret, t))
         return NULL;
     return t;
 }
 
-__attribute__((unused)) static uint64_t lt_size(const struct libtag_tag *t) { return t->size_state & TAG_SIZE_MASK; }
-__attribute__((unused)) static unsigned lt_state(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_STATE_SHIFT) & 0xff; }
-__attribute__((unused)) static unsigned lt_kind(const struct libtag_tag *t) { return (unsigned)(t->size_state >> TAG_ALLOC_SHIFT) & TAG_ALLOC_MASK; }
+/* The entry of the span that holds address a in libtag's heap, and the
+ * span's first byte in *start; NULL when a is not in the heap (a guarded
+ * block, or no heap). */
+__attribute__((unused)) static const struct libtag_slice *lt_span(uint64_t a, uint64_t *start)
+{
+    const struct libtag_control *c = lt_ctl();
+    if (!c || !c->heap)
+        return NULL;
+    const struct libtag_heap *h = (const struct libtag_heap *)(uintptr_t)c->heap;
+    uint64_t used = __atomic_load_n(&h->used, __ATOMIC_ACQUIRE);
+    if (a < h->base || (a - h->base) / TAG_HEAP_SLICE >= used)
+        return NULL;
+    const struct libtag_slice *meta = (const struct libtag_slice *)(uintptr_t)h->meta;
+    uint64_t i = (a - h->base) / TAG_HEAP_SLICE;
+    if (meta[i].first_off > i)
+        return NULL;
+    i -= meta[i].first_off;
+    *start = h->base + i * TAG_HEAP_SLICE;
+    return &meta[i];
+}
+
+/* Requested size of the block t is the tag of: the tag's size field, or,
+ * for a big block (TAG_SIZE_BIG), its large span's large_size (the field
+ * itself when the span is not found). */
+__attribute__((unused)) static uint64_t lt_size(const struct libtag_tag *t)
+{
+    uint64_t size = tag_size_field(t), start;
+    if (size != TAG_SIZE_BIG)
+        return size;
+    const struct libtag_slice *s = lt_span((uint64_t)(uintptr_t)t, &start);
+    return s && s->kind == TAG_SPAN_LARGE ? s->large_size : size;
+}
+__attribute__((unused)) static unsigned lt_state(const struct libtag_tag *t) { return tag_state_of(t); }
+__attribute__((unused)) static unsigned lt_kind(const struct libtag_tag *t) { return tag_kind_of(t); }
+/* Did thread tid allocate the block?  The tag keeps a tid's low 22 bits. */
+__attribute__((unused)) static int lt_tid_is(const struct libtag_tag *t, uint32_t tid)
+{
+    return tag_tid_of(t) == (tid & TAG_TID_MASK);
+}
+
+/* The bytes from the start of t's slot in libtag's heap to t: 0 when the
+ * tag starts its slot, else the pad of the forward record that starts it
+ * (an aligned block), checked to lead to t; -1 when the slot is not found
+ * or its forward record does not lead to t. */
+__attribute__((unused)) static long lt_pad(const struct libtag_tag *t)
+{
+    uint64_t a = (uint64_t)(uintptr_t)t, start, slot;
+    const struct libtag_slice *s = lt_span(a, &start);
+    if (!s)
+        return -1;
+    if (s->kind == TAG_SPAN_SMALL && s->block_size)
+        slot = start + (a - start) / s->block_size * s->block_size;
+    else if (s->kind == TAG_SPAN_LARGE)
+        slot = start + s->block_off;
+    else
+        return -1;
+    if (slot == a)
+        return 0;
+    const struct libtag_tag *fwd = (const struct libtag_tag *)(uintptr_t)slot;
+    if (tag_state_of(fwd) != TAG_STATE_FORWARD || slot + fwd->alloc_stack != a)
+        return -1;
+    return (long)fwd->alloc_stack;
+}
 
 /* Does the canary after a live block's payload hold its value? */
 __attribute__((unused)) static int lt_canary_ok(const void *user)
@@ -122,7 +187,7 @@ __attribute__((unused)) static void lt_print_tag(const char *label, const void *
     }
     printf("%s tag ok=1 size=%llu state=%u tid_self=%d stack_set=%d canary=%d\n",
            label, (unsigned long long)lt_size(t), lt_state(t),
-           t->alloc_tid == lt_gettid(), t->alloc_stack != 0,
+           lt_tid_is(t, lt_gettid()), t->alloc_stack != 0,
            lt_state(t) == TAG_STATE_LIVE ? lt_canary_ok(user) : -1);
 }
 

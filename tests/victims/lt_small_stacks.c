@@ -133,7 +133,7 @@ static void group(const char *label, size_t stack)
             int tags_ok = 0, stacks_set = 0;
             for (int k = 0; k < KEEP; k++) {
                 const struct libtag_tag *t = lt_tag(w[i].keep[k]);
-                if (t && lt_state(t) == TAG_STATE_LIVE && t->alloc_tid == w[i].tid &&
+                if (t && lt_state(t) == TAG_STATE_LIVE && lt_tid_is(t, w[i].tid) &&
                     lt_size(t) == 64 + (uint64_t)k && lt_canary_ok(w[i].keep[k]))
                     tags_ok++;
                 if (t && t->alloc_stack != 0)

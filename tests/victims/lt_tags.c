@@ -23,8 +23,8 @@ static void check(const char *label, void *p, size_t align)
 {
     lt_print_tag(label, p);
     const struct libtag_tag *t = lt_tag(p);
-    printf("%s aligned=%d pad=%u usable=%zu\n", label, (uintptr_t)p % align == 0,
-           t ? t->pad : 0, malloc_usable_size(p));
+    printf("%s aligned=%d pad=%ld usable=%zu\n", label, (uintptr_t)p % align == 0,
+           t ? lt_pad(t) : 0, malloc_usable_size(p));
     free(p);
     /* The block waits in the quarantine (1 MiB per thread by default), so
      * its tag and free record are still there to read. */

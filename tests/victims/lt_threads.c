@@ -120,7 +120,7 @@ static void *run(void *arg)
     for (int k = 0; k < HANDOFF; k++) {
         const struct libtag_tag *t = lt_tag(prev->handoff[k]);
         const struct libtag_free_rec *f = lt_free_rec(prev->handoff[k]);
-        if (t && f && lt_state(t) == TAG_STATE_FREED && t->alloc_tid == prev->tid &&
+        if (t && f && lt_state(t) == TAG_STATE_FREED && lt_tid_is(t, prev->tid) &&
             f->free_tid == w->tid && lt_size(t) == prev->handoff_size[k])
             w->handoff_freed_ok++;
     }
@@ -174,7 +174,7 @@ int main(void)
         unsigned tags_ok = 0, content_ok = 0;
         for (int k = 0; k < KEEP; k++) {
             const struct libtag_tag *t = lt_tag(w->keep[k]);
-            if (t && lt_state(t) == TAG_STATE_LIVE && t->alloc_tid == w->tid &&
+            if (t && lt_state(t) == TAG_STATE_LIVE && lt_tid_is(t, w->tid) &&
                 lt_size(t) == w->keep_size[k] && t->alloc_stack != 0 &&
                 lt_canary_ok(w->keep[k]))
                 tags_ok++;

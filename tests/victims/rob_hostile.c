@@ -3,9 +3,9 @@
  * core.  Used by tests/integration/test_hostile_heap.py.
  *
  *   rob_hostile MODE
- *     overflow   writes 48 bytes past a live block: its canary, glibc's chunk
- *                header and the first 32 bytes of the next block - that
- *                block's tag
+ *     overflow   writes past a live block up to the end of the next block's
+ *                tag: its canary, its slot's slack and the 16 bytes of the
+ *                next slot's tag (32 bytes with libtag's 96-byte slots)
  *     control    overwrites counts and sizes of the control block through
  *                libtag_control(): stack_count and stack_capacity 0xffffffff,
  *                thread_capacity 0xffffffff, anomaly kind 77, reason 99
@@ -60,7 +60,7 @@ __attribute__((noinline)) static void *alloc_other(size_t n)
 
 static uint32_t stack_of(const void *user)
 {
-    const struct libtag_tag *t = (const struct libtag_tag *)((const char *)user - 32);
+    const struct libtag_tag *t = (const struct libtag_tag *)((const char *)user - sizeof(struct libtag_tag));
     return t->alloc_stack;
 }
 
@@ -75,10 +75,15 @@ int main(int argc, char **argv)
     struct libtag_control *c = ctl();
 
     if (strcmp(mode, "overflow") == 0) {
-        /* b is glibc's next chunk after a (64 bytes + canary + tag round to
-         * one 112-byte chunk): the 48 bytes past a's end reach b's tag. */
+        /* b is the next slot after a in libtag's heap (64 bytes + tag +
+         * canary round to one 96-byte slot): the bytes from a's end to b
+         * are a's canary, its slot's slack and b's tag. */
+        if (b < a + 64 + sizeof(struct libtag_tag)) {
+            fprintf(stderr, "the other block is not after the victim\n");
+            return 2;
+        }
         printf("smashed %p\n", (void *)b);
-        memset(a + 64, 'X', 48);
+        memset(a + 64, 'X', (size_t)(b - a) - 64);
     } else if (strcmp(mode, "control") == 0) {
         c->stack_count = 0xffffffffu;
         c->stack_capacity = 0xffffffffu;

@@ -73,11 +73,13 @@ __attribute__((noipa)) static void thrower(int depth)
 
 // The exception object is the block __cxa_allocate_exception returns,
 // minus its header: record the caught object's address and find the block
-// around it by scanning back for a valid tag.
+// around it by scanning back for a valid tag that starts its heap slot (or
+// that its slot's forward record leads to): a 16-bit check alone passes one
+// stray word in 65536.
 static void *block_around(const void *p)
 {
     for (uintptr_t a = ((uintptr_t)p & ~(uintptr_t)15); a > (uintptr_t)p - 4096; a -= 16)
-        if (lt_tag((const void *)a))
+        if (lt_tag((const void *)a) && lt_pad(lt_tag((const void *)a)) >= 0)
             return (void *)a;
     return nullptr;
 }

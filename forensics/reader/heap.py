@@ -5,21 +5,21 @@
     block = heap.block_at(0x55d0c0a012a0)        # Block | None, binary search
     frames = control.raw_stack(block.alloc_stack)  # [(pc, kind)], innermost first
 
-How the blocks are found: every writable region but libtag's own
-tables (Control.own_ranges) is scanned for tags in bulk with numpy.  A tag is
-16-aligned (the user pointer is, and the tag is the 32 bytes before it), so
-each region is viewed as uint32 at a 16-byte stride, the magic's hits are
-gathered as 64-bit words, and the check values are computed for all of them
-at once.  Overlaps are resolved after: a tag inside an accepted block's extent
-is stale (recycled memory) and dropped.  A live tag always wins over a freed
-one - libtag marks every block freed before the real allocator gets it back,
-so a stale tag is always a freed one - and between two freed ones the newer
-(free time, then alloc time) wins.  Who freed a block comes from the free
-records libtag holds (Control.free_records).
+How the blocks are found: by walking libtag's heap, as its header and slice
+table (Control.heap_layout) describe it - no scan of memory.  Every small
+span's carved slots start with a tag or a forward record: the spans are
+grouped by the memory region that holds them, each slot's two tag words
+are gathered with one fancy index per region, forward records are followed
+to their block's tag, and every check value is computed at once.  A large
+span's block is one read, its size the span's large_size when the tag says
+TAG_SIZE_BIG.  Guarded blocks come from the guard pool's slot records.  A
+slot whose tag does not validate (its check, or a state other than live or
+freed) holds no block.  Who freed a block comes from the free records
+libtag holds (Control.free_records).
 
 The index is a set of sorted numpy arrays; it is cached beside the core
 (forensics.reader.cachefile: mapped, not read), keyed by the core's size and mtime,
-so the next command skips the scan.
+so the next command skips the walk.
 
 What cannot be read is a warning in ``heap.warnings`` - the Control's own
 list, so both say what they found in the order they found it.

@@ -16,7 +16,13 @@ or gdb.
     dump = F.dump(proc)                                # both (dump.control, dump.heap), frames named by a FakeSymbolizer
 
 Only the layout libtag writes is faked; every check value, canary and
-control block is computed or built exactly as tag_abi.h says.
+control block is computed or built exactly as tag_abi.h says.  The heap is
+one small span of libtag's heap (struct libtag_heap and its slice table at
+HEAP_META), whose slot size is the largest stride that puts every block's
+tag at a slot start: a block larger than a slot runs over the next slots,
+which libtag never does, and the reader reads those slots' first bytes (the
+block's payload) as tags that do not validate.  guard_block() places a
+block in a guard pool, as libtag's LIBTAG_GUARD_RATE does.
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ STACK_TABLE = 0x7F0000100000
 THREAD_RECORDS = 0x7F0000200000
 QUARANTINE = 0x7F0000300000  # the main thread's quarantine ring
 FILL = 256  # control.quarantine_fill: freed payload bytes patterned
-HEAP = 0x555500100000
+HEAP = 0x555500100000  # slice-aligned: slice 0 of libtag's heap
+HEAP_META = 0x7F0000400000  # struct libtag_heap, then its slice table at +0x100
+GUARD_POOL = 0x7F0000600000  # the guard pool (guard_block), slot records at GUARD_SLOTS
+GUARD_SLOTS = 0x7F0000500000
+GUARD_SLOT_BYTES = 0x1000  # one page a slot
 GLOBALS = 0x555500000000  # the program's writable data
 STACK = 0x7FFF00000000
 PROGRAM = "/fake/program"  # the module whose writable data is GLOBALS
@@ -94,22 +104,31 @@ class FakeProcess:
         self.crash: dict | None = None  # control.crash's fields (signal, tid, address, code, stack, time)
         self.control_fields: dict = {}  # other control block fields (options, snapshot_time_ms, ...)
         self.mappings: list[tuple[int, bytes, bool, str | None]] = []  # more regions: map()
+        self.tags: list[int] = []  # heap offsets of the tags (and forward records) placed
+        self.guard: list[dict] = []  # guard slot records (guard_block)
+        self.guard_readable: list[bool] = []  # is each guard slot in the memory
+        # overrides of the heap's tables: "heap" (struct libtag_heap fields), "slice"
+        # (the first span's entry), "more_slices" (the entries of slices 1 on)
+        self.heap_fields: dict = {}
         self.thread(MAIN_TID)
 
     # -- the heap --------------------------------------------------------
 
     def block(self, offset: int, size: int, *, tid: int = MAIN_TID, stack: int = 0, time: int = 0,
-              freed: tuple[int, int, int] | None = None, canary: bool = True) -> int:
-        """A block whose tag starts at heap offset `offset` (16-aligned);
+              freed: tuple[int, int, int] | None = None, canary: bool = True, kind: int = abi.TAG_ALLOC_MALLOC,
+              pad: int = 0) -> int:
+        """A block whose slot starts at heap offset `offset` (16-aligned);
         freed = (free_stack, free_tid, free_time) for one in quarantine: its
-        payload patterned, its free record in the quarantine ring.
-        Returns the user pointer."""
+        payload patterned, its free record in the quarantine ring.  pad: an
+        aligned block, its tag pad bytes on, the slot starting with a
+        forward record.  Returns the user pointer."""
+        self.tags.append(offset)
+        if pad:
+            self.put(offset, tag_bytes(HEAP + offset, pad, 0, abi.tag_bits(0, 0, abi.TAG_STATE_FORWARD)))
+            offset += pad
         tag_addr = HEAP + offset
         state = abi.TAG_STATE_FREED if freed else abi.TAG_STATE_LIVE
-        fields = dict(magic=abi.TAG_MAGIC, check=0, size_state=size | state << abi.TAG_STATE_SHIFT,
-                      alloc_stack=stack, alloc_tid=tid, alloc_time=time, pad=0)
-        fields["check"] = abi.tag_check_value(tag_addr, SECRET, abi.Tag.parse(abi.Tag.build(fields)))
-        self.put(offset, abi.Tag.build(fields))
+        self.put(offset, tag_bytes(tag_addr, stack, time, abi.tag_bits(tid, size, state, kind)))
         user = offset + abi.TAG_SIZE
         if freed:
             rec = dict(free_stack=freed[0], free_tid=freed[1], free_time=freed[2], check=0)
@@ -119,6 +138,28 @@ class FakeProcess:
         if canary:
             self.put(user + size, abi.tag_canary_value(tag_addr, SECRET).to_bytes(8, "little"))
         return HEAP + user
+
+    def guard_block(self, size: int, *, tid: int = MAIN_TID, stack: int = 0, time: int = 0,
+                    freed: tuple[int, int, int] | None = None, readable: bool = True) -> int:
+        """A block in the next slot of the guard pool, right-aligned in it,
+        with its slot record (and the record's copy of its tag); freed: its
+        free record in the slot record.  readable=False leaves the slot out
+        of the memory, as a kernel's core leaves a freed slot.  Returns the
+        user pointer."""
+        i = len(self.guard)
+        slot = GUARD_POOL + abi.TAG_GUARD_PAGE + i * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE)
+        user = slot + GUARD_SLOT_BYTES - (max(size, abi.TAG_MIN_PAYLOAD) + 15) // 16 * 16
+        state = abi.TAG_STATE_FREED if freed else abi.TAG_STATE_LIVE
+        tag = tag_bytes(user - abi.TAG_SIZE, stack, time, abi.tag_bits(tid, size, state))
+        rec = dict(free_stack=0, free_tid=0, free_time=0, check=0)
+        if freed:
+            rec = dict(free_stack=freed[0], free_tid=freed[1], free_time=freed[2], check=0)
+            rec["check"] = abi.free_rec_check_value(user - abi.TAG_SIZE, SECRET,
+                                                    abi.FreeRec.parse(abi.FreeRec.build(rec)))
+        self.guard.append(dict(user=user, rec=rec, state=abi.TAG_GUARD_FREED if freed else abi.TAG_GUARD_LIVE,
+                               retired=0, tag=dict(abi.Tag.parse(tag)), next=0, reported=0))
+        self.guard_readable.append(readable)
+        return user
 
     def put(self, offset: int, data: bytes) -> None:
         self.heap[offset:offset + len(data)] = data
@@ -169,7 +210,13 @@ class FakeProcess:
             stack_nodes=STACK_TABLE, stack_capacity=len(self.nodes), stack_count=len(self.nodes),
             threads=THREAD_RECORDS, thread_capacity=len(self.threads), thread_count=len(self.threads),
             quarantine_fill=FILL,
-            reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID)
+            reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID, heap=HEAP_META)
+        if self.guard:
+            n = len(self.guard)
+            control.update(guard_pool=GUARD_POOL,
+                           guard_pool_bytes=abi.TAG_GUARD_PAGE + n * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE),
+                           guard_slots=GUARD_SLOTS, guard_slot_size=GUARD_SLOT_BYTES, guard_capacity=n,
+                           guard_used=n, guard_rate=1)
         if self.anomaly:
             control["anomaly"].update(self.anomaly)
         if self.crash:
@@ -189,8 +236,47 @@ class FakeProcess:
             (GLOBALS, self.globals, True, "/fake/program"),
             (HEAP, self.heap, True, "[heap]"),
             (STACK, self.stack, True, "[stack]"),
+            (HEAP_META, self._heap_meta(), True, "[anon:libtag]"),
+            *self._guard_regions(),
             *self.mappings,
         ])
+
+    def _heap_meta(self) -> bytes:
+        """struct libtag_heap at HEAP_META and its slice table at +0x100: the
+        heap is one small span, its slot size the largest stride (at least
+        32, the smallest slot) that puts every tag placed at a slot start."""
+        stride = 0x1000
+        for off in self.tags:
+            while off % stride:
+                stride //= 2
+        assert stride >= 2 * abi.TAG_SIZE, f"blocks at heap offsets {self.tags}: tags 32 bytes apart at least"
+        nslices = (len(self.heap) + abi.TAG_HEAP_SLICE - 1) // abi.TAG_HEAP_SLICE
+        first = dict(_zero(abi.Slice), first_off=0, slices=nslices, kind=abi.TAG_SPAN_SMALL, block_size=stride,
+                     capacity=nslices * abi.TAG_HEAP_SLICE // stride, carved=len(self.heap) // stride)
+        first.update(self.heap_fields.get("slice", {}))
+        entries = [first] + self.heap_fields.get(
+            "more_slices", [dict(_zero(abi.Slice), first_off=i) for i in range(1, nslices)])
+        header = dict(base=HEAP, slices_max=nslices, used=nslices, committed=nslices, meta=HEAP_META + 0x100,
+                      key=0, large_count=0, large_bytes=0, broken_links=0)
+        header.update(self.heap_fields.get("heap", {}))
+        out = bytearray(0x100)
+        out[:abi.HEAP_SIZE] = abi.HeapHeader.build(header)
+        return bytes(out) + b"".join(abi.Slice.build(e) for e in entries)
+
+    def _guard_regions(self) -> list[tuple[int, bytes, bool, str | None]]:
+        """The guard slot records and each readable slot of the pool (a
+        slot's bytes: zeros, the block's tag, patterned payload when freed)."""
+        if not self.guard:
+            return []
+        out = [(GUARD_SLOTS, b"".join(abi.GuardSlot.build(g) for g in self.guard), True, "[anon:libtag]")]
+        for i, (g, readable) in enumerate(zip(self.guard, self.guard_readable, strict=True)):
+            slot = GUARD_POOL + abi.TAG_GUARD_PAGE + i * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE)
+            if readable:
+                data = bytearray(GUARD_SLOT_BYTES)
+                t = g["user"] - abi.TAG_SIZE - slot
+                data[t:t + abi.TAG_SIZE] = abi.Tag.build(g["tag"])
+                out.append((slot, bytes(data), g["state"] == abi.TAG_GUARD_LIVE, "[anon:libtag guard]"))
+        return out
 
     # -- added helpers ---------------------------------------------------
 
@@ -221,6 +307,7 @@ class FakeProcess:
         block: the block libtag names (default user; 0: none)."""
         tag_off = user - abi.TAG_SIZE - HEAP
         tag = dict(abi.Tag.parse(bytes(self.heap[tag_off:tag_off + abi.TAG_SIZE])))
+        tag.pop("_io", None)
         rec = next((e["rec"] for e in self.ring if e["user"] == user), None)
         self.anomaly = dict(kind=kind, tid=tid, address=user if address is None else address,
                             block=user if block is None else block, stack=stack, time=time,
@@ -294,6 +381,13 @@ class FakeSymbolizer:
             if module == module_path and start <= addr < start + size:
                 return DataSymbol(name, addr - start, section, module)
         return None
+
+
+def tag_bytes(tag_addr: int, alloc_stack: int, alloc_time: int, bits: int) -> bytes:
+    """The 16 bytes of a tag at tag_addr whose bits word (check excluded) is
+    bits, its check computed as libtag does."""
+    check = abi.tag_check_fields(tag_addr, SECRET, bits, alloc_stack, alloc_time)
+    return abi.Tag.build(dict(alloc_stack=alloc_stack, alloc_time=alloc_time, bits=bits | check))
 
 
 def _ring_bytes(entries: list[dict]) -> bytes:

@@ -1,10 +1,11 @@
 """libtag's crash-time ABI (libtag/include/tag_abi.h), mirrored field for field.
 
 Every struct of the header has a ``construct`` mirror here with the same field
-names (Tag, FreeRec, StackNode, Shadow, ThreadRecord, Anomaly, Crash, Control),
+names (Tag, Slice, HeapHeader, FreeRec, StackNode, Shadow, ThreadRecord,
+Anomaly, Crash, Control),
 the header's constants keep their names, and the check-value functions exist
 twice: as plain ints (one tag) and vectorised over numpy uint64 arrays (the tag
-scan).  tests/unit/test_abi_mirror.py compiles a probe against the packaged
+heap walk).  tests/unit/test_abi_mirror.py compiles a probe against the packaged
 header and compares sizes, offsets, constants and check values.
 
 find_control(mem) locates the control block in any forensics.reader.memory.Memory.
@@ -24,19 +25,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --------------------------------------------------------------- constants --
 
-TAG_ABI_VERSION = 3
+TAG_ABI_VERSION = 4
 
-TAG_MAGIC = 0x6754614C  # bytes "LaTg"
 TAG_MIN_PAYLOAD = 16
 TAG_CANARY_SIZE = 8
 TAG_FREE_PATTERN = 0xFD
-TAG_SIZE_MASK = 0x0000FFFFFFFFFFFF
-TAG_STATE_SHIFT = 48
-TAG_FLAG_REPORTED = 1 << 56  # damage to this block was reported; libtag keeps it from glibc
-TAG_ALLOC_SHIFT = 57  # size_state bits 57..59: how the block was allocated
+# struct libtag_tag.bits, from bit 0 up
+TAG_CHECK_MASK = 0xFFFF  # bits 0..15: the check value
+TAG_TID_SHIFT = 16  # bits 16..37: allocating thread
+TAG_TID_MASK = 0x3FFFFF
+TAG_SIZE_SHIFT = 38  # bits 38..57: requested size ...
+TAG_SIZE_FIELD = 0xFFFFF
+TAG_SIZE_BIG = 0xFFFFF  # ... or this: the exact size is the large span's large_size
+TAG_STATE_SHIFT = 58  # bits 58..59: TAG_STATE_*
+TAG_STATE_MASK = 3
+TAG_ALLOC_SHIFT = 60  # bits 60..62: how the block was allocated
 TAG_ALLOC_MASK = 7
-TAG_FLAG_GUARDED = 1 << 60  # the block is in a slot of the guard pool; it has no canary
-TAG_FLAG_BITS = 0x1F << 56  # bits 56..60 are flags and the alloc kind; 61..63 are zero
+TAG_FLAG_REPORTED = 1 << 63  # damage to this block was reported; libtag never hands it back
 
 TAG_ALLOC_MALLOC = 0
 TAG_ALLOC_NEW = 1
@@ -59,8 +64,15 @@ DEALLOC_NAMES = {
     TAG_ALLOC_NEW_ARRAY_ALIGNED: "delete[]-aligned",
 }
 
+TAG_STATE_NONE = 0  # no block (a free slot)
 TAG_STATE_LIVE = 1
 TAG_STATE_FREED = 2
+TAG_STATE_FORWARD = 3  # a forward record: the slot's tag is alloc_stack (pad) bytes on
+
+TAG_HEAP_SLICE = 65536  # bytes of one slice of libtag's heap
+TAG_SPAN_FREE = 0
+TAG_SPAN_SMALL = 1  # slots of block_size bytes from the span's start
+TAG_SPAN_LARGE = 2  # one block, its slot block_off bytes into the span
 
 TAG_MIX1 = 0x9E3779B97F4A7C15
 TAG_MIX2 = 0xC2B2AE3D27D4EB4F
@@ -150,13 +162,37 @@ def snapshot_dir_reasons() -> tuple[str, ...]:
 # ----------------------------------------------------------------- structs --
 
 Tag = Struct(
-    "magic" / Int32ul,  # TAG_MAGIC
-    "check" / Int32ul,  # tag_check_value()
-    "size_state" / Int64ul,  # bits 0..47 size, 48..55 state, 56..60 flags and alloc kind
-    "alloc_stack" / Int32ul,  # stack id, 0 = none
-    "alloc_tid" / Int32ul,  # kernel tid
+    "alloc_stack" / Int32ul,  # stack id, 0 = none; a forward record: pad, the bytes to the tag
     "alloc_time" / Int32ul,  # ms since start_mono_ns
-    "pad" / Int32ul,  # bytes from the real allocation to the tag
+    "bits" / Int64ul,  # check, tid, size, state, alloc kind, reported: TAG_*_SHIFT
+)
+
+Slice = Struct(
+    "first_off" / Int32ul,  # slices back to the span's first slice
+    "slices" / Int32ul,  # first slice: the span's length in slices
+    "kind" / Int32ul,  # TAG_SPAN_*
+    "flags" / Int32ul,  # libtag's own
+    "cls" / Int32ul,  # small span: its size class
+    "block_size" / Int32ul,  # small span: bytes of one slot
+    "capacity" / Int32ul,  # slots in the span
+    "carved" / Int32ul,  # slots [0, carved) were handed out at least once
+    "nfree" / Int32ul,  # libtag's own
+    "block_off" / Int32ul,  # large span: bytes from the span's start to its block's slot
+    "large_size" / Int64ul,  # large span: requested size of its block
+    "next" / Int64ul,  # libtag's own
+    "prev" / Int64ul,  # libtag's own
+)
+
+HeapHeader = Struct(
+    "base" / Int64ul,  # address of slice 0
+    "slices_max" / Int64ul,  # slices the region has room for
+    "used" / Int64ul,  # slices [0, used) were ever handed out
+    "committed" / Int64ul,  # slices [0, committed) are read-write
+    "meta" / Int64ul,  # address of struct libtag_slice[slices_max]
+    "key" / Int64ul,  # libtag's own
+    "large_count" / Int64ul,
+    "large_bytes" / Int64ul,
+    "broken_links" / Int64ul,  # free lists found overwritten
 )
 
 FreeRec = Struct(
@@ -306,6 +342,7 @@ Control = Struct(
     "handoff_fd" / Int32sl,  # in a handoff child: the pipe's read end; 0 = not yet, <0 = -errno
     "request_nonce" / Int64ul,  # written from outside: hand the next snapshot over
     "last" / SnapInfo,  # the latest snapshot taken
+    "heap" / Int64ul,  # address of struct libtag_heap
     "dir" / Bytes(512),  # the snapshot root, NUL-terminated; "" = none
 )
 
@@ -316,16 +353,20 @@ StackStats = Struct(
     "allocs" / Int64ul,  # blocks the stack allocated
 )
 
-TAG_SIZE = Tag.sizeof()  # 32
+TAG_SIZE = Tag.sizeof()  # 16
+SLICE_SIZE = Slice.sizeof()  # 64
+HEAP_SIZE = HeapHeader.sizeof()  # 72
 FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
-CONTROL_SIZE = Control.sizeof()  # 968
+CONTROL_SIZE = Control.sizeof()  # 960
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
-GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 72
+GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 56
 
 STRUCTS = {
     "libtag_tag": Tag,
+    "libtag_slice": Slice,
+    "libtag_heap": HeapHeader,
     "libtag_free_rec": FreeRec,
     "libtag_stack_node": StackNode,
     "libtag_shadow": Shadow,
@@ -383,6 +424,8 @@ THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
 STACK_STATS_DTYPE = numpy_dtype(StackStats)
 QENTRY_DTYPE = numpy_dtype(QEntry, flat=True)  # user, free_stack, free_tid, free_time, check
 GUARD_SLOT_DTYPE = numpy_dtype(GuardSlot)
+TAG_DTYPE = numpy_dtype(Tag)  # alloc_stack, alloc_time, bits
+SLICE_DTYPE = numpy_dtype(Slice)
 assert TAG_QUARANTINE_BYTES == QuarantineRing.sizeof()
 
 
@@ -409,13 +452,45 @@ SHADOW_OFFSETS = field_offsets(Shadow)
 _M64 = (1 << 64) - 1
 
 
+def tag_check_fields(tag_addr: int, secret: int, bits: int, alloc_stack: int, alloc_time: int) -> int:
+    """tag_check_fields() of tag_abi.h: bits is the bits word without its check."""
+    h = (tag_addr ^ secret) & _M64
+    h = ((h ^ bits) * TAG_MIX1) & _M64
+    h = ((h ^ (alloc_time << 32 | alloc_stack)) * TAG_MIX2) & _M64
+    return ((h ^ (h >> 32)) >> 16) & 0xFFFF
+
+
 def tag_check_value(tag_addr: int, secret: int, tag: Any) -> int:
     """tag_check_value() of tag_abi.h for one tag (a parsed Tag container)."""
-    h = (tag_addr ^ secret) & _M64
-    h = ((h ^ tag.size_state) * TAG_MIX1) & _M64
-    h = ((h ^ (tag.alloc_tid << 32 | tag.alloc_stack)) * TAG_MIX1) & _M64
-    h = ((h ^ (tag.pad << 32 | tag.alloc_time)) * TAG_MIX2) & _M64
-    return (h ^ (h >> 32)) & 0xFFFFFFFF
+    return tag_check_fields(tag_addr, secret, tag.bits & ~TAG_CHECK_MASK & _M64, tag.alloc_stack,
+                            tag.alloc_time)
+
+
+def tag_bits(tid: int, size: int, state: int, kind: int = TAG_ALLOC_MALLOC) -> int:
+    """tag_bits() of tag_abi.h: a tag's bits word, check excluded (bits 0..15 zero)."""
+    sz = min(size, TAG_SIZE_BIG)
+    return ((tid & TAG_TID_MASK) << TAG_TID_SHIFT | sz << TAG_SIZE_SHIFT | state << TAG_STATE_SHIFT
+            | kind << TAG_ALLOC_SHIFT)
+
+
+def tag_check_of(tag: Any) -> int:
+    return tag.bits & TAG_CHECK_MASK
+
+
+def tag_tid_of(tag: Any) -> int:
+    return tag.bits >> TAG_TID_SHIFT & TAG_TID_MASK
+
+
+def tag_size_field(tag: Any) -> int:
+    return tag.bits >> TAG_SIZE_SHIFT & TAG_SIZE_FIELD
+
+
+def tag_state_of(tag: Any) -> int:
+    return tag.bits >> TAG_STATE_SHIFT & TAG_STATE_MASK
+
+
+def tag_kind_of(tag: Any) -> int:
+    return tag.bits >> TAG_ALLOC_SHIFT & TAG_ALLOC_MASK
 
 
 def free_rec_check_value(tag_addr: int, secret: int, rec: Any) -> int:
@@ -443,18 +518,19 @@ def _u64(a: Any) -> np.ndarray:
     return np.asarray(a, dtype=np.uint64)
 
 
-def np_tag_check(tag_addr: Any, secret: int, size_state: Any, stack_tid: Any, time_pad: Any) -> np.ndarray:
-    """Vectorised tag_check_value over arrays of tags, given as the tag's 64-bit words:
+_NCHECK = np.uint64(TAG_CHECK_MASK)
+_S16 = np.uint64(16)
 
-    size_state (word 1), stack_tid = alloc_tid << 32 | alloc_stack (word 2),
-    time_pad = pad << 32 | alloc_time (word 3).  Returns uint32.
-    """
+
+def np_tag_check(tag_addr: Any, secret: int, bits: Any, stack_time: Any) -> np.ndarray:
+    """Vectorised tag_check_value over arrays of tags, given as the tag's two
+    64-bit words: stack_time = alloc_time << 32 | alloc_stack (word 0), bits
+    (word 1; its check bits are ignored).  Returns uint16."""
     with np.errstate(over="ignore"):
         h = _u64(tag_addr) ^ np.uint64(secret)
-        h = (h ^ _u64(size_state)) * _NMIX1
-        h = (h ^ _u64(stack_tid)) * _NMIX1
-        h = (h ^ _u64(time_pad)) * _NMIX2
-        return ((h ^ (h >> _S32)) & _U32).astype(np.uint32)
+        h = (h ^ (_u64(bits) & ~_NCHECK)) * _NMIX1
+        h = (h ^ _u64(stack_time)) * _NMIX2
+        return (((h ^ (h >> _S32)) >> _S16) & _NCHECK).astype(np.uint16)
 
 
 def np_free_rec_check(tag_addr: Any, secret: int, stack_tid: Any, free_time: Any) -> np.ndarray:

@@ -8,9 +8,10 @@ quarantine rings and the guard pool's slot records.
     frames = control.raw_stack(stack_id)       # [(pc, kind)], innermost first
     heap = Heap(control)                       # the block index (reader/heap.py)
 
-The blocks themselves are not here: forensics.reader.heap.Heap scans the
-memory for tags, with what this object says of libtag's own memory (its
-secret, its own ranges, the free records it holds).
+The blocks themselves are not here: forensics.reader.heap.Heap walks
+libtag's heap from what this object reads of it (the heap's header and
+slice table, the guard pool's slot records, the secret, the free records
+libtag holds).
 
 Everything read out of the process is bounded: a corrupt count, a wild pointer
 or a truncated table becomes a warning in ``control.warnings`` and a partial
@@ -32,6 +33,7 @@ from forensics.reader.model import Anomaly, Block, Crash, RawFrame, Thread
 
 MAX_STACK_NODES = 1 << 28  # options.c's bound on LIBTAG_STACK_NODES
 MAX_THREADS = 1 << 16  # far above thread.c's THREAD_CAPACITY (16384)
+MAX_SLICES = 1 << 26  # 4 TiB of 64 KiB slices: a bound on a corrupt heap.used
 
 
 class HeapFormatError(InputError):
@@ -108,7 +110,8 @@ class Control:
             return None
         kind = abi.ANOMALY_NAMES.get(a.kind, f"anomaly-{a.kind}")
         block = None
-        if a.tag.magic == abi.TAG_MAGIC and a.block:
+        # "no tag copy" is an all-zero tag (state NONE)
+        if (int(a.tag.bits) or int(a.tag.alloc_stack) or int(a.tag.alloc_time)) and a.block:
             block = self._block_from_copy(int(a.block), a.tag, a.free_rec, kind)
         c = self.fields
         return Anomaly(
@@ -173,28 +176,30 @@ class Control:
         when the copy does not validate - libtag found the tag damaged beyond
         repair, and its size, stacks and thread are unknown."""
         tag_addr = user - abi.TAG_SIZE
-        if abi.tag_check_value(tag_addr, self.secret, tag) != tag.check:
+        if abi.tag_check_value(tag_addr, self.secret, tag) != abi.tag_check_of(tag) or \
+                abi.tag_state_of(tag) not in (abi.TAG_STATE_LIVE, abi.TAG_STATE_FREED):
             self._warn_once(
                 f"{kind} at {user:#x}: the block's tag was damaged beyond repair; "
                 f"its size, stacks and thread are unknown")
             return None
-        state = (tag.size_state >> abi.TAG_STATE_SHIFT) & 0xFF
-        freed = state == abi.TAG_STATE_FREED
+        freed = abi.tag_state_of(tag) == abi.TAG_STATE_FREED
         rec_ok = freed and abi.free_rec_check_value(tag_addr, self.secret, rec) == rec.check
+        size = abi.tag_size_field(tag)
+        if size == abi.TAG_SIZE_BIG:
+            size = self.large_size(tag_addr)
         return Block(
             start=user,
-            size=int(tag.size_state & abi.TAG_SIZE_MASK),
+            size=size,
             state="freed" if freed else "live",
-            thread=int(tag.alloc_tid),
+            thread=abi.tag_tid_of(tag),
             alloc_time_ms=int(tag.alloc_time),
             alloc_stack=int(tag.alloc_stack),
             free_thread=int(rec.free_tid) if rec_ok else None,
             free_time_ms=int(rec.free_time) if rec_ok else None,
             free_stack=int(rec.free_stack) if rec_ok else None,
             tag_addr=tag_addr,
-            alloc_kind=abi.ALLOC_KIND_NAMES.get(
-                (tag.size_state >> abi.TAG_ALLOC_SHIFT) & abi.TAG_ALLOC_MASK, "unknown"),
-            guarded=bool(tag.size_state & abi.TAG_FLAG_GUARDED),
+            alloc_kind=abi.ALLOC_KIND_NAMES.get(abi.tag_kind_of(tag), "unknown"),
+            guarded=self.in_guard_pool_addr(user),
         )
 
     @property
@@ -437,6 +442,11 @@ class Control:
         if int(c.guard_slots):
             out.append((int(c.guard_slots),
                         int(c.guard_slots) + abi.GUARD_SLOT_SIZE * int(c.guard_capacity)))
+        if int(c.heap):  # the heap's header and slice table (free-list links, span pointers)
+            out.append((int(c.heap), int(c.heap) + abi.HEAP_SIZE))
+            h = self.heap_header()
+            if h is not None and int(h.meta):
+                out.append((int(h.meta), int(h.meta) + abi.SLICE_SIZE * int(h.slices_max)))
         # Each table lies in its own mapping, so a range never extends past
         # the region its start is in: a corrupt capacity (0xffffffff) must not
         # make the scans skip the program's heap and stacks after it.
@@ -446,6 +456,68 @@ class Control:
             if region is not None:
                 clipped.append((a, min(b, region.end)))
         return clipped
+
+    def heap_layout(self) -> tuple[int, np.ndarray] | None:
+        """(heap.base, the slice table: abi.SLICE_DTYPE[heap.used]) of
+        libtag's heap, read once; None (with a warning) when control.heap
+        is 0 or its header cannot be read."""
+        if not hasattr(self, "_heap_layout"):
+            self._heap_layout = self._read_heap_layout()
+        return self._heap_layout
+
+    def heap_header(self) -> Any | None:
+        addr = int(self.fields.heap)
+        if not addr:
+            return None
+        try:
+            return abi.HeapHeader.parse(self.mem.read(addr, abi.HEAP_SIZE))
+        except CoreReadError:
+            return None
+
+    def _read_heap_layout(self) -> tuple[int, np.ndarray] | None:
+        addr = int(self.fields.heap)
+        if not addr:
+            self.warnings.append("libtag's control block names no heap: no blocks are read")
+            return None
+        h = self.heap_header()
+        if h is None:
+            self.warnings.append(f"libtag's heap header at {addr:#x} is not readable in {self._where()}: "
+                                 f"no blocks are read")
+            return None
+        used = int(h.used)
+        if used > int(h.slices_max) or used > MAX_SLICES:
+            self.warnings.append(f"libtag's heap at {addr:#x} claims {used} slices used of "
+                                 f"{int(h.slices_max)}: read {min(used, int(h.slices_max), MAX_SLICES)}")
+            used = min(used, int(h.slices_max), MAX_SLICES)
+        raw = self._read_array(int(h.meta), used, abi.SLICE_SIZE, "libtag's heap slice table")
+        return int(h.base), np.frombuffer(raw, abi.SLICE_DTYPE)
+
+    def large_size(self, tag_addr: int) -> int:
+        """The large_size of the large span that holds tag_addr: the exact
+        size of a block whose tag says TAG_SIZE_BIG; TAG_SIZE_BIG when it
+        cannot be read."""
+        layout = self.heap_layout()
+        if layout is not None:
+            base, meta = layout
+            i = (tag_addr - base) // abi.TAG_HEAP_SLICE
+            if 0 <= i < len(meta):
+                i -= int(meta["first_off"][i])
+                if 0 <= i < len(meta) and int(meta["kind"][i]) == abi.TAG_SPAN_LARGE:
+                    return int(meta["large_size"][i])
+        return abi.TAG_SIZE_BIG
+
+    def guard_slot_records(self) -> np.ndarray:
+        """The guard pool's slot records in use (abi.GUARD_SLOT_DTYPE), read once."""
+        if not hasattr(self, "_guard_slots"):
+            c = self.fields
+            count = min(int(c.guard_used), int(c.guard_capacity))
+            raw = self._read_array(int(c.guard_slots), count, abi.GUARD_SLOT_SIZE, "the guard slot records")
+            self._guard_slots = np.frombuffer(raw, abi.GUARD_SLOT_DTYPE)
+        return self._guard_slots
+
+    def in_guard_pool_addr(self, addr: int) -> bool:
+        lo = int(self.fields.guard_pool)
+        return bool(lo) and lo <= addr < lo + int(self.fields.guard_pool_bytes)
 
     def in_guard_pool(self, r: Region) -> bool:
         """Does r lie in the guard pool?  Its freed slots are inaccessible in
@@ -481,10 +553,7 @@ class Control:
     def _guard_entries(self) -> np.ndarray:
         """The free records of the freed guarded blocks, from the guard
         pool's slot records, as ring entries (abi.QENTRY_DTYPE)."""
-        c = self.fields
-        count = min(int(c.guard_used), int(c.guard_capacity))
-        raw = self._read_array(int(c.guard_slots), count, abi.GUARD_SLOT_SIZE, "the guard slot records")
-        slots = np.frombuffer(raw, abi.GUARD_SLOT_DTYPE)
+        slots = self.guard_slot_records()
         slots = slots[slots["state"] == abi.TAG_GUARD_FREED]
         e = np.zeros(len(slots), abi.QENTRY_DTYPE)
         e["user"] = slots["user"]

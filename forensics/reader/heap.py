@@ -5,21 +5,21 @@
     block = heap.block_at(0x55d0c0a012a0)        # Block | None, binary search
     frames = control.raw_stack(block.alloc_stack)  # [(pc, kind)], innermost first
 
-How the blocks are found: every writable region but libtag's own
-tables (Control.own_ranges) is scanned for tags in bulk with numpy.  A tag is
-16-aligned (the user pointer is, and the tag is the 32 bytes before it), so
-each region is viewed as uint32 at a 16-byte stride, the magic's hits are
-gathered as 64-bit words, and the check values are computed for all of them
-at once.  Overlaps are resolved after: a tag inside an accepted block's extent
-is stale (recycled memory) and dropped.  A live tag always wins over a freed
-one - libtag marks every block freed before the real allocator gets it back,
-so a stale tag is always a freed one - and between two freed ones the newer
-(free time, then alloc time) wins.  Who freed a block comes from the free
-records libtag holds (Control.free_records).
+How the blocks are found: by walking libtag's heap, as its header and slice
+table (Control.heap_layout) describe it - no scan of memory.  Every small
+span's carved slots start with a tag or a forward record: the spans are
+grouped by the memory region that holds them, each slot's two tag words
+are gathered with one fancy index per region, forward records are followed
+to their block's tag, and every check value is computed at once.  A large
+span's block is one read, its size the span's large_size when the tag says
+TAG_SIZE_BIG.  Guarded blocks come from the guard pool's slot records.  A
+slot whose tag does not validate (its check, or a state other than live or
+freed) holds no block.  Who freed a block comes from the free records
+libtag holds (Control.free_records).
 
 The index is a set of sorted numpy arrays; it is cached beside the core
 (forensics.reader.cachefile: mapped, not read), keyed by the core's size and mtime,
-so the next command skips the scan.
+so the next command skips the walk.
 
 What cannot be read is a warning in ``heap.warnings`` - the Control's own
 list, so both say what they found in the order they found it.
@@ -36,14 +36,11 @@ import numpy as np
 from forensics.reader import abi, cachefile
 from forensics.core.errors import CoreReadError
 from forensics.reader.control import Control
-from forensics.reader.memory import Region, clip_regions
 from forensics.reader.model import Block
 
-CACHE_VERSION = 5  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2;
-#                   5: guarded blocks
+CACHE_VERSION = 6  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2;
+#                   5: guarded blocks; 6: ABI 4, the heap walk
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
-_MAGIC_SLOTS = 1 << 18  # 16-byte slots compared for the magic at once (4 MiB: stays in cache)
-_GATHER_SLOTS = 1 << 22  # slots whose candidates are gathered and validated at once (64 MiB)
 
 _INDEX_FIELDS = {  # name -> dtype of the index arrays (and of the cache)
     "start": np.uint64,  # user pointer
@@ -57,7 +54,7 @@ _INDEX_FIELDS = {  # name -> dtype of the index arrays (and of the cache)
     "free_time": np.uint32,
     "free_ok": np.bool_,  # a free record (from a quarantine ring) validated
     "alloc_kind": np.uint8,  # abi.TAG_ALLOC_*
-    "guarded": np.bool_,  # abi.TAG_FLAG_GUARDED: in a slot of the guard pool
+    "guarded": np.bool_,  # in a slot of the guard pool (found from its slot record)
 }
 
 
@@ -101,39 +98,235 @@ class Heap:
         self._end = index["start"] + np.maximum(index["size"], 1)  # malloc(0) owns its start
         self._warn_smashed(smashed)
 
-    # ----------------------------------------------------------------- scan --
-
-    def _scan_regions(self) -> list[Region]:
-        return clip_regions([r for r in self.mem.regions() if r.writable or self.control.in_guard_pool(r)],
-                            self.control.own_ranges())
+    # ----------------------------------------------------------------- walk --
 
     def _scan(self, progress: Progress | None) -> dict[str, np.ndarray]:
-        regions = self._scan_regions()
-        total = sum(r.size for r in regions)
-        done = 0
+        """The index, from a walk of libtag's heap (the spans its slice table
+        describes) and of the guard pool's slot records: no scan of memory."""
+        small, large = self._spans()
+        total = sum(s[1] * s[2] for s in small) + len(large) * abi.TAG_HEAP_SLICE
         if progress:
             progress(0, total)
-        parts = []
-        for region in regions:
-            try:
-                part = self._scan_region(region)
-            except CoreReadError as exc:
-                self.warnings.append(f"region {region.start:#x}-{region.end:#x} not scanned: {exc}")
-                part = None
-            if part is not None:
-                parts.append(part)
-            done += region.size
-            if progress:
-                progress(done, total)
-        if not parts:
-            return {k: np.empty(0, dt) for k, dt in _INDEX_FIELDS.items()}
-        index = {k: np.concatenate([p[k] for p in parts]) for k in _INDEX_FIELDS}
+        parts = [self._small_blocks(small, progress, total), self._large_blocks(large),
+                 self._guard_blocks()]
+        if progress:
+            progress(total, total)
+        index = {k: np.concatenate([p[k] for p in parts]).astype(dt, copy=False)
+                 for k, dt in _INDEX_FIELDS.items()}
         st = index["start"]
-        if len(st) > 1 and np.any(st[1:] <= st[:-1]):  # regions come sorted; be sure
+        if len(st) > 1 and np.any(st[1:] <= st[:-1]):
             order = np.argsort(st, kind="stable")
             index = {k: v[order] for k, v in index.items()}
+            st = index["start"]
+            dup = np.flatnonzero(st[1:] == st[:-1]) + 1  # the same block twice: a corrupt table
+            if len(dup):
+                keep = np.ones(len(st), np.bool_)
+                keep[dup] = False
+                index = {k: v[keep] for k, v in index.items()}
+        self._attach_free_records(index)
         return index
 
+    def _spans(self) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
+        """The heap's small spans [(start, block_size, carved, bytes)] and large ones
+        [(start, block_off, large_size, bytes)], walked from slice 0: an
+        entry with first_off 0 starts a span of `slices` slices."""
+        layout = self.control.heap_layout()
+        if layout is None:
+            return [], []
+        base, meta = layout
+        first_off = meta["first_off"].tolist()
+        nslices, kind = meta["slices"].tolist(), meta["kind"].tolist()
+        bsize, carved, cap = meta["block_size"].tolist(), meta["carved"].tolist(), meta["capacity"].tolist()
+        block_off, large_size = meta["block_off"].tolist(), meta["large_size"].tolist()
+        small, large, bad = [], [], []
+        i, n = 0, len(first_off)
+        while i < n:
+            step = 1
+            if first_off[i] == 0:
+                step = max(nslices[i], 1)
+                start, span_bytes = base + i * abi.TAG_HEAP_SLICE, step * abi.TAG_HEAP_SLICE
+                if kind[i] == abi.TAG_SPAN_SMALL:
+                    bs, k = bsize[i], min(carved[i], cap[i])
+                    if bs < 2 * abi.TAG_SIZE or bs % 16 or k * bs > span_bytes:
+                        bad.append(start)
+                    elif k:
+                        small.append((start, bs, k, span_bytes))
+                elif kind[i] == abi.TAG_SPAN_LARGE:
+                    if block_off[i] % 16 or block_off[i] + 2 * abi.TAG_SIZE > span_bytes:
+                        bad.append(start)
+                    else:
+                        large.append((start, block_off[i], large_size[i], span_bytes))
+            i += step
+        if bad:
+            self.warnings.append(
+                f"libtag's heap: {len(bad)} span entries make no sense (slot size, count or offset "
+                f"beyond the span), their blocks are not read: {_addrs(bad)}")
+        return small, large
+
+    def _small_blocks(self, spans: list[tuple[int, int, int, int]], progress: Progress | None,
+                      total: int) -> dict[str, np.ndarray]:
+        """The blocks of the small spans, in bulk: the spans are grouped by
+        the memory region that holds them, and every slot's two tag words
+        are gathered with one fancy index per region."""
+        if not spans:
+            return _empty()
+        sp = np.array(spans, dtype=np.uint64).reshape(-1, 4)
+        regions = self.mem.regions()
+        rstart = np.array([r.start for r in regions], dtype=np.uint64)
+        which = np.searchsorted(rstart, sp[:, 0], "right").astype(np.int64) - 1
+        parts, unreadable, done = [], [], 0
+        for k in np.unique(which).tolist():
+            group = sp[which == k]
+            if k < 0:
+                unreadable += group[:, 0].tolist()
+                continue
+            region = regions[k]
+            try:
+                arr = region.array
+            except CoreReadError:
+                unreadable += group[:, 0].tolist()
+                continue
+            ends = group[:, 0] + group[:, 1] * group[:, 2]
+            fits = ends <= np.uint64(region.start + len(arr))
+            unreadable += group[~fits, 0].tolist()
+            group = group[fits]
+            if len(group):
+                parts.append(self._slots(region.start, arr, group))
+            done += int((group[:, 1] * group[:, 2]).sum()) if len(group) else 0
+            if progress:
+                progress(done, total)
+        if unreadable:
+            self.warnings.append(
+                f"libtag's heap: {len(unreadable)} spans are not readable in {self._where()}, their "
+                f"blocks are not read: {_addrs(unreadable)}")
+        if not parts:
+            return _empty()
+        return {key: np.concatenate([p[key] for p in parts]) for key in _INDEX_FIELDS}
+
+    def _slots(self, rbase: int, arr: np.ndarray, group: np.ndarray) -> dict[str, np.ndarray]:
+        """The blocks of the spans in group (rows start, block_size, carved,
+        bytes), which lie in the readable bytes arr of a region at rbase."""
+        words = arr[: len(arr) // 8 * 8].view("<u8")
+        counts = group[:, 2].astype(np.int64)
+        first = np.cumsum(counts) - counts  # each span's first slot in the flat list
+        span_of = np.repeat(np.arange(len(group)), counts)
+        local = np.arange(int(counts.sum()), dtype=np.uint64) - first[span_of].astype(np.uint64)
+        slot = group[span_of, 0] + local * group[span_of, 1]
+        w = ((slot - np.uint64(rbase)) >> np.uint64(3)).astype(np.int64)
+        bits = words[w + 1]
+        used = np.flatnonzero((bits >> np.uint64(abi.TAG_STATE_SHIFT)) & np.uint64(abi.TAG_STATE_MASK))
+        slot, w, bits = slot[used], w[used], bits[used]
+        span_end = group[span_of[used], 0] + group[span_of[used], 3]
+        tag, stack_time, bits, _pad = self._resolve(slot, words[w], bits, words, rbase)
+        size = (bits >> np.uint64(abi.TAG_SIZE_SHIFT)) & np.uint64(abi.TAG_SIZE_FIELD)
+        ok = _tag_ok(tag, stack_time, bits, self.control.secret)
+        # a small block's size is exact, and the block lies in its span
+        ok &= (size != np.uint64(abi.TAG_SIZE_BIG)) & (
+            tag + np.uint64(abi.TAG_SIZE) + np.maximum(size, np.uint64(abi.TAG_MIN_PAYLOAD)) <= span_end)
+        return _entries(tag[ok], stack_time[ok], bits[ok], size[ok], np.zeros(int(ok.sum()), np.bool_))
+
+    def _resolve(self, slot: np.ndarray, stack_time: np.ndarray, bits: np.ndarray, words: np.ndarray,
+                 rbase: int) -> tuple[np.ndarray, ...]:
+        """(tag address, word 0, bits, pad) of each slot's block: a forward
+        record (state FORWARD) whose check validates is replaced by the tag
+        pad bytes on, in the same region (words: its u64 view from rbase),
+        which the caller checks; one that does not validate gives bits 0
+        (no block)."""
+        state = (bits >> np.uint64(abi.TAG_STATE_SHIFT)) & np.uint64(abi.TAG_STATE_MASK)
+        pad = np.zeros(len(slot), np.uint64)
+        fwd = np.flatnonzero(state == abi.TAG_STATE_FORWARD)
+        if not len(fwd):
+            return slot, stack_time, bits, pad
+        stack_time, bits = stack_time.copy(), bits.copy()
+        fpad = stack_time[fwd] & np.uint64(0xFFFFFFFF)
+        fslot = slot[fwd]
+        good = (fpad >= np.uint64(abi.TAG_SIZE)) & (fpad % np.uint64(16) == 0) & _check_ok(
+            fslot, stack_time[fwd], bits[fwd], self.control.secret)
+        # bounded by the region; the caller drops a block beyond its span
+        wi = ((fslot + fpad - np.uint64(rbase)) >> np.uint64(3)).astype(np.int64)
+        good &= wi + 1 < len(words)
+        wi = np.where(good, wi, 0)
+        stack_time[fwd] = np.where(good, words[wi], 0)
+        bits[fwd] = np.where(good, words[wi + 1], 0)  # not forwarded: state NONE, not a block
+        pad[fwd] = np.where(good, fpad, 0)
+        return slot + pad, stack_time, bits, pad
+
+    def _large_blocks(self, spans: list[tuple[int, int, int, int]]) -> dict[str, np.ndarray]:
+        """The block of each large span (one read each), its size the span's
+        large_size when the tag's size field says TAG_SIZE_BIG."""
+        rows, unreadable = [], []
+        for start, off, large_size, span_bytes in spans:
+            try:
+                raw = self.mem.read(start + off, abi.TAG_SIZE)
+                t = np.frombuffer(raw, "<u8")
+                tag, st, bits, pad = start + off, int(t[0]), int(t[1]), 0
+                if (bits >> abi.TAG_STATE_SHIFT) & abi.TAG_STATE_MASK == abi.TAG_STATE_FORWARD:
+                    pad = st & 0xFFFFFFFF
+                    if not (_tag_ok1(tag, st, bits, self.control.secret, (abi.TAG_STATE_FORWARD,))
+                            and pad >= abi.TAG_SIZE
+                            and pad % 16 == 0 and off + pad + 2 * abi.TAG_SIZE <= span_bytes):
+                        continue
+                    t = np.frombuffer(self.mem.read(start + off + pad, abi.TAG_SIZE), "<u8")
+                    tag, st, bits = tag + pad, int(t[0]), int(t[1])
+            except CoreReadError:
+                unreadable.append(start)
+                continue
+            size = (bits >> abi.TAG_SIZE_SHIFT) & abi.TAG_SIZE_FIELD
+            if size == abi.TAG_SIZE_BIG:
+                size = large_size
+            if _tag_ok1(tag, st, bits, self.control.secret) and \
+                    off + pad + abi.TAG_SIZE + max(size, abi.TAG_MIN_PAYLOAD) <= span_bytes:
+                rows.append((tag, st, bits, size))
+        if unreadable:
+            self.warnings.append(
+                f"libtag's heap: {len(unreadable)} large spans are not readable in {self._where()}, "
+                f"their blocks are not read: {_addrs(unreadable)}")
+        if not rows:
+            return _empty()
+        a = np.array(rows, dtype=np.uint64).reshape(-1, 4)
+        return _entries(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.zeros(len(a), np.bool_))
+
+    def _guard_blocks(self) -> dict[str, np.ndarray]:
+        """The guarded blocks, from the guard pool's slot records: each
+        block's tag at user - 16 where the memory is readable and the tag
+        validates, else libtag's copy in the record (a freed slot is
+        unreadable in a core the kernel wrote)."""
+        slots = self.control.guard_slot_records()
+        if not len(slots):
+            return _empty()
+        c = self.control.fields
+        lo, hi = int(c.guard_pool), int(c.guard_pool) + int(c.guard_pool_bytes)
+        step = int(c.guard_slot_size) + abi.TAG_GUARD_PAGE
+        rows = []
+        for rec in slots:
+            user = int(rec["user"])
+            if int(rec["state"]) not in (abi.TAG_GUARD_LIVE, abi.TAG_GUARD_FREED, abi.TAG_GUARD_BUSY) or \
+                    not lo + abi.TAG_GUARD_PAGE + abi.TAG_SIZE <= user < hi:
+                continue
+            tag = user - abi.TAG_SIZE
+            copy = rec["tag"]
+            found = [(int(copy["alloc_stack"]) | int(copy["alloc_time"]) << 32, int(copy["bits"]))]
+            try:
+                t = np.frombuffer(self.mem.read(tag, abi.TAG_SIZE), "<u8")
+                found.insert(0, (int(t[0]), int(t[1])))
+            except CoreReadError:
+                pass
+            for st, bits in found:
+                if _tag_ok1(tag, st, bits, self.control.secret):
+                    size = (bits >> abi.TAG_SIZE_SHIFT) & abi.TAG_SIZE_FIELD
+                    if size == abi.TAG_SIZE_BIG:  # right-aligned: at most to the slot's end
+                        slot_end = lo + abi.TAG_GUARD_PAGE + ((user - lo - abi.TAG_GUARD_PAGE) // step + 1) * step \
+                            - abi.TAG_GUARD_PAGE
+                        size = slot_end - user
+                    rows.append((tag, st, bits, size))
+                    break
+        if not rows:
+            return _empty()
+        a = np.array(rows, dtype=np.uint64).reshape(-1, 4)
+        return _entries(a[:, 0], a[:, 1], a[:, 2], a[:, 3], np.ones(len(a), np.bool_))
+
+    def _where(self) -> str:
+        return getattr(self.mem, "name", "memory")
 
     def _attach_free_records(self, index: dict[str, np.ndarray]) -> None:
         """Fill the free_* fields of the freed blocks from the rings' entries
@@ -157,76 +350,6 @@ class Heap:
         index["free_tid"][i] = e["free_tid"]
         index["free_time"][i] = e["free_time"]
         index["free_ok"][i] = True
-
-    def _scan_region(self, region: Region) -> dict[str, np.ndarray] | None:
-        arr = region.array
-        n16 = len(arr) // 16
-        if n16 < 3:
-            return None
-        u64 = arr[: n16 * 16].view("<u8")
-        words32 = u64.view("<u4")
-        # rows[k] = the 32 bytes of a tag at slot k.  Overlapping rows: one
-        # fancy index gathers every candidate at once.
-        rows = np.lib.stride_tricks.as_strided(u64, shape=(n16 - 1, 4), strides=(16, 8), writeable=False)
-        parts = []
-        for lo in range(0, n16 - 1, _GATHER_SLOTS):
-            hi = min(lo + _GATHER_SLOTS, n16 - 1)
-            ks = [
-                np.flatnonzero(words32[c * 4 : min(c + _MAGIC_SLOTS, hi) * 4 : 4] == abi.TAG_MAGIC) + c
-                for c in range(lo, hi, _MAGIC_SLOTS)
-            ]
-            k = np.concatenate(ks)
-            if len(k):
-                part = self._validate(region.start, len(u64) * 8, k, rows[k])
-                if part is not None:
-                    parts.append(part)
-        if not parts:
-            return None
-        index = {key: np.concatenate([p[key] for p in parts]) for key in _INDEX_FIELDS}
-        self._attach_free_records(index)  # before overlaps: the newer freed tag wins
-        keep = _resolve_overlaps(index)
-        if keep is not None:
-            index = {key: v[keep] for key, v in index.items()}
-        return index
-
-    def _validate(self, base: int, length: int, k: np.ndarray, g: np.ndarray) -> dict[str, np.ndarray] | None:
-        """The index entries of the candidates at 16-byte slots k of a region at
-        base (length bytes), whose tags are g (m x 4 words).  Free records
-        are filled in later, from the quarantine rings."""
-        off = k.astype(np.uint64) << np.uint64(4)
-        tag_addr = off + np.uint64(base)
-        g32 = g.view("<u4")  # m x 8: magic, check, size_state (2), stack, tid, time, pad
-        size_state = g[:, 1]
-        ok = g32[:, 1] == abi.np_tag_check(tag_addr, self.control.secret, size_state, g[:, 2], g[:, 3])
-        # bits 48..55 the state; 56..60 flags and the alloc kind; 61..63 must be 0
-        state64 = (size_state & ~np.uint64(abi.TAG_FLAG_BITS)) >> np.uint64(abi.TAG_STATE_SHIFT)
-        ok &= (state64 == abi.TAG_STATE_LIVE) | (state64 == abi.TAG_STATE_FREED)
-        size = size_state & np.uint64(abi.TAG_SIZE_MASK)
-        room = np.uint64(length - abi.TAG_SIZE) - off  # payload bytes left in the region
-        ok &= np.maximum(size, np.uint64(abi.TAG_MIN_PAYLOAD)) <= room
-        sel = np.flatnonzero(ok)
-        if not len(sel):
-            return None
-        if len(sel) < len(ok):  # usually every candidate is a tag: no second copy then
-            g32, tag_addr, size, state64, size_state = (
-                g32[sel], tag_addr[sel], size[sel], state64[sel], size_state[sel])
-        n = len(size)
-        zero32 = np.zeros(n, np.uint32)
-        return {
-            "start": tag_addr + np.uint64(abi.TAG_SIZE),
-            "size": size,
-            "state": state64.astype(np.uint8),
-            "tid": g32[:, 5].copy(),
-            "alloc_time": g32[:, 6].copy(),
-            "alloc_stack": g32[:, 4].copy(),
-            "free_stack": zero32,
-            "free_tid": zero32.copy(),
-            "free_time": zero32.copy(),
-            "free_ok": np.zeros(n, np.bool_),
-            "alloc_kind": ((size_state >> np.uint64(abi.TAG_ALLOC_SHIFT)) & np.uint64(abi.TAG_ALLOC_MASK)
-                           ).astype(np.uint8),
-            "guarded": (size_state & np.uint64(abi.TAG_FLAG_GUARDED)) != 0,
-        }
 
     def _smashed_canaries(self) -> np.ndarray:
         """Indexes of the live blocks whose canary is smashed.
@@ -441,55 +564,57 @@ class Heap:
         return [(int(ids[j]), int(counts[ids[j]]), int(nbytes[ids[j]])) for j in order]
 
 
-def _resolve_overlaps(index: dict[str, np.ndarray]) -> np.ndarray | None:
-    """Keep-mask after dropping stale tags (None when nothing overlaps).
-
-    Candidates are sorted by address.  Only clusters of candidates whose tags
-    fall inside an earlier candidate's extent are resolved one by one, so the
-    per-candidate Python work is limited to the (rare) overlaps.
-    """
-    start = index["start"].view(np.int64)  # user addresses are < 2^63
-    n = len(start)
-    if n < 2:
-        return None
-    tag = start - abi.TAG_SIZE
-    size = index["size"].view(np.int64)
-    end = start + np.maximum(size + abi.TAG_CANARY_SIZE, abi.TAG_MIN_PAYLOAD)
-    conflict = np.zeros(n, dtype=bool)
-    conflict[1:] = tag[1:] < np.maximum.accumulate(end)[:-1]
-    if not conflict.any():
-        return None
-    keep = np.ones(n, dtype=bool)
-    cluster_starts = np.flatnonzero(~conflict)
-    bounds = np.append(cluster_starts, n)
-    first_of = np.unique(cluster_starts[np.searchsorted(cluster_starts, np.flatnonzero(conflict), "right") - 1])
-    state, ftime, atime = index["state"], index["free_time"], index["alloc_time"]
-    for s in first_of.tolist():
-        e = int(bounds[np.searchsorted(bounds, s, "right")])
-        accepted: list[int] = []
-        for i in range(s, e):
-            if accepted and tag[i] < end[accepted[-1]]:
-                j = accepted[-1]
-                if _newer(i, j, state, ftime, atime):
-                    keep[j] = False
-                    accepted[-1] = i
-                else:
-                    keep[i] = False
-            else:
-                accepted.append(i)
-    return keep
+def _empty() -> dict[str, np.ndarray]:
+    return {k: np.empty(0, dt) for k, dt in _INDEX_FIELDS.items()}
 
 
-def _newer(i: int, j: int, state: np.ndarray, ftime: np.ndarray, atime: np.ndarray) -> bool:
-    """Does candidate i (inside j's extent) replace j?  A live tag is never
-    stale; between two freed tags the later-freed (then later-allocated) is
-    the current one; two live tags cannot overlap, keep the outer one."""
-    li, lj = state[i] == abi.TAG_STATE_LIVE, state[j] == abi.TAG_STATE_LIVE
-    if li != lj:
-        return bool(li)
-    if li:
-        return False
-    return (int(ftime[i]), int(atime[i])) > (int(ftime[j]), int(atime[j]))
+def _check_ok(tag: np.ndarray, stack_time: np.ndarray, bits: np.ndarray, secret: int) -> np.ndarray:
+    """Which tags' (or forward records') check validates over their address."""
+    check = (bits & np.uint64(abi.TAG_CHECK_MASK)).astype(np.uint16)
+    return check == abi.np_tag_check(tag, secret, bits, stack_time)
+
+
+def _tag_ok(tag: np.ndarray, stack_time: np.ndarray, bits: np.ndarray, secret: int) -> np.ndarray:
+    """Which tags validate: their check over their address, and state live or freed."""
+    state = (bits >> np.uint64(abi.TAG_STATE_SHIFT)) & np.uint64(abi.TAG_STATE_MASK)
+    return _check_ok(tag, stack_time, bits, secret) & (
+        (state == abi.TAG_STATE_LIVE) | (state == abi.TAG_STATE_FREED))
+
+
+_BLOCK_STATES = (abi.TAG_STATE_LIVE, abi.TAG_STATE_FREED)
+
+
+def _tag_ok1(tag: int, stack_time: int, bits: int, secret: int, states: tuple[int, ...] = _BLOCK_STATES) -> bool:
+    """One tag (or forward record: states (FORWARD,)) validates: its state, its check."""
+    state = (bits >> abi.TAG_STATE_SHIFT) & abi.TAG_STATE_MASK
+    want = abi.tag_check_fields(tag, secret, bits & ~abi.TAG_CHECK_MASK, stack_time & 0xFFFFFFFF, stack_time >> 32)
+    return state in states and bits & abi.TAG_CHECK_MASK == want
+
+
+def _entries(tag: np.ndarray, stack_time: np.ndarray, bits: np.ndarray, size: np.ndarray,
+             guarded: np.ndarray) -> dict[str, np.ndarray]:
+    """Index entries of validated tags (free records are attached later)."""
+    n = len(tag)
+    zero32 = np.zeros(n, np.uint32)
+    return {
+        "start": tag + np.uint64(abi.TAG_SIZE),
+        "size": size.astype(np.uint64),
+        "state": ((bits >> np.uint64(abi.TAG_STATE_SHIFT)) & np.uint64(abi.TAG_STATE_MASK)).astype(np.uint8),
+        "tid": ((bits >> np.uint64(abi.TAG_TID_SHIFT)) & np.uint64(abi.TAG_TID_MASK)).astype(np.uint32),
+        "alloc_time": (stack_time >> np.uint64(32)).astype(np.uint32),
+        "alloc_stack": (stack_time & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+        "free_stack": zero32,
+        "free_tid": zero32.copy(),
+        "free_time": zero32.copy(),
+        "free_ok": np.zeros(n, np.bool_),
+        "alloc_kind": ((bits >> np.uint64(abi.TAG_ALLOC_SHIFT)) & np.uint64(abi.TAG_ALLOC_MASK)).astype(np.uint8),
+        "guarded": guarded,
+    }
+
+
+def _addrs(addrs: list[int]) -> str:
+    shown = ", ".join(f"{a:#x}" for a in addrs[:5])
+    return shown + (f" and {len(addrs) - 5} more" if len(addrs) > 5 else "")
 
 
 __all__ = ["CACHE_VERSION", "Heap", "Progress", "Totals"]

@@ -98,8 +98,11 @@ def _offset_by_building(struct, dotted):
 # ---------------------------------------------------------------------- probe --
 
 CONSTANTS = [
-    "TAG_ABI_VERSION", "TAG_MAGIC", "TAG_MIN_PAYLOAD", "TAG_CANARY_SIZE", "TAG_FREE_PATTERN",
-    "TAG_SIZE_MASK", "TAG_STATE_SHIFT", "TAG_FLAG_REPORTED", "TAG_ALLOC_SHIFT", "TAG_ALLOC_MASK",
+    "TAG_ABI_VERSION", "TAG_MIN_PAYLOAD", "TAG_CANARY_SIZE", "TAG_FREE_PATTERN",
+    "TAG_CHECK_MASK", "TAG_TID_SHIFT", "TAG_TID_MASK", "TAG_SIZE_SHIFT", "TAG_SIZE_FIELD", "TAG_SIZE_BIG",
+    "TAG_STATE_SHIFT", "TAG_STATE_MASK", "TAG_FLAG_REPORTED", "TAG_ALLOC_SHIFT", "TAG_ALLOC_MASK",
+    "TAG_STATE_NONE", "TAG_STATE_FORWARD", "TAG_HEAP_SLICE", "TAG_SPAN_FREE", "TAG_SPAN_SMALL",
+    "TAG_SPAN_LARGE",
     "TAG_ALLOC_MALLOC", "TAG_ALLOC_NEW", "TAG_ALLOC_NEW_ARRAY", "TAG_ALLOC_NEW_ALIGNED",
     "TAG_ALLOC_NEW_ARRAY_ALIGNED", "TAG_STATE_LIVE", "TAG_STATE_FREED", "TAG_MIX1", "TAG_MIX2",
     "TAG_FREE_SALT", "TAG_FRAME_CALL", "TAG_FRAME_ENTRY", "TAG_FRAME_SIGNAL", "TAG_FRAME_LOST", "TAG_SHADOW_MAX", "TAG_THREAD_EXITED",
@@ -107,16 +110,17 @@ CONSTANTS = [
     "TAG_REASON_CRASH", "TAG_REASON_EXIT", "TAG_ANOMALY_NONE", "TAG_ANOMALY_DOUBLE_FREE", "TAG_ANOMALY_INVALID_FREE",
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
     "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
-    "TAG_FLAG_GUARDED", "TAG_GUARD_PAGE", "TAG_GUARD_PATTERN", "TAG_GUARD_EMPTY", "TAG_GUARD_LIVE",
+    "TAG_GUARD_PAGE", "TAG_GUARD_PATTERN", "TAG_GUARD_EMPTY", "TAG_GUARD_LIVE",
     "TAG_GUARD_FREED", "TAG_GUARD_BUSY",
 ]  # fmt: skip
 
-# (tag_addr, secret, size_state, alloc_stack, alloc_tid, alloc_time, pad, free_stack, free_tid, free_time)
+# (tag_addr, secret, tid, size, state, kind, alloc_stack, alloc_time, free_stack, free_tid, free_time)
 CHECK_INPUTS = [
-    (0x55D0C0A01280, 0x0123456789ABCDEF, 24 | 1 << 48, 7, 4242, 13, 0, 9, 4243, 250),
-    (0x7F3A2C000010, 0xFFFFFFFFFFFFFFFF, 0 | 2 << 48, 0, 1, 0, 0, 0, 1, 0),
-    (0x10, 0x9E3779B97F4A7C15, 0xFFFFFFFFFFFF | 1 << 48, 0xFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFF0, 1, 2, 3),
-    (0xFFFFFFFFFFFFFFE0, 1, 4096 | 2 << 48, 123456, 99, 4000000000, 16, 77, 100, 4000000001),
+    (0x55D0C0A01280, 0x0123456789ABCDEF, 4242, 24, 1, 0, 7, 13, 9, 4243, 250),
+    (0x7F3A2C000010, 0xFFFFFFFFFFFFFFFF, 1, 0, 2, 1, 0, 0, 0, 1, 0),
+    (0x10, 0x9E3779B97F4A7C15, 0x3FFFFF, 0xFFFFF, 1, 4, 0xFFFFFFF, 0xFFFFFFFF, 1, 2, 3),
+    (0xFFFFFFFFFFFFFFE0, 1, 99, 4096, 2, 2, 123456, 4000000000, 77, 100, 4000000001),
+    (0x7F3A2C000100, 0x5A5A5A5A5A5A5A5A, 4243, 1 << 30, 3, 7, 64, 17, 0, 0, 0),  # size above TAG_SIZE_BIG
 ]  # fmt: skip
 
 
@@ -140,15 +144,17 @@ def _probe_source() -> str:
     lines.append('  printf("const TAG_CONTROL_MAGIC %s\\n", TAG_CONTROL_MAGIC);')
     for reg in REG_NAMES:
         lines.append(f'  printf("reg {reg} %zu\\n", offsetof(struct user_regs_struct, {reg}));')
-    for n, (addr, secret, ss, ast, atid, atime, pad, fst, ftid, ftime) in enumerate(CHECK_INPUTS):
+    for n, (addr, secret, tid, size, state, kind, ast, atime, fst, ftid, ftime) in enumerate(CHECK_INPUTS):
         lines += [
             "  {",
-            f"    struct libtag_tag t = {{ .magic = TAG_MAGIC, .size_state = {ss}ull, .alloc_stack = {ast}u,"
-            f" .alloc_tid = {atid}u, .alloc_time = {atime}u, .pad = {pad}u }};",
+            f"    struct libtag_tag t = {{ .alloc_stack = {ast}u, .alloc_time = {atime}u,"
+            f" .bits = tag_bits({tid}u, {size}ull, {state}u, {kind}u) | 0xbeefu }};",
             f"    struct libtag_free_rec f = {{ .free_stack = {fst}u, .free_tid = {ftid}u, .free_time = {ftime}u }};",
-            f'    printf("check {n} %u %u %llu\\n", tag_check_value({addr}ull, {secret}ull, &t),',
+            f'    printf("check {n} %u %u %llu %llu %u %u %u %u %u\\n", tag_check_value({addr}ull, {secret}ull, &t),',
             f"           free_rec_check_value({addr}ull, {secret}ull, &f),",
-            f"           (unsigned long long)tag_canary_value({addr}ull, {secret}ull));",
+            f"           (unsigned long long)tag_canary_value({addr}ull, {secret}ull),",
+            "           (unsigned long long)t.bits, tag_check_of(&t), tag_tid_of(&t), tag_size_field(&t),",
+            "           tag_state_of(&t), tag_kind_of(&t));",
             "  }",
         ]
     lines += ["  return 0;", "}"]
@@ -202,16 +208,21 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 968
-    assert probe["field"][("libtag_control", "request_signal")] == (368, 4)
-    assert probe["field"][("libtag_control", "last")] == (392, 64)
-    assert probe["field"][("libtag_control", "dir")] == (456, 512)
-    assert probe["field"][("libtag_control", "stack_stats")] == (312, 8)
-    assert probe["field"][("libtag_control", "guard_pool")] == (320, 8)
+    assert probe["sizeof"]["libtag_control"] == 960
+    assert probe["field"][("libtag_control", "request_signal")] == (352, 4)
+    assert probe["field"][("libtag_control", "last")] == (376, 64)
+    assert probe["field"][("libtag_control", "heap")] == (440, 8)
+    assert probe["field"][("libtag_control", "dir")] == (448, 512)
+    assert probe["field"][("libtag_control", "stack_stats")] == (296, 8)
+    assert probe["field"][("libtag_control", "guard_pool")] == (304, 8)
     assert probe["sizeof"]["libtag_stack_stats"] == 32
-    assert probe["sizeof"]["libtag_guard_slot"] == 72
-    assert probe["field"][("libtag_control", "anomaly")] == (160, 96)
-    assert probe["field"][("libtag_control", "thread_state_bytes")] == (288, 4)
+    assert probe["sizeof"]["libtag_guard_slot"] == 56
+    assert probe["sizeof"]["libtag_tag"] == 16
+    assert probe["field"][("libtag_tag", "bits")] == (8, 8)
+    assert probe["sizeof"]["libtag_slice"] == 64
+    assert probe["sizeof"]["libtag_heap"] == 72
+    assert probe["field"][("libtag_control", "anomaly")] == (160, 80)
+    assert probe["field"][("libtag_control", "thread_state_bytes")] == (272, 4)
     assert probe["sizeof"]["libtag_quarantine_ring"] == abi.TAG_QUARANTINE_BYTES
     assert probe["field"][("libtag_control", "stack_nodes")] == (72, 8)
     assert probe["field"][("libtag_thread", "regs")] == (56, 8 * 27)
@@ -225,6 +236,8 @@ def test_numpy_dtypes_match_c(probe, cname):
         assert (dtype.fields[name][1], dtype.fields[name][0].itemsize) == probe["field"][(cname, name)]
     assert abi.STACK_NODE_DTYPE == abi.numpy_dtype(abi.StackNode)
     assert abi.THREAD_RECORD_DTYPE == abi.numpy_dtype(abi.ThreadRecord)
+    assert abi.TAG_DTYPE == abi.numpy_dtype(abi.Tag)
+    assert abi.SLICE_DTYPE == abi.numpy_dtype(abi.Slice)
 
 
 def test_flat_ring_entry_dtype_matches_c(probe):
@@ -294,45 +307,49 @@ def test_anomaly_and_reason_names():
 
 
 def test_check_values_match_c_scalar_and_vectorised(probe):
-    n = len(CHECK_INPUTS)
-    cols = list(zip(*CHECK_INPUTS, strict=True))
-    addr, secret = cols[0], cols[1]
+    # GIVEN tags built by tag_bits() in C (check bits set to 0xbeef, which the check ignores)
+    # WHEN the mirror builds the same bits word and computes every check value
+    # THEN bits, field accessors and check values equal C's, scalar and vectorised
     u64 = lambda xs: np.array(xs, dtype=np.uint64)  # noqa: E731
-    stack_tid = u64([tid << 32 | st for st, tid in zip(cols[3], cols[4], strict=True)])
-    time_pad = u64([pad << 32 | t for t, pad in zip(cols[5], cols[6], strict=True)])
-    free_word = u64([tid << 32 | st for st, tid in zip(cols[7], cols[8], strict=True)])
+    bits_all, stack_time_all = [], []
     with np.errstate(all="raise"):  # the vectorised functions must not warn on wrap-around
-        for i in range(n):
-            want_tag, want_free, want_canary = probe["check"][i]
-            tag = abi.Tag.parse(abi.Tag.build(dict(
-                magic=abi.TAG_MAGIC, check=0, size_state=cols[2][i], alloc_stack=cols[3][i],
-                alloc_tid=cols[4][i], alloc_time=cols[5][i], pad=cols[6][i])))
+        for i, (addr, secret, tid, size, state, kind, ast, atime, fst, ftid, ftime) in enumerate(CHECK_INPUTS):
+            (want_tag, want_free, want_canary, want_bits, want_chk, want_tid, want_size, want_state,
+             want_kind) = probe["check"][i]
+            bits = abi.tag_bits(tid, size, state, kind) | 0xBEEF
+            assert bits == want_bits
+            tag = abi.Tag.parse(abi.Tag.build(dict(alloc_stack=ast, alloc_time=atime, bits=bits)))
+            assert (abi.tag_check_of(tag), abi.tag_tid_of(tag), abi.tag_size_field(tag), abi.tag_state_of(tag),
+                    abi.tag_kind_of(tag)) == (want_chk, want_tid, want_size, want_state, want_kind)
             rec = abi.FreeRec.parse(abi.FreeRec.build(dict(
-                free_stack=cols[7][i], free_tid=cols[8][i], free_time=cols[9][i], check=0)))
-            assert abi.tag_check_value(addr[i], secret[i], tag) == want_tag
-            assert abi.free_rec_check_value(addr[i], secret[i], rec) == want_free
-            assert abi.tag_canary_value(addr[i], secret[i]) == want_canary
-            sl = slice(i, i + 1)
-            assert int(abi.np_tag_check(u64(addr[sl]), secret[i], u64(cols[2][sl]), stack_tid[sl],
-                                        time_pad[sl])[0]) == want_tag
-            assert int(abi.np_free_rec_check(u64(addr[sl]), secret[i], free_word[sl],
-                                             u64(cols[9][sl]))[0]) == want_free
-            assert int(abi.np_tag_canary(u64(addr[sl]), secret[i])[0]) == want_canary
+                free_stack=fst, free_tid=ftid, free_time=ftime, check=0)))
+            assert abi.tag_check_value(addr, secret, tag) == want_tag
+            assert abi.tag_check_fields(addr, secret, bits & ~0xFFFF, ast, atime) == want_tag
+            assert abi.free_rec_check_value(addr, secret, rec) == want_free
+            assert abi.tag_canary_value(addr, secret) == want_canary
+            stack_time = atime << 32 | ast
+            assert int(abi.np_tag_check(u64([addr]), secret, u64([bits]), u64([stack_time]))[0]) == want_tag
+            assert int(abi.np_free_rec_check(u64([addr]), secret, u64([ftid << 32 | fst]),
+                                             u64([ftime]))[0]) == want_free
+            assert int(abi.np_tag_canary(u64([addr]), secret)[0]) == want_canary
+            bits_all.append(bits)
+            stack_time_all.append(stack_time)
     # one secret, many tags at once: the array form equals the per-tag values
     s = CHECK_INPUTS[0][1]
-    got = abi.np_tag_check(u64(addr), s, u64(cols[2]), stack_tid, time_pad)
-    assert got.dtype == np.uint32
+    addr = [row[0] for row in CHECK_INPUTS]
+    got = abi.np_tag_check(u64(addr), s, u64(bits_all), u64(stack_time_all))
+    assert got.dtype == np.uint16
     assert got.tolist() == [
-        abi.tag_check_value(a, s, abi.Tag.parse(abi.Tag.build(dict(
-            magic=0, check=0, size_state=ss, alloc_stack=st, alloc_tid=tid, alloc_time=t, pad=p))))
-        for a, ss, st, tid, t, p in zip(addr, cols[2], cols[3], cols[4], cols[5], cols[6], strict=True)
+        abi.tag_check_fields(a, s, b & ~0xFFFF, st & 0xFFFFFFFF, st >> 32)
+        for a, b, st in zip(addr, bits_all, stack_time_all, strict=True)
     ]
 
 
 def test_probe_source_is_self_contained():
     # the probe names every mirrored field; a renamed field would not compile
     src = _probe_source()
-    assert "F(libtag_control, anomaly.tag.size_state);" in src
+    assert "F(libtag_control, anomaly.tag.bits);" in src
+    assert "F(libtag_slice, large_size);" in src
     assert "F(libtag_shadow, id);" in src
     assert "F(libtag_shadow, sp);" in src
     assert Path(libpath.include_dir(), "tag_abi.h").is_file()

@@ -4,10 +4,11 @@ GIVEN a libtag process image laid out by tests/fakes.py (tags, canaries,
 free records, the control block and stack table built with abi's Structs)
 WHEN forensics.reader.control.Control reads libtag's tables and
 forensics.reader.heap.Heap indexes the blocks over it
-THEN it finds exactly the blocks the rules say: stale tags inside a block
-are dropped (a live tag beats a freed one, the later-freed beats the
-earlier), tags that do not validate are not blocks, and every lie in
-libtag's tables is a warning and a partial answer.
+THEN it finds exactly the blocks the rules say: the blocks of the heap's
+spans (slots with a tag or a forward record, large spans with their exact
+size) and of the guard pool's slot records; tags that do not validate are
+not blocks, and every lie in libtag's tables is a warning and a partial
+answer.
 """
 
 from __future__ import annotations
@@ -83,64 +84,116 @@ def test_malloc_0_owns_its_start_address():
     assert heap.block_at(user + 1) is None
 
 
-@pytest.mark.parametrize("damage", ["check", "state", "high bits", "size past the region"])
+@pytest.mark.parametrize("damage", ["check", "stack", "state", "size past the span"])
 def test_a_tag_that_does_not_validate_is_not_a_block(damage):
-    proc = F.FakeProcess(heap_size=0x400)
+    # GIVEN a live block whose tag is damaged one way
+    proc = F.FakeProcess(heap_size=0x10000)
     proc.block(0x40, size=24)
-    size_state = 24 | abi.TAG_STATE_LIVE << abi.TAG_STATE_SHIFT
     if damage == "check":
-        proc.put(0x44, b"\0\0\0\0")
-    elif damage == "state":
-        proc.put(0x48, (24 | 3 << abi.TAG_STATE_SHIFT).to_bytes(8, "little"))
-    elif damage == "high bits":
-        proc.put(0x48, (size_state | 1 << 60).to_bytes(8, "little"))
-    else:
-        proc.block(0x40, size=0x400)  # a valid check, but the heap mapping ends first
+        proc.put(0x48, b"\0\0")  # the check, bits 0..15
+    elif damage == "stack":
+        proc.put(0x40, (99).to_bytes(4, "little"))  # a field the check covers
+    elif damage == "state":  # a forward record over itself: the state is covered too
+        bits = int.from_bytes(proc.heap[0x48:0x50], "little") | abi.TAG_STATE_FORWARD << abi.TAG_STATE_SHIFT
+        proc.put(0x48, bits.to_bytes(8, "little"))
+    else:  # a valid check, but the block would end past its span
+        proc.block(0xFF00, size=0x200, canary=False)
+        proc.put(0x40, bytes(16))
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN no block is found, and nothing is said of it
+    assert (len(heap), heap.warnings) == (0, [])
+
+
+# ---------------------------------------------------------------- walk --
+
+
+def test_the_walk_reads_live_freed_free_and_forwarded_slots_of_a_small_span():
+    # GIVEN a small span (slots of 0x40 bytes) whose slot 1 is live, slot 2
+    # freed, slot 3 free (state NONE, a link in its first word) and slot 4 an
+    # aligned block: a forward record, its tag 0x20 bytes on
+    proc = F.FakeProcess()
+    live = proc.block(0x40, size=24, tid=7, stack=3, time=11)
+    freed = proc.block(0x80, size=16, tid=8, freed=(5, 9, 700), time=12)
+    proc.put(0xC0, (0x5555001234560).to_bytes(8, "little") + bytes(8))
+    aligned = proc.block(0x100, size=8, tid=9, stack=4, time=13, pad=0x20, kind=abi.TAG_ALLOC_NEW_ALIGNED)
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN exactly the three blocks, with their tags' fields
+    got = [(b.start, b.size, b.state, b.thread, b.alloc_stack, b.alloc_time_ms, b.alloc_kind, b.tag_addr,
+            b.free_thread, b.guarded) for b in heap.blocks()]
+    assert got == [
+        (F.HEAP + 0x50, 24, "live", 7, 3, 11, "malloc", F.HEAP + 0x40, None, False),
+        (F.HEAP + 0x90, 16, "freed", 8, 0, 12, "malloc", F.HEAP + 0x80, 9, False),
+        (F.HEAP + 0x130, 8, "live", 9, 4, 13, "new-aligned", F.HEAP + 0x120, None, False),
+    ]
+    assert [live, freed, aligned] == [F.HEAP + 0x50, F.HEAP + 0x90, F.HEAP + 0x130]
+    assert heap.warnings == []
+
+
+def test_a_forward_record_that_does_not_validate_leads_nowhere():
+    # GIVEN an aligned block whose forward record's pad was overwritten
+    proc = F.FakeProcess()
+    proc.block(0x100, size=8, pad=0x20)
+    proc.put(0x100, (0x30).to_bytes(4, "little"))
+    # WHEN the heap is walked  THEN the block is not found
     assert len(heap_of(proc)) == 0
 
 
-# ------------------------------------------------------------ overlaps --
+def test_a_large_span_gives_its_block_with_the_exact_size_from_the_span_entry():
+    # GIVEN a large span (slice 1) whose block's tag says TAG_SIZE_BIG, and
+    # whose entry says the block is 0x123456 bytes
+    proc = F.FakeProcess(heap_size=0x10000 * 2)
+    slot = 0x10000 + 0x40  # block_off 0x40
+    proc.put(slot, F.tag_bytes(F.HEAP + slot, 6, 77, abi.tag_bits(12, 0x123456, abi.TAG_STATE_LIVE)))
+    proc.heap_fields["slice"] = dict(slices=1, carved=16)  # the small span is slice 0 only (slots of 0x1000)
+    proc.heap_fields["more_slices"] = [dict(F._zero(abi.Slice), first_off=0, slices=40, kind=abi.TAG_SPAN_LARGE,
+                                            block_off=0x40, large_size=0x123456)]
+    proc.heap_fields["heap"] = dict(used=2, slices_max=41)
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN the block has the span's size
+    (b,) = heap.blocks()
+    assert (b.start, b.size, b.state, b.thread, b.alloc_stack, b.alloc_time_ms) == (
+        F.HEAP + slot + 16, 0x123456, "live", 12, 6, 77)
+    assert heap.warnings == []
 
 
-def test_a_stale_freed_tag_inside_a_live_block_is_dropped():
-    # GIVEN a live block whose payload still holds an old freed block's tag
+def test_a_guarded_block_is_found_from_its_slot_record():
+    # GIVEN a live guarded block, and a freed one whose slot is not in the
+    # memory (a kernel's core): only the slot record's tag copy tells of it
     proc = F.FakeProcess()
-    proc.block(0x100, size=16, freed=(0, 1, 5))
-    outer = proc.block(0xC0, size=0x80)  # written after: its tag is before, its payload covers 0x100
-    # THEN only the live block is there
-    assert starts(heap_of(proc)) == [outer]
+    live = proc.guard_block(40, tid=5, stack=2, time=30)
+    freed = proc.guard_block(100, tid=6, time=31, freed=(0, 6, 40), readable=False)
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN both are blocks, guarded, with their tags' fields and the free record
+    got = [(b.start, b.size, b.state, b.thread, b.alloc_time_ms, b.guarded, b.free_thread, b.free_time_ms)
+           for b in heap.blocks()]
+    assert got == [(F.GUARD_POOL + 0x1000 + 0x1000 - 48, 40, "live", 5, 30, True, None, None),
+                   (F.GUARD_POOL + 0x3000 + 0x1000 - 112, 100, "freed", 6, 31, True, 6, 40)]
+    assert [live, freed] == [got[0][0], got[1][0]]
+    assert heap.warnings == []
 
 
-def test_a_live_tag_inside_a_freed_block_wins():
-    # GIVEN a freed block's extent with a live block inside it (the memory
-    # was handed out again after libtag let the freed one go)
+def test_an_unreadable_span_is_a_warning_and_the_walk_goes_on():
+    # GIVEN a heap of two spans, the second (slice 1) not in the memory
     proc = F.FakeProcess()
-    proc.block(0xC0, size=0x80, freed=(0, 1, 5))
-    inner = proc.block(0x100, size=16)
-    assert starts(heap_of(proc)) == [inner]
-
-
-def test_between_two_freed_tags_the_later_freed_wins():
-    proc = F.FakeProcess()
-    proc.block(0xC0, size=0x80, freed=(0, 1, 50), time=1)
-    newer = proc.block(0x100, size=16, freed=(0, 1, 60), time=2)
-    assert starts(heap_of(proc)) == [newer]
-    proc = F.FakeProcess()
-    older_outer = proc.block(0xC0, size=0x80, freed=(0, 1, 60), time=1)
-    proc.block(0x100, size=16, freed=(0, 1, 50), time=2)
-    assert starts(heap_of(proc)) == [older_outer]
-
-
-def test_freed_tags_freed_in_the_same_tick_are_ordered_by_allocation_time():
-    proc = F.FakeProcess()
-    proc.block(0xC0, size=0x80, freed=(0, 1, 60), time=1)
-    later = proc.block(0x100, size=16, freed=(0, 1, 60), time=9)
-    assert starts(heap_of(proc)) == [later]
+    user = proc.block(0x40, size=24)
+    proc.heap_fields["more_slices"] = [dict(F._zero(abi.Slice), first_off=0, slices=1, kind=abi.TAG_SPAN_SMALL,
+                                            block_size=0x40, capacity=1024, carved=3)]
+    proc.heap_fields["heap"] = dict(used=2, slices_max=2)
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN the first span's block is there, and the second span is a warning
+    assert starts(heap) == [user]
+    assert heap.warnings == [f"libtag's heap: 1 spans are not readable in fake memory, their blocks are "
+                             f"not read: {F.HEAP + 0x10000:#x}"]
 
 
 def test_blocks_side_by_side_do_not_overlap():
     proc = F.FakeProcess()
-    a = proc.block(0x40, size=24)  # tag 0x40-0x60, payload to 0x78, canary to 0x80
+    a = proc.block(0x40, size=24)  # tag 0x40-0x50, payload to 0x68, canary to 0x70
     b = proc.block(0x80, size=24)
     c = proc.block(0xC0, size=8, freed=(0, 1, 1))  # payload at least TAG_MIN_PAYLOAD
     heap = heap_of(proc)
@@ -220,24 +273,28 @@ def test_memory_without_libtag_says_so():
         Control(mem)
 
 
-def test_another_abi_version_is_refused_by_name():
+@pytest.mark.parametrize("version", [3, abi.TAG_ABI_VERSION + 1])  # 3: a core of the 32-byte tag
+def test_another_abi_version_is_refused_by_name(version):
     proc = F.FakeProcess()
     mem = proc.memory()
     libtag = mem.regions()[-1] if mem.regions()[-1].path == "/fake/libtag.so" else next(
         r for r in mem.regions() if r.path == "/fake/libtag.so")
     raw = bytearray(libtag.array.tobytes())
     offset = 0x100 + abi.field_offsets(abi.Control)["abi_version"]
-    raw[offset:offset + 4] = (abi.TAG_ABI_VERSION + 1).to_bytes(4, "little")
+    raw[offset:offset + 4] = version.to_bytes(4, "little")
     other = F.FakeMemory([(r.start, raw if r is libtag else r.array.tobytes(), r.writable, r.path)
                           for r in mem.regions()])
-    with pytest.raises(abi.AbiVersionError, match=f"has ABI version {abi.TAG_ABI_VERSION + 1}"):
+    with pytest.raises(abi.AbiVersionError) as exc:
         Control(other)
+    assert str(exc.value) == (
+        f"libtag control block at {F.LIBTAG_DATA + 0x100:#x} in fake memory has ABI version {version}, this "
+        f"forensics reads version 4: use the forensics that matches the libtag the process ran with")
 
 
 def test_the_anomaly_is_read_from_the_control_block_copy_of_the_tag():
     proc = F.FakeProcess(reason=abi.TAG_REASON_ANOMALY)
     user = proc.block(0x40, size=24, freed=(3, 8, 90))
-    tag = abi.Tag.parse(bytes(proc.heap[0x40:0x60]))
+    tag = abi.Tag.parse(bytes(proc.heap[0x40:0x50]))
     rec = proc.ring[0]["rec"]  # libtag copies the ring entry's record into the anomaly
     proc.anomaly = dict(kind=abi.TAG_ANOMALY_DOUBLE_FREE, tid=8, address=user, block=user, stack=3, time=95,
                         tag=dict(tag), free_rec=dict(rec))

@@ -193,8 +193,8 @@ def damaged_double_free() -> tuple[F.FakeProcess, int]:
     proc = F.FakeProcess()
     b = proc.block(0x40, size=32, freed=(0, 7, 50))
     proc.record_anomaly(abi.TAG_ANOMALY_DOUBLE_FREE, b)
-    proc.anomaly["tag"]["check"] ^= 1
-    proc.put(0x44, b"\0\0\0\0")
+    proc.anomaly["tag"]["bits"] ^= 1  # its check
+    proc.put(0x48, b"\0\0")  # and the tag in memory
     return proc, b
 
 

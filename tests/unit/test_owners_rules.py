@@ -16,6 +16,7 @@ import pytest
 
 from forensics.answers import owners
 from forensics.errors import NotFoundError
+from forensics.reader import abi
 
 PROGRAM_SYMBOLS = dict(data=[(F.PROGRAM, F.GLOBALS, 16, "registry", ".bss"),
                              (F.PROGRAM, F.GLOBALS + 0x40, 8, "cache", ".data")])
@@ -50,7 +51,7 @@ def test_a_freed_block_written_after_its_free_says_where_and_what():
     # GIVEN a freed block whose pattern a dangling pointer overwrote at offset 8
     proc = F.FakeProcess()
     b = proc.block(0x40, size=32, freed=(0, 7, 50))
-    proc.put(0x40 + 32 + 8, b"ABCD")
+    proc.put(0x40 + abi.TAG_SIZE + 8, b"ABCD")
     # WHEN whoowns is asked about its start
     doc = doc_of(proc, b)
     # THEN the note and use_after_free name the first damaged byte and the bytes

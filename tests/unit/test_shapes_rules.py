@@ -96,9 +96,7 @@ def test_the_alloc_kind_comes_from_the_tag():
     proc = F.FakeProcess()
     b = proc.block(0x40, size=16)
     # set the tag's allocation kind to new[] and recompute its check, as libtag writes it
-    tag = dict(abi.Tag.parse(bytes(proc.heap[0x40:0x60])))
-    tag["size_state"] |= abi.TAG_ALLOC_NEW_ARRAY << abi.TAG_ALLOC_SHIFT
-    tag["check"] = abi.tag_check_value(F.HEAP + 0x40, F.SECRET, abi.Tag.parse(abi.Tag.build(tag)))
-    proc.put(0x40, abi.Tag.build(tag))
+    proc.put(0x40, F.tag_bytes(F.HEAP + 0x40, 0, 0, abi.tag_bits(F.MAIN_TID, 16, abi.TAG_STATE_LIVE,
+                                                                 abi.TAG_ALLOC_NEW_ARRAY)))
     dump = F.dump(proc)
     assert block_json(dump.heap.block_at(b), dump)["alloc_kind"] == "new[]"

@@ -378,11 +378,9 @@ struct libtag_heap {
  * when the block is freed.  The pages of a slot below the tag's page hold
  * zeros or what an earlier block of the slot left (never a tag: the tag
  * of a slot's earlier block is cleared when the slot is reused).  A freed
- * guarded block's pages are given back to the kernel (they read as zeros
- * once readable again): its tag (state freed) is in its slot record's
- * copy, and its free record in the slot record too, not in a quarantine
- * ring.  A reader takes a guarded block's tag from memory when it
- * validates there, else from the slot record.
+ * guarded block keeps its tag (state freed) and
+ * its patterned payload, as a quarantined one does; its free record is in
+ * its slot record (struct libtag_guard_slot), not in a quarantine ring.
  *
  * A snapshot core holds the whole pool readable (the snapshot child opens
  * it before the core is written); other cores (the kernel's core of a

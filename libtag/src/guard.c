@@ -585,10 +585,6 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
             madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);  /* stays open */
         } else {
             mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
-            /* and its pages go back: a pool of freed slots held a page or
-             * two each (lua binary_trees: 0.9 MB of its 14 MB).  The slot
-             * record keeps the tag; a fault here still faults. */
-            madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
         }
         if (where[i] == SLOT_OUT)
             enqueue_held(i);  /* else reusable when it leaves the window */

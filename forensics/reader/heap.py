@@ -497,11 +497,23 @@ class Heap:
         lo = block.start - region.start
         if lo + n > len(arr):
             return None  # the region's bytes are not all in this memory
+        if block.guarded and not self._tag_in_memory(arr, lo - abi.TAG_SIZE, block.start - abi.TAG_SIZE):
+            # a freed guarded block whose slot libtag gave back (out of the
+            # window: its pages read as zeros) holds no pattern to check;
+            # only its slot record knows it
+            return None
         bad = np.flatnonzero(arr[lo:lo + n] != abi.TAG_FREE_PATTERN)
         if not len(bad):
             return None
         off = int(bad[0])
         return off, self.control.written("use-after-free", block.start + off, block, None)
+
+    def _tag_in_memory(self, arr: np.ndarray, lo: int, tag: int) -> bool:
+        """Does a valid tag sit at offset lo of arr (the tag address tag)?"""
+        if lo < 0 or lo + abi.TAG_SIZE > len(arr):
+            return False
+        st, bits = (int(w) for w in arr[lo:lo + abi.TAG_SIZE].view("<u8"))
+        return _tag_ok1(tag, st, bits, self.control.secret)
 
     def latent_uaf(self) -> list[tuple[Block, int, bytes | None]]:
         """Every freed block written after its free, by address, with what

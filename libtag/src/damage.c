@@ -99,7 +99,8 @@ int _tag_recover(uint64_t tag_addr, struct libtag_tag *t)
         tried |= 1ull << hi;
         for (uint32_t state = TAG_STATE_LIVE; state <= TAG_STATE_FREED; state++)
             for (uint32_t kind = 0; kind <= TAG_ALLOC_NEW_ARRAY_ALIGNED; kind++)
-                for (uint64_t rep = 0; rep <= TAG_FLAG_REPORTED; rep += TAG_FLAG_REPORTED) {
+                for (uint64_t r2 = 0; r2 < 2; r2++) {
+                    uint64_t rep = r2 ? TAG_FLAG_REPORTED : 0;
                     struct libtag_tag c = *t;
                     c.bits = low | (uint64_t)hi << 32 | sz << TAG_SIZE_SHIFT |
                              (uint64_t)state << TAG_STATE_SHIFT | (uint64_t)kind << TAG_ALLOC_SHIFT |

@@ -524,10 +524,14 @@ TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t 
         _tag_write_big(addr, size);
     if (TAG_UNLIKELY(pad != 0))
         _tag_write_forward(addr, pad);
-    _tag_store(t, tag_bits(tid, size, TAG_STATE_LIVE, kind), stack, now);
-    TAG_ASSERT(tag_check_of(t) == tag_check_value(addr, _tag_ctl.secret, t));
+    /* the canary first: a snapshot that stops this thread between the two
+     * sees no block yet, or the block whole (a tag without its canary
+     * would read as an overflow) */
     uint64_t canary = tag_canary_value(addr, _tag_ctl.secret);
     memcpy((char *)user + size, &canary, sizeof canary);
+    __atomic_signal_fence(__ATOMIC_RELEASE);
+    _tag_store(t, tag_bits(tid, size, TAG_STATE_LIVE, kind), stack, now);
+    TAG_ASSERT(tag_check_of(t) == tag_check_value(addr, _tag_ctl.secret, t));
 }
 /* Set bits of the tag's bits word (TAG_FLAG_REPORTED, an alloc kind) and
  * keep the check value in step. */

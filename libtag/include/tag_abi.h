@@ -137,13 +137,29 @@ struct libtag_free_rec {
 /* The formulas, of the fields' values (libtag computes them from the values
  * it is about to store: a load of fields just stored waits for the stores).
  * bits is the tag's bits word without its check (bits 0..15 zero). */
-TAG_ABI_INLINE uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t bits,
-                                        uint32_t alloc_stack, uint32_t alloc_time)
+TAG_ABI_INLINE uint32_t tag_check_words(uint64_t tag_addr, uint64_t secret, uint64_t bits,
+                                       uint64_t stack_time)
 {
     uint64_t h = tag_addr ^ secret;
     h = (h ^ bits) * TAG_MIX1;
-    h = (h ^ ((uint64_t)alloc_time << 32 | alloc_stack)) * TAG_MIX2;
+    h = (h ^ stack_time) * TAG_MIX2;
     return (uint32_t)((h ^ (h >> 32)) >> 16) & 0xffffu;
+}
+
+/* The same, of the fields: stack_time is the tag's first 8 bytes read as
+ * one little-endian word (alloc_time above alloc_stack). */
+TAG_ABI_INLINE uint32_t tag_check_fields(uint64_t tag_addr, uint64_t secret, uint64_t bits,
+                                        uint32_t alloc_stack, uint32_t alloc_time)
+{
+    return tag_check_words(tag_addr, secret, bits, (uint64_t)alloc_time << 32 | alloc_stack);
+}
+
+/* A tag's first 8 bytes as that word: one load, not two. */
+TAG_ABI_INLINE uint64_t tag_stack_time(const struct libtag_tag *t)
+{
+    uint64_t w;
+    __builtin_memcpy(&w, t, sizeof w);
+    return w;
 }
 
 TAG_ABI_INLINE uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret,
@@ -159,8 +175,7 @@ TAG_ABI_INLINE uint32_t free_rec_check_fields(uint64_t tag_addr, uint64_t secret
 TAG_ABI_INLINE uint32_t tag_check_value(uint64_t tag_addr, uint64_t secret,
                                        const struct libtag_tag *t)
 {
-    return tag_check_fields(tag_addr, secret, t->bits & ~TAG_CHECK_MASK, t->alloc_stack,
-                            t->alloc_time);
+    return tag_check_words(tag_addr, secret, t->bits & ~TAG_CHECK_MASK, tag_stack_time(t));
 }
 
 /* The fields of a tag's bits word. */

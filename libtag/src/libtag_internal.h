@@ -506,7 +506,7 @@ TAG_INLINE void _tag_store(struct libtag_tag *t, uint64_t bits, uint32_t stack, 
     /* from the values, not the fields just stored: a load of fields just
      * stored waits for the stores (perf: 17 % of the quarantine's time sat
      * on such a load once) */
-    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits, stack, now);
+    t->bits = bits | tag_check_words((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits, w0);
 }
 /* The large-size and forward-record halves of _tag_write_live (tag.c). */
 TAG_COLD void _tag_write_big(uint64_t tag_addr, uint64_t size);
@@ -703,8 +703,8 @@ TAG_INLINE void _tag_write_freed(void *user, uint64_t size)
     _tag_pattern_fill(user, _tag_fill_len(size));
     uint64_t bits = (t->bits & ~(TAG_CHECK_MASK | (uint64_t)TAG_STATE_MASK << TAG_STATE_SHIFT)) |
                     (uint64_t)TAG_STATE_FREED << TAG_STATE_SHIFT;
-    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
-                                      t->alloc_stack, t->alloc_time);
+    t->bits = bits | tag_check_words((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
+                                     tag_stack_time(t));
 }
 /* The offset of the first byte of a freed block's patterned payload that
  * no longer holds TAG_FREE_PATTERN, or TAG_INTACT.  The tag must be valid;

@@ -14,8 +14,8 @@ void _tag_set_bits(void *user, uint64_t clear, uint64_t set)
 {
     struct libtag_tag *t = _tag_of(user);
     uint64_t bits = (t->bits & ~(clear | TAG_CHECK_MASK)) | set;
-    t->bits = bits | tag_check_fields((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
-                                      t->alloc_stack, t->alloc_time);
+    t->bits = bits | tag_check_words((uint64_t)(uintptr_t)t, _tag_ctl.secret, bits,
+                                     tag_stack_time(t));
 }
 
 /* A block of 1 MiB or more lives alone in a large span (heap.c), whose

@@ -204,8 +204,9 @@ enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec, void
     /* 2: written from below, or a free slot (not a block) */
     struct libtag_tag found, t;
     memcpy(&found, (const void *)(uintptr_t)tag_addr, sizeof found);
-    if (found.bits == 0)
-        return TAG_DAMAGE_NONE;
+    if (found.bits == 0 || _tag_valid_at(tag_addr, &found))
+        return TAG_DAMAGE_NONE;  /* a free slot; or a tag another thread
+                                    was writing when the caller read it */
     t = found;
     int restored = _tag_recover(tag_addr, &t);
     struct libtag_free_rec frec;

@@ -147,6 +147,11 @@ void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
             t->recent[slot[i]] = NULL;  /* forget it */
             continue;
         }
+        if (tag_size_field(tag) == TAG_SIZE_BIG) {
+            /* its size is in its large span's entry, which another thread
+             * may be releasing as we look: its own free checks it */
+            continue;
+        }
         idx[m] = i;
         local[m] = (struct iovec){&canaries[m], sizeof canaries[m]};
         remote[m] = (struct iovec){(char *)which[i] + _tag_size_at(addr, tag), sizeof canaries[m]};

@@ -327,7 +327,7 @@ Control = Struct(
     "latent_uaf" / Int32ul,  # snapshot core: quarantined blocks found written after free
     "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
     "damaged_bytes" / Int64ul,
-    "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] by stack id; 0 = not recorded
+    "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] (dense, by stack_stats_slots); 0 = not recorded
     "guard_pool" / Int64ul,  # first byte of the guard pool, 0 = none
     "guard_pool_bytes" / Int64ul,
     "guard_slots" / Int64ul,  # struct libtag_guard_slot[guard_capacity] (libtag's memory)
@@ -343,6 +343,9 @@ Control = Struct(
     "request_nonce" / Int64ul,  # written from outside: hand the next snapshot over
     "last" / SnapInfo,  # the latest snapshot taken
     "heap" / Int64ul,  # address of struct libtag_heap
+    "stack_stats_slots" / Int64ul,  # address of uint32[stack_capacity]: each stack id's stack_stats entry, 0 = none
+    "stack_stats_used" / Int32ul,  # stack_stats entries given out, entry 0 included
+    "reserved1" / Int32ul,
     "dir" / Bytes(512),  # the snapshot root, NUL-terminated; "" = none
 )
 
@@ -359,7 +362,7 @@ HEAP_SIZE = HeapHeader.sizeof()  # 72
 FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
-CONTROL_SIZE = Control.sizeof()  # 960
+CONTROL_SIZE = Control.sizeof()  # 976
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
 GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 56
 

@@ -436,6 +436,8 @@ class Control:
         if int(c.stack_stats):
             out.append((int(c.stack_stats),
                         int(c.stack_stats) + abi.STACK_STATS_SIZE * int(c.stack_capacity)))
+        if int(c.stack_stats_slots):
+            out.append((int(c.stack_stats_slots), int(c.stack_stats_slots) + 4 * int(c.stack_capacity)))
         for q in self._quarantines:
             out.append((q, q + abi.TAG_QUARANTINE_BYTES))
         out += self.libtag_tls_ranges()
@@ -569,12 +571,20 @@ class Control:
         if not hasattr(self, "_stack_stats"):
             c = self.fields
             self._stack_stats = None
-            if int(c.stack_stats):
+            if int(c.stack_stats) and int(c.stack_stats_slots):
+                # only allocation stacks have counters, dense: each stack
+                # id's entry is in stack_stats_slots (0 = none: all zero)
                 count = min(int(c.stack_count), int(c.stack_capacity))
-                raw = self._read_array(int(c.stack_stats), count, abi.STACK_STATS_SIZE,
-                                       "the per-stack counters")
-                if raw:
-                    self._stack_stats = np.frombuffer(raw, dtype=abi.STACK_STATS_DTYPE)
+                used = min(int(c.stack_stats_used), int(c.stack_capacity))
+                slots = self._read_array(int(c.stack_stats_slots), count, 4, "the per-stack counters' index")
+                raw = self._read_array(int(c.stack_stats), used, abi.STACK_STATS_SIZE,
+                                       "the per-stack counters") if used else b""
+                if slots and raw:
+                    entries = np.frombuffer(raw, dtype=abi.STACK_STATS_DTYPE).copy()
+                    entries[0] = 0  # "none": a stack that never allocated
+                    which = np.frombuffer(slots, dtype="<u4").astype(np.int64)
+                    which[which >= len(entries)] = 0
+                    self._stack_stats = entries[which]
         return self._stack_stats
 
 def truncation(mem: Memory) -> str | None:

@@ -607,8 +607,9 @@ struct libtag_control {
                                  damaged (TAG_FLAG_REPORTED) */
     uint64_t damaged_bytes;   /* their requested bytes (of those whose size
                                  is known) */
-    uint64_t stack_stats;     /* address of struct libtag_stack_stats[], indexed
-                                 by stack id (stack_capacity entries); 0 = not
+    uint64_t stack_stats;     /* address of struct libtag_stack_stats[]
+                                 (stack_stats_used entries, entry 0 unused),
+                                 indexed through stack_stats_slots; 0 = not
                                  recorded */
 
     /* the guard pool (LIBTAG_GUARD_RATE; see "guard pool" above) */
@@ -637,6 +638,15 @@ struct libtag_control {
                                  on-demand snapshot over (0 = none) */
     struct libtag_snapinfo last; /* the latest snapshot taken */
     uint64_t heap;            /* address of struct libtag_heap (see "heap") */
+    uint64_t stack_stats_slots; /* address of uint32_t[stack_capacity]: the
+                                 stack_stats entry of each stack id, given
+                                 at the stack's first allocation; 0 = none
+                                 (only allocation stacks have counters, so
+                                 they are dense: a free stack or an inner
+                                 node costs 4 bytes, not 32) */
+    uint32_t stack_stats_used;/* stack_stats entries given out, entry 0
+                                 included */
+    uint32_t reserved1;
     char     dir[512];        /* the snapshot root the process writes to
                                  (LIBTAG_DIR, else its XDG state dir, as
                                  resolved at start); "" = none */
@@ -675,9 +685,9 @@ _Static_assert(offsetof(struct libtag_control, guard_pool) == 304, "control");
 _Static_assert(offsetof(struct libtag_control, request_signal) == 352, "control");
 _Static_assert(offsetof(struct libtag_control, last) == 376, "control");
 _Static_assert(offsetof(struct libtag_control, heap) == 440, "control");
-_Static_assert(offsetof(struct libtag_control, dir) == 448, "control");
+_Static_assert(offsetof(struct libtag_control, dir) == 464, "control");
 _Static_assert(sizeof(struct libtag_snapinfo) == 64, "snapinfo");
-_Static_assert(sizeof(struct libtag_control) == 960, "control block");
+_Static_assert(sizeof(struct libtag_control) == 976, "control block");
 _Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
 _Static_assert(sizeof(struct libtag_guard_slot) == 56, "guard slot record");
 

@@ -278,7 +278,16 @@ static inline uint32_t _tag_intern(struct tag_thread_state *t, uint32_t parent, 
  * adds of the second, in the few cycles between its check of the flag and
  * its add, may be lost. */
 extern struct libtag_stack_stats *_tag_stats;
+extern uint32_t *_tag_stats_slots;  /* [capacity]: stack id -> _tag_stats entry */
 extern int _tag_stats_shared;
+/* The counters of a stack that allocates now: its entry, given on its
+ * first allocation (stack_table.c).  Async-signal-safe. */
+TAG_COLD struct libtag_stack_stats *_tag_stats_new(uint32_t stack);
+TAG_INLINE struct libtag_stack_stats *_tag_stats_of(uint32_t stack)
+{
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    return TAG_LIKELY(e != 0) ? &_tag_stats[e] : _tag_stats_new(stack);
+}
 TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
 {
     if (shared)
@@ -293,7 +302,7 @@ TAG_INLINE void _tag_stats_alloc(struct tag_thread_state *t, uint32_t stack, uin
 {
     if (TAG_UNLIKELY(!_tag_stats))
         return;
-    struct libtag_stack_stats *s = &_tag_stats[stack];
+    struct libtag_stack_stats *s = _tag_stats_of(stack);
     int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
     _tag_stat_add(&s->allocs, 1, shared);
     _tag_stat_add(&s->live_bytes, size, shared);
@@ -308,7 +317,7 @@ TAG_INLINE void _tag_stats_free(struct tag_thread_state *t, uint32_t stack, uint
 {
     if (TAG_UNLIKELY(!_tag_stats))
         return;
-    struct libtag_stack_stats *s = &_tag_stats[stack];
+    struct libtag_stack_stats *s = _tag_stats_of(stack);  /* given when it allocated */
     int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
     _tag_stat_add(&s->live_bytes, -size, shared);
     if (TAG_UNLIKELY(t && user == t->last_alloc)) {
@@ -845,7 +854,10 @@ extern uint32_t _tag_guard_sites;
 TAG_INLINE int _tag_guard_new_site(uint32_t stack)
 {
     uint32_t k = _tag_guard_sites;
-    return k != 0 && TAG_UNLIKELY(_tag_stats[stack].allocs < k);
+    if (k == 0)
+        return 0;
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    return TAG_UNLIKELY(e == 0 || _tag_stats[e].allocs < k);
 }
 /* Is ptr in the guard pool?  One subtraction and compare, on every free:
  * bytes is published after guard_pool, and 0 until the pool exists. */

@@ -53,8 +53,27 @@ static uint32_t committed;                /* nodes (and counters) committed */
 static int table_lock;
 #define FIRST_SLOTS (1u << 16)              /* 256 KiB: the first index */
 #define COMMIT_NODES (1u << 16)             /* nodes committed a step (1 MiB) */
-struct libtag_stack_stats *_tag_stats;    /* [capacity] */
+struct libtag_stack_stats *_tag_stats;    /* [capacity]: entries given out dense */
+uint32_t *_tag_stats_slots;                /* [capacity] */
 int _tag_stats_shared;                     /* libtag_internal.h: a second thread registered */
+
+/* Per-stack counters for allocation stacks only.  A stack's entry is given
+ * at its first allocation: an entry number from a counter, published with
+ * a compare-and-swap (a thread that loses takes the winner's; its number is
+ * left unused).  Numbers stay below the nodes committed, and the entries
+ * are committed with the nodes, so no commit happens here: lock-free and
+ * async-signal-safe. */
+TAG_COLD struct libtag_stack_stats *_tag_stats_new(uint32_t stack)
+{
+    uint32_t e = __atomic_fetch_add(&_tag_ctl.stack_stats_used, 1, __ATOMIC_RELAXED);
+    if (TAG_UNLIKELY(e >= __atomic_load_n(&committed, __ATOMIC_RELAXED)))
+        return &_tag_stats[0];  /* cannot happen (entries <= nodes); counted nowhere */
+    uint32_t none = 0;
+    if (!__atomic_compare_exchange_n(&_tag_stats_slots[stack], &none, e, 0, __ATOMIC_RELEASE,
+                                     __ATOMIC_RELAXED))
+        e = none;
+    return &_tag_stats[e];
+}
 
 /* Address space for bytes, not in cores until committed (gcore writes an
  * anonymous mapping whole: see heap.c), no memory until touched. */
@@ -90,8 +109,11 @@ static int commit_nodes(uint32_t n)
         want = capacity;
     if (!commit(nodes, (size_t)committed * sizeof *nodes, (size_t)want * sizeof *nodes))
         return 0;
-    if (_tag_stats && !commit(_tag_stats, (size_t)committed * sizeof *_tag_stats,
-                              (size_t)want * sizeof *_tag_stats))
+    /* (entries are given out no faster than nodes: committed with them) */
+    if (_tag_stats && (!commit(_tag_stats, (size_t)committed * sizeof *_tag_stats,
+                               (size_t)want * sizeof *_tag_stats) ||
+                       !commit(_tag_stats_slots, (size_t)committed * sizeof *_tag_stats_slots,
+                               (size_t)want * sizeof *_tag_stats_slots)))
         return 0;
     committed = (uint32_t)want;
     return 1;
@@ -112,7 +134,10 @@ void _tag_stack_table_init(uint32_t cap)
     nodes = reserve((size_t)cap * sizeof *nodes);
     if (_tag_opt.stack_stats) {
         _tag_stats = reserve((size_t)cap * sizeof *_tag_stats);
+        _tag_stats_slots = reserve((size_t)cap * sizeof *_tag_stats_slots);
         _tag_ctl.stack_stats = (uint64_t)(uintptr_t)_tag_stats;
+        _tag_ctl.stack_stats_slots = (uint64_t)(uintptr_t)_tag_stats_slots;
+        _tag_ctl.stack_stats_used = 1;  /* entry 0: "none yet" */
     }
     uint32_t first = FIRST_SLOTS;
     while (first / 2 > cap && first > 1024)
@@ -126,8 +151,10 @@ void _tag_stack_table_init(uint32_t cap)
      * zeros (and so is its counter): a kernel core leaves out a private
      * mapping never written to, and a reader must find the root even in a
      * process that never allocated. */
-    if (_tag_stats)
+    if (_tag_stats) {
         __atomic_store_n(&_tag_stats[0].allocs, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&_tag_stats_slots[0], 0, __ATOMIC_RELAXED);
+    }
     __atomic_store_n(&nodes[0].parent, 0, __ATOMIC_RELAXED);
     _tag_ctl.stack_nodes = (uint64_t)(uintptr_t)nodes;
     _tag_ctl.stack_capacity = cap;

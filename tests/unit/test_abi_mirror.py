@@ -208,11 +208,13 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 960
+    assert probe["sizeof"]["libtag_control"] == 976
     assert probe["field"][("libtag_control", "request_signal")] == (352, 4)
     assert probe["field"][("libtag_control", "last")] == (376, 64)
     assert probe["field"][("libtag_control", "heap")] == (440, 8)
-    assert probe["field"][("libtag_control", "dir")] == (448, 512)
+    assert probe["field"][("libtag_control", "stack_stats_slots")] == (448, 8)
+    assert probe["field"][("libtag_control", "stack_stats_used")] == (456, 4)
+    assert probe["field"][("libtag_control", "dir")] == (464, 512)
     assert probe["field"][("libtag_control", "stack_stats")] == (296, 8)
     assert probe["field"][("libtag_control", "guard_pool")] == (304, 8)
     assert probe["sizeof"]["libtag_stack_stats"] == 32

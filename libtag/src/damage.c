@@ -29,7 +29,6 @@
  * read, which is always mapped.
  */
 #include <string.h>
-#include <sys/uio.h>
 
 #include "libtag_internal.h"
 
@@ -37,15 +36,6 @@ void _tag_leak_damaged(uint64_t bytes)
 {
     __atomic_fetch_add(&_tag_ctl.damaged_leaked, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&_tag_ctl.damaged_bytes, bytes, __ATOMIC_RELAXED);
-}
-
-/* The end of the slot that starts at slot (a heap slot: small or large). */
-static uint64_t slot_end(uint64_t slot)
-{
-    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)slot);
-    if (s->kind == TAG_SPAN_SMALL)
-        return slot + s->block_size;
-    return (uint64_t)(uintptr_t)_tag_heap_span_start(s) + (uint64_t)s->slices * TAG_HEAP_SLICE;
 }
 
 /* Where the block's canary is, found by its value: the size of a block
@@ -56,7 +46,8 @@ static int size_by_canary(uint64_t tag_addr, uint64_t *size)
     uint64_t slot = _tag_slot_of(tag_addr);
     if (slot == 0)
         return 0;
-    uint64_t user = tag_addr + sizeof(struct libtag_tag), end = slot_end(slot);
+    uint64_t user = tag_addr + sizeof(struct libtag_tag);
+    uint64_t end = slot + _tag_heap_usable((const void *)(uintptr_t)slot);
     uint64_t want = tag_canary_value(tag_addr, _tag_ctl.secret);
     for (uint64_t a = user; a + TAG_CANARY_SIZE <= end && a - user <= TAG_SIZE_BIG; a++) {
         uint64_t have;
@@ -119,13 +110,10 @@ int _tag_recover(uint64_t tag_addr, struct libtag_tag *t)
  * valid one. */
 static uint64_t tag_in_slot(uint64_t slot, struct libtag_tag *out)
 {
-    const struct libtag_tag *f = (const struct libtag_tag *)(uintptr_t)slot;
-    uint64_t at = slot;
-    if (tag_state_of(f) == TAG_STATE_FORWARD) {
-        if (tag_check_of(f) != tag_check_value(slot, _tag_ctl.secret, f))
-            return 0;
-        at = slot + f->alloc_stack;
-    }
+    uint64_t at = _tag_slot_tag(slot, slot + _tag_heap_usable((const void *)(uintptr_t)slot) -
+                                          sizeof *out);
+    if (!at)
+        return 0;
     memcpy(out, (const void *)(uintptr_t)at, sizeof *out);
     return _tag_valid_at(at, out) ? at : 0;
 }
@@ -195,8 +183,7 @@ enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *rec, void
      * not a block of ours */
     if ((u & 15) != 0 || !_tag_heap_has((const void *)(uintptr_t)tag_addr))
         return TAG_DAMAGE_NONE;
-    uint64_t slot = _tag_slot_of(tag_addr);
-    if (slot == 0 || (slot != tag_addr && !_tag_forward_ok(slot, tag_addr)))
+    if (!_tag_in_place(tag_addr))
         return TAG_DAMAGE_NONE;
     if (overflow_below(tag_addr, ret, frame))
         return TAG_DAMAGE_KNOWN;

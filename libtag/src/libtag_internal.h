@@ -573,6 +573,11 @@ TAG_INLINE uint64_t _tag_slot_of(uint64_t tag_addr)
 {
     return _tag_slot_in(_tag_heap_span((const void *)(uintptr_t)tag_addr), tag_addr);
 }
+/* Where the tag of the block in the slot [slot, end) is: slot itself, or
+ * where its forward record points; 0 for a forward record that does not
+ * validate or points past end.  The tag there is the caller's to validate
+ * (tag.c). */
+uint64_t _tag_slot_tag(uint64_t slot, uint64_t end);
 /* Is the tag at tag_addr where its slot says a tag is: at the slot's start,
  * or where the slot's forward record points?  The exact-free half of
  * _tag_lookup (the check value is the other). */
@@ -586,8 +591,8 @@ TAG_INLINE int _tag_in_place(uint64_t tag_addr)
     uint32_t off = (uint32_t)(tag_addr - (uint64_t)(uintptr_t)_tag_heap_span_start(s));
     if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m))
         return 1;
-    return _tag_forward_ok(_tag_slot_in(s, tag_addr), tag_addr) ||
-           _tag_slot_in(s, tag_addr) == tag_addr;
+    uint64_t slot = _tag_slot_in(s, tag_addr);
+    return slot == tag_addr || _tag_forward_ok(slot, tag_addr);
 }
 /* Is user a live/freed block of ours?  Its tag must lie in the heap's
  * used region, at its slot's start (arithmetic on the address: that memory

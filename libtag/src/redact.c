@@ -40,16 +40,9 @@ static void blank(uintptr_t lo, uintptr_t hi)
  * one (a forward record leads to an aligned block's tag). */
 static void redact_slot(uint64_t slot, uint64_t end)
 {
-    const struct libtag_tag *t = (const struct libtag_tag *)(uintptr_t)slot;
-    uint64_t at = slot;
-    if (tag_state_of(t) == TAG_STATE_FORWARD) {
-        if (tag_check_of(t) != tag_check_value(slot, _tag_ctl.secret, t) ||
-            t->alloc_stack >= end - slot)
-            return;
-        at = slot + t->alloc_stack;
-        t = (const struct libtag_tag *)(uintptr_t)at;
-    }
-    if (!_tag_valid_at(at, t))
+    uint64_t at = _tag_slot_tag(slot, end);
+    const struct libtag_tag *t = (const struct libtag_tag *)(uintptr_t)at;
+    if (!at || !_tag_valid_at(at, t))
         return;
     uint64_t user = at + sizeof *t, size = _tag_size(t);
     if (size && size <= end - user)

@@ -45,13 +45,19 @@ TAG_COLD void _tag_write_forward(uint64_t tag_addr, uint32_t pad)
                (uint64_t)TAG_STATE_FORWARD << TAG_STATE_SHIFT, pad, 0);
 }
 
+uint64_t _tag_slot_tag(uint64_t slot, uint64_t end)
+{
+    const struct libtag_tag *f = (const struct libtag_tag *)(uintptr_t)slot;
+    if (tag_state_of(f) != TAG_STATE_FORWARD)
+        return slot;
+    if (tag_check_of(f) != tag_check_value(slot, _tag_ctl.secret, f) || f->alloc_stack >= end - slot)
+        return 0;
+    return slot + f->alloc_stack;
+}
+
 TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr)
 {
-    if (slot == 0 || slot > tag_addr)
-        return 0;
-    const struct libtag_tag *f = (const struct libtag_tag *)(uintptr_t)slot;
-    return tag_state_of(f) == TAG_STATE_FORWARD && f->alloc_stack == tag_addr - slot &&
-           tag_check_of(f) == tag_check_value(slot, _tag_ctl.secret, f);
+    return slot != 0 && slot < tag_addr && _tag_slot_tag(slot, tag_addr + 1) == tag_addr;
 }
 
 /* The first damaged canary byte (0..7) of a block whose canary is bad. */

@@ -55,15 +55,10 @@ TAG_INLINE char *alloc_block(struct tag_heap_cache *hc, size_t size, size_t alig
 
 static TAG_COLD void *alloc_stateless(size_t size, size_t align, int zero, uint32_t kind);
 
-/* Allocate size bytes aligned to align (a power of two >= 16), tag them
- * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
-void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
+/* _tag_alloc's work once the stack is known (t's own). */
+TAG_INLINE void *alloc_at(struct tag_thread_state *t, size_t size, size_t align, int zero, uint32_t kind,
+                          uint32_t stack)
 {
-    _tag_ensure_init();
-    struct tag_thread_state *t = _tag_self();
-    if (TAG_UNLIKELY(t == NULL))
-        return alloc_stateless(size, align, zero, kind);
-    uint32_t stack = _tag_capture(t, ret, frame);
     int sampled = --t->guard_countdown <= 0;
     if (TAG_UNLIKELY(sampled) || _tag_guard_new_site(stack)) {  /* guard.c */
         void *g = _tag_guard_alloc(t, size, align, zero, kind, stack, sampled);
@@ -80,6 +75,17 @@ void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, 
         _tag_sweep_remember(t, user);
     _tag_count(t, 0, size);
     return user;
+}
+
+/* Allocate size bytes aligned to align (a power of two >= 16), tag them
+ * as kind (enum libtag_alloc_kind) with the stack seen from ret/frame. */
+void *_tag_alloc(size_t size, size_t align, int zero, uint32_t kind, void *ret, void *frame)
+{
+    _tag_ensure_init();
+    struct tag_thread_state *t = _tag_self();
+    if (TAG_UNLIKELY(t == NULL))
+        return alloc_stateless(size, align, zero, kind);
+    return alloc_at(t, size, align, zero, kind, _tag_capture(t, ret, frame));
 }
 
 /* ------------------------------------------------------------ rare cases */
@@ -187,6 +193,20 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
     _tag_real_release(NULL, ptr);
 }
 
+/* _tag_free's work once ptr is checked (a block of ours, not guarded) and
+ * the stack is known: into t's quarantine. */
+TAG_INLINE void free_at(struct tag_thread_state *t, void *ptr, uint32_t stack)
+{
+    uint64_t size = _tag_size(_tag_of(ptr));
+    _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
+    _tag_write_freed(ptr, size);
+    _tag_count(t, 1, size);
+    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
+    if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
+        (++t->frees & 1023) == 0)
+        _tag_snapshot_reap();
+}
+
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     _tag_ensure_init();
@@ -201,15 +221,7 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
     }
     if (!check_block(ptr, dealloc, ret, frame))
         return;
-    uint64_t size = _tag_size(_tag_of(ptr));
-    _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
-    uint32_t stack = _tag_capture(t, ret, frame);
-    _tag_write_freed(ptr, size);
-    _tag_count(t, 1, size);
-    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
-    if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
-        (++t->frees & 1023) == 0)
-        _tag_snapshot_reap();
+    free_at(t, ptr, _tag_capture(t, ret, frame));
 }
 
 #define RET   __builtin_return_address(0)
@@ -250,11 +262,10 @@ TAG_EXPORT void *calloc(size_t nmemb, size_t size)
  * allocation: its stack, its time - and counted as a free of the old size
  * and an allocation of the new one, as a move is.  Not for an aligned block
  * (pad) or one whose damage was reported.  NULL: it must move. */
-static void *realloc_in_place(void *ptr, size_t size, void *ret, void *frame)
+static void *realloc_in_place(struct tag_thread_state *t, void *ptr, size_t size, uint32_t stack)
 {
     struct libtag_tag *tg = _tag_of(ptr);
-    struct tag_thread_state *t = _tag_self();
-    if (t == NULL || _tag_reported(tg) ||
+    if (_tag_reported(tg) ||
         _tag_slot_of((uint64_t)(uintptr_t)tg) != (uint64_t)(uintptr_t)tg)
         return NULL;
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
@@ -265,7 +276,6 @@ static void *realloc_in_place(void *ptr, size_t size, void *ret, void *frame)
     uint64_t old_size = _tag_size(tg);
     _tag_stats_free(t, tg->alloc_stack, old_size, ptr);
     _tag_count(t, 1, old_size);
-    uint32_t stack = _tag_capture(t, ret, frame);
     _tag_write_live(ptr, size, 0, stack, t->tid, _tag_now_ms(), TAG_ALLOC_MALLOC);
     _tag_stats_alloc(t, stack, size, ptr);
     _tag_count(t, 0, size);
@@ -289,22 +299,37 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         errno = ENOMEM;
         return NULL;
     }
-    if (!_tag_guarded(ptr)) {
-        void *same = realloc_in_place(ptr, size, ret, frame);
-        if (same)
-            return same;
+    struct tag_thread_state *t;
+    if (_tag_guarded(ptr) || !(t = _tag_self())) {
+        /* a guarded block, or a thread without a state: through
+         * _tag_alloc and _tag_free, which know those */
+        size_t old_size = (size_t)_tag_size(_tag_of(ptr));
+        void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
+        if (!p)
+            return NULL;  /* the old block is left untouched */
+        memcpy(p, ptr, old_size < size ? old_size : size);
+        int saved = errno;
+        _tag_free(ptr, _tag_alloc_kind(_tag_of(ptr)), ret, frame);
+        errno = saved;
+        return p;
     }
-    /* Move: the old block goes through free() and the quarantine, so a
-     * stale pointer to it is caught like any other dangling pointer. */
+    /* One capture: the realloc's stack is the new block's allocation and
+     * the old one's free (in place: its new allocation). */
+    uint32_t stack = _tag_capture(t, ret, frame);
+    void *same = realloc_in_place(t, ptr, size, stack);
+    if (same)
+        return same;
+    /* Move: the old block goes through the quarantine as a free() would,
+     * so a stale pointer to it is caught like any other dangling pointer.
+     * Checked once, by check_block above; its kind no longer matters (a
+     * realloc of a new'd block is released as it was made). */
     size_t old_size = (size_t)_tag_size(_tag_of(ptr));
-    void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
+    void *p = alloc_at(t, size, 16, 0, TAG_ALLOC_MALLOC, stack);
     if (!p)
         return NULL;  /* the old block is left untouched */
     memcpy(p, ptr, old_size < size ? old_size : size);
-    /* reported once, by check_block above: the old block's kind no longer
-     * matters (a realloc of a new'd block is released as it was made) */
     int saved = errno;
-    _tag_free(ptr, _tag_alloc_kind(_tag_of(ptr)), ret, frame);
+    free_at(t, ptr, stack);
     errno = saved;
     return p;
 }

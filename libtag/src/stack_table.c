@@ -51,7 +51,7 @@ static uint32_t ordinary;                 /* nodes other than markers: capacity 
 static uint32_t lost_root;                /* the marker with no frames outside it */
 static uint32_t committed;                /* nodes (and counters) committed */
 static int table_lock;
-#define FIRST_SLOTS (1u << 16)              /* 256 KiB: the first index */
+#define FIRST_SLOTS (1u << 12)              /* 16 KiB: the first index */
 #define COMMIT_NODES (1u << 16)             /* nodes committed a step (1 MiB) */
 struct libtag_stack_stats *_tag_stats;    /* [capacity]: entries given out dense */
 uint32_t *_tag_stats_slots;                /* [capacity] */
@@ -212,6 +212,11 @@ static int grow_index(struct stack_index *old)
     }
     ix->used = count - 1;
     __atomic_store_n(&index_cur, ix, __ATOMIC_RELEASE);
+    /* The old index's memory goes back to the kernel; its address range
+     * stays, for a lock-free probe that took it before the publication:
+     * that probe now reads zeros - an empty slot, "not there" - and the
+     * insert that follows takes the lock and probes the new index. */
+    madvise(old, sizeof *old + (size_t)(old->mask + 1) * sizeof old->slots[0], MADV_DONTNEED);
     return 1;
 }
 

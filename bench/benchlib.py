@@ -88,6 +88,17 @@ def function_name(fn: str) -> str:
     return re.sub(r"@.*$", "", re.sub(r" \[.*\]$", "", fn).rsplit(":", 1)[-1])
 
 
+def libtag_stats(cmd: list[str], env: dict) -> dict[str, int]:
+    """libtag's counters (its LIBTAG_STATS line: frees, captures, capture_frames,
+    ...) of one run of cmd under env, which preloads libtag."""
+    out = subprocess.run(cmd, env=dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="1", LIBTAG_LOG="stderr"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    m = re.search(r"libtag: stats (.*)", out.stderr)
+    if out.returncode != 0 or not m:
+        sys.exit(f"bench: {' '.join(cmd)}: no LIBTAG_STATS line (exit {out.returncode})")
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
 # Peak RSS must come from a process that a small process forked: a child of
 # Python starts with Python's own resident set counted in ru_maxrss (it
 # survives exec), which would hide a small program's few MiB.  So each timed

@@ -53,14 +53,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (BENCH, Launcher, build, callgrind, callgrind_costs, function_name,  # noqa: E402
-                      header_shim, heap_shim, lib_path, machine, med, print_machine, spread, table)
+                      header_shim, heap_shim, lib_path, libtag_stats, machine, med, print_machine, spread,
+                      table)
 
 BUILDS = {"O2": ["-O2"], "fp": ["-O2", "-fno-omit-frame-pointer"],
           "instr": ["-O2", "-finstrument-functions"]}
@@ -96,16 +96,6 @@ def profile(cmd: list[str], env: dict, out: Path) -> dict:
             "clock": sum(n for n, fn in own if re.match(r"clock_gettime|__vdso_", function_name(fn))),
             "capture": by_name.get("_tag_capture", 0),
             "hooks": sum(n for name, n in by_name.items() if name.startswith("__cyg_profile_func_"))}
-
-
-def stats_of(cmd: list[str], env: dict) -> dict[str, int]:
-    """libtag's counters of one run of cmd (its LIBTAG_STATS line)."""
-    out = subprocess.run(cmd, env=dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="1", LIBTAG_LOG="stderr"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    m = re.search(r"libtag: stats (.*)", out.stderr)
-    if out.returncode != 0 or not m:
-        sys.exit(f"bench: {' '.join(cmd)}: no LIBTAG_STATS line (exit {out.returncode})")
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
 def signed(x: float | None) -> str:
@@ -169,8 +159,8 @@ def main() -> int:
                 # argv anew before every run: sqlite3's starts from an empty database
                 cmd = lambda: real.workload(exe, scratch)  # noqa: E731
                 cg_cmd = lambda: real.workload(exe, scratch, *([real.small] if real.small else []))  # noqa: E731
-                pairs = stats_of(cmd(), lt_env)["frees"]
-                cg_pairs = stats_of(cg_cmd(), lt_env)["frees"] if real.small else pairs
+                pairs = libtag_stats(cmd(), lt_env)["frees"]
+                cg_pairs = libtag_stats(cg_cmd(), lt_env)["frees"] if real.small else pairs
                 title = f"{real.name} {b} ({' '.join(run_real.MODES[b])}; {pairs} frees a timed run"
                 title += f", {cg_pairs} under callgrind)" if real.small else ")"
             else:
@@ -220,7 +210,7 @@ def main() -> int:
             table(f"{title}: cost per malloc+free pair",
                   ["part", "wall ns/op", "spread", "Ir/op"], cells, args.markdown)
             if prof:
-                captures = stats_of(cg_cmd(), core_env)["captures"]
+                captures = libtag_stats(cg_cmd(), core_env)["captures"]
                 print(f"{b}: the capture left in core: {prof['core']['capture'] / max(captures, 1):.0f} Ir "
                       f"a capture ({captures} captures, {captures / cg_pairs:.2f} a pair)")
             for what, n, i, _ in rows:

@@ -49,8 +49,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (BENCH, Launcher, build, callgrind, callgrind_costs, lib_path, machine, med,  # noqa: E402
-                      print_machine, spread, table)
+from benchlib import (BENCH, Launcher, build, callgrind, callgrind_costs, lib_path, libtag_stats,  # noqa: E402
+                      machine, med, print_machine, spread, table)
 
 THREADS = 2
 WINDOW = 4096  # allocbench.c's WINDOW: live blocks per thread
@@ -64,11 +64,8 @@ def capture_ns(exe: Path, env: dict, iters: int) -> float:
 
 def capture_stats(exe: Path, env: dict, iters: int) -> tuple[int, int]:
     """(captures, frames) libtag counted over one allocbench run (LIBTAG_STATS=1)."""
-    env = dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="0")
-    err = subprocess.run([str(exe), str(THREADS), str(iters)], env=env, capture_output=True,
-                         text=True, check=True).stderr
-    m = re.search(r"captures=(\d+) capture_frames=(\d+)", err)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    got = libtag_stats([str(exe), str(THREADS), str(iters)], env)
+    return got["captures"], got["capture_frames"]
 
 
 def chunk(n: int) -> int:

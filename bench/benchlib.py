@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -53,6 +54,49 @@ def heap_shim(tmp: Path) -> Path:
     return build(BENCH / "heap_shim.c", tmp / "heap_shim.so",
                  ["-O2", "-shared", "-fPIC", "-pthread", "-D_GNU_SOURCE",
                   f"-I{src / 'include'}", f"-I{src / 'src'}"])
+
+
+def callgrind(cmd: list[str], env: dict, out: Path) -> None:
+    """Run cmd under callgrind (instructions only), its profile into out."""
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def callgrind_costs(out: Path, inclusive: bool = False) -> tuple[int, list[tuple[int, str]]]:
+    """(the program's instructions, [(instructions, 'file:function [object]')],
+    largest first) of a callgrind profile: every function, its own
+    instructions or, inclusive, with those of what it calls.  Without the
+    annotated source (whose lines would read as functions too)."""
+    ann = subprocess.run(["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
+                          "--auto=no", "--threshold=100", str(out)],
+                         capture_output=True, text=True, check=True).stdout
+    total, funcs = 0, []
+    for line in ann.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(\S.*)$", line)
+        if not m:
+            continue
+        n, what = int(m.group(1).replace(",", "")), m.group(2).strip()
+        if what == "PROGRAM TOTALS":
+            total = n
+        elif total and ":" in what:
+            funcs.append((n, what))
+    return total, funcs
+
+
+def function_name(fn: str) -> str:
+    """'/path/file.c:func@@GLIBC_2.17 [/path/lib.so]' -> 'func'."""
+    return re.sub(r"@.*$", "", re.sub(r" \[.*\]$", "", fn).rsplit(":", 1)[-1])
+
+
+def libtag_stats(cmd: list[str], env: dict) -> dict[str, int]:
+    """libtag's counters (its LIBTAG_STATS line: frees, captures, capture_frames,
+    ...) of one run of cmd under env, which preloads libtag."""
+    out = subprocess.run(cmd, env=dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="1", LIBTAG_LOG="stderr"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    m = re.search(r"libtag: stats (.*)", out.stderr)
+    if out.returncode != 0 or not m:
+        sys.exit(f"bench: {' '.join(cmd)}: no LIBTAG_STATS line (exit {out.returncode})")
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
 # Peak RSS must come from a process that a small process forked: a child of

@@ -49,7 +49,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, Launcher, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import (BENCH, Launcher, build, callgrind, callgrind_costs, lib_path, libtag_stats,  # noqa: E402
+                      machine, med, print_machine, spread, table)
 
 THREADS = 2
 WINDOW = 4096  # allocbench.c's WINDOW: live blocks per thread
@@ -63,11 +64,8 @@ def capture_ns(exe: Path, env: dict, iters: int) -> float:
 
 def capture_stats(exe: Path, env: dict, iters: int) -> tuple[int, int]:
     """(captures, frames) libtag counted over one allocbench run (LIBTAG_STATS=1)."""
-    env = dict(env, LIBTAG_STATS="1", LIBTAG_QUIET="0")
-    err = subprocess.run([str(exe), str(THREADS), str(iters)], env=env, capture_output=True,
-                         text=True, check=True).stderr
-    m = re.search(r"captures=(\d+) capture_frames=(\d+)", err)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    got = libtag_stats([str(exe), str(THREADS), str(iters)], env)
+    return got["captures"], got["capture_frames"]
 
 
 def chunk(n: int) -> int:
@@ -98,21 +96,11 @@ def expected_overhead() -> tuple[float, float]:
     return payload, 7 / 8 * mean(small, extra) + 1 / 8 * mean(large, extra)
 
 
-def callgrind(cmd: list[str], env: dict, out: Path, top: int = 10) -> tuple[int, list[tuple[int, str]]]:
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ann = subprocess.run(["callgrind_annotate", "--inclusive=no", str(out)],
-                         capture_output=True, text=True, check=True).stdout
-    total, funcs = 0, []
-    for line in ann.splitlines():
-        m = re.match(r"\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?PROGRAM TOTALS", line)
-        if m:
-            total = int(m.group(1).replace(",", ""))
-            continue
-        m = re.match(r"\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(\S.*)$", line)
-        if m and total and ":" in m.group(2) and len(funcs) < top:
-            funcs.append((int(m.group(1).replace(",", "")), m.group(2).strip()))
-    return total, funcs
+def callgrind_top(cmd: list[str], env: dict, out: Path, top: int = 10) -> tuple[int, list[tuple[int, str]]]:
+    """cmd's instructions under callgrind and its top functions by their own."""
+    callgrind(cmd, env, out)
+    total, funcs = callgrind_costs(out)
+    return total, funcs[:top]
 
 
 def short(fn: str) -> str:
@@ -299,7 +287,7 @@ def run(args, lib: Path, tmp: Path) -> int:
         runs = [(b, c, env) for b in bins for c, env in (("base", clean), ("libtag", tagged))]
         totals = {}
         for b, c, env in runs:
-            total, funcs = callgrind([str(bins[b]), str(THREADS), str(cg)], env, tmp / "cg.out")
+            total, funcs = callgrind_top([str(bins[b]), str(THREADS), str(cg)], env, tmp / "cg.out")
             totals[(b, c)] = total
             if c == "libtag":
                 tops[b] = (total, funcs)
@@ -315,7 +303,7 @@ def run(args, lib: Path, tmp: Path) -> int:
                 tb = totals[(b, "base")]
                 row = [b, f"{tb / cops:.0f}"]
                 for m in modes:
-                    tm, _ = callgrind([str(bins[b]), str(THREADS), str(cg)], per_mode[m], tmp / "cg.out")
+                    tm, _ = callgrind_top([str(bins[b]), str(THREADS), str(cg)], per_mode[m], tmp / "cg.out")
                     row.append(f"{tm / cops:.0f} ({tm / tb:.2f}x)")
                 mrow.append(row)
             table(f"Instructions per op by LIBTAG_UNWIND (callgrind, {THREADS} x {cg} iterations)",

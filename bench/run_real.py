@@ -79,9 +79,10 @@ class Program:
     version: str
     sdist: str  # file name pip writes
     build: Callable[[Path, Path, list[str]], None] | None  # (unpacked sdist root, exe, flags)
-    workload: Callable[[Path, Path], list[str]]  # (exe, scratch dir) -> argv
+    workload: Callable[..., list[str]]  # (exe, scratch dir[, size]) -> argv
     installed: str | None = None  # a binary of the system, as shipped: the O2 row only, nothing built
     env: dict | None = None  # set in every column's run (bare included)
+    small: str | None = None  # workload's size for a run under callgrind (bench/parts.py)
 
 
 def _gcc(flags: list[str], sources: list[Path], exe: Path, extra: list[str] = (),
@@ -100,8 +101,8 @@ def build_lua(root: Path, exe: Path, flags: list[str]) -> None:
     _gcc(flags, sources, exe, ["-DLUA_USE_LINUX"], ["-lm", "-ldl"])
 
 
-def run_lua(exe: Path, scratch: Path) -> list[str]:
-    return [str(exe), str(BENCH / "workloads" / "binary_trees.lua"), "14"]
+def run_lua(exe: Path, scratch: Path, size: str = "14") -> list[str]:
+    return [str(exe), str(BENCH / "workloads" / "binary_trees.lua"), size]
 
 
 def build_sqlite(root: Path, exe: Path, flags: list[str]) -> None:
@@ -200,17 +201,17 @@ def run_brotli(exe: Path, scratch: Path) -> list[str]:
     return [str(exe), "-c", "-q", "6", "-w", "22", str(text)]
 
 
-def run_python(exe: Path, scratch: Path) -> list[str]:
-    return [str(exe), str(BENCH / "workloads" / "py_objects.py"), "20"]
+def run_python(exe: Path, scratch: Path, size: str = "20") -> list[str]:
+    return [str(exe), str(BENCH / "workloads" / "py_objects.py"), size]
 
 
 PROGRAMS = {p.name: p for p in [
-    Program("lua", "lupa", "2.8", "lupa-2.8.tar.gz", build_lua, run_lua),
+    Program("lua", "lupa", "2.8", "lupa-2.8.tar.gz", build_lua, run_lua, small="11"),
     Program("sqlite3", "sqlean.py", "3.50.4.5", "sqlean_py-3.50.4.5.tar.gz", build_sqlite, run_sqlite),
     Program("cmark", "cmarkgfm", "2025.10.22", "cmarkgfm-2025.10.22.tar.gz", build_cmark, run_cmark),
     Program("brotli", "brotli", "1.2.1", "brotli-1.2.1.tar.gz", build_brotli, run_brotli),
     Program("python3", "", "", "", None, run_python, installed="/usr/bin/python3",
-            env={"PYTHONMALLOC": "malloc"}),
+            env={"PYTHONMALLOC": "malloc"}, small="2"),
 ]}
 
 

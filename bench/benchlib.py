@@ -43,7 +43,7 @@ def build(src: Path, out: Path, flags: list[str], libs: list[str] = ()) -> Path:
 
 def header_shim(tmp: Path) -> Path:
     """bench/header_shim.c built into tmp: the floor under libtag's figures
-    (a 40-byte header and canary a block through glibc, nothing else)."""
+    (a 16-byte header and 8-byte canary a block through glibc, nothing else)."""
     return build(BENCH / "header_shim.c", tmp / "header_shim.so", ["-O2", "-shared", "-fPIC"])
 
 

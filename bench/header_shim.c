@@ -3,18 +3,17 @@
  * bench/parts.py.
  *
  * Every block gets what libtag's layout gives it (tag_abi.h) and nothing
- * else: a 32-byte header in front (size, pad, a magic word tied to the
+ * else: a 16-byte header in front (size, pad, a magic word tied to the
  * address) and an 8-byte canary after the payload, both written at
- * allocation and checked at free; realloc always moves, as libtag's does.
- * No stacks, no clock, no quarantine, no statistics, no thread state.  So
- * "header / base" is what the extra 40 bytes a block and the interposition
- * cost the program (glibc's bins, the cache footprint, the calls), and
- * "libtag / header" is what libtag's own work costs on top.
+ * allocation and checked at free; realloc always moves.  No stacks, no
+ * clock, no quarantine, no statistics, no thread state.  So "header /
+ * base" is what the extra 24 bytes a block and the interposition cost the
+ * program (glibc's bins, the cache footprint, the calls), and "libtag /
+ * header" is what libtag's own work costs on top.
  *
  * Build: gcc -O2 -shared -fPIC -o header_shim.so header_shim.c
- * With -DHEADER_BYTES=16: a 16-byte header (32-bit size, the magic word),
- * smaller than any tag that holds libtag's fields - what a more compact
- * layout could at best save (docs/benchmarks.md, section 0).
+ * With -DHEADER_BYTES=32: the 32-byte header of libtag's tag before ABI 4
+ * (the figures of the earlier steps in docs/benchmarks.md, section 0).
  * With -DSHIM_MIMALLOC (and -lmimalloc): the same on mimalloc's blocks.
  * Not a tool: a damaged header or canary traps (SIGILL), nothing more.
  */
@@ -44,7 +43,7 @@ extern void __libc_free(void *);
 #define CANARY 0x9e3779b97f4a7c15ull
 
 #ifndef HEADER_BYTES
-#define HEADER_BYTES 32   /* libtag's tag (tag_abi.h) */
+#define HEADER_BYTES 16   /* libtag's tag (tag_abi.h) */
 #endif
 struct header {
 #if HEADER_BYTES == 32

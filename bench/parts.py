@@ -33,8 +33,8 @@ configurations, interleaved:
   -sweep          LIBTAG_SWEEP=0 (instrumented builds only sweep)
   core            all of the above off: the tag, the canary, the checks at
                   free, the clock reads, a one-frame (instr: shadow) capture
-  header          not libtag: bench/header_shim.c, a 40-byte header and
-                  canary a block through glibc, written and checked, nothing
+  header          not libtag: bench/header_shim.c, a 16-byte header and
+                  8-byte canary a block through glibc, written and checked, nothing
                   else - the floor any tagging interposer pays
 
 The list: base; heap (heap minus base: negative where libtag's heap is
@@ -198,7 +198,7 @@ def main() -> int:
                          ("- of which the tag (the rest)", None, tag, "-")]
             rows += [("libtag, all parts", diff(ns, "libtag", "base"), diff(ir, "libtag", "base"),
                       spread(secs["libtag"])),
-                     ("header-only floor (not libtag: 40 B a block, checked)", diff(ns, "header", "base"),
+                     ("header-only floor (not libtag: 24 B a block, checked)", diff(ns, "header", "base"),
                       diff(ir, "header", "base"), spread(secs["header"]))]
             cells = [[what, f"{n:.0f}" if what.startswith("base") else signed(n), sp,
                       "-" if i is None else f"{i:.0f}" if what.startswith("base") else signed(i)]

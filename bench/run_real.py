@@ -31,7 +31,7 @@ frame walk), fp (-O2 -fno-omit-frame-pointer) and instr
 Each repetition runs, for every program and mode in turn (interleaved, so
 drift in the machine's load hits all alike): the binary alone (base), under
 libtag (LD_PRELOAD, full stacks at every allocation and free), under
-bench/header_shim.c (the floor: a 40-byte header and canary a block through
+bench/header_shim.c (the floor: a 16-byte header and canary a block through
 glibc, written and checked, and nothing else libtag does; --no-header skips
 it), under bench/heap_shim.c (libtag's own heap alone, the allocator libtag's
 blocks live in, with nothing of libtag's around it; --no-heap skips it) and

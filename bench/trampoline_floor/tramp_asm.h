@@ -11,8 +11,14 @@
  *   - pops e[n-1], counts the fire,
  *   - marks the next frame outward (writes tramp_ret into e[n-2].slot),
  *   - jumps to the real return address (an indirect jmp).
- * It touches only rcx, rsi, rdi, r8-r11 (caller-saved and not return
- * registers), so rax, rdx, xmm0, xmm1 and st(0) reach the caller intact.
+ * It changes no register but the flags: a first version used the
+ * caller-saved scratch registers (r8-r11, rcx, rsi, rdi) freely, and
+ * firebench hung - gcc's -fipa-ra (on at -O2) lets a caller keep values in
+ * caller-saved registers across a call to a function of the same unit that
+ * it knows does not touch them, so a return through the trampoline must
+ * preserve every register, not only the ABI's callee-saved ones.  It saves
+ * r8-r11 in the red zone below the returned frame (the kernel does not
+ * deliver signals into the red zone) and jumps through the old slot word.
  */
 #ifndef TRAMP_ASM_H
 #define TRAMP_ASM_H
@@ -45,6 +51,12 @@ __asm__(                                                                   \
     ".p2align 4\n"                                                         \
     "tramp_ret:\n"                                                         \
     "  endbr64\n"                                                          \
+    /* save what it uses in the red zone of the frame that just returned: \
+       the -8(%rsp) word is that frame's old slot, below it r8-r11 */     \
+    "  movq %r11, -16(%rsp)\n"                                             \
+    "  movq %r10, -24(%rsp)\n"                                             \
+    "  movq %r9, -32(%rsp)\n"                                              \
+    "  movq %r8, -40(%rsp)\n"                                              \
     "  movq tramp_tls@gottpoff(%rip), %r11\n"                              \
     "  addq %fs:0, %r11\n"               /* r11 = &tramp_tls */            \
     "  movq (%r11), %r10\n"              /* n */                           \
@@ -56,14 +68,19 @@ __asm__(                                                                   \
     "  leaq -8(%rsp), %r8\n"                                               \
     "  cmpq (%r9), %r8\n"                /* came from e[n-1].slot? */      \
     "  jne 2f\n"                                                           \
-    "  movq 8(%r9), %r8\n"               /* real return address */         \
+    "  movq 8(%r9), %r8\n"               /* real return address ... */     \
+    "  movq %r8, -8(%rsp)\n"             /* ... back into the old slot */  \
     "  testq %r10, %r10\n"                                                 \
     "  jz 1f\n"                                                            \
-    "  movq -24(%r9), %rdi\n"            /* e[n-2].slot */                 \
-    "  leaq tramp_ret(%rip), %rsi\n"                                       \
-    "  movq %rsi, (%rdi)\n"              /* mark the next frame outward */ \
+    "  movq -24(%r9), %r8\n"             /* e[n-2].slot */                 \
+    "  leaq tramp_ret(%rip), %r10\n"                                       \
+    "  movq %r10, (%r8)\n"               /* mark the next frame outward */ \
     "1:\n"                                                                 \
-    "  jmp *%r8\n"                                                         \
+    "  movq -16(%rsp), %r11\n"                                             \
+    "  movq -24(%rsp), %r10\n"                                             \
+    "  movq -32(%rsp), %r9\n"                                              \
+    "  movq -40(%rsp), %r8\n"                                              \
+    "  jmp *-8(%rsp)\n"                                                    \
     "2:\n"                                                                 \
     "  ud2\n"                                                              \
     ".size tramp_ret, .-tramp_ret\n"                                       \

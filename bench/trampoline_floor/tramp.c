@@ -95,7 +95,7 @@ static unsigned jdepth = 4;
  * main returning into __libc_start_call_main) ends the walk, since libc's
  * frameless code may hold anything in rbp.  Without this rule the marker was
  * written into words that were not return-address slots (lua crashed). */
-static uintptr_t text_lo, text_hi;
+static uintptr_t text_lo, text_sz;
 
 static int find_text(struct dl_phdr_info *info, size_t size, void *data)
 {
@@ -105,13 +105,13 @@ static int find_text(struct dl_phdr_info *info, size_t size, void *data)
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X)) {
             text_lo = info->dlpi_addr + ph->p_vaddr;
-            text_hi = text_lo + ph->p_memsz;
+            text_sz = ph->p_memsz;
         }
     }
     return 1; /* the first object is the main program */
 }
 
-static inline int in_text(uintptr_t pc) { return pc - text_lo < text_hi - text_lo; }
+static inline int in_text(uintptr_t pc) { return pc - text_lo < text_sz; }
 
 static inline uint64_t fold(uint64_t h, uintptr_t pc) { return (h ^ pc) * K; }
 
@@ -120,7 +120,6 @@ struct tstate {
     int init, busy;
     uint64_t captures, frames, mism, lost, sink;
     uintptr_t *slots[MAXW];
-    uintptr_t rets[MAXW];
     uintptr_t vrets[MAXW];
 };
 static __thread struct tstate ts __attribute__((tls_model("initial-exec")));
@@ -140,23 +139,22 @@ static void init_bounds(void)
     }
 }
 
-static inline int inb(const uintptr_t *b)
-{
-    return (uintptr_t)b >= ts.lo && (uintptr_t)b + 16 <= ts.hi;
-}
+/* The loops below check only the upper stack bound: the first frame is the
+ * interposer's own and every next frame must be higher (nb > b). */
 
 /* Plain walk: every frame, innermost first. */
-static inline uint64_t walk_all(uintptr_t *b)
+__attribute__((noinline)) static uint64_t walk_all(uintptr_t *b)
 {
+    const uintptr_t hi = ts.hi - 16;
     uint64_t h = SEED, n = 0;
-    while (inb(b)) {
+    for (;;) {
         uintptr_t r = b[1];
         h = fold(h, r);
         n++;
         if (!in_text(r))
             break;
         uintptr_t *nb = (uintptr_t *)b[0];
-        if (nb <= b)
+        if (nb <= b || (uintptr_t)nb > hi)
             break;
         b = nb;
     }
@@ -171,7 +169,8 @@ static uint64_t walk_verify(uintptr_t *b)
     struct tramp_state *T = &tramp_tls;
     uintptr_t tr = (uintptr_t)tramp_ret;
     unsigned n = 0;
-    while (inb(b) && n < MAXW) {
+    const uintptr_t hi = ts.hi - 16;
+    while (n < MAXW) {
         uintptr_t r = b[1];
         if (r == tr)
             r = T->n ? T->e[T->n - 1].ret : 0;
@@ -179,7 +178,7 @@ static uint64_t walk_verify(uintptr_t *b)
         if (!in_text(r))
             break;
         uintptr_t *nb = (uintptr_t *)b[0];
-        if (nb <= b)
+        if (nb <= b || (uintptr_t)nb > hi)
             break;
         b = nb;
     }
@@ -189,50 +188,41 @@ static uint64_t walk_verify(uintptr_t *b)
     return h;
 }
 
-static inline uint64_t walk_marker(uintptr_t *b)
+__attribute__((noinline)) static uint64_t walk_marker(uintptr_t *b)
 {
     struct tramp_state *T = &tramp_tls;
-    uintptr_t tr = (uintptr_t)tramp_ret;
-    unsigned n = 0;
+    const uintptr_t tr = (uintptr_t)tramp_ret;
+    const uintptr_t hi = ts.hi - 16;
+    uintptr_t **const s0 = ts.slots, **const end = ts.slots + MAXW;
+    uintptr_t **sp = s0;
     int found = 0;
     uint64_t h = SEED;
-    while (inb(b)) {
+    /* Only the slots are kept: a new frame's return address is reread from
+     * its slot (nothing has changed it since). */
+    for (;;) {
         uintptr_t r = b[1];
         if (r == tr) {
-#ifdef TRAMP_CHECK
-            if (!T->n) {
-                fprintf(stderr, "stale marker at slot %p (frame %u) capture %lu fires %lu\n",
-                        (void *)&b[1], n, (unsigned long)ts.captures, (unsigned long)T->fires);
-                uintptr_t *c = ts.slots[0] - 1;
-                for (unsigned q = 0; q <= n + 1 && inb(c); q++, c = (uintptr_t *)c[0])
-                    fprintf(stderr, "  frame %u rbp %p ret %lx\n", q, (void *)c, (unsigned long)c[1]);
-                abort();
-            }
-#endif
             found = 1;
             h = T->e[T->n - 1].pid;
             break;
         }
-        if (n == MAXW) /* too deep for this device: no placement */
-            break;
-        ts.slots[n] = &b[1];
-        ts.rets[n] = r;
-        n++;
+        *sp++ = &b[1];
         if (!in_text(r))
             break;
         uintptr_t *nb = (uintptr_t *)b[0];
-        if (nb <= b)
+        if (nb <= b || (uintptr_t)nb > hi || sp == end)
             break;
         b = nb;
     }
+    unsigned n = (unsigned)(sp - s0);
     ts.frames += n;
     if (!found && T->n) {
         /* The walk ended (a return address outside the executable, e.g.
          * fopen calling malloc) before reaching the marker, which is still
          * valid further out: the id is what the walk saw, the marker stays. */
         ts.lost++;
-        for (unsigned i = n; i--;)
-            h = fold(h, ts.rets[i]);
+        while (sp != s0)
+            h = fold(h, **--sp);
         return h;
     }
     /* Where does the marker go?  k indexes ts.slots (0 = malloc's own return
@@ -247,23 +237,25 @@ static inline uint64_t walk_marker(uintptr_t *b)
     if (k >= 0 && T->n + (n - k) > TRAMP_MAX)
         k = -1;
     if (k < 0) {
-        for (unsigned i = n; i--;)
-            h = fold(h, ts.rets[i]);
+        while (sp != s0)
+            h = fold(h, **--sp);
         return h;
     }
     if (found) /* the old marker becomes a plain entry */
         *T->e[T->n - 1].slot = T->e[T->n - 1].ret;
-    unsigned i = n;
-    while (i-- > (unsigned)k) {
-        h = fold(h, ts.rets[i]);
+    uintptr_t **mk = s0 + k;
+    while (sp != mk) {
+        uintptr_t *slot = *--sp;
+        uintptr_t r = *slot;
+        h = fold(h, r);
         struct tramp_entry *e = &T->e[T->n++];
-        e->slot = ts.slots[i];
-        e->ret = ts.rets[i];
+        e->slot = slot;
+        e->ret = r;
         e->pid = h;
     }
     *ts.slots[k] = tr;
-    for (i = k; i--;)
-        h = fold(h, ts.rets[i]);
+    while (sp != s0)
+        h = fold(h, **--sp);
     return h;
 }
 

@@ -153,24 +153,31 @@ def main() -> None:
     ap.add_argument("--cg-n", type=int, default=11, help="binary_trees size under callgrind")
     ap.add_argument("--depths", default="10,40,160")
     ap.add_argument("--deep-iters", type=int, default=10000)
+    ap.add_argument("--junction-j", default="",
+                    help="extra junction configurations with these TRAMP_JDEPTH values, e.g. 2,8")
+    ap.add_argument("--only-lua", action="store_true", help="skip deepstack and firebench")
     ap.add_argument("--skip-wall", action="store_true")
     ap.add_argument("--skip-callgrind", action="store_true")
     a = ap.parse_args()
     if not LUA.exists():
         raise SystemExit(f"{LUA} is missing: `python3 bench/run_real.py --help` says how it is built")
+    for j in filter(None, a.junction_j.split(",")):
+        CONFIGS[f"marker junction J={j}"] = {"TRAMP_MODE": "marker", "TRAMP_PLACE": "junction", "TRAMP_JDEPTH": j}
     out = a.out or Path(tempfile.mkdtemp(prefix="tramp_floor."))
     out.mkdir(parents=True, exist_ok=True)
     b = build(out)
     if not a.skip_wall:
         wall(b["so"], a.n, a.reps)
     verify(b["so"], [str(LUA), str(BT), str(a.n)], f"lua binary_trees.lua {a.n}")
-    depths = [int(d) for d in a.depths.split(",")]
+    depths = [] if a.only_lua else [int(d) for d in a.depths.split(",")]
     for d in depths:
         verify(b["so"], [str(b["deep"]), str(d), str(a.deep_iters)], f"deepstack {d} {a.deep_iters}")
     if not a.skip_callgrind:
         print(f"\n### Callgrind: lua binary_trees.lua {a.cg_n}\n")
         cg_table(callgrind(b["so"], [str(LUA), str(BT), str(a.cg_n)], out, "lua"))
         rows = []
+        if not depths:
+            return
         for d in depths:
             res = callgrind(b["so"], [str(b["deep"]), str(d), str(a.deep_iters)], out, f"deep{d}")
             print(f"\n### Callgrind: deepstack {d} {a.deep_iters}\n")
@@ -185,6 +192,8 @@ def main() -> None:
             cells = [f"{(res[k][0] - none_ir) / res[k][1]['captures']:.1f}"
                      for k in ("walk", "marker inner", "marker junction")]
             print(f"| {d} | {w['frames'] / w['captures']:.1f} | " + " | ".join(cells) + " |")
+    if a.only_lua:
+        return
     print("\n### firebench\n")
     r = subprocess.run([str(b["fire"])], capture_output=True, text=True, check=True)
     print("```\n" + r.stdout + "```")

@@ -268,11 +268,26 @@ static struct tag_slice *slices_take(uint64_t n, uint32_t kind)
  * neighbours.  A free span of 2 MiB or more goes back to the kernel
  * (madvise: the pages read as zeros again), so a program that frees a
  * large buffer, or many blocks next to each other, gets its memory back as
- * with glibc's munmap and heap trimming. */
+ * with glibc's munmap and heap trimming.  So does a span of 8 slices or
+ * more on its own (a large block, a span of a class of 128 KiB or more)
+ * that is longer than every span released so far, as glibc munmaps a chunk
+ * it mapped and then raises its mapping threshold to that chunk's size:
+ * kept, such a span stays resident as a hole too short for the next large
+ * block of a growing buffer (realloc after realloc: sqlite3's shell peaked
+ * with 1.4 MiB of such holes resident), and a buffer of one size freed and
+ * taken again and again is not released at every turn (a fault a page at
+ * every turn: 45x slower for a 1 MiB buffer written whole).
+ */
+static uint64_t released_max = 7;  /* slices of the longest span released */
 static void slices_give(struct tag_slice *s)
 {
     uint64_t i = index_of(s), n = s->slices;
     int zero = (s->flags & TAG_SPAN_ZERO) != 0;
+    if (n > released_max && !zero) {
+        released_max = n;
+        madvise((char *)_tag_heap.base + i * TAG_HEAP_SLICE, n * TAG_HEAP_SLICE, MADV_DONTNEED);
+        zero = 1;
+    }
     if (i > 0) {
         struct tag_slice *left = s - 1;
         left -= left->first_off;

@@ -73,8 +73,8 @@ static uint32_t class_bytes(unsigned c)
 {
     if (c < 8)
         return 16u * (c + 1);
-    unsigned b = 7 + (c - 8) / 4, sub = (c - 8) % 4;
-    return (1u << b) + (sub + 1) * (1u << (b - 2));
+    unsigned b = 7 + (c - 8) / 8, sub = (c - 8) % 8;
+    return (1u << b) + (sub + 1) * (1u << (b - 3));
 }
 
 /* ---------------------------------------------------------- the region */
@@ -490,8 +490,12 @@ TAG_COLD void _tag_heap_init(void)
         ci->block_size = bs;
         ci->slices = (uint32_t)(span / TAG_HEAP_SLICE);
         ci->capacity = (uint32_t)(span / bs);
+        /* 32 KiB of blocks, at most 256: a class of more than 32 KiB caches
+         * none (a free goes to its span), as one cached block would hold
+         * its slot's pages resident - up to 3 did, 2.6 MiB of blocks of
+         * 40..320 KiB in sqlite3's shell, which uses each such class once */
         uint32_t m = (32u * 1024) / bs;
-        ci->cache_max = m < 4 ? 4 : m > 256 ? 256 : m;
+        ci->cache_max = m > 256 ? 256 : m;
         _tag_heap_cache_limit[c] = ci->cache_max;
         _tag_heap_div[c] = UINT64_MAX / bs + 1;
     }
@@ -509,8 +513,11 @@ static void *take_one(unsigned c)
 
 TAG_COLD void *_tag_heap_refill(struct tag_heap_cache *hc, unsigned c)
 {
+    /* half the cache, as a span's whole free list when one has free slots;
+     * one block alone for a class that caches at most one */
     void *list;
-    if (!central_take(c, classes[c].cache_max / 2 + 1, 1, &list))
+    unsigned want = classes[c].cache_max / 2 + 1;
+    if (!central_take(c, want, want > 1, &list))
         return NULL;
     void *b = list;
     hc->bulk = link_next(b);
@@ -521,6 +528,13 @@ TAG_COLD void _tag_heap_spill(struct tag_heap_cache *hc, unsigned c)
 {
     /* keep the newest half (the head), give the older half back */
     unsigned keep = classes[c].cache_max / 2;
+    if (keep == 0) {  /* a class that caches one block or none */
+        void *all = hc->head;
+        hc->head = NULL;
+        hc->count = 0;
+        central_give(c, all);
+        return;
+    }
     void *b = hc->head;
     for (unsigned k = 1; k < keep && b; k++)
         b = link_next(b);

@@ -96,7 +96,7 @@ enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
 /* The largest block libtag hands out (the heap's own limit, 64 TiB). */
 #define TAG_BLOCK_MAX ((size_t)1 << 46)
 #define TAG_HEAP_SMALL_MAX (512u * 1024)  /* larger slots: a span each */
-#define TAG_HEAP_CLASSES   56u            /* 16..128 by 16, then 4 a doubling */
+#define TAG_HEAP_CLASSES   104u           /* 16..128 by 16, then 8 a doubling */
 /* span kinds: enum libtag_span_kind (tag_abi.h) */
 #define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
 #define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */

@@ -65,6 +65,7 @@ struct tag_class_info {
     uint32_t slices;       /* slices per span */
     uint32_t capacity;     /* slots per span */
     uint32_t cache_max;    /* blocks a thread's cache holds at most */
+    uint32_t carve;        /* blocks carved at most at once: a page of them */
 };
 static struct tag_class_info classes[TAG_HEAP_CLASSES];
 
@@ -433,6 +434,12 @@ static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
         }
         char *base = span_start(s);
         int fresh = (s->flags & TAG_SPAN_ZERO) != 0;
+        /* a page's worth of blocks at a time: a carved block's link is
+         * written, its page made resident, and a class a program uses a few
+         * times (most of sqlite3's shell's 50) made 3-5 pages resident at
+         * its first refill */
+        if (want > got + ci->carve)
+            want = got + ci->carve;
         while (got < want && s->carved < s->capacity) {
             char *b = base + (size_t)s->carved++ * ci->block_size;
             /* a slot holds no block until one is tagged in it: its tag's
@@ -496,6 +503,7 @@ TAG_COLD void _tag_heap_init(void)
          * 40..320 KiB in sqlite3's shell, which uses each such class once */
         uint32_t m = (32u * 1024) / bs;
         ci->cache_max = m > 256 ? 256 : m;
+        ci->carve = bs < TAG_PAGE_SIZE ? TAG_PAGE_SIZE / bs : 1;
         _tag_heap_cache_limit[c] = ci->cache_max;
         _tag_heap_div[c] = UINT64_MAX / bs + 1;
     }

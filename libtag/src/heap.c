@@ -602,6 +602,51 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
     return (void *)p;
 }
 
+/* Grow the large block at p (a large span's start) to bytes in place, with
+ * the free slices right after its span or, at the used part's end, fresh
+ * ones: 1 if it now has room for them.  What glibc's mremap does for a
+ * mapped chunk: a buffer grown realloc after realloc (sqlite3's shell, 64
+ * KiB to 2 MiB) otherwise has its old block and its copy resident at once,
+ * 1 MiB above glibc's peak. */
+int _tag_heap_grow(void *p, size_t bytes)
+{
+    struct tag_slice *s = span_of(p);
+    if (s->kind != TAG_SPAN_LARGE || (char *)p != span_start(s) || bytes > (1ull << 46))
+        return 0;
+    uint64_t n = s->slices, need = (bytes + TAG_HEAP_SLICE - 1) / TAG_HEAP_SLICE;
+    if (need <= n)
+        return 1;
+    int ok = 0;
+    spin_lock(&page_lock);
+    uint64_t i = index_of(s);
+    if (i + n == _tag_heap.used) {
+        if (commit_to(i + need)) {
+            __atomic_store_n(&_tag_heap.used, i + need, __ATOMIC_RELEASE);
+            ok = 1;
+        }
+    } else {
+        struct tag_slice *right = s + n;
+        if (right->kind == TAG_SPAN_FREE && n + right->slices >= need) {
+            bin_remove(right);
+            uint64_t rest = n + right->slices - need;
+            if (rest) {
+                struct tag_slice *r = s + need;
+                r->slices = (uint32_t)rest;
+                r->first_off = 0;
+                r->flags = right->flags;
+                bin_push(r);
+            }
+            ok = 1;
+        }
+    }
+    if (ok) {
+        mark_span(s, need);
+        _tag_heap.large_bytes += (need - n) * TAG_HEAP_SLICE;
+    }
+    spin_unlock(&page_lock);
+    return ok;
+}
+
 static void large_free(struct tag_slice *s)
 {
     spin_lock(&page_lock);

@@ -173,6 +173,8 @@ TAG_INLINE void _tag_heap_free(struct tag_heap_cache *hc, void *p)
 }
 /* Bytes usable from p to its slot's end. */
 size_t _tag_heap_usable(const void *p);
+/* Grow a large block in place to bytes (heap.c): 1 if it has room now. */
+int _tag_heap_grow(void *p, size_t bytes);
 /* Give every block of a thread's caches back (thread exit). */
 void _tag_heap_flush(struct tag_heap_cache *hc);
 /* malloc_trim: free spans back to the kernel; 1 if any was. */

@@ -33,6 +33,12 @@
  *     caller is about to touch that line anyway;
  *   - a span with every carved block back in its free list is released to
  *     the slice allocator (page lock), which coalesces free neighbours.
+ * Classes: 16..128 bytes by 16, then eight a doubling up to 64 KiB
+ * (TAG_HEAP_SMALL_MAX); a thread caches 32 KiB of a class's blocks (none of
+ * a class above 32 KiB), and a span is carved a page's worth of blocks at a
+ * time.  A larger block is a large span, which realloc grows in place into
+ * free slices after it.  What this policy saves on sqlite3's shell:
+ * docs/benchmarks.md, "The heap's policy on mid-sized blocks".
  * A free block's first word links it: encoded with a per-process key, and
  * checked to lie in the region when it is followed, so an overflow that
  * hit a free block's link is found, not followed.
@@ -491,9 +497,10 @@ TAG_COLD void _tag_heap_init(void)
     for (unsigned c = 0; c < TAG_HEAP_CLASSES; c++) {
         struct tag_class_info *ci = &classes[c];
         uint32_t bs = class_bytes(c);
+        /* one slice, or 8 slots for a class above 8 KiB (up to 64 KiB,
+         * TAG_HEAP_SMALL_MAX) */
         uint64_t span = bs <= 8192 ? TAG_HEAP_SLICE
-                      : bs <= 65536 ? (8ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1)
-                                    : (4ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1);
+                                   : (8ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1);
         ci->block_size = bs;
         ci->slices = (uint32_t)(span / TAG_HEAP_SLICE);
         ci->capacity = (uint32_t)(span / bs);

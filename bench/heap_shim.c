@@ -90,6 +90,8 @@ EXPORT void *realloc(void *p, size_t n)
     size_t room = _tag_heap_usable(p);
     if (n <= room && 2 * n > room)
         return p;
+    if (n > room && n > TAG_HEAP_SMALL_MAX && _tag_heap_grow(p, n))
+        return p;  /* a large block grown in place, as libtag's realloc does */
     void *q = malloc(n);
     if (q) {
         memcpy(q, p, room < n ? room : n);

@@ -33,6 +33,12 @@
  *     caller is about to touch that line anyway;
  *   - a span with every carved block back in its free list is released to
  *     the slice allocator (page lock), which coalesces free neighbours.
+ * Classes: 16..128 bytes by 16, then eight a doubling up to 64 KiB
+ * (TAG_HEAP_SMALL_MAX); a thread caches 32 KiB of a class's blocks (none of
+ * a class above 32 KiB), and a span is carved a page's worth of blocks at a
+ * time.  A larger block is a large span, which realloc grows in place into
+ * free slices after it.  What this policy saves on sqlite3's shell:
+ * docs/benchmarks.md, "The heap's policy on mid-sized blocks".
  * A free block's first word links it: encoded with a per-process key, and
  * checked to lie in the region when it is followed, so an overflow that
  * hit a free block's link is found, not followed.
@@ -65,6 +71,7 @@ struct tag_class_info {
     uint32_t slices;       /* slices per span */
     uint32_t capacity;     /* slots per span */
     uint32_t cache_max;    /* blocks a thread's cache holds at most */
+    uint32_t carve;        /* blocks carved at most at once: a page of them */
 };
 static struct tag_class_info classes[TAG_HEAP_CLASSES];
 
@@ -73,8 +80,8 @@ static uint32_t class_bytes(unsigned c)
 {
     if (c < 8)
         return 16u * (c + 1);
-    unsigned b = 7 + (c - 8) / 4, sub = (c - 8) % 4;
-    return (1u << b) + (sub + 1) * (1u << (b - 2));
+    unsigned b = 7 + (c - 8) / 8, sub = (c - 8) % 8;
+    return (1u << b) + (sub + 1) * (1u << (b - 3));
 }
 
 /* ---------------------------------------------------------- the region */
@@ -268,11 +275,26 @@ static struct tag_slice *slices_take(uint64_t n, uint32_t kind)
  * neighbours.  A free span of 2 MiB or more goes back to the kernel
  * (madvise: the pages read as zeros again), so a program that frees a
  * large buffer, or many blocks next to each other, gets its memory back as
- * with glibc's munmap and heap trimming. */
+ * with glibc's munmap and heap trimming.  So does a span of 8 slices or
+ * more on its own (a large block, a span of a class of 128 KiB or more)
+ * that is longer than every span released so far, as glibc munmaps a chunk
+ * it mapped and then raises its mapping threshold to that chunk's size:
+ * kept, such a span stays resident as a hole too short for the next large
+ * block of a growing buffer (realloc after realloc: sqlite3's shell peaked
+ * with 1.4 MiB of such holes resident), and a buffer of one size freed and
+ * taken again and again is not released at every turn (a fault a page at
+ * every turn: 45x slower for a 1 MiB buffer written whole).
+ */
+static uint64_t released_max = 7;  /* slices of the longest span released */
 static void slices_give(struct tag_slice *s)
 {
     uint64_t i = index_of(s), n = s->slices;
     int zero = (s->flags & TAG_SPAN_ZERO) != 0;
+    if (n > released_max && !zero) {
+        released_max = n;
+        madvise((char *)_tag_heap.base + i * TAG_HEAP_SLICE, n * TAG_HEAP_SLICE, MADV_DONTNEED);
+        zero = 1;
+    }
     if (i > 0) {
         struct tag_slice *left = s - 1;
         left -= left->first_off;
@@ -418,6 +440,12 @@ static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
         }
         char *base = span_start(s);
         int fresh = (s->flags & TAG_SPAN_ZERO) != 0;
+        /* a page's worth of blocks at a time: a carved block's link is
+         * written, its page made resident, and a class a program uses a few
+         * times (most of sqlite3's shell's 50) made 3-5 pages resident at
+         * its first refill */
+        if (want > got + ci->carve)
+            want = got + ci->carve;
         while (got < want && s->carved < s->capacity) {
             char *b = base + (size_t)s->carved++ * ci->block_size;
             /* a slot holds no block until one is tagged in it: its tag's
@@ -469,14 +497,20 @@ TAG_COLD void _tag_heap_init(void)
     for (unsigned c = 0; c < TAG_HEAP_CLASSES; c++) {
         struct tag_class_info *ci = &classes[c];
         uint32_t bs = class_bytes(c);
+        /* one slice, or 8 slots for a class above 8 KiB (up to 64 KiB,
+         * TAG_HEAP_SMALL_MAX) */
         uint64_t span = bs <= 8192 ? TAG_HEAP_SLICE
-                      : bs <= 65536 ? (8ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1)
-                                    : (4ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1);
+                                   : (8ull * bs + TAG_HEAP_SLICE - 1) & ~(uint64_t)(TAG_HEAP_SLICE - 1);
         ci->block_size = bs;
         ci->slices = (uint32_t)(span / TAG_HEAP_SLICE);
         ci->capacity = (uint32_t)(span / bs);
+        /* 32 KiB of blocks, at most 256: a class of more than 32 KiB caches
+         * none (a free goes to its span), as one cached block would hold
+         * its slot's pages resident - up to 3 did, 2.6 MiB of blocks of
+         * 40..320 KiB in sqlite3's shell, which uses each such class once */
         uint32_t m = (32u * 1024) / bs;
-        ci->cache_max = m < 4 ? 4 : m > 256 ? 256 : m;
+        ci->cache_max = m > 256 ? 256 : m;
+        ci->carve = bs < TAG_PAGE_SIZE ? TAG_PAGE_SIZE / bs : 1;
         _tag_heap_cache_limit[c] = ci->cache_max;
         _tag_heap_div[c] = UINT64_MAX / bs + 1;
     }
@@ -494,8 +528,11 @@ static void *take_one(unsigned c)
 
 TAG_COLD void *_tag_heap_refill(struct tag_heap_cache *hc, unsigned c)
 {
+    /* half the cache, as a span's whole free list when one has free slots;
+     * one block alone for a class that caches at most one */
     void *list;
-    if (!central_take(c, classes[c].cache_max / 2 + 1, 1, &list))
+    unsigned want = classes[c].cache_max / 2 + 1;
+    if (!central_take(c, want, want > 1, &list))
         return NULL;
     void *b = list;
     hc->bulk = link_next(b);
@@ -506,6 +543,13 @@ TAG_COLD void _tag_heap_spill(struct tag_heap_cache *hc, unsigned c)
 {
     /* keep the newest half (the head), give the older half back */
     unsigned keep = classes[c].cache_max / 2;
+    if (keep == 0) {  /* a class that caches one block or none */
+        void *all = hc->head;
+        hc->head = NULL;
+        hc->count = 0;
+        central_give(c, all);
+        return;
+    }
     void *b = hc->head;
     for (unsigned k = 1; k < keep && b; k++)
         b = link_next(b);
@@ -563,6 +607,51 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
         p = (p + align - 1) & ~(uintptr_t)(align - 1);
     s->block_off = (uint32_t)(p - (uintptr_t)span_start(s));
     return (void *)p;
+}
+
+/* Grow the large block at p (a large span's start) to bytes in place, with
+ * the free slices right after its span or, at the used part's end, fresh
+ * ones: 1 if it now has room for them.  What glibc's mremap does for a
+ * mapped chunk: a buffer grown realloc after realloc (sqlite3's shell, 64
+ * KiB to 2 MiB) otherwise has its old block and its copy resident at once,
+ * 1 MiB above glibc's peak. */
+int _tag_heap_grow(void *p, size_t bytes)
+{
+    struct tag_slice *s = span_of(p);
+    if (s->kind != TAG_SPAN_LARGE || (char *)p != span_start(s) || bytes > (1ull << 46))
+        return 0;
+    uint64_t n = s->slices, need = (bytes + TAG_HEAP_SLICE - 1) / TAG_HEAP_SLICE;
+    if (need <= n)
+        return 1;
+    int ok = 0;
+    spin_lock(&page_lock);
+    uint64_t i = index_of(s);
+    if (i + n == _tag_heap.used) {
+        if (commit_to(i + need)) {
+            __atomic_store_n(&_tag_heap.used, i + need, __ATOMIC_RELEASE);
+            ok = 1;
+        }
+    } else {
+        struct tag_slice *right = s + n;
+        if (right->kind == TAG_SPAN_FREE && n + right->slices >= need) {
+            bin_remove(right);
+            uint64_t rest = n + right->slices - need;
+            if (rest) {
+                struct tag_slice *r = s + need;
+                r->slices = (uint32_t)rest;
+                r->first_off = 0;
+                r->flags = right->flags;
+                bin_push(r);
+            }
+            ok = 1;
+        }
+    }
+    if (ok) {
+        mark_span(s, need);
+        _tag_heap.large_bytes += (need - n) * TAG_HEAP_SLICE;
+    }
+    spin_unlock(&page_lock);
+    return ok;
 }
 
 static void large_free(struct tag_slice *s)

@@ -270,8 +270,13 @@ static void *realloc_in_place(struct tag_thread_state *t, void *ptr, size_t size
         return NULL;
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     size_t room = _tag_heap_usable(tg);
-    if (size > TAG_BLOCK_MAX - OVERHEAD || payload + OVERHEAD > room ||
-        2 * (payload + OVERHEAD) <= room)
+    if (size > TAG_BLOCK_MAX - OVERHEAD)
+        return NULL;
+    /* a large block grows in place when the slices after it are free */
+    if (payload + OVERHEAD > room && payload + OVERHEAD > TAG_HEAP_SMALL_MAX &&
+        _tag_heap_grow(tg, payload + OVERHEAD))
+        room = _tag_heap_usable(tg);
+    if (payload + OVERHEAD > room || 2 * (payload + OVERHEAD) <= room)
         return NULL;
     uint64_t old_size = _tag_size(tg);
     _tag_stats_free(t, tg->alloc_stack, old_size, ptr);

@@ -95,8 +95,8 @@ enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
 /* TAG_HEAP_SLICE: tag_abi.h ("heap") */
 /* The largest block libtag hands out (the heap's own limit, 64 TiB). */
 #define TAG_BLOCK_MAX ((size_t)1 << 46)
-#define TAG_HEAP_SMALL_MAX (512u * 1024)  /* larger slots: a span each */
-#define TAG_HEAP_CLASSES   56u            /* 16..128 by 16, then 4 a doubling */
+#define TAG_HEAP_SMALL_MAX (64u * 1024)   /* larger blocks: a span each */
+#define TAG_HEAP_CLASSES   80u            /* 16..128 by 16, then 8 a doubling */
 /* span kinds: enum libtag_span_kind (tag_abi.h) */
 #define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
 #define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */

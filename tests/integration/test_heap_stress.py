@@ -37,6 +37,11 @@ def test_sixteen_threads_cross_thread_frees_run_clean(build_victim, run_victim, 
     # AND realloc keeps a block that still fits its slot, and moves one that does not
     assert f["realloc_in_place"] == 1
     assert f["realloc_moved"] == 1
+    # AND a large block grew in place, at the heap's end and into a freed
+    # neighbour's slices, its bytes kept
+    assert f["grow_at_end"] == 1
+    assert f["grow_into_free"] == 1
+    assert f["kept"] == 1
     # AND libtag saw no anomaly in a correct program
     assert "anomaly" not in proc.stderr
 

@@ -42,29 +42,22 @@ __attribute__((noinline)) static uint64_t f_plain(uint64_t x)
     return x + 1;
 }
 
-__attribute__((noinline)) static uint64_t f_control(uint64_t x)
-{
-    uintptr_t *slot = (uintptr_t *)__builtin_frame_address(0) + 1;
-    struct tramp_state *T = &tramp_tls;
-    struct tramp_entry *e = &T->e[T->n++];
-    e->slot = slot;
-    e->ret = *slot;
-    e->pid = x;
-    *(volatile uintptr_t *)slot = e->ret;
-    return x + 1;
-}
-
-__attribute__((noinline)) static uint64_t f_tramp(uint64_t x)
-{
-    uintptr_t *slot = (uintptr_t *)__builtin_frame_address(0) + 1;
-    struct tramp_state *T = &tramp_tls;
-    struct tramp_entry *e = &T->e[T->n++];
-    e->slot = slot;
-    e->ret = *slot;
-    e->pid = x;
-    *(volatile uintptr_t *)slot = (uintptr_t)tramp_ret;
-    return x + 1;
-}
+/* The same work, but for the word stored back into the return slot: the
+ * real return address (control) or the trampoline's. */
+#define MARKED(name, stored)                                                  \
+    __attribute__((noinline)) static uint64_t name(uint64_t x)                \
+    {                                                                         \
+        uintptr_t *slot = (uintptr_t *)__builtin_frame_address(0) + 1;        \
+        struct tramp_state *T = &tramp_tls;                                   \
+        struct tramp_entry *e = &T->e[T->n++];                                \
+        e->slot = slot;                                                       \
+        e->ret = *slot;                                                       \
+        e->pid = x;                                                           \
+        *(volatile uintptr_t *)slot = (stored);                               \
+        return x + 1;                                                         \
+    }
+MARKED(f_control, e->ret)
+MARKED(f_tramp, (uintptr_t)tramp_ret)
 
 #define POP_CONTROL() (tramp_tls.n = 0)
 #define POP_TRAMP() ((void)0) /* the trampoline popped it */

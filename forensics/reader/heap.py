@@ -38,8 +38,8 @@ from forensics.core.errors import CoreReadError
 from forensics.reader.control import Control
 from forensics.reader.model import Block
 
-CACHE_VERSION = 6  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2;
-#                   5: guarded blocks; 6: ABI 4, the heap walk
+CACHE_VERSION = 7  # 2: the smashed-canary answer is cached too; 3: forensics.reader.cachefile; 4: ABI 2;
+#                   5: guarded blocks; 6: ABI 4, the heap walk; 7: the damaged slots too
 NEAR_WINDOW = 64  # bytes past a block's end still reported as "near" it
 
 _INDEX_FIELDS = {  # name -> dtype of the index arrays (and of the cache)
@@ -86,7 +86,9 @@ class Heap:
             index = self._load_cache(cache_path, cache_key)
             self.from_cache = index is not None
         if index is None:
+            self._damaged: list[np.ndarray] = []
             index = self._scan(progress)
+            index["damaged"] = np.concatenate(self._damaged) if self._damaged else np.empty(0, np.uint64)
             self._index = index
             # the canary check touches a page per live block: do it once per
             # core and keep its answer in the cache with the index
@@ -94,9 +96,11 @@ class Heap:
             if cache_path and cache_key:
                 self._write_cache(cache_path, cache_key, index)
         smashed = index.pop("smashed")
+        damaged = index.pop("damaged")
         self._index = index
         self._end = index["start"] + np.maximum(index["size"], 1)  # malloc(0) owns its start
         self._warn_smashed(smashed)
+        self._warn_damaged(damaged)
 
     # ----------------------------------------------------------------- walk --
 
@@ -223,6 +227,8 @@ class Heap:
         # a small block's size is exact, and the block lies in its span
         ok &= (size != np.uint64(abi.TAG_SIZE_BIG)) & (
             tag + np.uint64(abi.TAG_SIZE) + np.maximum(size, np.uint64(abi.TAG_MIN_PAYLOAD)) <= span_end)
+        if not ok.all():
+            self._damaged.append(slot[~ok])
         return _entries(tag[ok], stack_time[ok], bits[ok], size[ok], np.zeros(int(ok.sum()), np.bool_))
 
     def _resolve(self, slot: np.ndarray, stack_time: np.ndarray, bits: np.ndarray, words: np.ndarray,
@@ -254,7 +260,7 @@ class Heap:
     def _large_blocks(self, spans: list[tuple[int, int, int, int]]) -> dict[str, np.ndarray]:
         """The block of each large span (one read each), its size the span's
         large_size when the tag's size field says TAG_SIZE_BIG."""
-        rows, unreadable = [], []
+        rows, unreadable, damaged = [], [], []
         for start, off, large_size, span_bytes in spans:
             try:
                 raw = self.mem.read(start + off, abi.TAG_SIZE)
@@ -265,6 +271,7 @@ class Heap:
                     if not (_tag_ok1(tag, st, bits, self.control.secret, (abi.TAG_STATE_FORWARD,))
                             and pad >= abi.TAG_SIZE
                             and pad % 16 == 0 and off + pad + 2 * abi.TAG_SIZE <= span_bytes):
+                        damaged.append(start + off)
                         continue
                     t = np.frombuffer(self.mem.read(start + off + pad, abi.TAG_SIZE), "<u8")
                     tag, st, bits = tag + pad, int(t[0]), int(t[1])
@@ -277,10 +284,14 @@ class Heap:
             if _tag_ok1(tag, st, bits, self.control.secret) and \
                     off + pad + abi.TAG_SIZE + max(size, abi.TAG_MIN_PAYLOAD) <= span_bytes:
                 rows.append((tag, st, bits, size))
+            elif (bits >> abi.TAG_STATE_SHIFT) & abi.TAG_STATE_MASK:
+                damaged.append(start + off)
         if unreadable:
             self.warnings.append(
                 f"libtag's heap: {len(unreadable)} large spans are not readable in {self._where()}, "
                 f"their blocks are not read: {_addrs(unreadable)}")
+        if damaged:
+            self._damaged.append(np.array(damaged, np.uint64))
         if not rows:
             return _empty()
         a = np.array(rows, dtype=np.uint64).reshape(-1, 4)
@@ -391,6 +402,22 @@ class Heap:
                 smashed.extend(sel[got != want].tolist())
         return np.array(smashed, dtype=np.int64)
 
+    def _warn_damaged(self, damaged: np.ndarray) -> None:
+        """Slots libtag marked used whose tag (or forward record) no longer
+        validates, or says a block past its span: written over after libtag
+        wrote it - an overflow of the block below, a write through a stale
+        pointer.  Their blocks cannot be named.  The anomaly's own block,
+        when libtag recorded one, has its own warning (control.py)."""
+        a = self.control.fields.anomaly
+        if a.kind != abi.TAG_ANOMALY_NONE and int(a.block):
+            damaged = damaged[damaged != np.uint64(int(a.block) - abi.TAG_SIZE)]
+        if len(damaged):
+            more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+            self.warnings.append(
+                f"libtag's heap: {len(damaged)} slots hold a tag that does not validate or does not fit "
+                f"its slot (written over), their blocks are not read: "
+                f"{_addrs([int(x) for x in np.sort(damaged)[:5]])}{more}")
+
     def _warn_smashed(self, smashed: np.ndarray) -> None:
         x = self._index
         smashed = smashed.tolist()
@@ -426,7 +453,11 @@ class Heap:
         if smashed.dtype != np.int64 or smashed.ndim != 1 or (
                 len(smashed) and (smashed.min() < 0 or smashed.max() >= n)):
             return None
+        damaged = z.get("damaged")
+        if damaged is None or damaged.dtype != np.uint64 or damaged.ndim != 1:
+            return None
         index["smashed"] = smashed
+        index["damaged"] = damaged
         return index
 
     def _write_cache(self, path: str, key: tuple[int, int], index: dict[str, np.ndarray]) -> None:

@@ -281,6 +281,11 @@ static void *realloc_in_place(struct tag_thread_state *t, void *ptr, size_t size
     uint64_t old_size = _tag_size(tg);
     _tag_stats_free(t, tg->alloc_stack, old_size, ptr);
     _tag_count(t, 1, old_size);
+    /* no block for an instant rather than a torn tag: a snapshot that
+     * stops this thread between the tag's two stores would see the new
+     * stack and time under the old bits, a tag that no longer validates */
+    __atomic_store_n(&tg->bits, 0, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_RELEASE);
     _tag_write_live(ptr, size, 0, stack, t->tid, _tag_now_ms(), TAG_ALLOC_MALLOC);
     _tag_stats_alloc(t, stack, size, ptr);
     _tag_count(t, 0, size);

@@ -78,16 +78,21 @@ def test_overflow_over_a_neighbours_tag(hostile, forensics_json):
     overflow = [w for w in doc["warnings"] if w.startswith("heap overflow")]
     assert len(overflow) == 1, doc["warnings"]
     assert f"{v.victim:#x} (64 bytes)" in overflow[0]
-    # AND the overflowing block is still found, with the warning
+    # AND the slot whose tag was written over, the neighbour's (its tag 16
+    # bytes below the block the victim printed)
+    damaged = (f"libtag's heap: 1 slots hold a tag that does not validate or does not fit its slot "
+               f"(written over), their blocks are not read: {v.other - 16:#x}")
+    assert doc["warnings"] == overflow + [damaged]
+    # AND the overflowing block is still found, with the warnings
     code, doc, _ = forensics_json("whoowns", hex(v.victim), "--core", str(v.core), "--json")
     assert (code, doc["block"]["start"], doc["block"]["size"]) == (0, hex(v.victim), 64)
-    assert doc["warnings"] == overflow
+    assert doc["warnings"] == overflow + [damaged]
     # AND the block whose tag was smashed is no longer claimed as a tagged block:
     # it is reported as lying past the end of the overflowing one
     code, doc, _ = forensics_json("whoowns", hex(v.other + 8), "--core", str(v.core), "--json")
     assert (code, doc["block"]) == (1, None)
     assert doc["near"]["block"]["start"] == hex(v.victim)
-    assert doc["warnings"] == overflow
+    assert doc["warnings"] == overflow + [damaged]
 
 
 def test_control_block_counts_overwritten(hostile, forensics_json):

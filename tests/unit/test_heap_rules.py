@@ -98,11 +98,14 @@ def test_a_tag_that_does_not_validate_is_not_a_block(damage):
         proc.put(0x48, bits.to_bytes(8, "little"))
     else:  # a valid check, but the block would end past its span
         proc.block(0xFF00, size=0x200, canary=False)
-        proc.put(0x40, bytes(16))
+        proc.put(0x40, bytes(16))  # (the first block gone: state NONE, no block)
+    slot = F.HEAP + (0xFF00 if damage == "size past the span" else 0x40)
     # WHEN the heap is walked
     heap = heap_of(proc)
-    # THEN no block is found, and nothing is said of it
-    assert (len(heap), heap.warnings) == (0, [])
+    # THEN no block is found, and the walk names the slot whose tag was written over
+    assert (len(heap), heap.warnings) == (0, [
+        f"libtag's heap: 1 slots hold a tag that does not validate or does not fit its slot "
+        f"(written over), their blocks are not read: {slot:#x}"])
 
 
 # ---------------------------------------------------------------- walk --

@@ -9,7 +9,7 @@ signals: docs/design.md, "Stacks").
 Not a product build: it copies this checkout (`git archive HEAD`) into a
 temporary directory, replaces the two hooks in libtag/src/hooks.c with the
 minimal ones, builds that libtag, and times lua's instrumented build
-(bench/run_real.py's cache) interleaved:
+(bench/run_real.py's, built into its cache the first time) interleaved:
 
   base      lua without libtag
   libtag    libtag as it is
@@ -33,11 +33,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, callgrind, callgrind_costs, lib_path, machine, med, print_machine, spread  # noqa: E402
+import run_real  # noqa: E402
+from benchlib import (BENCH, Launcher, callgrind, callgrind_costs, lib_path, machine, med,  # noqa: E402
+                      print_machine, spread)
 
 ROOT = BENCH.parent
 LEAST_HOOKS = '''TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
@@ -86,22 +87,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--lib", help="libtag.so as it is (default: the installed one)")
-    ap.add_argument("--lua", default=os.path.expanduser("~/.cache/forensics/real/lua-2.8-instr/lua"),
-                    help="lua built -O2 -finstrument-functions (bench/run_real.py builds it)")
-    ap.add_argument("--n", type=int, default=14, help="binary_trees.lua's depth (default 14)")
+    ap.add_argument("--n", default="14", help="binary_trees.lua's depth (default 14)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--callgrind", action="store_true",
                     help="also count instructions (binary_trees.lua 11) under callgrind")
     args = ap.parse_args()
-    lua = Path(args.lua)
-    if not lua.is_file():
-        sys.exit(f"hook_floor: no {lua}: run `python3 bench/run_real.py --programs lua --reps 1` first")
     lib = lib_path(args.lib)
-    work = BENCH / "workloads" / "binary_trees.lua"
+    lua = run_real.PROGRAMS["lua"]
+    exe = run_real.built(lua, "instr")
     print_machine(machine())
     with tempfile.TemporaryDirectory(prefix="hook-floor-") as d:
         tmp = Path(d)
         least = build_least(tmp)
+        launcher = Launcher(tmp)
+        cmd = lua.workload(exe, tmp, args.n)
         variants = {
             "base": {},
             "libtag": {"LD_PRELOAD": str(lib)},
@@ -111,11 +110,8 @@ def main() -> int:
         env0 = dict(os.environ, LIBTAG_DIR=str(tmp / "snapshots"))
         times: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(args.reps):
-            for name, extra in variants.items():
-                t0 = time.perf_counter()
-                subprocess.run([str(lua), str(work), str(args.n)], env=dict(env0, **extra), check=True,
-                               stdout=subprocess.DEVNULL)
-                times[name].append(time.perf_counter() - t0)
+            for name, extra in variants.items():  # interleaved: drift hits every variant alike
+                times[name].append(launcher.timed(cmd, dict(env0, **extra))[0])
         base = med(times["base"])
         print(f"lua -finstrument-functions binary_trees.lua {args.n}, {args.reps} interleaved runs")
         for name, ts in times.items():
@@ -127,8 +123,8 @@ def main() -> int:
         if args.callgrind:
             for name in ("exact/fp", "least/fp"):
                 out = tmp / f"cg-{name.replace('/', '-')}.out"
-                callgrind([str(lua), str(work), "11"], dict(env0, **variants[name]), out)
-                print(f"  callgrind binary_trees.lua 11, {name}: {callgrind_costs(out)[0]:,} instructions")
+                callgrind(lua.workload(exe, tmp, lua.small), dict(env0, **variants[name]), out)
+                print(f"  callgrind binary_trees.lua {lua.small}, {name}: {callgrind_costs(out)[0]:,} instructions")
     return 0
 
 

@@ -52,7 +52,6 @@
 #include <signal.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <ucontext.h>
 
 #include "libtag_internal.h"
@@ -81,15 +80,15 @@ struct rule_slot {
 /* One table: its size and its slots together, so a reader that loads the
  * pointer always indexes within the table it loaded. */
 struct rule_table {
-    uint32_t bits;
-    uint32_t evicted;  /* other keys overwritten by fills (a hint, racy) */
+    uint64_t bits;
     struct rule_slot s[];
 };
 static struct {
     struct rule_table t;
     struct rule_slot s[1u << RULE_BITS_FIRST];
-} rules_first = {{RULE_BITS_FIRST, 0}, {{0, 0}}};
+} rules_first = {{RULE_BITS_FIRST}, {{0, 0}}};
 static struct rule_table *rules = &rules_first.t;  /* release/acquire */
+static uint32_t rules_evicted;  /* other keys the first table's fills overwrote (racy: a hint) */
 uint64_t _tag_capture_total, _tag_capture_frames_total;
 
 TAG_INLINE unsigned slot_of(const struct rule_table *rt, uint64_t key)
@@ -112,13 +111,12 @@ TAG_INLINE uint64_t rule_get(uint64_t key)
     return (r & CHECK_MASK) == check_of(key) ? r : 0;
 }
 
-/* Fill key's slot with rule; grow the table when fills have evicted an
- * eighth of its slots.  Lock-free and async-signal-safe (a handler's
- * capture fills too): the larger table starts empty - a cache - and is
- * published with a compare-and-swap; a thread that loses unmaps its own.
- * The old table's memory goes back to the kernel (not its address range:
- * a reader that loaded it before reads zeros, a miss), but for the first,
- * which is libtag's own .bss. */
+/* Fill key's slot with rule; replace the first table by the large one
+ * when its fills have evicted an eighth of its slots.  Lock-free and
+ * async-signal-safe (a handler's capture fills too): the large table
+ * starts empty - a cache - and is published with a compare-and-swap; a
+ * thread that loses unmaps its own.  The first table stays (16 KiB of
+ * .bss): a reader that loaded it before still reads whole entries. */
 static void rule_put(uint64_t key, uint64_t rule)
 {
     struct rule_table *rt = __atomic_load_n(&rules, __ATOMIC_ACQUIRE);
@@ -126,22 +124,17 @@ static void rule_put(uint64_t key, uint64_t rule)
     uint64_t was = __atomic_load_n(&e->key, __ATOMIC_RELAXED);
     __atomic_store_n(&e->rule, rule, __ATOMIC_RELAXED);
     __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
-    if (!was || was == key || rt->bits >= RULE_BITS_MAX ||
-        __atomic_add_fetch(&rt->evicted, 1, __ATOMIC_RELAXED) != (1u << rt->bits) / 8)
+    if (!was || was == key || rt != &rules_first.t ||
+        __atomic_add_fetch(&rules_evicted, 1, __ATOMIC_RELAXED) != (1u << RULE_BITS_FIRST) / 8)
         return;
-    uint32_t bits = RULE_BITS_MAX;
-    size_t bytes = sizeof *rt + ((size_t)1 << bits) * sizeof rt->s[0];
+    size_t bytes = sizeof *rt + ((size_t)1 << RULE_BITS_MAX) * sizeof rt->s[0];
     struct rule_table *big = _tag_map(bytes, 0);
     if (!big)
         return;  /* stays as it is */
-    big->bits = bits;
+    big->bits = RULE_BITS_MAX;
     struct rule_table *expect = rt;
-    if (!__atomic_compare_exchange_n(&rules, &expect, big, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    if (!__atomic_compare_exchange_n(&rules, &expect, big, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         _tag_unmap(big, bytes);
-        return;
-    }
-    if (rt != &rules_first.t)  /* the first one is .bss: 16 KiB stay */
-        madvise(rt, sizeof *rt + ((size_t)1 << rt->bits) * sizeof rt->s[0], MADV_DONTNEED);
 }
 
 void _tag_unwind_flush(void)

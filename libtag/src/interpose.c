@@ -309,37 +309,34 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         errno = ENOMEM;
         return NULL;
     }
-    struct tag_thread_state *t;
-    if (_tag_guarded(ptr) || !(t = _tag_self())) {
-        /* a guarded block, or a thread without a state: through
-         * _tag_alloc and _tag_free, which know those */
-        size_t old_size = (size_t)_tag_size(_tag_of(ptr));
-        void *p = _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
-        if (!p)
-            return NULL;  /* the old block is left untouched */
-        memcpy(p, ptr, old_size < size ? old_size : size);
-        int saved = errno;
-        _tag_free(ptr, _tag_alloc_kind(_tag_of(ptr)), ret, frame);
-        errno = saved;
-        return p;
+    /* a guarded block, or a thread without a state: through _tag_alloc and
+     * _tag_free, which know those; else one capture: the realloc's stack
+     * is the new block's allocation and the old one's free (in place: its
+     * new allocation) */
+    struct tag_thread_state *t = _tag_guarded(ptr) ? NULL : _tag_self();
+    uint32_t stack = 0;
+    if (t) {
+        stack = _tag_capture(t, ret, frame);
+        void *same = realloc_in_place(t, ptr, size, stack);
+        if (same)
+            return same;
     }
-    /* One capture: the realloc's stack is the new block's allocation and
-     * the old one's free (in place: its new allocation). */
-    uint32_t stack = _tag_capture(t, ret, frame);
-    void *same = realloc_in_place(t, ptr, size, stack);
-    if (same)
-        return same;
     /* Move: the old block goes through the quarantine as a free() would,
      * so a stale pointer to it is caught like any other dangling pointer.
-     * Checked once, by check_block above; its kind no longer matters (a
-     * realloc of a new'd block is released as it was made). */
+     * Checked once, by check_block above (the guard's check for a guarded
+     * one); its kind no longer matters (a realloc of a new'd block is
+     * released as it was made). */
     size_t old_size = (size_t)_tag_size(_tag_of(ptr));
-    void *p = alloc_at(t, size, 16, 0, TAG_ALLOC_MALLOC, stack);
+    void *p = t ? alloc_at(t, size, 16, 0, TAG_ALLOC_MALLOC, stack)
+                : _tag_alloc(size, 16, 0, TAG_ALLOC_MALLOC, ret, frame);
     if (!p)
         return NULL;  /* the old block is left untouched */
     memcpy(p, ptr, old_size < size ? old_size : size);
     int saved = errno;
-    free_at(t, ptr, stack);
+    if (t)
+        free_at(t, ptr, stack);
+    else
+        _tag_free(ptr, _tag_alloc_kind(_tag_of(ptr)), ret, frame);
     errno = saved;
     return p;
 }

@@ -583,7 +583,7 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
 {
     uint64_t extra = align > TAG_HEAP_SLICE ? align - TAG_HEAP_SLICE : 0;
     uint64_t n = (bytes + extra + TAG_HEAP_SLICE - 1) / TAG_HEAP_SLICE;
-    if (bytes > (1ull << 46) || n > _tag_heap.slices_max)
+    if (bytes > TAG_BLOCK_MAX || n > _tag_heap.slices_max)
         return NULL;
     spin_lock(&page_lock);
     struct tag_slice *s = slices_take(n, TAG_SPAN_LARGE);
@@ -618,7 +618,7 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
 int _tag_heap_grow(void *p, size_t bytes)
 {
     struct tag_slice *s = span_of(p);
-    if (s->kind != TAG_SPAN_LARGE || (char *)p != span_start(s) || bytes > (1ull << 46))
+    if (s->kind != TAG_SPAN_LARGE || (char *)p != span_start(s) || bytes > TAG_BLOCK_MAX)
         return 0;
     uint64_t n = s->slices, need = (bytes + TAG_HEAP_SLICE - 1) / TAG_HEAP_SLICE;
     if (need <= n)

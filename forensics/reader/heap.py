@@ -86,9 +86,7 @@ class Heap:
             index = self._load_cache(cache_path, cache_key)
             self.from_cache = index is not None
         if index is None:
-            self._damaged: list[np.ndarray] = []
             index = self._scan(progress)
-            index["damaged"] = np.concatenate(self._damaged) if self._damaged else np.empty(0, np.uint64)
             self._index = index
             # the canary check touches a page per live block: do it once per
             # core and keep its answer in the cache with the index
@@ -106,7 +104,10 @@ class Heap:
 
     def _scan(self, progress: Progress | None) -> dict[str, np.ndarray]:
         """The index, from a walk of libtag's heap (the spans its slice table
-        describes) and of the guard pool's slot records: no scan of memory."""
+        describes) and of the guard pool's slot records: no scan of memory.
+        Beside the blocks, "damaged": the slots whose tag the walk could not
+        take (see _warn_damaged)."""
+        self._damaged: list[np.ndarray] = []  # filled by _slots and _large_blocks
         small, large = self._spans()
         total = sum(s[1] * s[2] for s in small) + len(large) * abi.TAG_HEAP_SLICE
         if progress:
@@ -128,6 +129,7 @@ class Heap:
                 keep[dup] = False
                 index = {k: v[keep] for k, v in index.items()}
         self._attach_free_records(index)
+        index["damaged"] = np.concatenate(self._damaged) if self._damaged else np.empty(0, np.uint64)
         return index
 
     def _spans(self) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int, int]]]:
@@ -412,11 +414,9 @@ class Heap:
         if a.kind != abi.TAG_ANOMALY_NONE and int(a.block):
             damaged = damaged[damaged != np.uint64(int(a.block) - abi.TAG_SIZE)]
         if len(damaged):
-            more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
             self.warnings.append(
                 f"libtag's heap: {len(damaged)} slots hold a tag that does not validate or does not fit "
-                f"its slot (written over), their blocks are not read: "
-                f"{_addrs([int(x) for x in np.sort(damaged)[:5]])}{more}")
+                f"its slot (written over), their blocks are not read: {_addrs(np.sort(damaged).tolist())}")
 
     def _warn_smashed(self, smashed: np.ndarray) -> None:
         x = self._index

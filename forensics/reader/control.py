@@ -400,7 +400,8 @@ class Control:
         [fn[d-1] (ENTRY), site[d-1], ..., site[0]] innermost first, its depth,
         and for each site, in the same order, sp (the CFA of the frame the
         site returns from; the site is stored at sp - 8; bit 0 set: a lower
-        bound only) and fn (the entry of the function of that frame)."""
+        bound only - libtag finds the CFA of an entry at the first capture
+        after its enter) and fn (the entry of the function of that frame)."""
         at = abi.SHADOW_OFFSETS
         try:
             raw = self.mem.read(addr, at["sp"] + 8 * abi.TAG_SHADOW_MAX)

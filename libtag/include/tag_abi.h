@@ -268,8 +268,10 @@ struct libtag_shadow {
     uint64_t site[TAG_SHADOW_MAX];    /* call site in the caller */
     uint64_t sp[TAG_SHADOW_MAX];      /* CFA of the frame: site[d] is stored
                                          at sp[d] - 8; bit 0 set: only a
-                                         lower bound of it was known (no
-                                         CFI for the function) */
+                                         lower bound of it is known (the
+                                         enter hook's own CFA + 8, until a
+                                         capture finds the CFA; or no CFI
+                                         for the function) */
     uint32_t id[TAG_SHADOW_MAX + 1];  /* id[d+1] = stack id through site[d];
                                          id[0] = 0 */
 };

@@ -379,6 +379,13 @@ uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc
  * offset from c of a CFA it found by rule (hooks.c). */
 uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
                        uintptr_t site);
+/* Resolve shadow entry i (shadow_stack.c): its CFA into shadow.sp[i], from
+ * what its enter hook saw (hook_sp, hook_ra, hook_bp) - the hook cache, else the
+ * CFI rule, which fills the cache.  Reads only the stack the hook ran on,
+ * from cur (a stack pointer of running code) up, or the alternate signal
+ * stack; elsewhere the lower bound stays.  A frame that is gone gets its
+ * CFA by rule, whose slot no longer holds the site.  Returns sp[i]. */
+uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cur);
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
@@ -395,13 +402,13 @@ extern uint64_t _tag_capture_total, _tag_capture_frames_total;
  * function fn being entered from site.  Returns the new depth. */
 uint32_t _tag_shadow_pop(struct tag_thread_state *t, uint64_t cur, uint64_t fn, uint64_t site);
 /* Before a capture from stack pointer cur uses the shadow stack: the
- * entries recorded since the last capture (from valid - 1 up) are alive,
- * or the dead ones are dropped (shadow_stack.c). */
+ * entries recorded since the last capture (from valid - 1 up) have their
+ * CFAs and are alive, or the dead ones are dropped (shadow_stack.c). */
 void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur);
 TAG_INLINE void _tag_shadow_settle(struct tag_thread_state *t, uint64_t cur)
 {
     uint32_t d = t->shadow.depth;
-    if (t->cc_valid < d && d - 2u < TAG_SHADOW_MAX - 1u)  /* 2 <= d <= max */
+    if (t->cc_valid < d && d - 1u < TAG_SHADOW_MAX)  /* 1 <= d <= max */
         _tag_shadow_settle_slow(t, cur);
 }
 /* The calling context one site deeper: cc[d + 1] of cc[d] and site[d].
@@ -429,34 +436,30 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
     t->cc_valid = d;
     return cc;
 }
-/* Record function fn, entered from site with its CFA at cfa, at depth d <
- * TAG_SHADOW_MAX.  Re-entering a depth the same way keeps the ids cached
- * above it: a loop that calls the same chain again captures for free.
- * Only the site and the CFA count: the calling context and the prefix ids
- * are made of sites, and whether an entry is alive is its CFA's slot
- * holding its site (the innermost function is checked by the capture). */
+/* Record function fn at depth d < TAG_SHADOW_MAX, entered from site, as
+ * its enter hook saw it: the hook's CFA c (the function's stack pointer at
+ * the call), the hook's return address ra, the function's rbp; sp: its CFA
+ * where known, else the lower bound (c + 8) | 1 for a capture to resolve
+ * (_tag_shadow_resolve).  A changed entry lowers cc_valid: the next
+ * capture resolves and hashes it, checks that the entry below it is alive
+ * (_tag_shadow_settle), and lowers shadow.valid to it before raising
+ * cc_valid (_tag_shadow_cc): the ids are valid up to min(shadow.valid,
+ * cc_valid), one compare here.  The enter hook calls this only when the
+ * site, c or ra changed: the same three give the same function and CFA,
+ * so an unchanged entry keeps what a capture found, and a loop that calls
+ * the same chain again captures for free. */
 TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint64_t fn, uint64_t site,
-                                   uint64_t cfa)
+                                   uint64_t c, uint64_t ra, uint64_t bp, uint64_t sp)
 {
     t->shadow.fn[d] = fn;
-    /* A changed entry lowers cc_valid: the next capture hashes it, checks
-     * that the entry below it is alive (_tag_shadow_settle), and lowers
-     * shadow.valid to it before raising cc_valid (_tag_shadow_cc): the ids
-     * are valid up to min(shadow.valid, cc_valid), one compare here. */
-    if (t->shadow.site[d] != site || t->shadow.sp[d] != cfa) {
-        t->shadow.site[d] = site;
-        t->shadow.sp[d] = cfa;
-        if (t->cc_valid > d)
-            t->cc_valid = d;
-    }
+    t->shadow.site[d] = site;
+    t->shadow.sp[d] = sp;
+    t->hook_sp[d] = c;
+    t->hook_ra[d] = ra;
+    t->hook_bp[d] = bp;
+    if (t->cc_valid > d)
+        t->cc_valid = d;
 }
-/* The hooks' view of the innermost entry's field f (sp or fn) at depth d <
- * TAG_SHADOW_MAX: f[d - 1], and at depth 0 the word just before f[0] in
- * struct libtag_shadow (site[TAG_SHADOW_MAX - 1], or overflows): a word
- * that is read but decides nothing, so depth 0 needs no test of its own. */
-#define _tag_shadow_below(t, d, f) \
-    (((const uint64_t *)((const char *)(t)->shadow.f - sizeof(uint64_t)))[(d)])
-
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */

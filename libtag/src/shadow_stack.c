@@ -103,6 +103,9 @@ static void shadow_repair(struct tag_thread_state *t, uint64_t cur, uint32_t lo)
             s->fn[n] = s->fn[j];
             s->site[n] = s->site[j];
             s->sp[n] = s->sp[j];
+            t->hook_sp[n] = t->hook_sp[j];
+            t->hook_ra[n] = t->hook_ra[j];
+            t->hook_bp[n] = t->hook_bp[j];
         }
         n++;
     }
@@ -113,22 +116,42 @@ static void shadow_repair(struct tag_thread_state *t, uint64_t cur, uint32_t lo)
         t->cc_valid = first;
 }
 
-/* The enter hook's fast path checks only that a new entry is below the
- * innermost one, not that the innermost one is still alive (its return
- * address slot read on every call).  A longjmp out of frames and then a
- * call deeper, through code that is not instrumented, leaves entries that
- * are dead above a live one: so a capture first checks the entries
- * recorded since the last capture and the one below them (valid - 1 up to
- * the innermost, which the capture checks itself), and drops the dead. */
+/* Entry i (> 0) lies inside entry i - 1: its CFA below, or at it for
+ * another function (the host of an inlined one).  Lower bounds compare
+ * as they are: the enter hook's CFA + 8 is below the function's CFA, and
+ * above that of every function it calls. */
+static int in_order(const struct tag_thread_state *t, uint32_t i)
+{
+    uint64_t e = t->shadow.sp[i] & ~1ull, outer = t->shadow.sp[i - 1] & ~1ull;
+    return e < outer || (e == outer && t->shadow.fn[i] != t->shadow.fn[i - 1]);
+}
+
+/* The enter hook checks nothing about the entries below the one it
+ * pushes (hooks.c).  A longjmp out of instrumented frames, then calls,
+ * leaves dead entries under live ones; code that is not instrumented can
+ * reuse a frame of the stack.  So a capture first resolves the entries
+ * pushed since the last capture (their CFAs, where the enter left a
+ * lower bound), and checks them and the one below them (valid - 1 up to
+ * the innermost, whose slot the capture checks itself): each inside the
+ * one before, its slot holding its site.  Any dead one: all are repaired. */
 void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
 {
     struct libtag_shadow *s = &t->shadow;
-    uint32_t d = s->depth, lo = t->cc_valid ? t->cc_valid - 1 : 0;
+    uint32_t d = s->depth, v = t->cc_valid, lo = v ? v - 1 : 0;
     uint64_t hi = t->stack_hi;
-    for (uint32_t i = lo; i + 1 < d; i++) {
-        uint64_t e = s->sp[i], at = e & ~1ull;
-        if (e & 1)
-            continue;  /* only a lower bound of its CFA: nothing to check */
+    /* every one first: a repair decides by the CFAs of all */
+    for (uint32_t i = v; i < d; i++)
+        if (s->sp[i] & 1)
+            _tag_shadow_resolve(t, i, cur);
+    for (uint32_t i = lo; i < d; i++) {
+        uint64_t e = s->sp[i];
+        if (i > lo && !in_order(t, i)) {
+            shadow_repair(t, cur, lo);
+            return;
+        }
+        uint64_t at = e & ~1ull;
+        if ((e & 1) || i + 1 == d)
+            continue;  /* a lower bound has nothing to check; the innermost is the capture's */
         /* read only what is on this thread's stack above cur, or on its
          * alternate stack; anything else is for the full check */
         int mapped = (at > cur && at <= hi) || (t->alt_hi && at > t->alt_lo && at <= t->alt_hi);
@@ -167,22 +190,27 @@ TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_thread_state *t)
         _tag_sweep(t, NULL, __builtin_frame_address(0));
 }
 
-/* Every enter the fast path does not finish: no cached CFA offset for this
- * hook call (or it does not hold here), an innermost entry that may be
- * dead, an empty or full shadow stack. */
+/* The enters the fast path does not take: a thread without a state of
+ * its own yet (registered here), a full shadow stack. */
 TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_thread_state *t)
 {
     const uint64_t *frame = __builtin_frame_address(0);
     if (TAG_UNLIKELY(t->rec == NULL)) {
         /* The thread's first enter always comes here (t is _tag_tls_none,
-         * whose hook_cache is empty): register it before its stack bounds
+         * whose shadow_limit is 0): register it before its stack bounds
          * are used.  Without a state it keeps no shadow stack. */
         if ((t = _tag_thread_register()) == NULL)
             return;
         t->hook_left = hook_period();
     }
-    uint64_t cfa = _tag_hook_cfa(t, frame[1], (uintptr_t)(frame + 2), frame[0], site);
+    uint64_t c = (uintptr_t)(frame + 2), ra = frame[1], bp = frame[0];
+    uint64_t cfa = _tag_hook_cfa(t, ra, c, bp, site);
     uint32_t d = t->shadow.depth;
+    /* Full: entries a longjmp left under live ones may fill it.  Those
+     * pushed since the last capture are checked as a capture would. */
+    if (d == TAG_SHADOW_MAX)
+        _tag_shadow_settle(t, c);
+    d = t->shadow.depth;
     if (d > 0) {
         /* Fast check that the innermost entry is alive: recorded above us
          * (or at our CFA, as the host of an inlined function) on this
@@ -196,7 +224,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
     }
     t->shadow.depth = d + 1;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
-        _tag_shadow_record(t, d, fn, site, cfa);
+        _tag_shadow_record(t, d, fn, site, c, ra, bp, cfa);
     } else {
         t->shadow.overflows++;
     }
@@ -207,21 +235,30 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
     }
 }
 
-/* The exit the fast path does not finish: entries recorded below the
- * exiting function's stack pointer sp are frames it called that never
- * exited (longjmp).  At -O2 the hook may be reached by a tail jump after
- * the epilogue: then sp is the exiting function's own CFA, and the entry
- * there is itself. */
-TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t sp)
+/* The exits the fast path does not take.  c: the exit hook's CFA, the
+ * exiting function's stack pointer at the call - or, after a tail jump
+ * past its epilogue, its own CFA.  Entries recorded below c are frames it
+ * called that never exited (longjmp), or itself after the tail jump: the
+ * one whose CFA is c.  The first entry entered at or above c is itself
+ * otherwise.  Either way it is popped with every entry inside it. */
+TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t c)
 {
     uint32_t d = t->shadow.depth;
     if (d == 0)
-        return;
+        return;  /* nothing to pop (and, in _tag_tls_none, nothing to write) */
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
         for (; d > 0; d--) {
-            uint64_t e = t->shadow.sp[d - 1] & ~1ull;
-            if (e > sp || (e == sp && t->shadow.fn[d - 1] == fn))
+            uint32_t i = d - 1;
+            if (t->hook_sp[i] >= c)
                 break;
+            if (t->shadow.fn[i] == fn) {
+                uint64_t e = t->shadow.sp[i];
+                /* c - 8: the exit hook's own stack pointer */
+                if ((e & 1) && i >= t->cc_valid)
+                    e = _tag_shadow_resolve(t, i, c - 8);
+                if (e == c)
+                    break;
+            }
         }
         if (d > 0)
             d--;

@@ -251,6 +251,22 @@ struct tag_thread_state {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered (and in
                                         _tag_tls_none, always) */
+    /* The enter hook's bound on shadow.depth: TAG_SHADOW_MAX once the
+     * thread is registered, 0 in _tag_tls_none, so one compare sends both
+     * a full shadow stack and an unregistered thread to the slow path,
+     * before the hook writes anything. */
+    uint32_t shadow_limit;
+    /* What the enter hook saw at each depth (shadow_stack.c): its own CFA
+     * (the instrumented function's stack pointer at the hook call), its
+     * return address, and the function's rbp.  Below hook_sp[0], a word
+     * above every stack pointer, for the exit hook's look at the entry
+     * outside the innermost.  The hook records only
+     * these; shadow.sp[d] holds the hook's CFA + 8 with bit 0 set (a lower
+     * bound) until a capture finds the function's CFA from them. */
+    uint64_t hook_sp_outer;          /* UINT64_MAX once registered: hook_sp[-1] */
+    uint64_t hook_sp[TAG_SHADOW_MAX];
+    uint64_t hook_ra[TAG_SHADOW_MAX];
+    uint64_t hook_bp[TAG_SHADOW_MAX];
     /* Allocations this thread makes before its next guarded one
      * (LIBTAG_GUARD_RATE): the allocation path decrements it and, at 0 or
      * below, calls _tag_guard_alloc, which draws the next one.  Here, not

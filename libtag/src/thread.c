@@ -138,6 +138,8 @@ struct tag_thread_state *_tag_thread_register(void)
     r->stack_hi = t->stack_hi;
     __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
     t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
+    t->shadow_limit = TAG_SHADOW_MAX;
+    t->hook_sp_outer = UINT64_MAX;
     t->rec = ref->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the
      * thread descriptor: no malloc. */

@@ -998,6 +998,17 @@ static TAG_NOINLINE void memo_verify(struct tag_thread_state *t, void *ret, void
 }
 #endif
 
+/* The hook cache's CFA offset (from the hook's CFA) for the enter hook
+ * returning to ra; 0 if it holds none. */
+TAG_INLINE uint64_t hook_probe(const struct tag_thread_state *t, uint64_t ra)
+{
+    const struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
+    for (unsigned w = 0; w < TAG_HOOK_WAYS; w++)
+        if (h->ra[w] == ra)
+            return h->off[w];
+    return 0;
+}
+
 /* Shadow entry i alive, seen from cur, where span = stack_hi - cur > 0:
  * only a lower bound of its CFA (nothing to check), or its CFA on this
  * thread's stack above cur with its return address slot holding its call
@@ -1009,9 +1020,13 @@ TAG_INLINE int memo_alive(const struct tag_thread_state *t, uint32_t i, uint64_t
 }
 
 /* _tag_shadow_settle and _tag_shadow_cc in one pass over the depths
- * pushed since the last capture, in the usual case: every entry checked
- * alive on this thread's own stack.  0 for anything else (nothing
- * changed: the caller takes the two steps, which repair). */
+ * pushed since the last capture, in the usual case: each entry's CFA
+ * found from the hook cache where its enter left a lower bound
+ * (_tag_shadow_resolve's first step), below the entry outside it (or at
+ * it, for another function: the host of an inlined one), and alive on
+ * this thread's own stack.  0 for anything else (nothing changed but the
+ * CFAs found: the caller takes the two steps, which resolve the rest and
+ * repair). */
 TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uint64_t *out)
 {
     uint32_t v = t->cc_valid;
@@ -1027,9 +1042,23 @@ TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uin
      * the caller's to check: top_alive) */
     if (v > 0 && !memo_alive(t, v - 1, cur, span))
         return 0;
+    uint64_t outer = v > 0 ? t->shadow.sp[v - 1] & ~1ull : ~0ull;  /* 8-aligned: never equal */
     for (uint32_t i = v; i < d; i++) {
-        if (i + 1 < d && !memo_alive(t, i, cur, span))
+        uint64_t e = t->shadow.sp[i];
+        if (e & 1) {
+            uint64_t ra = t->hook_ra[i];
+            const struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
+            uint64_t off = TAG_LIKELY(h->ra[0] == ra) ? h->off[0] : hook_probe(t, ra);
+            e = t->hook_sp[i] + off;
+            if (!off || e - cur - 1 >= span || ((const uint64_t *)e)[-1] != t->shadow.site[i])
+                return 0;
+            t->shadow.sp[i] = e;
+        } else if (i + 1 < d && !memo_alive(t, i, cur, span)) {
             return 0;
+        }
+        if (!(e < outer || (e == outer && t->shadow.fn[i] != t->shadow.fn[i - 1])))
+            return 0;
+        outer = e;
         cc = _tag_cc_step(cc, t->shadow.site[i]);
         t->cc[i + 1] = cc;  /* beyond cc_valid until the end: unused if we leave */
     }
@@ -1155,33 +1184,70 @@ static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
     return (c + 8) | 1;
 }
 
-TAG_COLD uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
-                                uintptr_t site)
+/* The CFA that the CFI rule at ra gives an instrumented function whose
+ * enter hook had its CFA at c (rbp: the function's), if it lies in
+ * (c, hi] and is 8-aligned; 0 if not, or no rule. */
+static uint64_t hook_rule_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp, uint64_t hi)
 {
-    uint64_t hi = t->stack_hi;
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     if (t->hook_gen != gen) {
         memset(t->hook_cache, 0, sizeof t->hook_cache);
         t->hook_gen = gen;
     }
     uint64_t rule = rule_for(ra, 0);
-    if ((rule & TAG_RULE_TYPE) == TAG_RULE_CFA) {
-        uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & 0xffffff;
-        uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
-        /* CFI describes the function; the slot must agree before the
-         * offset is trusted for every later entry through this hook */
-        if (cfa > c && cfa <= hi && cfa - c <= UINT32_MAX && !(cfa & 7) &&
-            ((const uint64_t *)cfa)[-1] == site) {
-            /* newest first: the others move down a way, the oldest leaves */
-            struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
-            for (unsigned w = TAG_HOOK_WAYS - 1; w > 0; w--) {
-                h->ra[w] = h->ra[w - 1];
-                h->off[w] = h->off[w - 1];
-            }
-            h->ra[0] = ra;
-            h->off[0] = (uint32_t)(cfa - c);
-            return cfa;
-        }
+    if ((rule & TAG_RULE_TYPE) != TAG_RULE_CFA)
+        return 0;
+    uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & 0xffffff;
+    uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
+    return cfa > c && cfa <= hi && cfa - c <= UINT32_MAX && !(cfa & 7) ? cfa : 0;
+}
+
+/* CFI describes the function; its CFA's slot agreed with the call site,
+ * so the offset is trusted for later entries through this hook. */
+static void hook_cache_put(struct tag_thread_state *t, uintptr_t ra, uint64_t off)
+{
+    /* newest first: the others move down a way, the oldest leaves */
+    struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
+    for (unsigned w = TAG_HOOK_WAYS - 1; w > 0; w--) {
+        h->ra[w] = h->ra[w - 1];
+        h->off[w] = h->off[w - 1];
+    }
+    h->ra[0] = ra;
+    h->off[0] = (uint32_t)off;
+}
+
+TAG_COLD uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                                uintptr_t site)
+{
+    uint64_t hi = t->stack_hi, cfa = hook_rule_cfa(t, ra, c, rbp, hi);
+    if (cfa && ((const uint64_t *)cfa)[-1] == site) {
+        hook_cache_put(t, ra, cfa - c);
+        return cfa;
     }
     return hook_cfa_scan(c, site, hi);
+}
+
+uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cur)
+{
+    uint64_t c = t->hook_sp[i], ra = t->hook_ra[i], site = t->shadow.site[i];
+    /* the stack the hook ran on, if it may be read: the thread's own from
+     * cur up (live frames are there), or its alternate signal stack */
+    uint64_t hi;
+    if (t->alt_hi && c >= t->alt_lo && c < t->alt_hi)
+        hi = t->alt_hi;
+    else if (c >= cur && c < t->stack_hi)
+        hi = t->stack_hi;
+    else
+        return t->shadow.sp[i];  /* elsewhere: the lower bound stays */
+    uint64_t off = hook_probe(t, ra), cfa = c + off;
+    if (off && cfa <= hi && ((const uint64_t *)cfa)[-1] == site)
+        return t->shadow.sp[i] = cfa;
+    cfa = hook_rule_cfa(t, ra, c, t->hook_bp[i], hi);
+    if (!cfa)  /* no rule: what the enter hook did before, near c */
+        return t->shadow.sp[i] = hook_cfa_scan(c, site, hi);
+    if (((const uint64_t *)cfa)[-1] == site)
+        hook_cache_put(t, ra, cfa - c);
+    /* else a frame that is gone: its CFA by rule, which the caller finds
+     * dead by its slot */
+    return t->shadow.sp[i] = cfa;
 }

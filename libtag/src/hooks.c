@@ -57,7 +57,8 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
         __asm__("mov %%rbp, %0" : "=r"(bp));  /* the function's: the hook has no frame */
         _tag_shadow_record(t, (uint32_t)d, fn, site, c, ra, bp, (c + 8) | 1);
     }
-    /* >= 1 here: registering the thread set it */
+    /* the sweep's countdown: registering the thread started it, and the
+     * tick restarts it at 0 (== 0: one subtract from memory, no load) */
     if (TAG_UNLIKELY(--t->hook_left == 0))
         return _tag_hook_tick(t);
 }

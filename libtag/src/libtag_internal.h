@@ -460,6 +460,11 @@ TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint6
     if (t->cc_valid > d)
         t->cc_valid = d;
 }
+/* Enter hooks between two sweeps: LIBTAG_SWEEP, or never. */
+TAG_INLINE int32_t _tag_hook_period(void)
+{
+    return _tag_opt.sweep_every ? (int32_t)_tag_opt.sweep_every : INT32_MAX;
+}
 /* The hooks' rare paths, reached from hooks.c by a tail jump (see there):
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */

@@ -170,23 +170,11 @@ void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
  * frame + 2 its stack pointer at the hook call - what the hooks had when
  * they were built with frame pointers themselves. */
 
-/* The next hook tick: the sweep period, or never. */
-static int32_t hook_period(void)
-{
-    return _tag_opt.sweep_every ? (int32_t)_tag_opt.sweep_every : INT32_MAX;
-}
-
-/* hook_left ran out: a sweep is due (or, should a thread's first enter
- * ever get here, register the thread, so a reader finds its stack). */
+/* hook_left ran out: a sweep is due. */
 TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_thread_state *t)
 {
-    if (TAG_UNLIKELY(t->rec == NULL)) {
-        if ((t = _tag_thread_register()) != NULL)
-            t->hook_left = hook_period();
-        return;
-    }
-    t->hook_left = hook_period();
-    if (_tag_opt.sweep_every)
+    t->hook_left = _tag_hook_period();
+    if (_tag_opt.sweep_every && t->rec)
         _tag_sweep(t, NULL, __builtin_frame_address(0));
 }
 
@@ -201,7 +189,6 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
          * are used.  Without a state it keeps no shadow stack. */
         if ((t = _tag_thread_register()) == NULL)
             return;
-        t->hook_left = hook_period();
     }
     uint64_t c = (uintptr_t)(frame + 2), ra = frame[1], bp = frame[0];
     uint64_t cfa = _tag_hook_cfa(t, ra, c, bp, site);
@@ -229,7 +216,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
         t->shadow.overflows++;
     }
     if (TAG_UNLIKELY(--t->hook_left <= 0)) {
-        t->hook_left = hook_period();
+        t->hook_left = _tag_hook_period();
         if (_tag_opt.sweep_every)
             _tag_sweep(t, NULL, (void *)frame);
     }

@@ -33,7 +33,7 @@
  * stays mapped read-write for the life of the process (heap.c never
  * decommits; a free span is only madvised, which reads back as zeros), so
  * it is read with plain loads: no probe, no system call. */
-static int in_heap(const void *p, size_t n)
+TAG_INLINE int in_heap(const void *p, size_t n)
 {
     return _tag_heap_has(p) && _tag_heap_has((const char *)p + n - 1);
 }
@@ -92,7 +92,9 @@ void _tag_sweep_remember(struct tag_thread_state *t, void *user)
 
 _Static_assert(TAG_SWEEP_RECENT == 64, "_tag_sweep hashes addresses to 7 bits");
 
-void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
+/* The whole check: every remembered block read through read_own (inside
+ * libtag's heap or not), once each, damage recovered and reported. */
+static TAG_NOINLINE void sweep_full(struct tag_thread_state *t, void *ret, void *frame)
 {
     struct libtag_tag tags[TAG_SWEEP_RECENT];
     uint64_t canaries[TAG_SWEEP_RECENT];
@@ -183,4 +185,41 @@ void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
         }
     }
     errno = saved;
+}
+
+/* The usual sweep: every remembered block in libtag's heap, read in place,
+ * its tag sound - freed since (forgotten) or live with its canary intact.
+ * Anything else (a block outside the heap, a tag that does not validate, a
+ * canary written over) is sweep_full's, which reads them all again and
+ * reports.  A sweep was ~8,900 instructions on lua's instrumented
+ * binary_trees through read_own's copies, one every 4,096 enters. */
+void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
+{
+    for (unsigned i = 0; i < TAG_SWEEP_RECENT; i++) {
+        void *user = t->recent[i];
+        if (!user)
+            continue;
+        struct libtag_tag *tp = _tag_of(user), tag;
+        uint64_t addr = (uint64_t)(uintptr_t)tp, word;
+        if (!in_heap(tp, sizeof tag))
+            goto full;
+        memcpy(&tag, tp, sizeof tag);  /* one read: the owner may free it now */
+        if (!_tag_valid_at(addr, &tag))
+            goto full;
+        if (_tag_state(&tag) != TAG_STATE_LIVE) {
+            t->recent[i] = NULL;  /* freed or recycled: forget it */
+            continue;
+        }
+        if (tag_size_field(&tag) == TAG_SIZE_BIG)
+            continue;  /* as sweep_full: its own free checks it */
+        const char *canary = (const char *)user + _tag_size_at(addr, &tag);
+        if (!in_heap(canary, sizeof word))
+            goto full;
+        memcpy(&word, canary, sizeof word);
+        if (word != tag_canary_value(addr, _tag_ctl.secret))
+            goto full;
+    }
+    return;
+full:
+    sweep_full(t, ret, frame);
 }

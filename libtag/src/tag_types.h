@@ -288,10 +288,9 @@ struct tag_thread_state {
      * re-intern of everything above it. */
     uint32_t used_parent[TAG_SHADOW_MAX];
     uint64_t used_site[TAG_SHADOW_MAX];
-    /* Enters before the next hook tick (_tag_hook_tick): 0 in a new
-     * thread, so its first enter registers it; then LIBTAG_SWEEP, so a
-     * sweep is due at 0.  One decrement: the enter hook checks nothing
-     * else for either. */
+    /* Enters before the next sweep (_tag_hook_tick): LIBTAG_SWEEP from
+     * the thread's registration, whether a hook or an allocation made
+     * it. */
     int32_t hook_left;
     uint32_t recent_next;
     void *recent[64];                /* TAG_SWEEP_RECENT last allocations */

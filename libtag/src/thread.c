@@ -139,6 +139,9 @@ struct tag_thread_state *_tag_thread_register(void)
     __atomic_store_n(&r->tid, t->tid, __ATOMIC_RELEASE);
     t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     t->shadow_limit = TAG_SHADOW_MAX;
+    /* the enter hook's countdown to the next sweep: from here, whichever
+     * of a hook or an allocation registers the thread */
+    t->hook_left = _tag_hook_period();
     t->hook_sp_outer = UINT64_MAX;
     t->rec = ref->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the

@@ -201,10 +201,10 @@ TAG_INLINE void free_at(struct tag_thread_state *t, void *ptr, uint32_t stack)
     _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
     _tag_write_freed(ptr, size);
     _tag_count(t, 1, size);
-    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)
         _tag_snapshot_reap();
+    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());  /* last: see there */
 }
 
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)

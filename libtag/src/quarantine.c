@@ -158,15 +158,24 @@ static struct libtag_quarantine_ring *ring_new(struct tag_thread_state *t)
     return p;
 }
 
-/* Evict the oldest blocks until size more bytes fit the budget (the put
- * itself is inline in free(), libtag_internal.h).  Out of line, so that
- * only q, size and budget stay live across the calls into glibc. */
-void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
-                               uint64_t budget)
+/* The evictions of a put (the put itself is inline in free(),
+ * libtag_internal.h).  Out of line, so that only q and budget stay live
+ * across the calls in the eviction. */
+void _tag_quarantine_evict_one(struct tag_thread_state *t, struct libtag_quarantine_ring *q)
 {
+    evict_one(t, q);
+}
+
+void _tag_quarantine_trim(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t budget)
+{
+    /* the blocks the put's own went past the budget, never that one: it
+     * alone fits (_tag_quarantine_slow releases a larger one), and the
+     * loop stops before it even when q->bytes overstates the ring (a
+     * damaged block whose size was lost stays counted) */
+    TAG_ASSERT(q->count > 1);
     do
         evict_one(t, q);
-    while (q->count && (q->count == RING_SLOTS || q->bytes + size > budget));
+    while (q->count > 1 && q->bytes > budget);
 }
 
 /* The put's rare cases: no ring yet (mapped now), the thread is exiting,

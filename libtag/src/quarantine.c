@@ -43,11 +43,11 @@ TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
      * aligned block's forward record's at the slot's start; the heap then
      * writes its free-list link over the slot's first 8 bytes. */
     uint64_t tag_addr = (uint64_t)(uintptr_t)t;
-    struct tag_slice *s = _tag_heap_span(t);
+    uint32_t off;
+    struct tag_slice *s = _tag_heap_span_off(t, &off);
     /* a slot's start, the common case, by _tag_in_place's one multiply
      * and compare (_tag_slot_in computes the slot: two multiplies) */
     uint64_t m = _tag_heap_div[s->cls];
-    uint32_t off = (uint32_t)(tag_addr - (uint64_t)(uintptr_t)_tag_heap_span_start(s));
     uint64_t slot = TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m)
                         ? tag_addr : _tag_slot_in(s, tag_addr);
     t->bits = 0;

@@ -643,14 +643,17 @@ unsigned _tag_canary_damage(const void *user);
  * call to memset and one to memcmp against a page of the pattern cost more
  * (callgrind, allocbench: 80 Ir/op for the check alone).  p is 16-aligned
  * (a user pointer); any n works. */
-extern int _tag_have_avx2;  /* tag.c: set once, at start */
+/* tag.c, set once at start: the shortest fill or check done with AVX2 -
+ * 32, or SIZE_MAX on a CPU without it (one compare on every fill and
+ * check, where n >= 32 and a flag were two) */
+extern size_t _tag_avx2_from;
 TAG_COLD void _tag_pattern_init(void);
 void _tag_pattern_fill_avx2(void *p, size_t n);            /* n >= 32 */
 size_t _tag_pattern_damage_avx2(const void *p, size_t n);  /* n >= 32 */
 TAG_INLINE void _tag_pattern_fill(void *p, size_t n)
 {
     char *c = (char *)p;
-    if (TAG_LIKELY(n >= 32 && _tag_have_avx2)) {
+    if (TAG_LIKELY(n >= _tag_avx2_from)) {
         _tag_pattern_fill_avx2(p, n);
         return;
     }
@@ -681,7 +684,7 @@ TAG_COLD size_t _tag_pattern_first_bad(const void *p, size_t n);
 TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
 {
     const char *c = (const char *)p;
-    if (TAG_LIKELY(n >= 32 && _tag_have_avx2))
+    if (TAG_LIKELY(n >= _tag_avx2_from))
         return _tag_pattern_damage_avx2(p, n);
     if (TAG_LIKELY(n >= 16)) {
         const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);

@@ -26,8 +26,10 @@
 #define PREFETCH_AHEAD 8  /* evictions: evict_one */
 
 /* Inline in the eviction, which runs once a free(): a call there cost
- * ~15 instructions a pair of saves, restores and the call itself. */
-TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
+ * ~15 instructions a pair of saves, restores and the call itself.  hc:
+ * the releasing thread's heap cache, NULL for a thread without a state
+ * (an eviction always has one: no test of it there). */
+TAG_INLINE void real_release(struct tag_heap_cache *hc, void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
@@ -53,12 +55,12 @@ TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
     t->bits = 0;
     if (TAG_UNLIKELY(slot != tag_addr))
         ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;
-    _tag_heap_free_in(owner ? owner->heap_cache : NULL, s, (void *)(uintptr_t)slot);
+    _tag_heap_free_in(hc, s, (void *)(uintptr_t)slot);
 }
 
 void _tag_real_release(struct tag_thread_state *owner, void *user)
 {
-    real_release(owner, user);
+    real_release(owner ? owner->heap_cache : NULL, user);
 }
 
 static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)
@@ -140,7 +142,7 @@ TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quaranti
             struct libtag_free_rec rec = e->rec;
             report_uaf(user, off, &rec);
         }
-        real_release(owner, user);
+        real_release(owner->heap_cache, user);
     } else {
         struct libtag_free_rec rec = e->rec;
         size = evict_damaged(owner, user, &rec);

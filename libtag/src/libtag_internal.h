@@ -791,7 +791,10 @@ TAG_INLINE void _tag_quarantine_put(struct tag_thread_state *t, void *user, uint
     struct libtag_quarantine_ring *q = t->quarantine;
     uint64_t budget = _tag_opt.quarantine_bytes;
     TAG_ASSERT(size == _tag_size(_tag_of(user)));
-    if (TAG_UNLIKELY(!q || t->exiting || size > budget)) {
+    /* an exiting thread has no ring (drained: _tag_quarantine_drain),
+     * and _tag_quarantine_slow maps none for it */
+    TAG_ASSERT(!t->exiting || !q);
+    if (TAG_UNLIKELY(!q || size > budget)) {
         if (!(q = _tag_quarantine_slow(t, user, size)))
             return;
     }

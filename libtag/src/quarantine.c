@@ -180,11 +180,10 @@ void _tag_quarantine_trim(struct tag_thread_state *t, struct libtag_quarantine_r
     /* the blocks the put's own went past the budget, never that one: it
      * alone fits (_tag_quarantine_slow releases a larger one), and the
      * loop stops before it even when q->bytes overstates the ring (a
-     * damaged block whose size was lost stays counted) */
-    TAG_ASSERT(q->count > 1);
-    do
+     * damaged block whose size was lost stays counted, so the put may find
+     * the budget exceeded with its own block alone in the ring) */
+    while (q->count > 1 && q->bytes > budget)
         evict_one(t, q);
-    while (q->count > 1 && q->bytes > budget);
 }
 
 /* The put's rare cases: no ring yet (mapped now), the thread is exiting,

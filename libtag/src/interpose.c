@@ -201,10 +201,10 @@ TAG_INLINE void free_at(struct tag_thread_state *t, void *ptr, uint32_t stack)
     _tag_stats_free(t, _tag_of(ptr)->alloc_stack, size, ptr);
     _tag_write_freed(ptr, size);
     _tag_count(t, 1, size);
-    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());
     if (TAG_UNLIKELY(__atomic_load_n(&_tag_snapshot_pending, __ATOMIC_RELAXED)) &&
         (++t->frees & 1023) == 0)
         _tag_snapshot_reap();
+    _tag_quarantine_put(t, ptr, size, stack, _tag_now_ms());  /* last: see there */
 }
 
 void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
@@ -265,11 +265,14 @@ TAG_EXPORT void *calloc(size_t nmemb, size_t size)
 static void *realloc_in_place(struct tag_thread_state *t, void *ptr, size_t size, uint32_t stack)
 {
     struct libtag_tag *tg = _tag_of(ptr);
-    if (_tag_reported(tg) ||
-        _tag_slot_of((uint64_t)(uintptr_t)tg) != (uint64_t)(uintptr_t)tg)
+    uint64_t tag_addr = (uint64_t)(uintptr_t)tg;
+    const struct tag_slice *s = _tag_heap_span(tg);
+    if (_tag_reported(tg) || _tag_slot_in(s, tag_addr) != tag_addr)
         return NULL;
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
-    size_t room = _tag_heap_usable(tg);
+    /* the slot's bytes: a small span's slot size, the tag being at its
+     * slot's start (_tag_heap_usable's divide would say the same) */
+    size_t room = s->kind == TAG_SPAN_SMALL ? s->block_size : _tag_heap_usable(tg);
     if (size > TAG_BLOCK_MAX - OVERHEAD)
         return NULL;
     /* a large block grows in place when the slices after it are free */

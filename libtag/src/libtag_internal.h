@@ -148,6 +148,17 @@ static inline struct tag_slice *_tag_heap_span(const void *p)
     struct tag_slice *s = _tag_heap.meta + ((uintptr_t)p - _tag_heap.base) / TAG_HEAP_SLICE;
     return s - s->first_off;
 }
+/* The same, and p's offset from the span's start: p's offset in its slice
+ * plus the slices before it (three instructions, where the start's
+ * address from the entry's index is five and a subtraction). */
+TAG_INLINE struct tag_slice *_tag_heap_span_off(const void *p, uint32_t *off)
+{
+    uint64_t rel = (uint64_t)((uintptr_t)p - _tag_heap.base);
+    struct tag_slice *s = _tag_heap.meta + rel / TAG_HEAP_SLICE;
+    uint32_t back = s->first_off;
+    *off = (uint32_t)(rel % TAG_HEAP_SLICE) + back * (uint32_t)TAG_HEAP_SLICE;
+    return s - back;
+}
 static inline char *_tag_heap_span_start(const struct tag_slice *s)
 {
     return (char *)_tag_heap.base + (uint64_t)(s - _tag_heap.meta) * TAG_HEAP_SLICE;
@@ -595,11 +606,11 @@ uint64_t _tag_slot_tag(uint64_t slot, uint64_t end);
 TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr);
 TAG_INLINE int _tag_in_place(uint64_t tag_addr)
 {
-    const struct tag_slice *s = _tag_heap_span((const void *)(uintptr_t)tag_addr);
+    uint32_t off;
+    const struct tag_slice *s = _tag_heap_span_off((const void *)(uintptr_t)tag_addr, &off);
     /* the common case in one multiply: a small span's offset divisible by
      * its slot size (Lemire et al.: n % d == 0 iff n * M < M, mod 2^64) */
     uint64_t m = _tag_heap_div[s->cls];
-    uint32_t off = (uint32_t)(tag_addr - (uint64_t)(uintptr_t)_tag_heap_span_start(s));
     if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m))
         return 1;
     uint64_t slot = _tag_slot_in(s, tag_addr);
@@ -640,14 +651,17 @@ unsigned _tag_canary_damage(const void *user);
  * call to memset and one to memcmp against a page of the pattern cost more
  * (callgrind, allocbench: 80 Ir/op for the check alone).  p is 16-aligned
  * (a user pointer); any n works. */
-extern int _tag_have_avx2;  /* tag.c: set once, at start */
+/* tag.c, set once at start: the shortest fill or check done with AVX2 -
+ * 32, or SIZE_MAX on a CPU without it (one compare on every fill and
+ * check, where n >= 32 and a flag were two) */
+extern size_t _tag_avx2_from;
 TAG_COLD void _tag_pattern_init(void);
 void _tag_pattern_fill_avx2(void *p, size_t n);            /* n >= 32 */
 size_t _tag_pattern_damage_avx2(const void *p, size_t n);  /* n >= 32 */
 TAG_INLINE void _tag_pattern_fill(void *p, size_t n)
 {
     char *c = (char *)p;
-    if (TAG_LIKELY(n >= 32 && _tag_have_avx2)) {
+    if (TAG_LIKELY(n >= _tag_avx2_from)) {
         _tag_pattern_fill_avx2(p, n);
         return;
     }
@@ -678,7 +692,7 @@ TAG_COLD size_t _tag_pattern_first_bad(const void *p, size_t n);
 TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
 {
     const char *c = (const char *)p;
-    if (TAG_LIKELY(n >= 32 && _tag_have_avx2))
+    if (TAG_LIKELY(n >= _tag_avx2_from))
         return _tag_pattern_damage_avx2(p, n);
     if (TAG_LIKELY(n >= 16)) {
         const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);
@@ -757,35 +771,47 @@ TAG_COLD enum tag_damage _tag_damaged(void *user, const struct libtag_free_rec *
 TAG_COLD void _tag_leak_damaged(uint64_t bytes);
 
 /* -------------------------------------------------------- quarantine.c */
-/* Evict (check, then really free) the oldest blocks of q until size more
- * bytes fit budget. */
-void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
-                               uint64_t budget);
+/* Evict (check, then really free) the oldest blocks of q: one
+ * (_tag_quarantine_evict_one: the ring is full), or as many as take its
+ * bytes back within budget, the newest block excepted (_trim). */
+void _tag_quarantine_evict_one(struct tag_thread_state *t, struct libtag_quarantine_ring *q);
+void _tag_quarantine_trim(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t budget);
 /* The rare cases of a put: the ring to put user in, or NULL when it was
  * released directly (the thread exits, it exceeds the budget, no ring). */
 TAG_COLD struct libtag_quarantine_ring *_tag_quarantine_slow(struct tag_thread_state *t, void *user,
                                                              uint64_t size);
 /* Put a freed block of size bytes (freed by this thread, now, from
  * free_stack) and its free record in the calling thread's quarantine;
- * evicts the oldest blocks beyond the budget.  Inline: once per free.
- * head and count change so that [head, head + count) names only blocks
- * still held, at every instant (see quarantine.c). */
+ * then evict the oldest blocks beyond the budget.  Inline: once per free.
+ * The eviction comes last, after the entry is written, so that the caller
+ * keeps nothing across it: the put is free()'s last act, and an eviction -
+ * one a free(), once the budget is full - is a tail jump to
+ * _tag_quarantine_trim with two arguments (evicting first, free() kept the
+ * entry's fields across the call: ~15 instructions a free in saves and
+ * reloads; inlined, the eviction loop's calls cost more spills than that
+ * on allocbench).  The same blocks leave: the newest is never one of them,
+ * since it alone fits the budget.  head and count change so that [head,
+ * head + count) names only blocks still held, at every instant (see
+ * quarantine.c). */
 TAG_INLINE void _tag_quarantine_put(struct tag_thread_state *t, void *user, uint64_t size,
                                     uint32_t free_stack, uint32_t now)
 {
     struct libtag_quarantine_ring *q = t->quarantine;
     uint64_t budget = _tag_opt.quarantine_bytes;
     TAG_ASSERT(size == _tag_size(_tag_of(user)));
-    if (TAG_UNLIKELY(!q || t->exiting || size > budget)) {
+    /* an exiting thread has no ring (drained: _tag_quarantine_drain),
+     * and _tag_quarantine_slow maps none for it */
+    TAG_ASSERT(!t->exiting || !q);
+    if (TAG_UNLIKELY(!q || size > budget)) {
         if (!(q = _tag_quarantine_slow(t, user, size)))
             return;
     }
     uint32_t count = q->count;
-    if (count == TAG_QUARANTINE_SLOTS || (count && q->bytes + size > budget)) {
-        _tag_quarantine_make_room(t, q, size, budget);
+    if (TAG_UNLIKELY(count == TAG_QUARANTINE_SLOTS)) {
+        _tag_quarantine_evict_one(t, q);
         count = q->count;
     }
-    TAG_ASSERT(count < TAG_QUARANTINE_SLOTS && q->bytes + size <= budget);
+    TAG_ASSERT(count < TAG_QUARANTINE_SLOTS);
     TAG_ASSERT(_tag_state(_tag_of(user)) == TAG_STATE_FREED);
     struct libtag_qentry *e = &q->e[(q->head + count) % TAG_QUARANTINE_SLOTS];
     uint64_t tag_addr = (uint64_t)(uintptr_t)user - sizeof(struct libtag_tag);
@@ -796,9 +822,12 @@ TAG_INLINE void _tag_quarantine_put(struct tag_thread_state *t, void *user, uint
     e->rec.free_time = now;
     e->rec.check = free_rec_check_fields(tag_addr, _tag_ctl.secret, free_stack, tid, now);
     TAG_ASSERT(e->rec.check == free_rec_check_value(tag_addr, _tag_ctl.secret, &e->rec));
-    q->bytes += size;
+    uint64_t bytes = q->bytes + size;
+    q->bytes = bytes;
     /* the entry is complete before the range includes it */
     __atomic_store_n(&q->count, count + 1, __ATOMIC_RELEASE);
+    if (bytes > budget)
+        _tag_quarantine_trim(t, q, budget);
 }
 /* Check and hand back every block of the thread's quarantine; drain also
  * unmaps the ring (thread exit), flush keeps it (process exit). */

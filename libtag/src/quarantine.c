@@ -26,8 +26,10 @@
 #define PREFETCH_AHEAD 8  /* evictions: evict_one */
 
 /* Inline in the eviction, which runs once a free(): a call there cost
- * ~15 instructions a pair of saves, restores and the call itself. */
-TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
+ * ~15 instructions a pair of saves, restores and the call itself.  hc:
+ * the releasing thread's heap cache, NULL for a thread without a state
+ * (an eviction always has one: no test of it there). */
+TAG_INLINE void real_release(struct tag_heap_cache *hc, void *user)
 {
     struct libtag_tag *t = _tag_of(user);
     TAG_ASSERT(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED);
@@ -43,17 +45,22 @@ TAG_INLINE void real_release(struct tag_thread_state *owner, void *user)
      * aligned block's forward record's at the slot's start; the heap then
      * writes its free-list link over the slot's first 8 bytes. */
     uint64_t tag_addr = (uint64_t)(uintptr_t)t;
-    struct tag_slice *s = _tag_heap_span(t);
-    uint64_t slot = _tag_slot_in(s, tag_addr);
+    uint32_t off;
+    struct tag_slice *s = _tag_heap_span_off(t, &off);
+    /* a slot's start, the common case, by _tag_in_place's one multiply
+     * and compare (_tag_slot_in computes the slot: two multiplies) */
+    uint64_t m = _tag_heap_div[s->cls];
+    uint64_t slot = TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m)
+                        ? tag_addr : _tag_slot_in(s, tag_addr);
     t->bits = 0;
     if (TAG_UNLIKELY(slot != tag_addr))
         ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;
-    _tag_heap_free_in(owner ? owner->heap_cache : NULL, s, (void *)(uintptr_t)slot);
+    _tag_heap_free_in(hc, s, (void *)(uintptr_t)slot);
 }
 
 void _tag_real_release(struct tag_thread_state *owner, void *user)
 {
-    real_release(owner, user);
+    real_release(owner ? owner->heap_cache : NULL, user);
 }
 
 static TAG_COLD void report_uaf(void *user, size_t off, const struct libtag_free_rec *rec)
@@ -126,14 +133,16 @@ TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quaranti
         __builtin_prefetch((const char *)(uintptr_t)q->e[(head + PREFETCH_AHEAD) % RING_SLOTS].user -
                            sizeof(struct libtag_tag));
     uint64_t size;
-    if (TAG_LIKELY(_tag_valid_at((uint64_t)(uintptr_t)t, t) && _tag_state(t) == TAG_STATE_FREED)) {
+    /* _tag_valid_at, its state test narrowed to FREED */
+    if (TAG_LIKELY(_tag_state(t) == TAG_STATE_FREED &&
+                   tag_check_of(t) == tag_check_value((uint64_t)(uintptr_t)t, _tag_ctl.secret, t))) {
         size = _tag_size(t);
         size_t off = _tag_freed_damage(user, size);
         if (TAG_UNLIKELY(off != TAG_INTACT)) {
             struct libtag_free_rec rec = e->rec;
             report_uaf(user, off, &rec);
         }
-        real_release(owner, user);
+        real_release(owner->heap_cache, user);
     } else {
         struct libtag_free_rec rec = e->rec;
         size = evict_damaged(owner, user, &rec);
@@ -158,15 +167,23 @@ static struct libtag_quarantine_ring *ring_new(struct tag_thread_state *t)
     return p;
 }
 
-/* Evict the oldest blocks until size more bytes fit the budget (the put
- * itself is inline in free(), libtag_internal.h).  Out of line, so that
- * only q, size and budget stay live across the calls into glibc. */
-void _tag_quarantine_make_room(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t size,
-                               uint64_t budget)
+/* The evictions of a put (the put itself is inline in free(),
+ * libtag_internal.h).  Out of line, so that only q and budget stay live
+ * across the calls in the eviction. */
+void _tag_quarantine_evict_one(struct tag_thread_state *t, struct libtag_quarantine_ring *q)
 {
-    do
+    evict_one(t, q);
+}
+
+void _tag_quarantine_trim(struct tag_thread_state *t, struct libtag_quarantine_ring *q, uint64_t budget)
+{
+    /* the blocks the put's own went past the budget, never that one: it
+     * alone fits (_tag_quarantine_slow releases a larger one), and the
+     * loop stops before it even when q->bytes overstates the ring (a
+     * damaged block whose size was lost stays counted, so the put may find
+     * the budget exceeded with its own block alone in the ring) */
+    while (q->count > 1 && q->bytes > budget)
         evict_one(t, q);
-    while (q->count && (q->count == RING_SLOTS || q->bytes + size > budget));
 }
 
 /* The put's rare cases: no ring yet (mapped now), the thread is exiting,

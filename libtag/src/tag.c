@@ -84,15 +84,16 @@ size_t _tag_pattern_first_bad(const void *p, size_t n)
 
 /* The AVX2 halves of _tag_pattern_fill and _tag_pattern_damage, for
  * n >= 32: 32 bytes a store or compare, the last 32 overlapping.  Chosen
- * at start (_tag_have_avx2, from cpuid) so one build runs on every x86_64;
+ * at start (_tag_avx2_from, from cpuid) so one build runs on every x86_64;
  * the function is out of line because code built for AVX2 cannot be
  * inlined into code that is not. */
-int _tag_have_avx2;
+size_t _tag_avx2_from = SIZE_MAX;
 
 TAG_COLD void _tag_pattern_init(void)
 {
     __builtin_cpu_init();
-    _tag_have_avx2 = __builtin_cpu_supports("avx2");
+    if (__builtin_cpu_supports("avx2"))
+        _tag_avx2_from = 32;
 }
 
 /* Unrolled: 2 stores or compares up to 64 bytes, 4 up to 128, then 128

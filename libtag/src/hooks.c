@@ -52,9 +52,14 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
     t->shadow.depth = (uint32_t)d + 1;
+    uint64_t bp;
+    __asm__("mov %%rbp, %0" : "=r"(bp));  /* the function's: the hook has no frame */
+    /* rbp always (a function that realigns its stack can have the same
+     * stack pointer at its hook and another CFA: the capture then finds
+     * the CFA again from rbp, _tag_shadow_recheck); compared, it would
+     * take every -O2 function whose rbp is a variable off the shortcut */
+    t->hook_bp[d] = bp;
     if (TAG_UNLIKELY(t->shadow.site[d] != site || t->hook_sp[d] != c || t->hook_ra[d] != ra)) {
-        uint64_t bp;
-        __asm__("mov %%rbp, %0" : "=r"(bp));  /* the function's: the hook has no frame */
         _tag_shadow_record(t, (uint32_t)d, fn, site, c, ra, bp, (c + 8) | 1);
     }
     /* the sweep's countdown: registering the thread started it, and the
@@ -81,5 +86,5 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
             return;
         }
     }
-    return _tag_exit_slow((uint64_t)(uintptr_t)this_fn, t, c);
+    return _tag_exit_slow((uint64_t)(uintptr_t)this_fn, t, c, (uint64_t)(uintptr_t)call_site);
 }

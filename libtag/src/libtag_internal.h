@@ -397,6 +397,13 @@ uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, ui
  * stack; elsewhere the lower bound stays.  A frame that is gone gets its
  * CFA by rule, whose slot no longer holds the site.  Returns sp[i]. */
 uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cur);
+/* Shadow entry i's CFA failed its slot: find it again from the CFI rule
+ * and the rbp its enter hook saw last (a function that realigns its stack
+ * has the same stack pointer at the hook for CFAs a few bytes apart, and
+ * the enter keeps the CFA a capture found for the same stack pointer).  1
+ * and sp[i] updated if the slot there holds the site: alive after all.
+ * Reads as _tag_shadow_resolve. */
+int _tag_shadow_recheck(struct tag_thread_state *t, uint32_t i, uint64_t cur);
 /* Drop every cached rule (dlclose). */
 void _tag_unwind_flush(void);
 /* Forget the thread's kept walks: the bounds of its stacks changed
@@ -480,7 +487,7 @@ TAG_INLINE int32_t _tag_hook_period(void)
  * an enter or exit its fast path does not finish, and the hook tick (the
  * thread's first hook, a sweep due). */
 void _tag_enter_slow(uint64_t fn, uint64_t site, struct tag_thread_state *t);
-void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t sp);
+void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t c, uint64_t site);
 void _tag_hook_tick(struct tag_thread_state *t);
 /* The interned shadow stack with the innermost function's ENTRY node;
  * depth > 0. */

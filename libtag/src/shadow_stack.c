@@ -29,18 +29,24 @@
  * hooks for inlined calls too, from the host's frame), unless it is the
  * same function entered again from the same call site: the last one never
  * exited (longjmp). */
-static int dead(const struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t fn, uint64_t site,
+static int dead(struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t fn, uint64_t site,
                 int cur_alt, uint64_t hi)
 {
-    uint64_t e = t->shadow.sp[i], at = e & ~1ull;
-    int e_alt = t->alt_hi && at >= t->alt_lo && at < t->alt_hi;
-    int again = !fn || (t->shadow.fn[i] == fn && t->shadow.site[i] == site);
-    if (cur_alt)
-        return e_alt && (at < cur || (at == cur && again));
-    if (e_alt || at < cur || at >= hi || (at == cur && again))
-        return 1;
-    /* cur <= at < hi on this stack: the slot is mapped */
-    return !(e & 1) && ((const uint64_t *)at)[-1] != t->shadow.site[i];
+    for (int tried = 0;; tried = 1) {
+        uint64_t e = t->shadow.sp[i], at = e & ~1ull;
+        int e_alt = t->alt_hi && at >= t->alt_lo && at < t->alt_hi;
+        int again = !fn || (t->shadow.fn[i] == fn && t->shadow.site[i] == site);
+        if (cur_alt)
+            return e_alt && (at < cur || (at == cur && again));
+        if (e_alt || at < cur || at >= hi || (at == cur && again))
+            return 1;
+        /* cur <= at < hi on this stack: the slot is mapped */
+        if ((e & 1) || ((const uint64_t *)at)[-1] == t->shadow.site[i])
+            return 0;
+        /* its CFA may be stale (a realigned frame): once more, from rbp */
+        if (tried || !_tag_shadow_recheck(t, i, cur))
+            return 1;
+    }
 }
 
 uint32_t _tag_shadow_pop(struct tag_thread_state *t, uint64_t cur, uint64_t fn, uint64_t site)
@@ -155,7 +161,7 @@ void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
         /* read only what is on this thread's stack above cur, or on its
          * alternate stack; anything else is for the full check */
         int mapped = (at > cur && at <= hi) || (t->alt_hi && at > t->alt_lo && at <= t->alt_hi);
-        if (!mapped || ((const uint64_t *)at)[-1] != s->site[i]) {
+        if (!mapped || (((const uint64_t *)at)[-1] != s->site[i] && !_tag_shadow_recheck(t, i, cur))) {
             shadow_repair(t, cur, lo);
             return;
         }
@@ -224,28 +230,26 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
 
 /* The exits the fast path does not take.  c: the exit hook's CFA, the
  * exiting function's stack pointer at the call - or, after a tail jump
- * past its epilogue, its own CFA.  Entries recorded below c are frames it
- * called that never exited (longjmp), or itself after the tail jump: the
- * one whose CFA is c.  The first entry entered at or above c is itself
- * otherwise.  Either way it is popped with every entry inside it. */
-TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t c)
+ * past its epilogue, its own CFA; site: its return address.  Entries
+ * recorded below c are frames it called that never exited (longjmp), or
+ * itself after the tail jump: the entry of this function and site, with
+ * the slot below c holding site and the entry outside it at or above c,
+ * as the fast path checks for the innermost.  The first entry entered at
+ * or above c is itself otherwise.  Either way it is popped with every
+ * entry inside it. */
+TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_state *t, uint64_t c, uint64_t site)
 {
     uint32_t d = t->shadow.depth;
     if (d == 0)
         return;  /* nothing to pop (and, in _tag_tls_none, nothing to write) */
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
+        int tail = ((const uint64_t *)c)[-1] == site;
+        const uint64_t *outer = &t->hook_sp_outer;  /* outer[i] = hook_sp[i - 1] */
         for (; d > 0; d--) {
             uint32_t i = d - 1;
-            if (t->hook_sp[i] >= c)
+            if (t->hook_sp[i] >= c ||
+                (tail && t->shadow.fn[i] == fn && t->shadow.site[i] == site && outer[i] >= c))
                 break;
-            if (t->shadow.fn[i] == fn) {
-                uint64_t e = t->shadow.sp[i];
-                /* c - 8: the exit hook's own stack pointer */
-                if ((e & 1) && i >= t->cc_valid)
-                    e = _tag_shadow_resolve(t, i, c - 8);
-                if (e == c)
-                    break;
-            }
         }
         if (d > 0)
             d--;

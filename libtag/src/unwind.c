@@ -1227,17 +1227,35 @@ TAG_COLD uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintpt
     return hook_cfa_scan(c, site, hi);
 }
 
+/* The top of the stack that the hook's CFA c lies on, if it may be read:
+ * the thread's own from cur up (live frames are there), or its alternate
+ * signal stack; 0 elsewhere. */
+static uint64_t hook_stack_top(const struct tag_thread_state *t, uint64_t c, uint64_t cur)
+{
+    if (t->alt_hi && c >= t->alt_lo && c < t->alt_hi)
+        return t->alt_hi;
+    if (c >= cur && c < t->stack_hi)
+        return t->stack_hi;
+    return 0;
+}
+
+int _tag_shadow_recheck(struct tag_thread_state *t, uint32_t i, uint64_t cur)
+{
+    uint64_t c = t->hook_sp[i], hi = hook_stack_top(t, c, cur);
+    if (!hi)
+        return 0;
+    uint64_t cfa = hook_rule_cfa(t, t->hook_ra[i], c, t->hook_bp[i], hi);
+    if (!cfa || cfa == (t->shadow.sp[i] & ~1ull) || ((const uint64_t *)cfa)[-1] != t->shadow.site[i])
+        return 0;
+    t->shadow.sp[i] = cfa;
+    return 1;
+}
+
 uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cur)
 {
     uint64_t c = t->hook_sp[i], ra = t->hook_ra[i], site = t->shadow.site[i];
-    /* the stack the hook ran on, if it may be read: the thread's own from
-     * cur up (live frames are there), or its alternate signal stack */
-    uint64_t hi;
-    if (t->alt_hi && c >= t->alt_lo && c < t->alt_hi)
-        hi = t->alt_hi;
-    else if (c >= cur && c < t->stack_hi)
-        hi = t->stack_hi;
-    else
+    uint64_t hi = hook_stack_top(t, c, cur);
+    if (!hi)
         return t->shadow.sp[i];  /* elsewhere: the lower bound stays */
     uint64_t off = hook_probe(t, ra), cfa = c + off;
     if (off && cfa <= hi && ((const uint64_t *)cfa)[-1] == site)

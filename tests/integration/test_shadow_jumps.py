@@ -30,7 +30,7 @@ def _stacks(stdout: str) -> dict[str, list[tuple[int, int]]]:
     cur = None
     for line in stdout.splitlines():
         word = line.split()
-        if word[:1] in (["alloc"], ["alloc1"]):
+        if len(word) == 1 and (word[0] in ("alloc", "alloc1") or word[0].startswith("realign")):
             cur = stacks.setdefault(word[0], [])
         elif word[:1] == ["frame"]:
             cur.append((int(word[1]), int(word[2], 16)))
@@ -128,5 +128,44 @@ def test_frames_left_then_a_deeper_call_through_code_not_instrumented(
     assert _names(exe, stacks["alloc1"]) == ["fresh_alloc", "fresh_alloc", "deep_call", "<lib>"]
     # AND main's own allocation after it, fresh_alloc <- main, with the
     # shadow stack as deep as the real one
+    assert _names(exe, stacks["alloc"]) == FRESH_FROM_MAIN
+    assert _depth(out) == (2, 0)
+
+
+@pytest.mark.parametrize("mode", ["auto", "shadow"])
+def test_tail_jumped_exit_with_a_frame_it_called_left_inside_it(build_victim, run_victim, tmp_path, mode):
+    # GIVEN tail_exit, a void function that -O2 leaves by its epilogue and a
+    # jump to the exit hook (so the hook sits at tail_exit's own CFA), whose
+    # uninstrumented callee setjmps and calls throw_back, which longjmps
+    # back: when tail_exit's exit runs, throw_back's dead entry is inside it
+    exe, out = _run(build_victim, run_victim, tmp_path, "uw_jumps", BUILDS["O2"], mode, "tailexit")
+    disasm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(exe)], capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    body = disasm.split("<tail_exit>:", 1)[1].split("\n\n", 1)[0]
+    assert "jmp" in body and "__cyg_profile_func_exit" in body.split("jmp", 1)[1].split("\n", 1)[0]
+    # THEN that exit pops throw_back's entry and tail_exit's, not main's: the
+    # block main allocates next has the stack fresh_alloc <- main <- libc
+    assert _names(exe, _stacks(out)["alloc"]) == FRESH_FROM_MAIN
+    assert _depth(out) == (2, 0)
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("mode", ["auto", "shadow"])
+def test_realigned_frame_entered_again_at_the_same_stack_pointer(build_victim, run_victim, tmp_path,
+                                                                 build, mode):
+    # GIVEN host(k), k = 0..7, which alloca()s 16 k + 1 bytes and then calls
+    # realigned from one call site; realigned aligns its stack to 64 bytes,
+    # so its enter hook sees the same stack pointer for CFAs 16 bytes apart
+    # (the same site, stack pointer and return address: an entry the enter
+    # keeps as it was)
+    exe, out = _run(build_victim, run_victim, tmp_path, "uw_jumps", BUILDS[build], mode, "realign")
+    stacks = _stacks(out)
+    # THEN every block realigned allocated has its whole stack: realigned
+    # <- host <- main <- libc
+    assert sorted(k for k in stacks if k.startswith("realign")) == [f"realign{k}" for k in range(8)]
+    for k in range(8):
+        assert _names(exe, stacks[f"realign{k}"]) == ["realigned", "realigned", "host", "main", "<lib>"], k
+    # AND main's allocation after them is fresh_alloc <- main, the shadow
+    # stack as deep as the real one
     assert _names(exe, stacks["alloc"]) == FRESH_FROM_MAIN
     assert _depth(out) == (2, 0)

@@ -18,7 +18,16 @@
  *                instrumented), whose 8 KiB frame overwrites the frames
  *                left, and which calls fresh_alloc: deeper than the frames
  *                left, so the enter hook sees its new entry below theirs
+ *   tailexit     tail_exit (void: at -O2 gcc reaches its exit hook by a
+ *                jump after its epilogue) calls catcher (not instrumented),
+ *                which setjmps and calls thrower, which longjmps back: the
+ *                exit finds thrower's dead entry inside tail_exit's
+ *   realign      host(k) alloca()s 16 k + 1 bytes, then calls realigned,
+ *                whose 64-byte aligned local realigns its stack: the same
+ *                stack pointer at its enter hook for CFAs 16 bytes apart;
+ *                realigned allocates (blocks "realign0" to "realign7")
  */
+#include <alloca.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -87,6 +96,46 @@ __attribute__((no_instrument_function, noipa)) static void *deep_call(void)
     return p;
 }
 
+__attribute__((noipa)) static void throw_back(void) { longjmp(main_jb, 1); }
+
+__attribute__((noipa, no_instrument_function)) static void catcher(void)
+{
+    if (setjmp(main_jb) == 0)
+        throw_back();
+}
+
+__attribute__((noipa)) void tail_exit(void)
+{
+    catcher();
+}
+
+#define REALIGNS 8
+static void *realigned_blocks[REALIGNS];
+
+__attribute__((noipa)) static void sink(void *p)
+{
+    (void)p;
+    KEEP();
+}
+
+__attribute__((noipa)) static void *realigned(size_t n)
+{
+    char buf[64] __attribute__((aligned(64)));
+    sink(buf);
+    void *p = malloc(n);
+    KEEP();
+    return p;
+}
+
+__attribute__((noipa)) static void host(int k)
+{
+    char *a = alloca(16 * (size_t)k + 1);
+    memset(a, 0x55, 16 * (size_t)k + 1);
+    __asm__ volatile("" ::"r"(a) : "memory");
+    realigned_blocks[k] = realigned((size_t)k + 1);
+    KEEP();
+}
+
 static void handler(int sig)
 {
     (void)sig;
@@ -126,6 +175,11 @@ int main(int argc, char **argv)
     } else if (strcmp(what, "nested") == 0) {
         if (setjmp(main_jb) == 0)
             level1();
+    } else if (strcmp(what, "tailexit") == 0) {
+        tail_exit();
+    } else if (strcmp(what, "realign") == 0) {
+        for (int k = 0; k < REALIGNS; k++)
+            host(k);
     } else if (strcmp(what, "signal") == 0 || strcmp(what, "altsignal") == 0) {
         static char altstack[64 * 1024];
         if (strcmp(what, "altsignal") == 0) {
@@ -149,6 +203,12 @@ int main(int argc, char **argv)
     if (blocks[1]) {
         printf("alloc1\n");
         lt_print_stack(lt_tag(blocks[1])->alloc_stack);
+    }
+    for (int k = 0; k < REALIGNS; k++) {
+        if (realigned_blocks[k]) {
+            printf("realign%d\n", k);
+            lt_print_stack(lt_tag(realigned_blocks[k])->alloc_stack);
+        }
     }
     return 0;
 }

@@ -13,8 +13,8 @@
  *
  * The enter records what it sees, and checks nothing about other entries:
  * the instrumented function's stack pointer at the hook call (the hook's
- * own CFA), the hook's return address, and the call site; fn and rbp too
- * when the entry changed.  When a depth is entered again the same way (the
+ * own CFA), the hook's return address, the call site and rbp; fn and a
+ * lower bound of the CFA too when the entry changed.  When a depth is entered again the same way (the
  * same site, stack pointer and return address: a loop calling the same
  * chain) nothing is written but the depth.  Finding the function's CFA
  * from those, and whether older entries are still alive (a longjmp leaves
@@ -60,7 +60,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
      * take every -O2 function whose rbp is a variable off the shortcut */
     t->hook_bp[d] = bp;
     if (TAG_UNLIKELY(t->shadow.site[d] != site || t->hook_sp[d] != c || t->hook_ra[d] != ra)) {
-        _tag_shadow_record(t, (uint32_t)d, fn, site, c, ra, bp, (c + 8) | 1);
+        _tag_shadow_record(t, (uint32_t)d, fn, site, c, ra, (c + 8) | 1);
     }
     /* the sweep's countdown: registering the thread started it, and the
      * tick restarts it at 0 (== 0: one subtract from memory, no load) */
@@ -74,14 +74,10 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_si
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint32_t d = t->shadow.depth;
     /* hook_sp[d - 1] is (&hook_sp_outer)[d]: no index to compute */
-    const uint64_t *below = &t->hook_sp_outer;
     if (TAG_LIKELY(d - 1u < TAG_SHADOW_MAX)) {  /* depth 0 wraps */
-        if (TAG_LIKELY(below[d] >= c) ||
+        if (TAG_LIKELY((&t->hook_sp_outer)[d] >= c) ||
             /* the tail jump after the epilogue (see above) */
-            (t->shadow.site[d - 1] == (uint64_t)(uintptr_t)call_site &&
-             t->shadow.fn[d - 1] == (uint64_t)(uintptr_t)this_fn &&
-             ((const uint64_t *)c)[-1] == (uint64_t)(uintptr_t)call_site &&
-             below[d - 1] >= c)) {  /* hook_sp_outer at depth 1 */
+            _tag_shadow_tail(t, d - 1, (uint64_t)(uintptr_t)this_fn, (uint64_t)(uintptr_t)call_site, c)) {
             t->shadow.depth = d - 1;
             return;
         }

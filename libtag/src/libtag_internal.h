@@ -456,7 +456,8 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
 }
 /* Record function fn at depth d < TAG_SHADOW_MAX, entered from site, as
  * its enter hook saw it: the hook's CFA c (the function's stack pointer at
- * the call), the hook's return address ra, the function's rbp; sp: its CFA
+ * the call), the hook's return address ra (its rbp is the caller's to store: the
+ * enter hook stores it at every call); sp: its CFA
  * where known, else the lower bound (c + 8) | 1 for a capture to resolve
  * (_tag_shadow_resolve).  A changed entry lowers cc_valid: the next
  * capture resolves and hashes it, checks that the entry below it is alive
@@ -467,16 +468,26 @@ TAG_INLINE uint64_t _tag_shadow_cc(struct tag_thread_state *t, uint32_t d)
  * so an unchanged entry keeps what a capture found, and a loop that calls
  * the same chain again captures for free. */
 TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint64_t fn, uint64_t site,
-                                   uint64_t c, uint64_t ra, uint64_t bp, uint64_t sp)
+                                   uint64_t c, uint64_t ra, uint64_t sp)
 {
     t->shadow.fn[d] = fn;
     t->shadow.site[d] = site;
     t->shadow.sp[d] = sp;
     t->hook_sp[d] = c;
     t->hook_ra[d] = ra;
-    t->hook_bp[d] = bp;
     if (t->cc_valid > d)
         t->cc_valid = d;
+}
+/* Entry i is function fn, whose exit hook was reached by a tail jump past
+ * its epilogue so that the hook's CFA c is fn's own: entered from site,
+ * which the slot below c holds (fn's return address), inside an entry
+ * entered at or above c (hook_sp_outer for i = 0).  The exit hook asks it
+ * of the innermost entry, _tag_exit_slow of each below dead ones. */
+TAG_INLINE int _tag_shadow_tail(const struct tag_thread_state *t, uint64_t i, uint64_t fn, uint64_t site,
+                                uint64_t c)
+{
+    return t->shadow.site[i] == site && t->shadow.fn[i] == fn && ((const uint64_t *)c)[-1] == site &&
+           (&t->hook_sp_outer)[i] >= c;
 }
 /* Enter hooks between two sweeps: LIBTAG_SWEEP, or never. */
 TAG_INLINE int32_t _tag_hook_period(void)

@@ -217,7 +217,8 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
     }
     t->shadow.depth = d + 1;
     if (TAG_LIKELY(d < TAG_SHADOW_MAX)) {
-        _tag_shadow_record(t, d, fn, site, c, ra, bp, cfa);
+        t->hook_bp[d] = bp;
+        _tag_shadow_record(t, d, fn, site, c, ra, cfa);
     } else {
         t->shadow.overflows++;
     }
@@ -243,14 +244,9 @@ TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_stat
     if (d == 0)
         return;  /* nothing to pop (and, in _tag_tls_none, nothing to write) */
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
-        int tail = ((const uint64_t *)c)[-1] == site;
-        const uint64_t *outer = &t->hook_sp_outer;  /* outer[i] = hook_sp[i - 1] */
-        for (; d > 0; d--) {
-            uint32_t i = d - 1;
-            if (t->hook_sp[i] >= c ||
-                (tail && t->shadow.fn[i] == fn && t->shadow.site[i] == site && outer[i] >= c))
+        for (; d > 0; d--)
+            if (t->hook_sp[d - 1] >= c || _tag_shadow_tail(t, d - 1, fn, site, c))
                 break;
-        }
         if (d > 0)
             d--;
     } else {

@@ -348,12 +348,16 @@ class Control:
 
     def libtag_tls_ranges(self) -> list[tuple[int, int]]:
         """[start, end) of libtag's per-thread block (control.thread_state_bytes from
-        each thread record's shadow address) in every thread that has one."""
+        each thread record's shadow address) in every thread that has one.
+        A record whose block would run past the end of the address space (a
+        damaged shadow address) has none: its shadow stack is reported
+        unreadable (_read_shadow), and scans exclude nothing for it."""
         recs = self.thread_records()
         size = int(self.fields.thread_state_bytes)
         if recs is None or not size:
             return []
-        return [(int(a), int(a) + size) for a, tid in zip(recs["shadow"], recs["tid"]) if a and tid]
+        return [(int(a), int(a) + size) for a, tid in zip(recs["shadow"], recs["tid"])
+                if a and tid and int(a) + size <= 1 << 64]
 
     def thread_records(self) -> np.ndarray | None:
         """libtag's thread records as they are (abi.THREAD_RECORD_DTYPE, unused

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from forensics.reader import abi
@@ -321,6 +321,10 @@ def test_bit_flipped_cores(seeds, tmp_path, flips):
 @FUZZ
 @given(area=st.sampled_from(AREAS), pos=st.integers(0, 1 << 20),
        word=st.sampled_from([0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 0xFFFFFFFFFFFFFFFF, 1 << 40, 1 << 63]))
+# a thread record's shadow address (offset 8) at the top of the address space:
+# libtag's per-thread block there would end past 2**64 (found by this test at
+# random; an internal error in whoowns and inspect --leaks before the fix)
+@example(area="threads", pos=8, word=0xFFFFFFFFFFFFFFFF)
 def test_words_overwritten(seeds, tmp_path, area, pos, word):
     # GIVEN the seed core with one aligned 8-byte word of a structure set to an
     # extreme value (counts, pointers, sizes)  WHEN read  THEN exit 0/1/2

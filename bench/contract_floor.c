@@ -9,12 +9,14 @@
  * checked by arithmetic on the address (its slot in its span) and against
  * the tag and the canary; the payload's first 256 bytes filled when freed
  * and checked when the block leaves a 1 MiB FIFO quarantine a thread; the
- * coarse monotonic clock.  No free record kept for a reader, no per-stack
- * counters, no guard sampling, no sweep, no snapshot, no errno care, no
- * report (a failed check is counted, the block leaked), no thread but
- * the main one walks (the others record one frame), no aligned blocks
- * above 16 bytes (ENOMEM), a thread's ring is never unmapped.  Where the frame pointers are not there (an -O2 build), the walk
- * stops at the first frame that does not chain upwards on the stack.
+ * coarse monotonic clock.  No check value on the free record (stack,
+ * time, thread) the ring keeps, no per-stack counters, no guard sampling,
+ * no sweep, no snapshot, no errno care, no report (a failed check is
+ * counted, the block leaked), no thread but the main one walks (the others
+ * record one frame), no aligned blocks above 16 bytes (ENOMEM), a thread's
+ * ring is never unmapped.  Where the frame pointers are not there (an -O2
+ * build), the walk stops at the first frame that does not chain upwards
+ * on the stack.
  *
  * The heap is libtag's (libtag/src/heap.c compiled in, as heap_shim.c), or
  * Debian's mimalloc with -DON_MIMALLOC (whose frees cannot be checked by

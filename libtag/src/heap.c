@@ -234,7 +234,12 @@ static void bin_remove(struct tag_slice *s)
 /* Called with the page lock held: a span of n slices, or NULL, marked as
  * kind before the lock is dropped (a neighbour's merge reads kind under the
  * lock: a span whose kind still said free would be merged while in use). */
-static struct tag_slice *slices_take(uint64_t n, uint32_t kind)
+/* Called with the page lock held: a span of n slices, its slices marked,
+ * its kind still TAG_SPAN_FREE.  The caller fills in its entry and then
+ * publishes its kind (publish_kind): a snapshot may stop this thread at any
+ * instruction, and the reader trusts every field of a span whose kind says
+ * SMALL or LARGE, and the memory those fields point at. */
+static struct tag_slice *slices_take(uint64_t n)
 {
     struct tag_slice *s = NULL;
     uint64_t above = n < BINS ? bin_mask & ~((1ull << n) - 1) & ~1ull : 0;
@@ -267,8 +272,18 @@ static struct tag_slice *slices_take(uint64_t n, uint32_t kind)
         __atomic_store_n(&_tag_heap.used, at + n, __ATOMIC_RELEASE);
     }
     mark_span(s, n);
-    s->kind = kind;
+    TAG_ASSERT(s->kind == TAG_SPAN_FREE);
     return s;
+}
+
+/* The span's kind, after everything a reader of it trusts is written:
+ * for a SMALL span its class, slot size, capacity and carved count 0; for
+ * a LARGE one its block's offset, and that slot's bits 0 until its tag is
+ * written.  The release store keeps the compiler (and the CPU) from
+ * moving those writes after it. */
+static inline void publish_kind(struct tag_slice *s, uint32_t kind)
+{
+    __atomic_store_n(&s->kind, kind, __ATOMIC_RELEASE);
 }
 
 /* Called with the page lock held: give a span back, merged with free
@@ -426,16 +441,21 @@ static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
         s = ct->carving;
         if (!s || s->carved == s->capacity) {
             spin_lock(&page_lock);
-            s = slices_take(ci->slices, TAG_SPAN_SMALL);
+            s = slices_take(ci->slices);
+            if (s) {
+                /* the entry may hold another span's fields (a span split
+                 * from a longer one keeps what its first slice had) */
+                s->cls = c;
+                s->block_size = ci->block_size;
+                s->capacity = ci->capacity;
+                s->carved = 0;
+                s->nfree = 0;
+                s->free = NULL;
+                publish_kind(s, TAG_SPAN_SMALL);
+            }
             spin_unlock(&page_lock);
             if (!s)
                 break;
-            s->cls = c;
-            s->block_size = ci->block_size;
-            s->capacity = ci->capacity;
-            s->carved = 0;
-            s->nfree = 0;
-            s->free = NULL;
             ct->carving = s;
         }
         char *base = span_start(s);
@@ -447,11 +467,16 @@ static unsigned central_take(unsigned c, unsigned want, int whole, void **out)
         if (want > got + ci->carve)
             want = got + ci->carve;
         while (got < want && s->carved < s->capacity) {
-            char *b = base + (size_t)s->carved++ * ci->block_size;
+            uint32_t k = s->carved;
+            char *b = base + (size_t)k * ci->block_size;
             /* a slot holds no block until one is tagged in it: its tag's
-             * bits read 0 (a reused span's memory holds anything) */
+             * bits read 0 (a reused span's memory holds anything) - before
+             * the carved count includes it, or a snapshot that stops this
+             * thread in between shows the old bytes as a tag written over
+             * (the load soak's 16 threads: 1 core in ~250) */
             if (!fresh)
                 memset(b + offsetof(struct libtag_tag, bits), 0, sizeof(uint64_t));
+            __atomic_store_n(&s->carved, k + 1, __ATOMIC_RELEASE);
             append(&head, &tail, b);
             got++;
         }
@@ -586,7 +611,8 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
     if (bytes > TAG_BLOCK_MAX || n > _tag_heap.slices_max)
         return NULL;
     spin_lock(&page_lock);
-    struct tag_slice *s = slices_take(n, TAG_SPAN_LARGE);
+    struct tag_slice *s = slices_take(n);
+    uintptr_t p = 0;
     if (s) {
         s->cls = 0;
         s->block_size = 0;
@@ -594,18 +620,22 @@ static void *large_alloc(size_t bytes, size_t align, int *zeroed)
         s->carved = 1;
         s->nfree = 0;
         s->large_size = 0;
+        p = (uintptr_t)span_start(s);
+        if (align > TAG_HEAP_SLICE)
+            p = (p + align - 1) & ~(uintptr_t)(align - 1);
+        s->block_off = (uint32_t)(p - (uintptr_t)span_start(s));
+        *zeroed = (s->flags & TAG_SPAN_ZERO) != 0;
+        s->flags &= ~TAG_SPAN_ZERO;
+        /* no block in the slot until the caller tags one: a reused span
+         * holds old bytes there, which a snapshot taken before the tag is
+         * written would show as a tag written over */
+        if (!*zeroed)
+            memset((char *)p + offsetof(struct libtag_tag, bits), 0, sizeof(uint64_t));
+        publish_kind(s, TAG_SPAN_LARGE);
         _tag_heap.large_count++;
         _tag_heap.large_bytes += n * TAG_HEAP_SLICE;
     }
     spin_unlock(&page_lock);
-    if (!s)
-        return NULL;
-    *zeroed = (s->flags & TAG_SPAN_ZERO) != 0;
-    s->flags &= ~TAG_SPAN_ZERO;
-    uintptr_t p = (uintptr_t)span_start(s);
-    if (align > TAG_HEAP_SLICE)
-        p = (p + align - 1) & ~(uintptr_t)(align - 1);
-    s->block_off = (uint32_t)(p - (uintptr_t)span_start(s));
     return (void *)p;
 }
 

@@ -55,6 +55,9 @@ TAG_INLINE void real_release(struct tag_heap_cache *hc, void *user)
     t->bits = 0;
     if (TAG_UNLIKELY(slot != tag_addr))
         ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;
+    /* the bits first, then the link over the tag's first word: a snapshot
+     * that stops this thread in between sees no block, not a torn tag */
+    __atomic_signal_fence(__ATOMIC_RELEASE);
     _tag_heap_free_in(hc, s, (void *)(uintptr_t)slot);
 }
 

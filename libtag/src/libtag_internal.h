@@ -571,8 +571,6 @@ TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t 
     TAG_ASSERT(((uintptr_t)user & 15) == 0 && kind <= TAG_ALLOC_NEW_ARRAY_ALIGNED);
     if (TAG_UNLIKELY(size >= TAG_SIZE_BIG))
         _tag_write_big(addr, size);
-    if (TAG_UNLIKELY(pad != 0))
-        _tag_write_forward(addr, pad);
     /* the canary first: a snapshot that stops this thread between the two
      * sees no block yet, or the block whole (a tag without its canary
      * would read as an overflow) */
@@ -581,6 +579,13 @@ TAG_INLINE void _tag_write_live(void *user, size_t size, uint32_t pad, uint32_t 
     __atomic_signal_fence(__ATOMIC_RELEASE);
     _tag_store(t, tag_bits(tid, size, TAG_STATE_LIVE, kind), stack, now);
     TAG_ASSERT(tag_check_of(t) == tag_check_value(addr, _tag_ctl.secret, t));
+    /* an aligned block's forward record last, at its slot's start: before
+     * the tag it points at is whole, a reader following it would find the
+     * slot's old bytes there, a tag written over */
+    if (TAG_UNLIKELY(pad != 0)) {
+        __atomic_signal_fence(__ATOMIC_RELEASE);
+        _tag_write_forward(addr, pad);
+    }
 }
 /* Set bits of the tag's bits word (TAG_FLAG_REPORTED, an alloc kind) and
  * keep the check value in step. */

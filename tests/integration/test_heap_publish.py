@@ -15,12 +15,15 @@ zeroing the new slot's bits).
 GIVEN tests/victims/heap_publish.c under libtag (no quarantine, no guard
 sampling): a 150 KiB block filled with 0xce and freed, then eight blocks of
 a class nothing used before (1500 bytes: 1536-byte slots) carved from the
-freed span's first slice, and a 100 KiB block in the two slices left
+freed span's first slice, a 100 KiB block in the two slices left, and a
+3000-byte block aligned to 4096 (a forward record at its slot's start)
 WHEN gdb watches the slice table entries of those spans (hardware
-watchpoints: each stop is right after the store)
+watchpoints: each stop is right after the store) and stops where the
+forward record is written
 THEN each span's kind is published with its fields already written, each
-carved slot's bits read 0 the moment the carved count includes it, and the
-large block's slot reads bits 0 the moment its span is LARGE
+carved slot's bits read 0 the moment the carved count includes it, the
+large block's slot reads bits 0 the moment its span is LARGE, and the
+forward record is written after the tag it points at is whole
 AND a core gcore takes at the moment the second slot is carved reads without
 a warning.
 """
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.skipif(not S.have_gdb(), reason="gdb is not installed")
 SLICE = 65536
 SMALL, LARGE = 1, 2  # enum libtag_span_kind
 BLOCK = 1536         # the slot size of 1500-byte blocks (1500 + 24 bytes)
+STATE_SHIFT, LIVE = 58, 1  # the tag's state field (tag_abi.h)
 
 # The slice table's entry (struct libtag_slice, tag_abi.h): 64 bytes.
 WATCHER = r'''
@@ -85,7 +89,13 @@ def on_stop(ev):
             if what == "carved" and carved == 2:
                 gdb.execute(f"gcore {CORE}")
         hits.append(h)
+fwd = gdb.Breakpoint("_tag_write_forward")
+def on_forward(ev):
+    if any(bp.number == fwd.number for bp in getattr(ev, "breakpoints", [])):
+        tag = int(gdb.parse_and_eval("$rdi"))
+        hits.append({"what": "forward", "tag_state": u64(tag + 8) >> STATE_SHIFT & 3})
 gdb.events.stop.connect(on_stop)
+gdb.events.stop.connect(on_forward)
 while True:
     try:
         gdb.execute("continue")
@@ -100,7 +110,8 @@ def watch(victim, tmp_path) -> tuple[dict, str, object]:
     script = tmp_path / "watch.py"
     env = {"LD_PRELOAD": str(libpath.lib_path()), "LIBTAG_QUARANTINE": "0", "LIBTAG_GUARD_RATE": "0",
            "LIBTAG_GUARD_SITES": "0", "LIBTAG_DIR": str(tmp_path / "snaps"), "LIBTAG_LOG": "off"}
-    script.write_text(f"SLICE = {SLICE}\nSMALL_KIND = {SMALL}\nENV = {env!r}\nCORE = {str(core)!r}\n"
+    script.write_text(f"SLICE = {SLICE}\nSMALL_KIND = {SMALL}\nSTATE_SHIFT = {STATE_SHIFT}\nENV = {env!r}\n"
+                      f"CORE = {str(core)!r}\n"
                       + WATCHER)
     done = subprocess.run(["gdb", "--batch", "-nx", "-iex", "set debuginfod enabled off",
                            "-x", str(script), str(victim)],
@@ -124,6 +135,8 @@ def test_spans_are_published_after_what_a_reader_trusts(build_victim, tmp_path, 
     # AND the large block's span became LARGE with its slot at the slice's start reading bits 0
     large = [(h["block_off"], h["bits"]) for h in hits if h["what"] == "large kind" and h["kind"] == LARGE]
     assert large == [(0, 0)], hits
+    # AND the aligned block's forward record was written after the tag it points at
+    assert [h["tag_state"] for h in hits if h["what"] == "forward"] == [LIVE], hits
     # AND the core taken as the second slot was carved (over 0xce bytes) has no warning
     r = run_cli("inspect", str(core), "--json", env={"XDG_STATE_HOME": str(tmp_path / "state")}, timeout=120)
     assert r.returncode == 0, r.stderr

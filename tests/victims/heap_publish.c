@@ -10,7 +10,9 @@
  *   the free span's first slice, and its slots past the first lie over the
  *   old 0xce bytes;
  * - one block of 100 KiB: a large span of the 2 slices left, its slot at
- *   the second slice's start, over 0xce bytes too.
+ *   the second slice's start, over 0xce bytes too;
+ * - one block of 3000 bytes aligned to 4096: its tag 4080 bytes into its
+ *   slot, a forward record at the slot's start.
  *
  * Prints "big=0x..." and "done", and exits 0.
  */
@@ -46,7 +48,12 @@ int main(void)
     if (!large)
         return 1;
     memset(large, 0x22, 100 * 1024);
-    printf("small=%p large=%p\n", small[0], (void *)large);
+    char *aligned = aligned_alloc(4096, 3000);
+    if (!aligned)
+        return 1;
+    memset(aligned, 0x33, 3000);
+    printf("small=%p large=%p aligned=%p\n", small[0], (void *)large, (void *)aligned);
+    free(aligned);
     for (int i = 0; i < 8; i++)
         free(small[i]);
     free(large);

@@ -254,8 +254,7 @@ static inline struct tag *live_of(char *user)
         return NULL;
     uint32_t off;
     struct tag_slice *s = _tag_heap_span_off(tg, &off);
-    uint64_t m = _tag_heap_div[s->cls];
-    if (UNLIKELY(!(s->kind == TAG_SPAN_SMALL ? (uint64_t)off * m < m : off == 0)))
+    if (UNLIKELY(!(s->kind == TAG_SPAN_SMALL ? _tag_small_slot_start(s, off) : off == 0)))
         return NULL;
 #endif
     uint64_t w1 = tg->w1;

@@ -231,14 +231,13 @@ static void bin_remove(struct tag_slice *s)
     s->next = s->prev = NULL;
 }
 
-/* Called with the page lock held: a span of n slices, or NULL, marked as
- * kind before the lock is dropped (a neighbour's merge reads kind under the
- * lock: a span whose kind still said free would be merged while in use). */
-/* Called with the page lock held: a span of n slices, its slices marked,
- * its kind still TAG_SPAN_FREE.  The caller fills in its entry and then
- * publishes its kind (publish_kind): a snapshot may stop this thread at any
- * instruction, and the reader trusts every field of a span whose kind says
- * SMALL or LARGE, and the memory those fields point at. */
+/* Called with the page lock held: a span of n slices, or NULL; its slices
+ * marked, its kind still TAG_SPAN_FREE.  The caller fills in its entry and
+ * then publishes its kind (publish_kind) before the lock is dropped: a
+ * neighbour's merge reads kind under the lock (a span whose kind still
+ * said free would be merged while in use), and a snapshot may stop this
+ * thread at any instruction, the reader trusting every field of a span
+ * whose kind says SMALL or LARGE and the memory those fields point at. */
 static struct tag_slice *slices_take(uint64_t n)
 {
     struct tag_slice *s = NULL;

@@ -14,9 +14,10 @@
  * The enter records what it sees, and checks nothing about other entries:
  * the instrumented function's stack pointer at the hook call (the hook's
  * own CFA), the hook's return address, the call site and rbp; fn and a
- * lower bound of the CFA too when the entry changed.  When a depth is entered again the same way (the
- * same site, stack pointer and return address: a loop calling the same
- * chain) nothing is written but the depth.  Finding the function's CFA
+ * lower bound of the CFA too when the entry changed.  When a depth is
+ * entered again the same way (the same site, stack pointer and return
+ * address: a loop calling the same chain) nothing is written but the
+ * depth and rbp.  Finding the function's CFA
  * from those, and whether older entries are still alive (a longjmp leaves
  * dead ones), is left to the next capture (_tag_shadow_settle and unwind.c's
  * memo_cc), which sees ~3 entries pushed since the last one where the

@@ -489,6 +489,15 @@ TAG_INLINE int _tag_shadow_tail(const struct tag_thread_state *t, uint64_t i, ui
     return t->shadow.site[i] == site && t->shadow.fn[i] == fn && ((const uint64_t *)c)[-1] == site &&
            (&t->hook_sp_outer)[i] >= c;
 }
+/* Entry i (> 0), its CFA e, lies inside entry i - 1, whose CFA is outer
+ * (bit 0 cleared from both): below it, or at it for another function (the
+ * host of an inlined one).  Lower bounds compare as they are: the enter
+ * hook's CFA + 8 is below the function's CFA, and above that of every
+ * function it calls. */
+TAG_INLINE int _tag_shadow_inside(const struct tag_thread_state *t, uint32_t i, uint64_t e, uint64_t outer)
+{
+    return e < outer || (e == outer && t->shadow.fn[i] != t->shadow.fn[i - 1]);
+}
 /* Enter hooks between two sweeps: LIBTAG_SWEEP, or never. */
 TAG_INLINE int32_t _tag_hook_period(void)
 {
@@ -627,14 +636,20 @@ uint64_t _tag_slot_tag(uint64_t slot, uint64_t end);
  * or where the slot's forward record points?  The exact-free half of
  * _tag_lookup (the check value is the other). */
 TAG_COLD int _tag_forward_ok(uint64_t slot, uint64_t tag_addr);
+/* Offset off of span s is a slot's start in a small span: the common case
+ * of a tag's place, in one multiply (its offset divisible by the slot
+ * size: Lemire et al., n % d == 0 iff n * M < M, mod 2^64).  0 says
+ * nothing: a large span, or an aligned block's tag past its slot's start. */
+TAG_INLINE int _tag_small_slot_start(const struct tag_slice *s, uint32_t off)
+{
+    uint64_t m = _tag_heap_div[s->cls];
+    return s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m;
+}
 TAG_INLINE int _tag_in_place(uint64_t tag_addr)
 {
     uint32_t off;
     const struct tag_slice *s = _tag_heap_span_off((const void *)(uintptr_t)tag_addr, &off);
-    /* the common case in one multiply: a small span's offset divisible by
-     * its slot size (Lemire et al.: n % d == 0 iff n * M < M, mod 2^64) */
-    uint64_t m = _tag_heap_div[s->cls];
-    if (TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m))
+    if (TAG_LIKELY(_tag_small_slot_start(s, off)))
         return 1;
     uint64_t slot = _tag_slot_in(s, tag_addr);
     return slot == tag_addr || _tag_forward_ok(slot, tag_addr);

@@ -47,11 +47,9 @@ TAG_INLINE void real_release(struct tag_heap_cache *hc, void *user)
     uint64_t tag_addr = (uint64_t)(uintptr_t)t;
     uint32_t off;
     struct tag_slice *s = _tag_heap_span_off(t, &off);
-    /* a slot's start, the common case, by _tag_in_place's one multiply
-     * and compare (_tag_slot_in computes the slot: two multiplies) */
-    uint64_t m = _tag_heap_div[s->cls];
-    uint64_t slot = TAG_LIKELY(s->kind == TAG_SPAN_SMALL && (uint64_t)off * m < m)
-                        ? tag_addr : _tag_slot_in(s, tag_addr);
+    /* a slot's start, the common case, in one multiply and compare
+     * (_tag_slot_in computes the slot: two multiplies) */
+    uint64_t slot = TAG_LIKELY(_tag_small_slot_start(s, off)) ? tag_addr : _tag_slot_in(s, tag_addr);
     t->bits = 0;
     if (TAG_UNLIKELY(slot != tag_addr))
         ((struct libtag_tag *)(uintptr_t)slot)->bits = 0;

@@ -122,16 +122,6 @@ static void shadow_repair(struct tag_thread_state *t, uint64_t cur, uint32_t lo)
         t->cc_valid = first;
 }
 
-/* Entry i (> 0) lies inside entry i - 1: its CFA below, or at it for
- * another function (the host of an inlined one).  Lower bounds compare
- * as they are: the enter hook's CFA + 8 is below the function's CFA, and
- * above that of every function it calls. */
-static int in_order(const struct tag_thread_state *t, uint32_t i)
-{
-    uint64_t e = t->shadow.sp[i] & ~1ull, outer = t->shadow.sp[i - 1] & ~1ull;
-    return e < outer || (e == outer && t->shadow.fn[i] != t->shadow.fn[i - 1]);
-}
-
 /* The enter hook checks nothing about the entries below the one it
  * pushes (hooks.c).  A longjmp out of instrumented frames, then calls,
  * leaves dead entries under live ones; code that is not instrumented can
@@ -151,7 +141,7 @@ void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
             _tag_shadow_resolve(t, i, cur);
     for (uint32_t i = lo; i < d; i++) {
         uint64_t e = s->sp[i];
-        if (i > lo && !in_order(t, i)) {
+        if (i > lo && !_tag_shadow_inside(t, i, e & ~1ull, s->sp[i - 1] & ~1ull)) {
             shadow_repair(t, cur, lo);
             return;
         }

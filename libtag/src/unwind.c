@@ -1056,7 +1056,7 @@ TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uin
         } else if (i + 1 < d && !memo_alive(t, i, cur, span)) {
             return 0;
         }
-        if (!(e < outer || (e == outer && t->shadow.fn[i] != t->shadow.fn[i - 1])))
+        if (!_tag_shadow_inside(t, i, e, outer))  /* i = 0: outer is ~0 */
             return 0;
         outer = e;
         cc = _tag_cc_step(cc, t->shadow.site[i]);

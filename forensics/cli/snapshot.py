@@ -1,10 +1,18 @@
-"""Ask a running libtag process for a snapshot and wait until its core is complete.
+"""Take a core of a running process and wait until it is complete.
 
-    forensics snapshot PID [--children] [--dir DIR] [--signal SIG] [--timeout S] [--json]
+    forensics snapshot PID [--children] [--ptrace] [--dir DIR] [--signal SIG] [--timeout S] [--json]
 
 The process pauses for a few milliseconds (a fork) and runs on.  Exit 0, or 2
-with the reason: no such process, libtag not loaded, no permission, no
+with the reason: no such process, no permission, a process that cannot be
+traced (another tracer, a seccomp filter that forbids fork, stopped), no
 trigger, timeout.
+
+A process that does not run libtag (or any, with --ptrace) is forked from
+outside by ptrace (forensics/snapshots/ptrace.py): its threads are stopped,
+one of them runs a clone system call, all run on; the copy, which never
+runs, is read into a core in --dir (default: your snapshot directory).
+The core holds every thread's registers and glibc's heap; every verb reads
+it.  The rest of this describes a process that runs libtag.
 
 How the process is asked and where its core goes are read from libtag's
 control block in the process's memory, not from its environment (daemons
@@ -72,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "LIBTAG_SIGNAL is SIG")
     parser.add_argument("--timeout", metavar="S", type=_args.seconds, default=30.0,
                         help="seconds to wait for each core (default: 30)")
+    parser.add_argument("--ptrace", action="store_true",
+                        help="fork the process from outside by ptrace even when it runs "
+                             "libtag (a process without libtag always is)")
     _args.json_flag(parser)
 
 
@@ -117,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     docs, failed = [], 0
     for pid in pids:
         kw = dict(timeout=args.timeout, fallback_dir=args.dir, signal_override=args.signal,
-                  note=note)
+                  use_ptrace=args.ptrace, note=note)
         try:
             if err.is_terminal:
                 with err.status(f"snapshot of pid {pid}...") as status:
@@ -137,7 +148,8 @@ def main(args: argparse.Namespace) -> int:
     out = text.out_console()
     for doc in docs:
         out.print(doc["core"], markup=False, soft_wrap=True)
-        how = ", handed over" if doc.get("handed_over") else ""
+        how = ", handed over" if doc.get("handed_over") else \
+            ", by ptrace" if doc.get("method") == "ptrace" else ""
         out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
                   f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "
                   f"core {text.core_size_text(doc['core_bytes'], doc['disk_bytes'])}{how}",

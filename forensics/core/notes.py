@@ -108,6 +108,29 @@ SI_TKILL = -6
 _FAULT_SIGNALS = {_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE, _signal.SIGTRAP}
 
 
+def note_bytes(name: bytes, ntype: int, desc: bytes) -> bytes:
+    """One note as a core holds it: the header, the NUL-ended name and the
+    description, each padded to 4 bytes."""
+    name0 = name + b"\0"
+    pad = lambda b: b + b"\0" * (-len(b) % 4)  # noqa: E731
+    return (len(name0).to_bytes(4, "little") + len(desc).to_bytes(4, "little")
+            + ntype.to_bytes(4, "little") + pad(name0) + pad(desc))
+
+
+def prstatus_bytes(tid: int, regs, *, ppid: int = 0, pgrp: int = 0, sid: int = 0,
+                   sigpend: int = 0, sighold: int = 0, fpvalid: bool = False) -> bytes:
+    """An NT_PRSTATUS description for thread *tid* with registers *regs*
+    (REG_NAMES order) and no signal: a thread of a snapshot, not of a crash."""
+    return elf_prstatus.build({
+        "pr_info": {"si_signo": 0, "si_code": 0, "si_errno": 0},
+        "pr_cursig": 0, "pr_sigpend": sigpend, "pr_sighold": sighold,
+        "pr_pid": tid, "pr_ppid": ppid, "pr_pgrp": pgrp, "pr_sid": sid,
+        **{k: {"tv_sec": 0, "tv_usec": 0} for k in ("pr_utime", "pr_stime", "pr_cutime", "pr_cstime")},
+        "pr_reg": [int(v) for v in regs],
+        "pr_fpvalid": 1 if fpvalid else 0,
+    })
+
+
 def signal_name(num: int, unknown: str = "SIG{}") -> str:
     """A signal's name ("SIGSEGV"); unknown.format(num) for a number Python
     does not name."""

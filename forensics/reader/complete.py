@@ -41,7 +41,16 @@ from construct import ConstructError
 
 from forensics.core.core import Core
 from forensics.core.elf import EHDR_SIZE, Elf64_Phdr, PHDR_SIZE, PT_NOTE
-from forensics.core.notes import NT_AUXV, NT_FILE, NT_PRPSINFO, NT_PRSTATUS, elf_prpsinfo, elf_prstatus
+from forensics.core.notes import (
+    NT_AUXV,
+    NT_FILE,
+    NT_PRPSINFO,
+    NT_PRSTATUS,
+    elf_prpsinfo,
+    elf_prstatus,
+    note_bytes,
+    prstatus_bytes,
+)
 from forensics.errors import ForensicsError
 from forensics.files import open_own_file
 from forensics.reader import abi
@@ -51,26 +60,10 @@ _SNAPSHOT_REASONS = (abi.TAG_REASON_ON_DEMAND, abi.TAG_REASON_ANOMALY, abi.TAG_R
 _MAX_THREADS = 1 << 16
 
 
-def _note(name: bytes, ntype: int, desc: bytes) -> bytes:
-    name0 = name + b"\0"
-    pad = lambda b: b + b"\0" * (-len(b) % 4)  # noqa: E731
-    return (len(name0).to_bytes(4, "little") + len(desc).to_bytes(4, "little")
-            + ntype.to_bytes(4, "little") + pad(name0) + pad(desc))
-
-
 def _prstatus(tid: int, regs, like) -> bytes:
-    value = {
-        "pr_info": {"si_signo": 0, "si_code": 0, "si_errno": 0},
-        "pr_cursig": 0, "pr_sigpend": 0, "pr_sighold": 0,
-        "pr_pid": tid,
-        "pr_ppid": like.pr_ppid if like is not None else 0,
-        "pr_pgrp": like.pr_pgrp if like is not None else 0,
-        "pr_sid": like.pr_sid if like is not None else 0,
-        **{k: {"tv_sec": 0, "tv_usec": 0} for k in ("pr_utime", "pr_stime", "pr_cutime", "pr_cstime")},
-        "pr_reg": [int(v) for v in regs],
-        "pr_fpvalid": 0,
-    }
-    return elf_prstatus.build(value)
+    return prstatus_bytes(tid, regs, ppid=like.pr_ppid if like is not None else 0,
+                          pgrp=like.pr_pgrp if like is not None else 0,
+                          sid=like.pr_sid if like is not None else 0)
 
 
 def _new_notes(core: Core, raw, ctl, records) -> bytes | None:
@@ -92,12 +85,12 @@ def _new_notes(core: Core, raw, ctl, records) -> bytes | None:
         if n.type == NT_PRPSINFO and len(n.desc) >= elf_prpsinfo.sizeof():
             ps = elf_prpsinfo.parse(n.desc)
             ps.pr_pid = int(ctl.pid)
-            process.append(_note(b"CORE", NT_PRPSINFO, elf_prpsinfo.build(ps) + n.desc[elf_prpsinfo.sizeof():]))
+            process.append(note_bytes(b"CORE", NT_PRPSINFO, elf_prpsinfo.build(ps) + n.desc[elf_prpsinfo.sizeof():]))
         elif n.type in (NT_AUXV, NT_FILE):
-            process.append(_note(b"CORE", n.type, n.desc))
+            process.append(note_bytes(b"CORE", n.type, n.desc))
     out = []
     for i, (tid, regs) in enumerate(saved):
-        out.append(_note(b"CORE", NT_PRSTATUS, _prstatus(tid, regs, like)))
+        out.append(note_bytes(b"CORE", NT_PRSTATUS, _prstatus(tid, regs, like)))
         if i == 0:
             out += process
     return b"".join(out)

@@ -39,7 +39,7 @@ from typing import Callable
 from forensics.errors import ForensicsError, InputError
 from forensics.reader import abi
 from forensics.reader.live import LiveMemory
-from forensics.snapshots.snapdir import process_exited
+from forensics.snapshots.snapdir import comm_for_dir, make_dir, process_exited
 
 _OFF = abi.field_offsets(abi.Control)
 _SYS_PIDFD_GETFD = 438  # x86_64
@@ -119,27 +119,6 @@ def pidfd_getfd(pidfd: int, fd: int) -> int:
 
 def _u64(fd: int, addr: int) -> int:
     return struct.unpack("<Q", os.pread(fd, 8, addr))[0]
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            c = f.read().rstrip("\n")
-    except OSError:
-        c = ""
-    return "".join("_" if ch in "/ " else ch for ch in c) or "process"
-
-
-def _make_dir(root: Path, name: str) -> Path:
-    for i in range(100):
-        p = root / (name if i == 0 else f"{name}-{i}")
-        try:
-            os.mkdir(p, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(p, 0o700)
-        return p
-    raise InputError(f"cannot make a snapshot directory {name} in {root}: too many exist")
 
 
 def _copy_core(src: int, path: Path, deadline_s: float, tick: Callable[[], None] | None) -> int:
@@ -301,7 +280,7 @@ def take_handoff(pid: int, ctl: Control, root: Path, *, timeout: float,
     finally:
         os.close(pidfd)
 
-    snap = _make_dir(root, f"{_comm(pid)}-{pid}-{int(last.seq)}-on-demand")
+    snap = make_dir(root, f"{comm_for_dir(pid)}-{pid}-{int(last.seq)}-on-demand")
     core = snap / "core"
     try:
         size = _copy_core(src, core, 30.0, tick)

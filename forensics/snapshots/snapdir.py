@@ -88,6 +88,30 @@ class SnapshotDir:
             return None
 
 
+def comm_for_dir(pid: int) -> str:
+    """*pid*'s command name as a snapshot directory's name starts (no "/" or " ")."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            c = f.read().rstrip("\n")
+    except OSError:
+        c = ""
+    return "".join("_" if ch in "/ " else ch for ch in c) or "process"
+
+
+def make_dir(root: Path, name: str) -> Path:
+    """A new snapshot directory *name* (0700) in *root*, or name-1, name-2...
+    when it exists."""
+    for i in range(100):
+        p = root / (name if i == 0 else f"{name}-{i}")
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(p, 0o700)
+        return p
+    raise InputError(f"cannot make a snapshot directory {name} in {root}: too many exist")
+
+
 def parse_name(name: str) -> tuple[str, int, int, str] | None:
     """(comm, pid, seq, reason) of a snapshot directory name, or None."""
     m = _NAME.match(name)

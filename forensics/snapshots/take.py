@@ -457,19 +457,19 @@ def _no_trigger(pid: int) -> str:
 
 
 def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
-         signal_override: int | None = None,
+         signal_override: int | None = None, use_ptrace: bool = False,
          note=lambda msg: None, status=None) -> dict:
-    """Ask *pid* for an on-demand snapshot, wait for its core, record it.
+    """Snapshot *pid*, wait for its core, record it: a process that runs
+    libtag is asked to fork itself; any other (or any, with *use_ptrace*)
+    is forked from outside by ptrace (take_by_ptrace).
 
     Returns the JSON document of `forensics snapshot --json`.
     """
     import psutil
 
     proc = open_process(pid)
-    if not libtag_loaded(pid):
-        raise InputError(
-            f"process {pid} is not running under libtag: start it with "
-            f"`forensics run -- CMD` or LD_PRELOAD=$(forensics lib-path)")
+    if use_ptrace or not libtag_loaded(pid):
+        return take_by_ptrace(pid, proc, dest=fallback_dir, note=note, status=status)
     plan = _plan(pid, proc, fallback_dir=fallback_dir, signal_override=signal_override,
                  note=note)
     try:
@@ -515,6 +515,8 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         "time": snap.time,
         "threads_stopped": row["summary"].get("threads_stopped"),
         "handed_over": plan.handoff_ctl is not None,
+        "method": "libtag",
+        "reap_ms": None,
     }
 
 
@@ -577,3 +579,128 @@ def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: floa
             f"snapshot of pid {pid} failed: {snapdir.read_error(snap.path) or e.message} "
             f"(snapshot dir {snap.path}); the process runs on") from None
     return snap
+
+
+# ---------------------------------------------------------------- ptrace --
+
+def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
+                   status=None) -> dict:
+    """Snapshot *pid* from outside (forensics/snapshots/ptrace.py): stop its
+    threads, make it fork a copy, let it run on, write the copy's core into
+    a new snapshot directory of ours (*dest*, else our snapshot directory),
+    record it.  Returns the `forensics snapshot --json` document."""
+    import psutil
+
+    from forensics.files import disk_bytes, ensure_private_dir, write_private
+    from forensics.snapshots import corefile, ptrace
+
+    st = ptrace.preflight(pid)
+    try:
+        exe = proc.exe() or None
+    except (psutil.AccessDenied, psutil.ZombieProcess, psutil.NoSuchProcess):
+        exe = None
+    try:
+        at = ptrace.syscall_address(pid)
+    except PermissionError:
+        raise InputError(ptrace.why_not_traceable(pid, PermissionError(1, "EPERM"))) from None
+    except FileNotFoundError:
+        raise InputError(f"no process with pid {pid}") from None
+    root = ensure_private_dir(Path(os.path.abspath(dest)) if dest else default_snapshot_dir())
+    seq = 1 + max((d.seq for d in snapdir.list_dirs(root, pid)), default=0)
+    snap_path = snapdir.make_dir(root, f"{snapdir.comm_for_dir(pid)}-{pid}-{seq}-on-demand")
+    core = snap_path / "core"
+    try:
+        frozen, copy, filters = _fork_by_ptrace(pid, at, seccomp=st.get("Seccomp") == "2")
+    except BaseException:
+        os.rmdir(snap_path)
+        raise
+    pause_ns = frozen.released_ns - frozen.started_ns
+    threads = sorted(frozen.threads.values(), key=lambda t: (t.tid != pid, t.tid))
+    threads = [t for t in threads if t.regs]
+    time_ms = int(time.time() * 1000)
+    reap_ns = None
+    try:
+        ptrace.close_copy_fds(copy, at, filters)
+        marker = {"method": "ptrace", "pid": str(pid), "pause_ns": str(pause_ns),
+                  "fork_ns": str(copy.fork_ns), "time_ms": str(time_ms),
+                  "threads_stopped": str(len(threads))}
+        tick = None
+        if status is not None:
+            def tick(done: int, want: int) -> None:
+                status.update(f"writing the core of pid {pid}: {done >> 20} of {want >> 20} MiB")
+        written = corefile.write_core(core, pid=pid, copy_pid=copy.pid, threads=threads,
+                                      marker=marker, progress=tick)
+    except BaseException:
+        ptrace.kill_copy(copy)
+        ptrace.reap(pid, copy, at, filters)
+        try:
+            os.rmdir(snap_path)
+        except OSError:
+            pass
+        raise
+    ptrace.kill_copy(copy)
+    reap_ns = ptrace.reap(pid, copy, at, filters)
+    if reap_ns is None:
+        note(f"the copy {copy.pid} of pid {pid} stays a zombie child of it until it exits "
+             f"(it could not be collected)")
+    info = {"pid": pid, "child": copy.pid, "seq": seq, "reason": "on-demand",
+            "tid": copy.injected_tid, "threads_stopped": len(threads), "pause_ns": pause_ns,
+            "fork_ns": copy.fork_ns, "time_ms": time_ms, "method": "ptrace",
+            "reap_ns": reap_ns if reap_ns is not None else ""}
+    text = "".join(f"{k}={v}\n" for k, v in info.items()).encode()
+    write_private(snap_path / "info", lambda f: f.write(text), durable=True)
+    snap = snapdir.SnapshotDir(snap_path, snapdir.comm_for_dir(pid), pid, seq, "on-demand")
+    snap.read_info()
+    with catalog.Catalog() as cat:
+        cat.add_root(root)
+        row = snapdir.record(snap, core, exe=exe, catalog=cat)
+    return {
+        "pid": pid,
+        "core": os.path.abspath(core),
+        "reason": "on-demand",
+        "pause_ms": pause_ns / 1e6,
+        "core_bytes": int(written.core_bytes),
+        "disk_bytes": disk_bytes(core),
+        "dir": os.path.abspath(snap_path),
+        "seq": seq,
+        "exe": row["exe"],
+        "time": time_ms / 1000.0,
+        "threads_stopped": len(threads),
+        "handed_over": False,
+        "method": "ptrace",
+        "reap_ms": reap_ns / 1e6 if reap_ns is not None else None,
+    }
+
+
+_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP}
+
+
+def _fork_by_ptrace(pid: int, at: int, *, seccomp: bool):
+    """Stop, fork and release *pid*; (frozen, copy, seccomp filters).  Our
+    own interrupting signals wait until the process runs again: it must
+    never be left with an injected call's registers."""
+    from forensics.snapshots import ptrace
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    try:
+        try:
+            frozen = ptrace.freeze(pid)
+        except ptrace.PtraceError as e:
+            raise InputError(ptrace.why_not_traceable(pid, e)) from None
+        try:
+            filters = []
+            if seccomp:
+                main = next((t for t in frozen.live() if t.tid == pid), frozen.live()[0])
+                try:
+                    filters = ptrace.seccomp_filters(main.tid)
+                except ptrace.PtraceError as e:
+                    raise ptrace.Refused(
+                        f"process {pid} runs under a seccomp filter that could not be read "
+                        f"({e.strerror}): whether it lets fork through is unknown, so nothing "
+                        f"was done") from None
+            copy = ptrace.fork_copy(frozen, at, filters)
+        finally:
+            frozen.released_ns = ptrace.release(frozen)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return frozen, copy, filters

@@ -2,7 +2,10 @@
  * ptrace: known blocks, one leaked, three threads blocked in three ways, and
  * counters of everything the program could notice of a snapshot.
  *
- *   plain_threads
+ *   plain_threads [seccomp]
+ *
+ * seccomp: once its threads run, a seccomp filter that kills the process at
+ * any fork or clone (and allows everything else) is installed.
  *
  * Prints, then waits for commands on stdin:
  *   block kept 0xADDR 1000        a live block of 1000 bytes, filled with 'k'
@@ -25,6 +28,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -78,7 +86,29 @@ __attribute__((noinline)) void *spinner_main(void *arg)
     }
 }
 
-int main(void)
+static void forbid_fork(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 4, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fork, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_vfork, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+    };
+    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog) != 0) {
+        perror("seccomp");
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -109,6 +139,8 @@ int main(void)
     usleep(20000);
     pthread_create(&t[2], NULL, spinner_main, NULL);
     usleep(20000);
+    if (argc > 1 && strcmp(argv[1], "seccomp") == 0)
+        forbid_fork();
     printf("ready\n");
     fflush(stdout);
 

@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 
 from forensics.errors import InputError
+from forensics.snapshots.seccomp import seccomp_allows
 
 # <sys/ptrace.h>, <linux/ptrace.h>
 PTRACE_SINGLESTEP = 9
@@ -365,12 +366,6 @@ def syscall_address(pid: int) -> int:
 
 # -------------------------------------------------------------- seccomp --
 
-AUDIT_ARCH_X86_64 = 0xC000003E
-_RET_ACTION_FULL = 0xFFFF0000
-_RET_ALLOW = 0x7FFF0000
-_RET_LOG = 0x7FFC0000
-
-
 def seccomp_filters(tid: int) -> list[list[tuple[int, int, int, int]]]:
     """The seccomp filters of stopped tracee *tid*, newest first, each a list
     of (code, jt, jf, k).  Needs CAP_SYS_ADMIN."""
@@ -388,109 +383,6 @@ def seccomp_filters(tid: int) -> list[list[tuple[int, int, int, int]]]:
         out.append([struct.unpack_from("<HBBI", buf.raw, j * 8) for j in range(n)])
         i += 1
     return out
-
-
-def run_filter(prog: list[tuple[int, int, int, int]], data: bytes) -> int:
-    """Run one classic BPF seccomp program on seccomp_data *data*; its 32-bit result."""
-    a = x = 0
-    mem = [0] * 16
-    pc = 0
-    m32 = 0xFFFFFFFF
-    for _ in range(4096):
-        if pc >= len(prog):
-            return 0  # falls off the end: the kernel never loads such a filter
-        code, jt, jf, k = prog[pc]
-        pc += 1
-        cls = code & 0x07
-        if cls == 0x00:  # BPF_LD
-            mode = code & 0xE0
-            if mode == 0x20 and (code & 0x18) == 0x00:  # ABS, W
-                a = struct.unpack_from("<I", data, k)[0] if k + 4 <= len(data) else 0
-            elif mode == 0x00:  # IMM
-                a = k
-            elif mode == 0x60:  # MEM
-                a = mem[k & 15]
-            elif mode == 0x80:  # LEN
-                a = len(data)
-            else:
-                return 0
-        elif cls == 0x01:  # BPF_LDX
-            mode = code & 0xE0
-            x = k if mode == 0x00 else mem[k & 15] if mode == 0x60 else len(data) if mode == 0x80 else 0
-        elif cls == 0x02:  # BPF_ST
-            mem[k & 15] = a
-        elif cls == 0x03:  # BPF_STX
-            mem[k & 15] = x
-        elif cls == 0x04:  # BPF_ALU
-            op = code & 0xF0
-            src = x if code & 0x08 else k
-            if op == 0x00:
-                a = (a + src) & m32
-            elif op == 0x10:
-                a = (a - src) & m32
-            elif op == 0x20:
-                a = (a * src) & m32
-            elif op == 0x30:
-                a = a // src if src else 0
-            elif op == 0x40:
-                a |= src
-            elif op == 0x50:
-                a &= src
-            elif op == 0x60:
-                a = (a << src) & m32 if src < 32 else 0
-            elif op == 0x70:
-                a = a >> src if src < 32 else 0
-            elif op == 0x80:
-                a = (-a) & m32
-            elif op == 0x90:
-                a = a % src if src else 0
-            elif op == 0xA0:
-                a ^= src
-        elif cls == 0x05:  # BPF_JMP
-            op = code & 0xF0
-            src = x if code & 0x08 else k
-            if op == 0x00:  # JA
-                pc += k
-                continue
-            if op == 0x10:
-                cond = a == src
-            elif op == 0x20:
-                cond = a > src
-            elif op == 0x30:
-                cond = a >= src
-            elif op == 0x40:
-                cond = bool(a & src)
-            else:
-                return 0
-            pc += jt if cond else jf
-        elif cls == 0x06:  # BPF_RET
-            return (a if (code & 0x18) == 0x10 else k) & m32
-        elif cls == 0x07:  # BPF_MISC
-            if code & 0xF8 == 0x00:
-                x = a  # TAX
-            else:
-                a = x  # TXA
-    return 0
-
-
-def _action_rank(ret: int) -> int:
-    """The kernel's precedence of a filter result (lower wins)."""
-    action = ret & _RET_ACTION_FULL
-    order = (0x80000000, 0x00000000, 0x00030000, 0x00050000, 0x7FC00000, 0x7FF00000, _RET_LOG,
-             _RET_ALLOW)
-    return order.index(action) if action in order else 0
-
-
-def seccomp_allows(filters, nr: int, args: tuple[int, ...], ip: int) -> bool:
-    """Would these filters let system call *nr* with *args* at *ip* run?"""
-    a = list(args) + [0] * (6 - len(args))
-    data = struct.pack("<iIQ6Q", nr, AUDIT_ARCH_X86_64, ip, *[v & ((1 << 64) - 1) for v in a])
-    worst = _RET_ALLOW
-    for prog in filters:
-        r = run_filter(prog, data)
-        if _action_rank(r) < _action_rank(worst):
-            worst = r
-    return (worst & _RET_ACTION_FULL) in (_RET_ALLOW, _RET_LOG)
 
 
 # ---------------------------------------------------------- preflight --
@@ -586,8 +478,6 @@ def why_not_traceable(pid: int, err: OSError) -> str:
         return (f"no permission to trace pid {pid}: it runs in another user namespace; run "
                 f"forensics inside its namespace (nsenter -t {pid} -U -m -p) or from the one "
                 f"that owns it")
-    if st.get("NoNewPrivs") == "1" or "CapEff" in st:
-        pass
     return (f"no permission to trace pid {pid} (the kernel refused PTRACE_SEIZE: it may be "
             f"setuid/undumpable, or you lack CAP_SYS_PTRACE); run forensics as root")
 
@@ -605,7 +495,8 @@ class Copy:
 
 def fork_copy(frozen: Frozen, at: int, filters) -> Copy:
     """Make stopped *frozen* fork a copy of itself (clone with flags 0) and
-    return it, stopped and traced.  The caller releases the process."""
+    return it, traced from birth.  The caller releases the process, then
+    waits for the copy's stop (settle_copy)."""
     live = frozen.live()
     main = next((t for t in live if t.tid == frozen.pid), live[0])
     flags = 0  # exit signal 0: no SIGCHLD, invisible to wait() without __WALL
@@ -625,17 +516,19 @@ def fork_copy(frozen: Frozen, at: int, filters) -> Copy:
             _kill_copy(c)
         why = os.strerror(-r) if r is not None else "a signal interrupted it"
         raise Refused(f"process {frozen.pid} could not fork: {why}; it runs on unchanged")
-    child = int(r)
-    if child not in born:
-        born.append(child)
-    status = _wait(child)
+    return Copy(int(r), main.tid, fork_ns, False)
+
+
+def settle_copy(copy: Copy, pid: int) -> None:
+    """Wait for the copy's first stop (after the process runs again: the
+    pause does not wait for it) and have it killed if we die."""
+    status = _wait(copy.pid)
     if _exited(status):
-        raise Gone(f"the copy of process {frozen.pid} died before it could be read")
+        raise Gone(f"the copy of process {pid} died before it could be read")
     try:
-        ptrace(PTRACE_SETOPTIONS, child, 0, PTRACE_O_EXITKILL)
+        ptrace(PTRACE_SETOPTIONS, copy.pid, 0, PTRACE_O_EXITKILL)
     except PtraceError:
         pass
-    return Copy(child, main.tid, fork_ns, False)
 
 
 def close_copy_fds(copy: Copy, at: int, filters) -> None:

@@ -620,6 +620,7 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
     time_ms = int(time.time() * 1000)
     reap_ns = None
     try:
+        ptrace.settle_copy(copy, pid)
         ptrace.close_copy_fds(copy, at, filters)
         marker = {"method": "ptrace", "pid": str(pid), "pause_ns": str(pause_ns),
                   "fork_ns": str(copy.fork_ns), "time_ms": str(time_ms),

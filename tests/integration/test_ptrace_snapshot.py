@@ -11,7 +11,6 @@ left, still answering.  Each refusal leaves the process untouched.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -219,25 +218,3 @@ def test_a_stopped_process_is_refused(victim, cli, tmp_path):
     finally:
         os.kill(victim.pid, signal.SIGCONT)
     _untouched(victim)
-
-
-def test_a_filter_is_run_as_the_kernel_runs_it():
-    """The seccomp interpreter on the victim's own filter shape: clone is
-    killed, read is allowed, another architecture is allowed."""
-    from forensics.snapshots import ptrace
-
-    SYS_read = 0
-    prog = [  # plain_threads.c forbid_fork, as (code, jt, jf, k)
-        (0x20, 0, 0, 4), (0x15, 1, 0, 0xC000003E), (0x06, 0, 0, 0x7FFF0000),
-        (0x20, 0, 0, 0), (0x15, 4, 0, 56), (0x15, 3, 0, 435), (0x15, 2, 0, 57),
-        (0x15, 1, 0, 58), (0x06, 0, 0, 0x7FFF0000), (0x06, 0, 0, 0x80000000),
-    ]
-    assert not ptrace.seccomp_allows([prog], ptrace.SYS_clone, (0,), 0x1000)
-    assert ptrace.seccomp_allows([prog], SYS_read, (0,), 0x1000)
-    assert ptrace.seccomp_allows([prog], ptrace.SYS_wait4, (1, 0, 0), 0x1000)
-    errno_clone = [(0x20, 0, 0, 0), (0x15, 0, 1, 56), (0x06, 0, 0, 0x00050001),
-                   (0x06, 0, 0, 0x7FFF0000)]
-    # an errno result is not ALLOW either: the injected clone would fail
-    assert not ptrace.seccomp_allows([errno_clone], ptrace.SYS_clone, (0,), 0x1000)
-    assert not ptrace.seccomp_allows([errno_clone, prog], SYS_read + 56, (0,), 0x1000)
-    assert ctypes.sizeof(ctypes.c_long) == 8

@@ -218,3 +218,51 @@ def test_a_stopped_process_is_refused(victim, cli, tmp_path):
     finally:
         os.kill(victim.pid, signal.SIGCONT)
     _untouched(victim)
+
+
+_PY_LOOP = """
+import ctypes, sys, threading, time
+buf = bytearray(b"p" * 100000)
+addr = ctypes.addressof((ctypes.c_char * 1).from_buffer(buf))
+stop = threading.Event()
+def worker():
+    items = []
+    while not stop.is_set():
+        items.append(str(len(items)) * 10)
+        if len(items) > 10000:
+            items.clear()
+threading.Thread(target=worker, name="churn").start()
+print(f"buffer {addr:#x}", flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
+def test_debians_python3_without_libtag(cli, tmp_path):
+    # GIVEN Debian's python3 (not preloaded) allocating in a loop in a thread,
+    # and a bytearray of 100000 bytes whose buffer address it printed
+    py = "/usr/bin/python3"
+    if not os.access(py, os.X_OK):
+        pytest.skip("Debian's python3 is not installed")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONMALLOC")}
+    env["PYTHONMALLOC"] = "malloc"  # every object a glibc chunk
+    proc = subprocess.Popen([py, "-c", _PY_LOOP], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        words = proc.stdout.readline().split()
+        assert words[0] == "buffer", words
+        buf = int(words[1], 16)
+        # WHEN forensics snapshot PID, no flags
+        snap = cli_json(cli, "snapshot", str(proc.pid), "--dir", str(tmp_path / "s"))
+        assert snap["method"] == "ptrace" and snap["threads_stopped"] == 2, snap
+        assert proc.poll() is None
+        # THEN whoowns names the bytearray's chunk, in use, 100001 bytes or more
+        who = cli_json(cli, "whoowns", hex(buf), "--core", snap["core"])
+        assert who["owner"] == "heap" and who["chunk"]["state"] == "inuse", who
+        assert who["chunk"]["usable"] >= 100001 and who["chunk"]["offset"] == 0, who["chunk"]
+        doc = cli_json(cli, "inspect", snap["core"])
+        assert doc["heap"]["live_blocks"] > 10000, doc["heap"]
+        assert len(doc["threads"]) == 2
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0

@@ -91,6 +91,17 @@ def _children(pid: int) -> list[int]:
 
 @pytest.fixture
 def nginx(tmp_path):
+    """Debian's nginx preloaded with libtag: (master, workers, port, snapshot dir, root)."""
+    yield from _nginx(tmp_path, preload=True)
+
+
+@pytest.fixture
+def plain_nginx(tmp_path):
+    """The same nginx started without libtag."""
+    yield from _nginx(tmp_path, preload=False)
+
+
+def _nginx(tmp_path, *, preload: bool):
     if not os.access(NGINX, os.X_OK):
         pytest.skip("nginx is not installed (.ci/run installs Debian's nginx)")
     port = _free_port()
@@ -114,6 +125,8 @@ http {{
 }}
 """)
     env = dict(os.environ, LD_PRELOAD=str(libpath.lib_path()), LIBTAG_DIR=str(snaps))
+    if not preload:
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(root)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -183,6 +196,41 @@ def test_nginx_master_and_workers_with_children(nginx, run_cli, tmp_path):
     # ... and nginx never saw a signal of its own: no binary-upgrade attempt
     log = (root / "error.log").read_text()
     assert "changing binary" not in log and "[crit]" not in log and "[alert]" not in log, log
+
+
+def test_nginx_without_libtag_worker_snapshot_by_ptrace(plain_nginx, run_cli, tmp_path):
+    # GIVEN Debian's nginx started WITHOUT libtag, workers as nobody, serving
+    proc, workers, port, snaps, root = plain_nginx
+    assert [_get(port) for _ in range(100)] == ["hello\n"] * 100
+    worker = workers[0]
+    cycle = _read_global(worker, NGINX, "ngx_cycle")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    # WHEN forensics snapshot <worker pid>, with no flags
+    result = run_cli("snapshot", worker, "--json", env=env)
+    # THEN it was forked by ptrace, and nginx serves on as if nothing happened
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["method"] == "ptrace" and doc["pid"] == worker and doc["threads_stopped"] == 1, doc
+    assert [_get(port) for _ in range(100)] == ["hello\n"] * 100, "nginx stopped serving"
+    assert _children(proc.pid) == workers and _children(worker) == []
+    # ... whoowns ngx_cycle: the glibc chunk of the cycle's pool (16384 bytes,
+    # made by the master before it forked the worker), named by the global
+    who = run_cli("whoowns", hex(cycle), "--core", doc["core"], "--json", env=env)
+    assert who.returncode == 0, who.stderr
+    ans = json.loads(who.stdout)
+    assert ans["owner"] == "heap" and ans["libtag"] is False, ans
+    assert ans["chunk"]["state"] == "inuse" and ans["chunk"]["usable"] >= 16384, ans["chunk"]
+    assert any(r["symbol"] == "ngx_cycle" for r in ans["referrers"]), ans["referrers"][:5]
+    # ... inspect answers with the worker's one thread in its event loop
+    ins = run_cli("inspect", doc["core"], "--json", env=env)
+    assert ins.returncode == 0, ins.stderr
+    idoc = json.loads(ins.stdout)
+    assert [t["tid"] for t in idoc["threads"]] == [worker]
+    frames = [f["function"] for f in idoc["threads"][0]["stack"]]
+    assert frames[0] == "epoll_wait" and "ngx_process_events_and_timers" in frames, frames
+    log = (root / "error.log").read_text()
+    assert "[crit]" not in log and "[alert]" not in log and "[emerg]" not in log, log
+    assert "exited on signal" not in log, log
 
 
 # ------------------------------------------------------------- PostgreSQL --

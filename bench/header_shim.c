@@ -13,7 +13,7 @@
  *
  * Build: gcc -O2 -shared -fPIC -o header_shim.so header_shim.c
  * With -DHEADER_BYTES=32: the 32-byte header of libtag's tag before ABI 4
- * (the figures of the earlier steps in docs/benchmarks.md, section 0).
+ * (the figures in docs/history/benchmarks-2026.md).
  * With -DSHIM_MIMALLOC (and -lmimalloc): the same on mimalloc's blocks.
  * Not a tool: a damaged header or canary traps (SIGILL), nothing more.
  */

@@ -4,7 +4,7 @@ build would cost if libtag's enter and exit hooks did no more than record
 (fn, site, stack pointer) and count the depth - the least a shadow stack
 can keep - instead of finding each entry's CFA and checking the entries
 against it (what keeps the shadow stack exact under longjmp, exceptions and
-signals: docs/design.md, "Stacks").
+signals: docs/design.md, "Exact shadow stacks").
 
 Not a product build: it copies this checkout (`git archive HEAD`) into a
 temporary directory, replaces the two hooks in libtag/src/hooks.c with the

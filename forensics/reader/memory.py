@@ -10,8 +10,9 @@ The heap reader and the answers read memory only through ``Memory``:
                                   None when there is nothing stable to key a cache on
 
 Adapters: CoreMemory (a forensics.core.Core: zero-copy views of the mmap'ed
-file), forensics.reader.live.LiveMemory (a running process through /proc/PID/mem),
-and later a gdb-backed one.  Keep this module free of libtag knowledge.
+file), forensics.reader.live.LiveMemory (a running process through /proc/PID/mem)
+and forensics.gdb.commands.GdbMemory (the inferior gdb holds, through
+Inferior.read_memory).  Keep this module free of libtag knowledge.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@
  * a class above 32 KiB), and a span is carved a page's worth of blocks at a
  * time.  A larger block is a large span, which realloc grows in place into
  * free slices after it.  What this policy saves on sqlite3's shell:
- * docs/benchmarks.md, "The heap's policy on mid-sized blocks".
+ * docs/design.md, "The heap's policy on mid-sized blocks".
  * A free block's first word links it: encoded with a per-process key, and
  * checked to lie in the region when it is followed, so an overflow that
  * hit a free block's link is found, not followed.

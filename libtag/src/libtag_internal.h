@@ -287,7 +287,7 @@ static inline uint32_t _tag_intern(struct tag_thread_state *t, uint32_t parent, 
  * finds it either done or not begun).  A lock prefix drains the store
  * buffer: behind it the allocation waited for the misses of the tag, the
  * canary and the program's own stores (perf, allocbench -O2 1 thread: 12 %
- * of all samples sat on the lock adds; wall 0.616 -> see the commit).
+ * of all samples sat on the lock adds).
  * The rule's one cost: an add of the first thread racing the very first
  * adds of the second, in the few cycles between its check of the flag and
  * its add, may be lost. */
@@ -687,7 +687,7 @@ unsigned _tag_canary_damage(const void *user);
  * (tag.c: 8 stores or 8 compares for the default 256-byte fill, no setup)
  * and inline SSE2 (x86_64's baseline) otherwise or for the short ones: a
  * call to memset and one to memcmp against a page of the pattern cost more
- * (callgrind, allocbench: 80 Ir/op for the check alone).  p is 16-aligned
+ * (the call, its setup and the length dispatch).  p is 16-aligned
  * (a user pointer); any n works. */
 /* tag.c, set once at start: the shortest fill or check done with AVX2 -
  * 32, or SIZE_MAX on a CPU without it (one compare on every fill and

@@ -108,16 +108,12 @@ static TAG_COLD uint64_t evict_damaged(struct tag_thread_state *t, void *user,
 }
 
 /* The oldest block leaves: checked, then handed back.  Its lines were
- * written at free() and are read here ~1400 frees later (allocbench,
- * 1 MiB budget), so its tag is usually a cache miss: a quarter of free()'s
- * own time on lua (perf).  The tag line of the block PREFETCH_AHEAD
- * evictions ahead is prefetched: lua binary_trees -O2, 15 interleaved
- * runs, median ratio to bare 2.30x -> 2.20x.  allocbench (-O2, 1 thread,
- * 15 runs) showed no change, for k = 1, 4, 8 or 16, one line or all six:
- * its blocks are spread over more memory than the prefetch can hide.
- * Skipping the pattern check altogether (not allowed, for scale): 0.96;
- * non-temporal stores for the fill: 2.4x slower (the check then reads
- * from DRAM). */
+ * written at free() and are read here a thousand frees or more later, so
+ * its tag is usually a cache miss; the tag line of the block
+ * PREFETCH_AHEAD evictions ahead is prefetched to hide it.  The fill stays
+ * in ordinary stores: with non-temporal ones the check reads from DRAM.
+ * The figures: docs/design.md, "The quarantine: 1 MiB a thread, 256 bytes
+ * filled". */
 TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quarantine_ring *q)
 {
     uint32_t head = q->head, count = q->count;

@@ -22,7 +22,8 @@
  * current index; an old index is never written again and never unmapped.
  * So a program that interns millions of nodes is not held to a table sized
  * for a small one: a full table made every capture of numpy's test suite
- * fail its inserts under the lock (docs/benchmarks.md).
+ * fail its inserts under the lock (docs/design.md, "The stack table grows
+ * by use").
  *
  * Full (the cap reached, or no memory to commit): an insert that finds no
  * room returns a TAG_FRAME_LOST child of the parent it was given, from a

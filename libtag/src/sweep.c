@@ -15,10 +15,10 @@
  * libtag's SIGSEGV/SIGBUS handler) where that is safe (_tag_probe_safe),
  * otherwise one process_vm_readv() on our own pid copies instead
  * (_tag_copy_own: an unmapped block shortens that copy; where the kernel
- * refuses the call - a seccomp filter - those blocks are skipped).
- * Measured on lua -finstrument-functions (callgrind, binary_trees 11): the
- * sweep was 26,700 instructions each with probes and a signal-mask system
- * call, 3.7 % of the run.
+ * refuses the call - a seccomp filter - those blocks are skipped).  A
+ * probe and its signal-mask system call for every block made the sweep a
+ * few percent of an instrumented run: docs/design.md, "The sweep: tags
+ * read in place".
  *
  * Runs in the program's normal context (a trace hook), never in a signal
  * handler, so reporting an anomaly from here is allowed.
@@ -191,8 +191,8 @@ static TAG_NOINLINE void sweep_full(struct tag_thread_state *t, void *ret, void 
  * its tag sound - freed since (forgotten) or live with its canary intact.
  * Anything else (a block outside the heap, a tag that does not validate, a
  * canary written over) is sweep_full's, which reads them all again and
- * reports.  A sweep was ~8,900 instructions on lua's instrumented
- * binary_trees through read_own's copies, one every 4,096 enters. */
+ * reports.  Reading in place, not through copies, is what keeps the usual
+ * sweep cheap. */
 void _tag_sweep(struct tag_thread_state *t, void *ret, void *frame)
 {
     for (unsigned i = 0; i < TAG_SWEEP_RECENT; i++) {

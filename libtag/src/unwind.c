@@ -60,9 +60,8 @@
  * .bss) and grows once, to 2^RULE_BITS_MAX (256 KiB), when filling it has
  * evicted an eighth of its size in other keys: a small program's return
  * addresses then stay in 16 KiB, not spread by the hash over all of a
- * 256 KiB table (lua -e x=1: 248 KiB of it resident).  A larger program
- * grows it early (Debian's python3 on py_objects.py 2: 0.6 M more
- * instructions in rule lookups, of 1,086 M). */
+ * 256 KiB table; a larger program grows it early.  The figures:
+ * docs/design.md, "Our own CFI unwinder, not libunwind". */
 #define RULE_BITS_FIRST 10
 #define RULE_BITS_MAX 14
 /* Keys of exact pcs (an interrupted instruction, not a return address). */

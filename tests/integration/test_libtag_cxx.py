@@ -1,4 +1,4 @@
-"""C++ new/delete reach libtag through libstdc++ (docs/design.md): every form of
+"""C++ new/delete reach libtag through libstdc++ (docs/libtag.md, "Anomalies"): every form of
 operator new hands out a tagged block, every delete frees it, and failures
 keep C++ semantics (std::bad_alloc, nullptr for nothrow).
 

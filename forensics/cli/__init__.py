@@ -24,6 +24,7 @@ from types import ModuleType
 _MODULES = {
     "run": "run",
     "snapshot": "snapshot",
+    "attach": "attach",
     "inspect": "inspect",
     "whoowns": "whoowns",
     "diff": "diff",

@@ -83,6 +83,8 @@ SYS_close_range = 436
 _NREGS = 27
 R_RAX, R_RCX, R_RDX, R_RSI, R_RDI, R_ORIG_RAX, R_RIP = 10, 11, 12, 13, 14, 15, 16
 R_R10, R_R8, R_R9 = 7, 9, 8
+R_RSP = 19
+PTRACE_CONT = 7
 _FPREGS_SIZE = 512
 _XSTATE_MAX = 1 << 14
 
@@ -333,6 +335,72 @@ def inject(tid: int, regs: bytes, nr: int, args: tuple[int, ...], at: int, on_cl
             _setregs(tid, regs)
         except PtraceError:
             pass
+
+
+class CallFailed(InputError):
+    """An injected function call did not return as a call returns."""
+
+
+def call_function(tid: int, regs: bytes, fn: int, args: tuple[int, ...] = (),
+                  data: bytes = b"", *, timeout: float = 30.0) -> tuple[int, int]:
+    """Call fn(*args) in stopped thread *tid* (whose registers are *regs*),
+    on its own stack below the red zone, with *data* copied there first
+    (its address is given for an argument that is the string ``DATA``: pass
+    -1).  The call returns to address 0: the fault there ends it.  Returns
+    (rax, the address data was put at).  The caller restores the registers.
+    A signal the thread gets meanwhile is delivered to it (the program's
+    handler runs on top of the call, as it would during any call)."""
+    r = list(struct.unpack(f"<{_NREGS}Q", regs))
+    sp = (r[R_RSP] - 4096) & ~15
+    data_at = 0
+    if data:
+        sp -= -(-len(data) // 16) * 16
+        data_at = sp
+    sp -= 8  # the return address: at the callee's entry rsp % 16 == 8
+    fd = os.open(f"/proc/{tid}/mem", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        if data:
+            os.pwrite(fd, data, data_at)
+        os.pwrite(fd, b"\0" * 8, sp)
+    finally:
+        os.close(fd)
+    r[R_RSP] = sp
+    r[R_RIP] = fn
+    r[R_RAX] = 0
+    r[R_ORIG_RAX] = (1 << 64) - 1
+    for i, v in zip((R_RDI, R_RSI, R_RDX, R_RCX, R_R8, R_R9), args):
+        r[i] = (data_at if v == -1 else v) & ((1 << 64) - 1)
+    _setregs(tid, struct.pack(f"<{_NREGS}Q", *r))
+    deadline = time.monotonic() + timeout
+    deliver = 0
+    while True:
+        ptrace(PTRACE_CONT, tid, 0, deliver)
+        deliver = 0
+        while True:
+            try:
+                got, status = os.waitpid(tid, __WALL | WNOHANG)
+            except ChildProcessError:
+                raise Gone(f"thread {tid} is gone") from None
+            if got:
+                break
+            if time.monotonic() > deadline:
+                raise CallFailed(f"the call injected into thread {tid} did not return in "
+                                 f"{timeout:g} s; the thread is left in it")
+            time.sleep(0.001)
+        if _exited(status):
+            raise Gone(f"the process of thread {tid} ended during the injected call")
+        event = status >> 16
+        sig = os.WSTOPSIG(status)
+        if event:
+            continue  # an event stop (the interrupt still pending): go on
+        now = _getregs(tid)
+        rip = struct.unpack_from("<Q", now, R_RIP * 8)[0]
+        if sig == signal.SIGSEGV and rip == 0:
+            return struct.unpack_from("<q", now, R_RAX * 8)[0], data_at
+        if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
+            raise CallFailed(f"the call injected into thread {tid} faulted ({signal.Signals(sig).name} "
+                             f"at {rip:#x})")
+        deliver = sig
 
 
 def syscall_address(pid: int) -> int:

@@ -6,6 +6,7 @@
  * What needs an initialised libc (pthread keys, atfork handlers, signal
  * handlers) waits for libtag's constructor.
  */
+#include <stdlib.h>
 #include <string.h>
 #include <sys/auxv.h>
 #include <elf.h>
@@ -150,6 +151,9 @@ void _tag_init(void)
 
 __attribute__((constructor(101))) static void libtag_constructor(void)
 {
+    /* Loaded late (dlopen by forensics attach): the process calls another
+     * malloc, and its signal handlers are in place (attach.c) */
+    _tag_late = (void *)&malloc != (void *)_tag_malloc_self;
     _tag_ensure_init();
     (void)_tag_self();
     _tag_threads_late_init();

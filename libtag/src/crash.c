@@ -130,7 +130,7 @@ void _tag_crash_init(void)
     for (size_t i = 0; i < sizeof crash_signals / sizeof crash_signals[0]; i++) {
         int sig = crash_signals[i];
         struct sigaction old;
-        if (__sigaction(sig, &sa, &old) == 0) {
+        if (_tag_signal_free(sig) && __sigaction(sig, &sa, &old) == 0) {
             program_act[sig] = old;  /* a handler installed before us */
             hooked[sig] = 1;
         }

@@ -155,7 +155,8 @@ static TAG_COLD int damaged_or_invalid(void *ptr, uint32_t dealloc, void *ret, v
 
 /* Validate ptr as a block we handed out, released as dealloc expects; on
  * a failure that leaves the block unusable, report it and return 0 so the
- * caller skips the operation. */
+ * caller skips the operation; -1: a block of glibc's from before an attach
+ * (attach.c), for the caller to hand to glibc. */
 TAG_INLINE int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
 {
     switch (_tag_lookup(ptr)) {
@@ -171,6 +172,8 @@ TAG_INLINE int check_block(void *ptr, uint32_t dealloc, void *ret, void *frame)
         report_double_free(ptr, ret, frame);
         return 0;
     default:
+        if (_tag_foreign(ptr))
+            return -1;  /* glibc's, from before an attach: the caller hands it over */
         return damaged_or_invalid(ptr, dealloc, ret, frame);
     }
 }
@@ -183,8 +186,12 @@ static TAG_COLD void free_stateless(void *ptr, uint32_t dealloc, void *ret, void
         _tag_guard_free(NULL, ptr, dealloc, ret, frame);
         return;
     }
-    if (!check_block(ptr, dealloc, ret, frame))
+    int ok = check_block(ptr, dealloc, ret, frame);
+    if (ok != 1) {
+        if (ok < 0)
+            _tag_foreign_free(ptr);
         return;
+    }
     struct libtag_tag *tg = _tag_of(ptr);
     uint64_t size = _tag_size(tg);
     _tag_stats_free(NULL, tg->alloc_stack, size, ptr);
@@ -219,8 +226,12 @@ void _tag_free(void *ptr, uint32_t dealloc, void *ret, void *frame)
         _tag_guard_free(t, ptr, dealloc, ret, frame);
         return;
     }
-    if (!check_block(ptr, dealloc, ret, frame))
+    int ok = check_block(ptr, dealloc, ret, frame);
+    if (TAG_UNLIKELY(ok != 1)) {
+        if (ok < 0)
+            _tag_foreign_free(ptr);
         return;
+    }
     free_at(t, ptr, _tag_capture(t, ret, frame));
 }
 
@@ -307,8 +318,11 @@ static void *tag_realloc(void *ptr, size_t size, void *ret, void *frame)
         return NULL;
     }
     _tag_ensure_init();
-    if (_tag_guarded(ptr) ? !_tag_guard_check(ptr, TAG_ALLOC_MALLOC, ret, frame)  /* guard.c */
-                          : !check_block(ptr, TAG_ALLOC_MALLOC, ret, frame)) {
+    int ok = _tag_guarded(ptr) ? _tag_guard_check(ptr, TAG_ALLOC_MALLOC, ret, frame)  /* guard.c */
+                               : check_block(ptr, TAG_ALLOC_MALLOC, ret, frame);
+    if (ok != 1) {
+        if (ok < 0)
+            return _tag_foreign_realloc(ptr, size);  /* stays glibc's */
         errno = ENOMEM;
         return NULL;
     }
@@ -426,9 +440,10 @@ TAG_EXPORT size_t malloc_usable_size(void *ptr)
     if (_tag_guarded(ptr))  /* guard.c */
         return _tag_guard_usable(ptr);
     if (_tag_lookup(ptr) != TAG_IS_LIVE)
-        return 0;
+        return _tag_foreign(ptr) ? _tag_foreign_usable(ptr) : 0;
     return (size_t)_tag_size(_tag_of(ptr));
 }
+
 
 /* ------------------------------------------------- the heap's own reports
  * glibc's malloc_trim, mallinfo2, mallopt, malloc_stats and malloc_info
@@ -530,3 +545,17 @@ TAG_EXPORT int malloc_info(int options, FILE *fp)
             m.ordblks, m.fordblks, m.hblks, m.hblkhd, m.arena, m.arena, m.arena, m.arena);
     return 0;
 }
+
+/* The hidden names of the malloc family above (libtag_internal.h) */
+extern __typeof(malloc) _tag_malloc_self __attribute__((alias("malloc"), copy(malloc)));
+extern __typeof(free) _tag_free_self __attribute__((alias("free"), copy(free)));
+extern __typeof(calloc) _tag_calloc_self __attribute__((alias("calloc"), copy(calloc)));
+extern __typeof(realloc) _tag_realloc_self __attribute__((alias("realloc"), copy(realloc)));
+extern __typeof(reallocarray) _tag_reallocarray_self __attribute__((alias("reallocarray"), copy(reallocarray)));
+extern __typeof(memalign) _tag_memalign_self __attribute__((alias("memalign"), copy(memalign)));
+extern __typeof(aligned_alloc) _tag_aligned_alloc_self __attribute__((alias("aligned_alloc"), copy(aligned_alloc)));
+extern __typeof(posix_memalign) _tag_posix_memalign_self __attribute__((alias("posix_memalign"), copy(posix_memalign)));
+extern __typeof(valloc) _tag_valloc_self __attribute__((alias("valloc"), copy(valloc)));
+extern __typeof(pvalloc) _tag_pvalloc_self __attribute__((alias("pvalloc"), copy(pvalloc)));
+extern __typeof(malloc_usable_size) _tag_malloc_usable_size_self
+    __attribute__((alias("malloc_usable_size"), copy(malloc_usable_size)));

@@ -671,6 +671,35 @@ TAG_INLINE enum tag_lookup _tag_lookup(const void *user)
         return TAG_NOT_OURS;
     return _tag_state(t) == TAG_STATE_LIVE ? TAG_IS_LIVE : TAG_IS_FREED;
 }
+/* ------------------------------------------------------------ attach.c */
+extern int _tag_attached;  /* libtag_attach() ran: glibc's old blocks live on */
+extern int _tag_late;      /* loaded after start (dlopen): not interposing by itself */
+/* A block glibc handed out before the attach: a pointer outside libtag's
+ * heap region once attached (never a guess from the bytes in front of it).
+ * Only tested where a pointer failed libtag's own checks. */
+TAG_INLINE int _tag_foreign(const void *p)
+{
+    return TAG_UNLIKELY(__atomic_load_n(&_tag_attached, __ATOMIC_RELAXED)) &&
+           (uint64_t)((uintptr_t)p - _tag_heap.base) >= _tag_heap.slices_max * TAG_HEAP_SLICE;
+}
+TAG_COLD int _tag_signal_free(int sig);  /* snapshot.c: libtag may take sig */
+TAG_COLD void _tag_foreign_free(void *p);
+TAG_COLD void *_tag_foreign_realloc(void *p, size_t n);
+TAG_COLD size_t _tag_foreign_usable(const void *p);
+/* interpose.c's entry points by hidden names: their own addresses, which
+ * attach.c writes into GOTs and control.c compares with what the process
+ * calls malloc to learn whether libtag was preloaded */
+void *_tag_malloc_self(size_t);
+void _tag_free_self(void *);
+void *_tag_calloc_self(size_t, size_t);
+void *_tag_realloc_self(void *, size_t);
+void *_tag_reallocarray_self(void *, size_t, size_t);
+void *_tag_memalign_self(size_t, size_t);
+void *_tag_aligned_alloc_self(size_t, size_t);
+int _tag_posix_memalign_self(void **, size_t, size_t);
+void *_tag_valloc_self(size_t);
+void *_tag_pvalloc_self(size_t);
+size_t _tag_malloc_usable_size_self(void *);
 /* Does a live block's canary hold its value?  Inline, as _tag_lookup. */
 TAG_INLINE int _tag_canary_ok(const void *user)
 {

@@ -800,6 +800,15 @@ static void snapshot_handler(int sig, siginfo_t *si, void *uc)
     _tag_snapshot(TAG_REASON_ON_DEMAND);
 }
 
+/* May libtag take sig?  Always at start; loaded late (attach.c), only
+ * where the program left the default action. */
+int _tag_signal_free(int sig)
+{
+    struct sigaction old;
+    return !_tag_late || (__sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+                          !(old.sa_flags & SA_SIGINFO));
+}
+
 void _tag_snapshot_init(void)
 {
     resolve_root();
@@ -809,9 +818,9 @@ void _tag_snapshot_init(void)
     sa.sa_sigaction = regs_handler;
     sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
     sigfillset(&sa.sa_mask);
-    if (__sigaction(TAG_REGS_SIGNAL, &sa, NULL) == 0)
+    if (_tag_signal_free(TAG_REGS_SIGNAL) && __sigaction(TAG_REGS_SIGNAL, &sa, NULL) == 0)
         __atomic_store_n(&_tag_ctl.request_signal, TAG_REGS_SIGNAL, __ATOMIC_RELEASE);
-    if (_tag_opt.signal) {
+    if (_tag_opt.signal && _tag_signal_free(_tag_opt.signal)) {
         sa.sa_sigaction = snapshot_handler;
         if (__sigaction(_tag_opt.signal, &sa, NULL) == 0)
             __atomic_store_n(&_tag_ctl.user_signal, (uint32_t)_tag_opt.signal, __ATOMIC_RELEASE);

@@ -1,0 +1,50 @@
+"""Load libtag into a running process: its new blocks get tags and stacks.
+
+    forensics attach PID [--json]
+
+One thread of the process, waiting in a system call, is stopped for a few
+milliseconds and made to load libtag (dlopen) and rebind every module's
+calls to the malloc family to it; the other threads run on.  From then on
+each new block carries its tag, allocation and free stacks, and libtag
+watches it as in a process started under libtag (double and invalid frees,
+overflows, use after free, snapshots on anomalies); `forensics snapshot PID`
+asks libtag for its snapshots.  The blocks allocated before stay glibc's:
+freeing or reallocating one goes to glibc, and every verb answers for them
+as for a core without libtag.
+
+What it cannot do: a static binary, a program under a seccomp filter or
+with a C library other than glibc 2.34+ is refused with one line; calls to
+__libc_malloc or through function pointers copied before the attach stay
+glibc's; C++ new/delete go through libstdc++'s operators (mismatches are not
+seen); there is no detach.  Exit 0, or 2 with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from forensics.cli import _args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pid", metavar="PID", type=_args.pid, help="the process to attach to")
+    _args.json_flag(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    from forensics.libpath import lib_path
+    from forensics.output import text
+    from forensics.snapshots.attach import attach
+    from forensics.snapshots.take import open_process
+
+    open_process(args.pid)
+    doc = attach(args.pid, str(lib_path()))
+    if args.json:
+        text.print_json(doc)
+        return 0
+    out = text.out_console()
+    out.print(f"libtag attached to pid {doc['pid']}: {doc['rebound']} calls to the malloc "
+              f"family rebound, thread {doc['tid']} held {doc['held_ms']:.1f} ms",
+              markup=False, soft_wrap=True)
+    out.print(f"  next: forensics snapshot {doc['pid']}", markup=False, soft_wrap=True)
+    return 0

@@ -1,0 +1,148 @@
+"""`forensics attach PID`: libtag loaded into a process started without it
+(forensics/snapshots/attach.py, libtag/src/attach.c).
+
+tests/victims/attach_loop.c makes three blocks before the attach and keeps
+a thread allocating and freeing the whole time.  After the attach: a new
+block is libtag's, with its allocation stack; glibc's old blocks are freed,
+reallocated and measured by glibc (no crash, no anomaly); a double free is
+caught with both stacks; a snapshot goes through libtag; the process exits
+0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+class Victim:
+    def __init__(self, exe: Path, state: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env["XDG_STATE_HOME"] = str(state)  # where libtag, once attached, snapshots
+        self.proc = subprocess.Popen([str(exe)], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.old: list[int] = []
+        while True:
+            words = self.proc.stdout.readline().split()
+            assert words, self.proc.stderr.read()
+            if words[0] == "old":
+                self.old.append(int(words[1], 16))
+            elif words[0] == "usable":
+                self.usable = int(words[1])
+            elif words[0] == "ready":
+                break
+        self.pid = self.proc.pid
+
+    def ask(self, cmd: str) -> list[str]:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().split()
+
+
+@pytest.fixture
+def victim(build_victim, tmp_path):
+    v = Victim(build_victim("attach_loop", instrument=False), tmp_path / "vstate")
+    yield v
+    if v.proc.poll() is None:
+        v.proc.kill()
+        v.proc.communicate(timeout=30)
+
+
+@pytest.fixture
+def cli(run_cli, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    return lambda *args: run_cli(*args, env={"XDG_STATE_HOME": str(state)})
+
+
+def cli_json(cli, *args: str):
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_attach_then_both_kinds_of_block(victim, cli, tmp_path):
+    churn_before = int(victim.ask("report")[1].split("=")[1])
+    doc = cli_json(cli, "attach", str(victim.pid))
+    assert doc["pid"] == victim.pid and doc["tid"] == victim.pid  # main waits in read()
+    assert doc["rebound"] >= 4, doc  # the program's malloc, free, realloc, malloc_usable_size
+    maps = Path(f"/proc/{victim.pid}/maps").read_text()
+    assert "libtag" in maps
+
+    # glibc's blocks from before: freed, reallocated, measured by glibc
+    assert victim.ask("free_old") == ["freed"]
+    words = victim.ask("realloc_old")
+    assert words[0] == "realloc" and words[2] == "b", words
+    assert victim.ask("usable_old") == ["usable", str(victim.usable)]
+    # a new block comes from libtag's heap
+    new = int(victim.ask("new")[1], 16)
+    churn = int(victim.ask("report")[1].split("=")[1])
+    assert churn > churn_before  # the churning thread ran on through the attach
+
+    snap = cli_json(cli, "snapshot", str(victim.pid))
+    assert snap["method"] == "libtag", snap
+    who = cli_json(cli, "whoowns", hex(new), "--core", snap["core"])
+    assert who["owner"] == "heap" and who["block"]["state"] == "live", who
+    assert who["block"]["size"] == 400
+    functions = [f["function"] for f in who["block"]["alloc_stack"]]
+    assert functions[:2] == ["make_after", "main"], functions
+
+    # a double free after the attach is caught, with both stacks
+    words = victim.ask("double")
+    assert words[0] == "double"
+    q = int(words[1], 16)
+    snaps = tmp_path / "vstate" / "forensics" / "snapshots"
+    cores = sorted(snaps.glob(f"*-{victim.pid}-*-double-free/core"))
+    assert len(cores) == 1, sorted(p.name for p in snaps.iterdir())
+    ins = cli_json(cli, "inspect", str(cores[0]))
+    (anomaly,) = ins["anomalies"]
+    assert anomaly["kind"] == "double-free" and anomaly["address"] == hex(q), anomaly
+    alloc = [f["function"] for f in anomaly["block"]["alloc_stack"]]
+    assert alloc[:2] == ["make_double", "main"], alloc
+    assert [f["function"] for f in anomaly["block"]["free_stack"]][:1] == ["main"]
+
+    victim.proc.stdin.write("quit\n")
+    victim.proc.stdin.flush()
+    out, err = victim.proc.communicate(timeout=60)
+    assert victim.proc.returncode == 0, err
+
+
+def test_attach_refuses_a_process_that_runs_libtag(build_victim, cli, libtag_so, tmp_path):
+    exe = build_victim("attach_loop", instrument=False)
+    env = dict(os.environ, LD_PRELOAD=str(libtag_so), LIBTAG_DIR=str(tmp_path))
+    proc = subprocess.Popen([str(exe)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        while proc.stdout.readline().strip() != "ready":
+            pass
+        done = cli("attach", str(proc.pid))
+        assert done.returncode == 2
+        assert done.stderr.strip() == (f"forensics: error: process {proc.pid} already runs "
+                                       f"libtag: snapshot it (forensics snapshot {proc.pid})")
+    finally:
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_attach_refuses_a_static_binary(tmp_path, cli):
+    src = tmp_path / "s.c"
+    src.write_text("#include <unistd.h>\nint main(void){pause();return 0;}\n")
+    exe = tmp_path / "static_pause"
+    built = subprocess.run(["gcc", "-static", "-O1", "-o", str(exe), str(src)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"no static glibc to link with: {built.stderr.strip()[:200]}")
+    proc = subprocess.Popen([str(exe)])
+    try:
+        done = cli("attach", str(proc.pid))
+        assert done.returncode == 2
+        assert "has no glibc libc.so.6 mapped (a static binary" in done.stderr, done.stderr
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

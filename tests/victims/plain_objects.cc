@@ -1,0 +1,57 @@
+// C++ objects whose classes the reader names by their vtables
+// (forensics/reader/types.py), in a plain process and under libtag.
+//
+//   plain_objects
+//
+// Prints "session ADDR", "connection ADDR" (leaked: its only pointer
+// dropped), "packet ADDR" and "plain ADDR" (a struct without virtual
+// functions: no type can be told), then "ready", and waits for stdin to end.
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+
+struct Session {
+    virtual ~Session() {}
+    int id = 7;
+    char name[40] = "session";
+};
+
+struct Connection : Session {
+    ~Connection() override {}
+    int fd = 3;
+};
+
+namespace net {
+struct Packet {
+    virtual void send() {}
+    virtual ~Packet() {}
+    char data[64] = {};
+};
+}  // namespace net
+
+struct Plain {
+    long a = 1, b = 2;
+};
+
+Session *volatile kept_session;
+net::Packet *volatile kept_packet;
+Plain *volatile kept_plain;
+
+__attribute__((noinline)) static Session *make_connection() { return new Connection; }
+
+int main()
+{
+    kept_session = new Session;
+    Session *c = make_connection();
+    kept_packet = new net::Packet;
+    kept_plain = new Plain;
+    std::printf("session %p\nconnection %p\npacket %p\nplain %p\n", (void *)kept_session,
+                (void *)c, (void *)kept_packet, (void *)kept_plain);
+    c = nullptr;
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char buf[64];
+    while (read(0, buf, sizeof buf) > 0) {
+    }
+    return 0;
+}

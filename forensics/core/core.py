@@ -18,7 +18,19 @@ import numpy as np
 
 from . import elf
 from .errors import CoreParseError, NotDumpedError, TruncatedError, UnmappedError
-from .notes import Auxv, Mapping, Notes, PrPsInfo, PrStatus, RawNote, SigInfo, decode_notes, iter_notes
+from .notes import (
+    FORENSICS_NOTE,
+    NT_FORENSICS_SNAPSHOT,
+    Auxv,
+    Mapping,
+    Notes,
+    PrPsInfo,
+    PrStatus,
+    RawNote,
+    SigInfo,
+    decode_notes,
+    iter_notes,
+)
 
 
 @dataclass(frozen=True)
@@ -215,6 +227,17 @@ class Core:
     def siginfo(self) -> SigInfo | None:
         """The first NT_SIGINFO: the signal that made the dump (gcore: what stopped it)."""
         return self.notes.siginfo
+
+    @cached_property
+    def taken_by(self) -> dict[str, str] | None:
+        """How forensics took this core from outside the process (the
+        "FORENSICS" note the ptrace snapshot writes: method, pid, pause_ns,
+        fork_ns, time_ms, threads_stopped), None for any other core."""
+        for n in self.raw_notes:
+            if n.name == FORENSICS_NOTE and n.type == NT_FORENSICS_SNAPSHOT:
+                text = bytes(n.desc).decode("utf-8", "replace")
+                return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return None
 
     @property
     def truncated(self) -> bool:

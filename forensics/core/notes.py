@@ -22,6 +22,10 @@ NT_PRPSINFO = 3
 NT_AUXV = 6
 NT_SIGINFO = 0x53494749  # "SIGI"
 NT_FILE = 0x46494C45  # "FILE"
+# forensics' own note in a core it wrote from outside the process (the
+# ptrace snapshot): key=value lines saying how it was taken (docs/format.md)
+FORENSICS_NOTE = b"FORENSICS"
+NT_FORENSICS_SNAPSHOT = 1
 
 AT_NULL = 0
 AT_PHDR = 3

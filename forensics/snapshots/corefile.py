@@ -46,8 +46,10 @@ from forensics.core.elf import (
     Elf64_Phdr,
 )
 from forensics.core.notes import (
+    FORENSICS_NOTE,
     NT_AUXV,
     NT_FILE,
+    NT_FORENSICS_SNAPSHOT,
     NT_PRFPREG,
     NT_PRPSINFO,
     NT_PRSTATUS,
@@ -59,9 +61,6 @@ from forensics.errors import InputError
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 NT_X86_XSTATE = 0x202
-# Our note: name "FORENSICS", this type, key=value lines (docs/format.md).
-NOTE_NAME = b"FORENSICS"
-NT_FORENSICS_SNAPSHOT = 1
 
 # /proc/PID/coredump_filter bits (core(5))
 _ANON_PRIVATE, _ANON_SHARED, _MAPPED_PRIVATE, _MAPPED_SHARED, _ELF_HEADERS = 1, 2, 4, 8, 16
@@ -265,7 +264,7 @@ def build_notes(proc: ProcessFacts, threads, vmas: list[Vma], marker: dict[str, 
             out.append(note_bytes(b"CORE", NT_AUXV, proc.auxv))
             out.append(note_bytes(b"CORE", NT_FILE, _nt_file(vmas)))
             text = "".join(f"{k}={v}\n" for k, v in marker.items()).encode()
-            out.append(note_bytes(NOTE_NAME, NT_FORENSICS_SNAPSHOT, text))
+            out.append(note_bytes(FORENSICS_NOTE, NT_FORENSICS_SNAPSHOT, text))
         if th.fpregs:
             out.append(note_bytes(b"CORE", NT_PRFPREG, th.fpregs))
         if th.xstate:

@@ -1,8 +1,9 @@
 """Shared helpers of the bench/ runners: stdlib only, rich if it is there.
 
-Finding libtag, building a C program, statistics that admit the noise
-(median with min-max spread), the machine description, and tables that
-print as Markdown (to paste into docs/benchmarks.md) or through rich.
+Finding libtag, building a C program, the floors CMake builds
+(bench/CMakeLists.txt), statistics that admit the noise (median with
+min-max spread), the machine description, and tables that print as
+Markdown (to paste into docs/benchmarks.md) or through rich.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 
 
 def lib_path(explicit: str | None = None) -> Path:
@@ -41,19 +43,47 @@ def build(src: Path, out: Path, flags: list[str], libs: list[str] = ()) -> Path:
     return out
 
 
-def header_shim(tmp: Path) -> Path:
-    """bench/header_shim.c built into tmp: the floor under libtag's figures
+def cmake_target(name: str, optional: bool = False) -> Path | None:
+    """bench/'s CMake target name (a floor, name.so; bench/CMakeLists.txt)
+    from the build in $FORENSICS_BENCH_BUILD (ctest's, already built), else
+    built now in this checkout's build/bench (configured the first time,
+    then incremental).  optional: None where CMake does not build it
+    (contract_floor_mi without libmimalloc-dev)."""
+    ready = os.environ.get("FORENSICS_BENCH_BUILD")
+    out = Path(ready or ROOT / "build" / "bench")
+    if not ready:
+        if not (out / "CMakeCache.txt").is_file():
+            run_quiet(["cmake", "-S", str(ROOT), "-B", str(out), "-DFORENSICS_BENCH=ON"])
+        done = subprocess.run(["cmake", "--build", str(out), "--target", name],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0 and not optional:
+            sys.exit(f"bench: building {name} failed:\n{(done.stdout + done.stderr)[-2000:]}")
+    path = out / "bench" / f"{name}.so"
+    if path.is_file():
+        return path
+    if optional:
+        return None
+    sys.exit(f"bench: CMake built no {path}")
+
+
+def run_quiet(cmd: list[str]) -> None:
+    """cmd, its output shown only when it fails (then the benchmark exits)."""
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-2000:]}")
+
+
+def header_shim() -> Path:
+    """bench/header_shim.c, built by CMake: the floor under libtag's figures
     (a 16-byte header and 8-byte canary a block through glibc, nothing else)."""
-    return build(BENCH / "header_shim.c", tmp / "header_shim.so", ["-O2", "-shared", "-fPIC"])
+    return cmake_target("header_shim")
 
 
-def heap_shim(tmp: Path) -> Path:
-    """bench/heap_shim.c built into tmp: libtag's heap (libtag/src/heap.c)
-    alone, with no tag, stack or quarantine - the backing allocator's column."""
-    src = BENCH.parent / "libtag"
-    return build(BENCH / "heap_shim.c", tmp / "heap_shim.so",
-                 ["-O2", "-shared", "-fPIC", "-pthread", "-D_GNU_SOURCE",
-                  f"-I{src / 'include'}", f"-I{src / 'src'}"])
+def heap_shim() -> Path:
+    """bench/heap_shim.c, built by CMake on libtag's heap (its seam, CMake's
+    libtag_heap): the heap alone, with no tag, stack or quarantine - the
+    backing allocator's column."""
+    return cmake_target("heap_shim")
 
 
 def callgrind(cmd: list[str], env: dict, out: Path) -> None:

@@ -18,13 +18,14 @@
  * build), the walk stops at the first frame that does not chain upwards
  * on the stack.
  *
- * The heap is libtag's (libtag/src/heap.c compiled in, as heap_shim.c), or
- * Debian's mimalloc with -DON_MIMALLOC (whose frees cannot be checked by
- * slot: it exports no such answer).
- *
- *   gcc -O2 -shared -fPIC -pthread -D_GNU_SOURCE -fno-omit-frame-pointer \
- *       -Ilibtag/include -Ilibtag/src -o contract_floor.so bench/contract_floor.c
- *   ... -DON_MIMALLOC -lmimalloc -o contract_floor_mi.so
+ * The heap is libtag's (its seam, libtag/src/heap.h and CMake's
+ * libtag_heap, as heap_shim.c), or Debian's mimalloc with -DON_MIMALLOC
+ * (whose frees cannot be checked by slot: it exports no such answer).
+ * bench/CMakeLists.txt builds both (contract_floor_mi.so where
+ * libmimalloc-dev is installed); bench/contract_floor.py asks CMake for
+ * them:
+ *   cmake -S . -B build/bench -DFORENSICS_BENCH=ON
+ *   cmake --build build/bench --target contract_floor contract_floor_mi
  *
  * Settings (environment): CF_DEPTH=1 records the return address alone
  * (no walk); CF_QUARANTINE=0 hands a freed block back at once.  At exit,
@@ -47,10 +48,7 @@
 #define H_FREE(p) mi_free(p)
 #define H_USABLE(p) mi_usable_size(p)
 #else
-#include "../libtag/src/heap.c"
-struct libtag_control _tag_ctl;
-void _tag_log(const char *fmt, ...) { (void)fmt; }
-void _tag_fatal(const char *fmt, ...) { (void)fmt; _exit(99); }
+#include "heap.h"
 static __thread struct tag_heap_cache cache[TAG_HEAP_CLASSES] __attribute__((tls_model("initial-exec")));
 #define H_ALLOC(n) _tag_heap_alloc(cache, (n), 0)
 #define H_FREE(p) _tag_heap_free(cache, (p))

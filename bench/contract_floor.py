@@ -32,6 +32,10 @@ It prints the wall-time ratios and the peak-RSS ratios to base.
 
     python3 bench/contract_floor.py                      # 5 reps, ~4 min
     python3 bench/contract_floor.py --reps 7 --markdown
+    python3 bench/contract_floor.py --programs allocbench --iters 10000 --reps 1   # a smoke run
+
+The floors come from CMake (bench/CMakeLists.txt; benchlib.cmake_target
+builds them in build/bench the first time).
 """
 
 from __future__ import annotations
@@ -44,12 +48,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_real  # noqa: E402
-from benchlib import BENCH, Launcher, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import (BENCH, Launcher, build, cmake_target, lib_path, machine, med, print_machine,  # noqa: E402
+                      spread, table)
 
-ROOT = BENCH.parent
 MIMALLOC = Path("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2")
-FLAGS = ["-O2", "-shared", "-fPIC", "-pthread", "-D_GNU_SOURCE", "-fno-omit-frame-pointer",
-         f"-I{ROOT / 'libtag' / 'include'}", f"-I{ROOT / 'libtag' / 'src'}"]
+PROGRAMS = ("lua", "allocbench", "python3")
 
 
 def main() -> int:
@@ -57,17 +60,20 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--programs", default=",".join(PROGRAMS),
+                    help=f"comma-separated, from: {', '.join(PROGRAMS)} (default: all)")
+    ap.add_argument("--iters", type=int, default=3_000_000, help="allocbench's iterations (default 3000000)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
+    progs = [s for s in args.programs.split(",") if s]
+    if not progs or any(s not in PROGRAMS for s in progs):
+        ap.error(f"--programs takes a comma-separated list from: {', '.join(PROGRAMS)}")
     lib = lib_path(args.lib)
     print_machine(machine())
     with tempfile.TemporaryDirectory(prefix="contract-floor-") as d:
         tmp = Path(d)
-        floor = build(BENCH / "contract_floor.c", tmp / "contract_floor.so", FLAGS)
-        floor_mi = None
-        if Path("/usr/include/mimalloc.h").exists() and MIMALLOC.exists():
-            floor_mi = build(BENCH / "contract_floor.c", tmp / "contract_floor_mi.so",
-                             [*FLAGS, "-DON_MIMALLOC"], ["-lmimalloc"])
+        floor = cmake_target("contract_floor")
+        floor_mi = cmake_target("contract_floor_mi", optional=True) if MIMALLOC.exists() else None
         variants = {
             "base": {},
             "libtag": {"LD_PRELOAD": str(lib)},
@@ -83,12 +89,17 @@ def main() -> int:
         lua = run_real.PROGRAMS["lua"]
         cmds = {}  # name: (argv, environment of every column)
         for mode in ("O2", "fp"):
-            cmds[f"lua {mode}"] = (lua.workload(run_real.built(lua, mode), tmp), {})
-            ab = build(BENCH / "allocbench.c", tmp / f"allocbench-{mode}", [*run_real.MODES[mode], "-g", "-pthread"])
-            cmds[f"allocbench {mode}"] = ([str(ab), "1", "3000000"], {})
+            if "lua" in progs:
+                cmds[f"lua {mode}"] = (lua.workload(run_real.built(lua, mode), tmp), {})
+            if "allocbench" in progs:
+                ab = build(BENCH / "allocbench.c", tmp / f"allocbench-{mode}",
+                           [*run_real.MODES[mode], "-g", "-pthread"])
+                cmds[f"allocbench {mode}"] = ([str(ab), "1", str(args.iters)], {})
         py = run_real.PROGRAMS["python3"]
-        if Path(py.installed).is_file():
+        if "python3" in progs and Path(py.installed).is_file():
             cmds["python3 O2"] = (py.workload(Path(py.installed), tmp), py.env)
+        if not cmds:
+            sys.exit("contract_floor: nothing to run (python3 is not installed)")
         launcher = Launcher(tmp)
         env0 = {k: v for k, v in os.environ.items() if not k.startswith(("LIBTAG_", "CF_"))}
         env0["LIBTAG_DIR"] = str(tmp / "snapshots")

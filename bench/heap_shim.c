@@ -1,28 +1,23 @@
-/* heap_shim.c - libtag's heap alone (libtag/src/heap.c, compiled in), with
- * nothing of libtag around it: no tag, no canary, no stacks, no quarantine.
- * The "backing allocator alone" column of bench/run_real.py: what the heap
- * itself costs or saves against glibc, before libtag's own work.
+/* heap_shim.c - libtag's heap alone, with nothing of libtag around it: no
+ * tag, no canary, no stacks, no quarantine.  The "backing allocator alone"
+ * column of bench/run_real.py and bench/parts.py: what the heap itself
+ * costs or saves against glibc, before libtag's own work.
  *
- * Build (bench/benchlib.py heap_shim() does it):
- *   gcc -O2 -shared -fPIC -pthread -D_GNU_SOURCE -Ilibtag/include -Ilibtag/src \
- *       -o heap_shim.so bench/heap_shim.c
+ * The heap is libtag's own heap.c, through its seam (libtag/src/heap.h,
+ * CMake's libtag_heap): bench/CMakeLists.txt builds heap_shim.so, and
+ * bench/benchlib.py heap_shim() asks CMake for it:
+ *   cmake -S . -B build/bench -DFORENSICS_BENCH=ON
+ *   cmake --build build/bench --target heap_shim   ->  build/bench/bench/heap_shim.so
  * Not a tool: no checks beyond the heap's own.
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "../libtag/src/heap.c"
+#include "heap.h"
 
 #define EXPORT __attribute__((visibility("default")))
-
-/* What heap.c takes from the rest of libtag. */
-struct libtag_control _tag_ctl;
-void _tag_log(const char *fmt, ...) { (void)fmt; }
-void _tag_fatal(const char *fmt, ...) { (void)fmt; _exit(99); }
 
 static __thread struct tag_heap_cache cache[TAG_HEAP_CLASSES]
     __attribute__((tls_model("initial-exec")));
@@ -31,13 +26,14 @@ static int ready;
 static void init(void)
 {
     static int lock;
-    spin_lock(&lock);
+    while (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE))
+        ;
     if (!ready) {
         _tag_ctl.secret = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&lock;
         _tag_heap_init();
         __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
     }
-    spin_unlock(&lock);
+    __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
 }
 
 /* fork() from one thread while another holds a heap lock: the child must

@@ -224,8 +224,11 @@ def main() -> int:
           f"served by the core of a request made at the same time), {len(bad)} failed or inconsistent, "
           f"{sum(s.get('slots', 0) for s in snaps if not s.get('shared'))} published blocks checked "
           f"against their tags")
-    print(f"parent pause per snapshot (ms): min {p['min']:.2f}  median {p['median']:.2f}  "
-          f"p95 {p['p95']:.2f}  max {p['max']:.2f}  (n={p['n']})")
+    if p["n"]:
+        print(f"parent pause per snapshot (ms): min {p['min']:.2f}  median {p['median']:.2f}  "
+              f"p95 {p['p95']:.2f}  max {p['max']:.2f}  (n={p['n']})")
+    else:  # a run shorter than the first snapshot
+        print("parent pause per snapshot (ms): no snapshot was taken")
     for s in bad[:10]:
         print("  bad:", json.dumps(s)[:400])
     return 0 if not bad and report["victim_exit"] == 0 else 1

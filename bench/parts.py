@@ -144,8 +144,8 @@ def main() -> int:
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_")}
         base_env.update(real.env or {} if real else {})  # python3: PYTHONMALLOC=malloc
         lt_env = dict(base_env, LD_PRELOAD=str(lib), LIBTAG_LOG="off", LIBTAG_DIR=str(tmp / "snaps"))
-        heap_env = dict(base_env, LD_PRELOAD=str(heap_shim(tmp)))
-        header_env = dict(base_env, LD_PRELOAD=str(header_shim(tmp)))
+        heap_env = dict(base_env, LD_PRELOAD=str(heap_shim()))
+        header_env = dict(base_env, LD_PRELOAD=str(header_shim()))
         for b in builds:
             off = parts(b)
             core_env = dict(lt_env, **{k: v for _, o in off for k, v in o.items()})

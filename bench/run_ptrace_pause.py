@@ -80,8 +80,14 @@ def main() -> int:
     if shutil.which("gcore") is None:
         args.gcore_reps = 0
     tmp = Path(args.tmp)
-    exe = build(BENCH / "ptracebench.c", Path(tempfile.mkdtemp(prefix="ptb-", dir=tmp)) / "ptracebench",
-                ["-O2", "-g", "-pthread"])
+    work = Path(tempfile.mkdtemp(prefix="ptb-", dir=tmp))
+    try:
+        return run(args, build(BENCH / "ptracebench.c", work / "ptracebench", ["-O2", "-g", "-pthread"]), tmp)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, exe: Path, tmp: Path) -> int:
     m = machine()
     print_machine(m)
     rows = []

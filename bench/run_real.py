@@ -41,6 +41,11 @@ included).  --preload NAME=LIB adds a column of any other preloaded library
 The table prints the median wall seconds, the spread (half the min-max range
 as a share of the median), the ratio to base of the same binary, and the
 median peak RSS.  Extra LIBTAG_* settings for the libtag runs: --env.
+--small runs each program's small workload where it names one (lua:
+binary_trees.lua 11; python3: py_objects.py 2), as a smoke run does:
+    python3 bench/run_real.py --programs python3 --reps 1 --no-heaptrack --small
+The floors (header_shim.so, heap_shim.so) come from CMake
+(bench/CMakeLists.txt; benchlib.cmake_target builds them in build/bench).
 """
 
 from __future__ import annotations
@@ -276,6 +281,8 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
                     help="an extra setting for the libtag runs (repeatable)")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
+    ap.add_argument("--small", action="store_true",
+                    help="each program's small workload where it names one (a smoke run)")
     ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
     args = ap.parse_args()
 
@@ -307,8 +314,8 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
     snaps = tmp / "snaps"
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(snaps), **extra)
     have_ht = bool(shutil.which("heaptrack")) and not args.no_heaptrack
-    header = None if args.no_header else dict(clean, LD_PRELOAD=str(header_shim(tmp)))
-    others = [] if args.no_heap else [("heap", dict(clean, LD_PRELOAD=str(heap_shim(tmp))))]
+    header = None if args.no_header else dict(clean, LD_PRELOAD=str(header_shim()))
+    others = [] if args.no_heap else [("heap", dict(clean, LD_PRELOAD=str(heap_shim())))]
     for spec in args.preload:
         name, _, path = spec.partition("=")
         if not name or not Path(path).is_file():
@@ -328,7 +335,8 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
             if have_ht and rep < args.heaptrack_reps:
                 runs.append(("heaptrack", clean, ["heaptrack", "-o", str(tmp / "ht")]))
             for tool, env, prefix in runs:
-                argv = PROGRAMS[p].workload(exe, scratch[p])
+                small = [PROGRAMS[p].small] if args.small and PROGRAMS[p].small else []
+                argv = PROGRAMS[p].workload(exe, scratch[p], *small)
                 env = dict(env, **(PROGRAMS[p].env or {}))
                 res.setdefault((p, m, tool), []).append(launcher.timed([*prefix, *argv], env))
                 for f in tmp.glob("ht*"):

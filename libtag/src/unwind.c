@@ -749,35 +749,6 @@ static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct
 
 /* ----------------------------------------------------------- capture -- */
 
-#ifdef LIBTAG_WITH_LIBUNWIND
-/* For measurement only (cmake -DLIBTAG_LIBUNWIND=ON, see docs/design.md):
- * the same capture with libunwind's unw_backtrace (its cached fast path)
- * in place of this file's walk.  Never shipped: the wheel's libtag needs
- * nothing at run time that it does not carry. */
-#define UNW_LOCAL_ONLY
-#include <libunwind.h>
-
-static uint32_t libunwind_capture(struct tag_thread_state *t, uint64_t ret)
-{
-    void *pcs[TAG_WALK_MAX + 8];
-    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
-    int n = unw_backtrace(pcs, (int)(sizeof pcs / sizeof pcs[0]));
-    int i = 0;
-    while (i < n && (uint64_t)(uintptr_t)pcs[i] != ret)
-        i++;  /* libtag's own frames */
-    if (i == n)
-        return _tag_intern(t, 0, TAG_FRAME_CALL, ret);
-    if ((uint32_t)(n - i) > max)
-        n = i + (int)max;
-    uint32_t id = 0;
-    t->captures++;
-    t->capture_frames += (uint64_t)(n - i);
-    for (int k = n; k-- > i;)
-        id = _tag_intern(t, id, TAG_FRAME_CALL, (uint64_t)(uintptr_t)pcs[k]);
-    return id;
-}
-#endif
-
 /* The state of the caller of libtag's entry point: its frame has frame
  * pointers, so frame[0] is the caller's rbp and its CFA the caller's sp. */
 TAG_INLINE struct ustate entry_state(void *ret, void *frame)
@@ -925,10 +896,6 @@ static TAG_NOINLINE __attribute__((noclone)) uint32_t capture_slow(struct tag_th
         t->capture_frames++;
         return _tag_intern(t, 0, TAG_FRAME_CALL, s.pc);
     }
-#ifdef LIBTAG_WITH_LIBUNWIND
-    if (mode != TAG_UNWIND_FP)
-        return libunwind_capture(t, s.pc);
-#endif
     return walk_capture(t, s, &b);
 }
 

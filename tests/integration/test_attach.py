@@ -16,6 +16,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import forensics_test_support as S
 import pytest
 
 
@@ -96,9 +97,10 @@ def test_attach_then_both_kinds_of_block(victim, cli, tmp_path):
     assert words[0] == "double"
     q = int(words[1], 16)
     snaps = tmp_path / "vstate" / "forensics" / "snapshots"
-    cores = sorted(snaps.glob(f"*-{victim.pid}-*-double-free/core"))
-    assert len(cores) == 1, sorted(p.name for p in snaps.iterdir())
-    ins = cli_json(cli, "inspect", str(cores[0]))
+    # the anomaly's snapshot is the process's second (the first: on demand
+    # above); its core is written while the victim runs on
+    core = S.wait_core(snaps, victim.pid, seq=2, reason="double-free")
+    ins = cli_json(cli, "inspect", str(core))
     (anomaly,) = ins["anomalies"]
     assert anomaly["kind"] == "double-free" and anomaly["address"] == hex(q), anomaly
     alloc = [f["function"] for f in anomaly["block"]["alloc_stack"]]

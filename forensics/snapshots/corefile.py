@@ -208,17 +208,24 @@ class ProcessFacts:
     sigmasks: dict[int, tuple[int, int]]  # tid -> (pending, blocked)
 
 
-def process_facts(pid: int, tids: list[int]) -> ProcessFacts:
-    f = _stat_fields(pid)
-    st = _status(f"/proc/{pid}/status")
-    with open(f"/proc/{pid}/comm", "rb") as fh:
+def process_facts(pid: int, tids: list[int], copy_pid: int) -> ProcessFacts:
+    """The process's facts: its command, arguments and auxiliary vector from
+    its copy (the same memory, and there while the process may have exited),
+    its parent, group, session and signal masks from the process itself
+    (the copy's own where it is gone)."""
+    try:
+        f = _stat_fields(pid)
+    except OSError:
+        f = _stat_fields(copy_pid)
+    st = _status(f"/proc/{pid}/status") or _status(f"/proc/{copy_pid}/status")
+    with open(f"/proc/{copy_pid}/comm", "rb") as fh:
         comm = fh.read().rstrip(b"\n")[:15]
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        with open(f"/proc/{copy_pid}/cmdline", "rb") as fh:
             psargs = fh.read(4096).rstrip(b"\0").replace(b"\0", b" ")[:79]
     except OSError:
         psargs = comm
-    with open(f"/proc/{pid}/auxv", "rb") as fh:
+    with open(f"/proc/{copy_pid}/auxv", "rb") as fh:
         auxv = fh.read()
     masks = {}
     for t in tids:
@@ -352,6 +359,16 @@ def write_core(path: Path, *, pid: int, copy_pid: int, threads, marker: dict[str
     """Write the core of process *pid* (its threads' registers in *threads*,
     first shown first) from its stopped copy *copy_pid* to *path* (a new
     file, 0600, never through a symlink).  On failure nothing is left."""
+    try:
+        return _write_core(path, pid=pid, copy_pid=copy_pid, threads=threads, marker=marker,
+                           progress=progress)
+    except OSError as e:  # the copy's /proc, before the file existed
+        raise InputError(f"cannot read the copy of pid {pid} ({copy_pid}): "
+                         f"{e.strerror or e}; no core written") from None
+
+
+def _write_core(path: Path, *, pid: int, copy_pid: int, threads, marker: dict[str, str],
+                progress: Callable[[int, int], None] | None = None) -> Written:
     vmas = read_smaps(copy_pid)
     filt = coredump_filter(pid)
     mem = os.open(f"/proc/{copy_pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
@@ -363,7 +380,7 @@ def write_core(path: Path, *, pid: int, copy_pid: int, threads, marker: dict[str
                 return False
 
         sizes = [dump_size(v, filt, elf_magic) for v in vmas]
-        proc = process_facts(pid, [t.tid for t in threads])
+        proc = process_facts(pid, [t.tid for t in threads], copy_pid)
         notes = build_notes(proc, threads, vmas, marker)
         phnum = 1 + len(vmas)
         if phnum >= 0xFFFF:

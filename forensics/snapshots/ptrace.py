@@ -45,6 +45,7 @@ import errno as _errno
 import os
 import signal
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -163,13 +164,39 @@ def _tids(pid: int) -> list[int]:
         raise Gone(f"no process with pid {pid}") from None
 
 
-def _wait(tid: int) -> int:
-    """The next status of *tid* (a tracee of ours); -1 when it is gone."""
-    try:
-        _, status = os.waitpid(tid, __WALL)
-    except ChildProcessError:
-        return -1
-    return status
+STOP_TIMEOUT_S = 3.0  # a thread that does not stop in this time is in an uninterruptible wait
+
+
+class NotStopping(InputError):
+    """A thread did not reach its stop in time (an uninterruptible wait)."""
+
+
+def _wait(tid: int, timeout: float | None = STOP_TIMEOUT_S) -> int:
+    """The next status of *tid* (a tracee of ours); -1 when it is gone.
+    Raises NotStopping after *timeout* seconds (None: wait for ever).
+    Polls: a blocking wait cannot be given a deadline here (forensics has
+    other threads, a timer's signal may go to one of them)."""
+    if timeout is None:
+        try:
+            return os.waitpid(tid, __WALL)[1]
+        except ChildProcessError:
+            return -1
+    deadline = time.monotonic() + timeout
+    spins = 0
+    while True:
+        try:
+            got, status = os.waitpid(tid, __WALL | WNOHANG)
+        except ChildProcessError:
+            return -1
+        if got:
+            return status
+        spins += 1
+        if spins < 2000:
+            os.sched_yield()
+        elif time.monotonic() > deadline:
+            raise NotStopping(tid)
+        else:
+            time.sleep(0.0005)
 
 
 def _exited(status: int) -> bool:
@@ -200,12 +227,16 @@ def _settle(frozen: Frozen, th: Thread) -> bool:
         event = status >> 16
         sig = os.WSTOPSIG(status)
         if event == PTRACE_EVENT_CLONE:
-            # it was creating a thread: the new one is traced from birth
+            # it was creating a thread, and is stopped inside clone: the new
+            # thread is traced from birth (it stops by itself); this one
+            # must finish its clone before it may be used, so it runs on to
+            # the interrupt's stop, still pending
             new = ctypes.c_ulong()
             ptrace(PTRACE_GETEVENTMSG, th.tid, 0, ctypes.addressof(new))
             if new.value not in frozen.threads:
                 frozen.threads[new.value] = Thread(int(new.value), attached=True)
-            return True
+            ptrace(PTRACE_CONT, th.tid, 0, 0)
+            continue
         if event == PTRACE_EVENT_STOP:
             if sig not in (signal.SIGTRAP, 0):
                 # a group-stop began (SIGSTOP, SIGTSTP...) as we stopped it
@@ -246,7 +277,13 @@ def freeze(pid: int) -> Frozen:
             # _settle adds it, and the next round waits for its stop
             for th in list(frozen.threads.values()):
                 if th.attached and not th.stopped:
-                    th.stopped = _settle(frozen, th)
+                    try:
+                        th.stopped = _settle(frozen, th)
+                    except NotStopping:
+                        raise Refused(f"thread {th.tid} of process {pid} did not stop within "
+                                      f"{STOP_TIMEOUT_S:g} s ({_task_state(pid, th.tid)}): it is "
+                                      f"in an uninterruptible wait (disk or network I/O, a "
+                                      f"vfork); every thread was released, try again") from None
         for th in frozen.live():
             th.regs = _getregs(th.tid)
             th.fpregs = _getregset(th.tid, NT_PRFPREG, _FPREGS_SIZE)
@@ -266,10 +303,29 @@ def release(frozen: Frozen) -> int:
         if th.attached:
             try:
                 ptrace(PTRACE_DETACH, th.tid, 0, th.pending)
-            except PtraceError:
-                pass
+            except PtraceError as e:
+                # ESRCH: gone, or seized but not stopped yet (PTRACE_DETACH
+                # needs a stop): wait for its stop, then detach
+                if e.errno == _errno.ESRCH and os.path.exists(f"/proc/{frozen.pid}/task/{th.tid}"):
+                    try:
+                        if not _exited(_wait(th.tid, 1.0)):
+                            ptrace(PTRACE_DETACH, th.tid, 0, th.pending)
+                    except (NotStopping, PtraceError):
+                        pass
             th.attached = False
     return time.monotonic_ns()
+
+
+def _task_state(pid: int, tid: int) -> str:
+    """"state D, in io_schedule" from /proc, for a message."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+            wchan = f.read().strip()
+    except (OSError, IndexError):
+        return "state unknown"
+    return f"state {state}" + (f", in {wchan}" if wchan and wchan != "0" else "")
 
 
 # ------------------------------------------------------------ injection --
@@ -284,14 +340,15 @@ def _step_syscall(tid: int, regs: bytes, nr: int, args: tuple[int, ...], at: int
     r[R_RAX] = nr
     r[R_ORIG_RAX] = (1 << 64) - 1
     r[R_RIP] = at
-    for i, v in zip((R_RDI, R_RSI, R_RDX, R_R10, R_R8, R_R9), args):
+    full = tuple(args) + (0,) * (6 - len(args))  # no stale register as an argument
+    for i, v in zip((R_RDI, R_RSI, R_RDX, R_R10, R_R8, R_R9), full):
         r[i] = v & ((1 << 64) - 1)
     _setregs(tid, struct.pack(f"<{_NREGS}Q", *r))
     pending = 0
     while True:
         ptrace(PTRACE_SINGLESTEP, tid, 0, pending)
         pending = 0
-        status = _wait(tid)
+        status = _wait(tid, None)
         if _exited(status):
             raise Gone(f"thread {tid} exited during an injected system call")
         event = status >> 16
@@ -555,7 +612,8 @@ def why_not_traceable(pid: int, err: OSError) -> str:
 @dataclass
 class Copy:
     """The forked copy of a frozen process, and what the fork cost."""
-    pid: int               # the copy's pid
+    pid: int               # the copy's pid as we see it (the clone event's)
+    ns_pid: int            # ... as the process sees it (clone's result: its pid namespace)
     injected_tid: int      # the thread that ran the clone
     fork_ns: int           # the clone system call, from entering it to its return
     closed_fds: bool       # its descriptors were closed
@@ -564,11 +622,13 @@ class Copy:
 def fork_copy(frozen: Frozen, at: int, filters) -> Copy:
     """Make stopped *frozen* fork a copy of itself (clone with flags 0) and
     return it, traced from birth.  The caller releases the process, then
-    waits for the copy's stop (settle_copy)."""
+    waits for the copy's stop (settle_copy), and kills it in every case."""
     live = frozen.live()
-    main = next((t for t in live if t.tid == frozen.pid), live[0])
+    # a thread whose stop was a signal's: its signal is handed back at the
+    # detach, and a second one during the clone would take its place
+    main = min(live, key=lambda t: (t.pending != 0, t.tid != frozen.pid, t.tid))
     flags = 0  # exit signal 0: no SIGCHLD, invisible to wait() without __WALL
-    if filters and not seccomp_allows(filters, SYS_clone, (flags, 0, 0, 0, 0), at):
+    if filters and not seccomp_allows(filters, SYS_clone, (flags, 0, 0, 0, 0), at + 2):
         raise Refused(f"process {frozen.pid}'s seccomp filter does not let clone through: "
                       f"a fork would fail or kill it, so nothing was done")
     born: list[int] = []
@@ -576,15 +636,16 @@ def fork_copy(frozen: Frozen, at: int, filters) -> Copy:
     try:
         r = inject(main.tid, main.regs, SYS_clone, (flags, 0, 0, 0, 0), at, born.append)
     except _Interrupted as e:
-        main.pending = e.sig
+        if main.pending == 0:
+            main.pending = e.sig
         r = None
     fork_ns = time.monotonic_ns() - t0
-    if r is None or r < 0:
+    if r is None or r < 0 or not born:
         for c in born:
             _kill_copy(c)
-        why = os.strerror(-r) if r is not None else "a signal interrupted it"
+        why = os.strerror(-r) if r is not None and r < 0 else "a signal interrupted it"
         raise Refused(f"process {frozen.pid} could not fork: {why}; it runs on unchanged")
-    return Copy(int(r), main.tid, fork_ns, False)
+    return Copy(born[0], int(r), main.tid, fork_ns, False)
 
 
 def settle_copy(copy: Copy, pid: int) -> None:
@@ -602,7 +663,7 @@ def settle_copy(copy: Copy, pid: int) -> None:
 def close_copy_fds(copy: Copy, at: int, filters) -> None:
     """Close every descriptor of the copy (it holds the program's sockets
     and pipes open otherwise); best effort."""
-    if filters and not seccomp_allows(filters, SYS_close_range, (0, 0xFFFFFFFF, 0), at):
+    if filters and not seccomp_allows(filters, SYS_close_range, (0, 0xFFFFFFFF, 0), at + 2):
         return
     regs = _getregs(copy.pid)
     try:
@@ -617,7 +678,7 @@ def _kill_copy(child: int) -> None:
         os.kill(child, signal.SIGKILL)
     except ProcessLookupError:
         return
-    while not _exited(_wait(child)):
+    while not _exited(_wait(child, None)):
         pass
 
 
@@ -629,30 +690,67 @@ def reap(pid: int, copy: Copy, at: int, filters) -> int | None:
     """Collect the killed copy's zombie in *pid* (it is *pid*'s child): stop
     one thread for a moment to run wait4 there.  Returns the nanoseconds
     that thread was stopped, None when it could not be done."""
-    if filters and not seccomp_allows(filters, SYS_wait4, (copy.pid, 0, __WALL | WNOHANG, 0), at):
+    wait_args = (copy.ns_pid, 0, __WALL | WNOHANG, 0)
+    if filters and not seccomp_allows(filters, SYS_wait4, wait_args, at + 2):
         return None
-    tids = [t for t in _tids(pid)]
+    try:
+        tids = _tids(pid)
+    except Gone:
+        return None
     tid = copy.injected_tid if copy.injected_tid in tids else (tids[0] if tids else None)
     if tid is None:
         return None
-    t0 = time.monotonic_ns()
-    try:
-        ptrace(PTRACE_SEIZE, tid, 0, 0)
-    except PtraceError:
-        return None
-    th = Thread(tid, attached=True)
-    frozen = Frozen(pid, {tid: th})
-    try:
-        ptrace(PTRACE_INTERRUPT, tid)
-        if not _settle(frozen, th):
-            return None
-        th.regs = _getregs(tid)
+    with deferred_signals():
+        t0 = time.monotonic_ns()
         try:
-            inject(tid, th.regs, SYS_wait4, (copy.pid, 0, __WALL | WNOHANG, 0), at)
-        except _Interrupted as e:
-            th.pending = e.sig
-    except PtraceError:
-        return None
-    finally:
-        release(frozen)
-    return time.monotonic_ns() - t0
+            ptrace(PTRACE_SEIZE, tid, 0, 0)
+        except PtraceError:
+            return None
+        th = Thread(tid, attached=True)
+        frozen = Frozen(pid, {tid: th})
+        try:
+            ptrace(PTRACE_INTERRUPT, tid)
+            if not _settle(frozen, th):
+                return None
+            th.regs = _getregs(tid)
+            try:
+                inject(tid, th.regs, SYS_wait4, wait_args, at)
+            except _Interrupted as e:
+                if th.pending == 0:
+                    th.pending = e.sig
+        except (PtraceError, NotStopping, Gone):
+            return None
+        finally:
+            release(frozen)
+        return time.monotonic_ns() - t0
+
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP)
+
+
+class deferred_signals:
+    """While a process is stopped with injected registers, or a copy of it
+    is not yet bound to die with us, forensics must not be interrupted:
+    the signals that would stop or kill it (Ctrl-C, SIGTERM, SIGHUP,
+    SIGQUIT, SIGTSTP) are recorded, not acted on, and raised again at the
+    end.  By handlers, not a signal mask: forensics has other threads
+    (numpy's, rich's) that a process-directed signal would go to.  Main
+    thread only (where the command line runs); elsewhere it does nothing."""
+
+    def __enter__(self):
+        self.got: list[int] = []
+        self.old = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in _DEFERRED:
+            try:
+                self.old[sig] = signal.signal(sig, lambda s, f: self.got.append(s))
+            except (OSError, ValueError):
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.got):
+            signal.raise_signal(sig)

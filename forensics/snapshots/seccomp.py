@@ -58,19 +58,23 @@ def run_filter(prog: list[tuple[int, int, int, int]], data: bytes) -> int:
             elif op == 0x20:
                 a = (a * src) & m32
             elif op == 0x30:
-                a = a // src if src else 0
+                if not src:
+                    return 0  # the kernel's converted program ends: KILL_THREAD
+                a = a // src
             elif op == 0x40:
                 a |= src
             elif op == 0x50:
                 a &= src
             elif op == 0x60:
-                a = (a << src) & m32 if src < 32 else 0
+                a = (a << (src & 31)) & m32  # x86 masks the count to 5 bits
             elif op == 0x70:
-                a = a >> src if src < 32 else 0
+                a = a >> (src & 31)
             elif op == 0x80:
                 a = (-a) & m32
             elif op == 0x90:
-                a = a % src if src else 0
+                if not src:
+                    return 0
+                a = a % src
             elif op == 0xA0:
                 a ^= src
         elif cls == 0x05:  # BPF_JMP

@@ -605,22 +605,25 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
         raise InputError(ptrace.why_not_traceable(pid, PermissionError(1, "EPERM"))) from None
     except FileNotFoundError:
         raise InputError(f"no process with pid {pid}") from None
+    except OSError as e:
+        raise InputError(f"cannot read the code of pid {pid}: {e.strerror}") from None
     root = ensure_private_dir(Path(os.path.abspath(dest)) if dest else default_snapshot_dir())
     seq = 1 + max((d.seq for d in snapdir.list_dirs(root, pid)), default=0)
     snap_path = snapdir.make_dir(root, f"{snapdir.comm_for_dir(pid)}-{pid}-{seq}-on-demand")
     core = snap_path / "core"
+    copy = filters = None
     try:
-        frozen, copy, filters = _fork_by_ptrace(pid, at, seccomp=st.get("Seccomp") == "2")
-    except BaseException:
-        os.rmdir(snap_path)
-        raise
-    pause_ns = frozen.released_ns - frozen.started_ns
-    threads = sorted(frozen.threads.values(), key=lambda t: (t.tid != pid, t.tid))
-    threads = [t for t in threads if t.regs]
-    time_ms = int(time.time() * 1000)
-    reap_ns = None
-    try:
-        ptrace.settle_copy(copy, pid)
+        # From the clone to the copy's death, one try: the copy never
+        # outlives this function (and, once settled, not forensics either)
+        try:
+            frozen, copy, filters = _fork_by_ptrace(pid, at, seccomp=st.get("Seccomp") == "2")
+        except ptrace.PtraceError as e:
+            raise InputError(f"process {pid} could not be snapshot: {e.strerror} (it exited, "
+                             f"or another tracer took it); it runs on") from None
+        pause_ns = frozen.released_ns - frozen.started_ns
+        threads = sorted(frozen.threads.values(), key=lambda t: (t.tid != pid, t.tid))
+        threads = [t for t in threads if t.regs]
+        time_ms = int(time.time() * 1000)
         ptrace.close_copy_fds(copy, at, filters)
         marker = {"method": "ptrace", "pid": str(pid), "pause_ns": str(pause_ns),
                   "fork_ns": str(copy.fork_ns), "time_ms": str(time_ms),
@@ -632,8 +635,9 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
         written = corefile.write_core(core, pid=pid, copy_pid=copy.pid, threads=threads,
                                       marker=marker, progress=tick)
     except BaseException:
-        ptrace.kill_copy(copy)
-        ptrace.reap(pid, copy, at, filters)
+        if copy is not None:
+            ptrace.kill_copy(copy)
+            ptrace.reap(pid, copy, at, filters)
         try:
             os.rmdir(snap_path)
         except OSError:
@@ -642,9 +646,9 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
     ptrace.kill_copy(copy)
     reap_ns = ptrace.reap(pid, copy, at, filters)
     if reap_ns is None:
-        note(f"the copy {copy.pid} of pid {pid} stays a zombie child of it until it exits "
+        note(f"the copy {copy.ns_pid} of pid {pid} stays a zombie child of it until it exits "
              f"(it could not be collected)")
-    info = {"pid": pid, "child": copy.pid, "seq": seq, "reason": "on-demand",
+    info = {"pid": pid, "child": copy.ns_pid, "seq": seq, "reason": "on-demand",
             "tid": copy.injected_tid, "threads_stopped": len(threads), "pause_ns": pause_ns,
             "fork_ns": copy.fork_ns, "time_ms": time_ms, "method": "ptrace",
             "reap_ns": reap_ns if reap_ns is not None else ""}
@@ -673,21 +677,20 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
     }
 
 
-_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP}
-
-
 def _fork_by_ptrace(pid: int, at: int, *, seccomp: bool):
-    """Stop, fork and release *pid*; (frozen, copy, seccomp filters).  Our
-    own interrupting signals wait until the process runs again: it must
-    never be left with an injected call's registers."""
+    """Stop, fork and release *pid*; (frozen, copy, seccomp filters), the
+    copy stopped and bound to die with forensics.  Forensics' own
+    interrupting signals wait until then (ptrace.deferred_signals): the
+    process must never be left with an injected call's registers, nor the
+    copy free to run the program's code."""
     from forensics.snapshots import ptrace
 
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
-    try:
+    with ptrace.deferred_signals():
         try:
             frozen = ptrace.freeze(pid)
         except ptrace.PtraceError as e:
             raise InputError(ptrace.why_not_traceable(pid, e)) from None
+        copy = None
         try:
             filters = []
             if seccomp:
@@ -702,6 +705,10 @@ def _fork_by_ptrace(pid: int, at: int, *, seccomp: bool):
             copy = ptrace.fork_copy(frozen, at, filters)
         finally:
             frozen.released_ns = ptrace.release(frozen)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        try:
+            ptrace.settle_copy(copy, pid)
+        except BaseException:
+            ptrace.kill_copy(copy)
+            ptrace.reap(pid, copy, at, filters)
+            raise
     return frozen, copy, filters

@@ -24,3 +24,10 @@ def test_a_filter_is_run_as_the_kernel_runs_it():
     # an errno result is not ALLOW either: the injected clone would fail
     assert not seccomp.seccomp_allows([errno_clone], SYS_clone, (0,), 0x1000)
     assert not seccomp.seccomp_allows([errno_clone, prog], SYS_read + 56, (0,), 0x1000)
+
+
+def test_a_division_by_zero_ends_the_filter_as_the_kernel_does():
+    # A = nr; X = 0; A /= X: the kernel's converted program returns 0 (KILL_THREAD)
+    prog = [(0x20, 0, 0, 0), (0x01, 0, 0, 0), (0x3C, 0, 0, 0), (0x06, 0, 0, 0x7FFF0000)]
+    assert seccomp.run_filter(prog, bytes(64)) == 0
+    assert not seccomp.seccomp_allows([prog], SYS_wait4, (1, 0, 0), 0x1000)

@@ -2,9 +2,10 @@
 
     forensics attach PID [--json]
 
-One thread of the process, waiting in a system call, is stopped for a few
-milliseconds and made to load libtag (dlopen) and rebind every module's
-calls to the malloc family to it; the other threads run on.  From then on
+One thread of the process, asleep in an idle wait (an event loop, a sleep,
+an accept, a read of a pipe or socket), is stopped for a few milliseconds
+and made to load libtag (dlopen) and rebind every module's calls to the
+malloc family to it; the other threads run on.  From then on
 each new block carries its tag, allocation and free stacks, and libtag
 watches it as in a process started under libtag (double and invalid frees,
 overflows, use after free, snapshots on anomalies); `forensics snapshot PID`
@@ -12,11 +13,13 @@ asks libtag for its snapshots.  The blocks allocated before stay glibc's:
 freeing or reallocating one goes to glibc, and every verb answers for them
 as for a core without libtag.
 
-What it cannot do: a static binary, a program under a seccomp filter or
-with a C library other than glibc 2.34+ is refused with one line; calls to
-__libc_malloc or through function pointers copied before the attach stay
-glibc's; C++ new/delete go through libstdc++'s operators (mismatches are not
-seen); there is no detach.  Exit 0, or 2 with the reason.
+What it cannot do: a static binary, a program under a seccomp filter, with
+a C library other than glibc 2.34+, or with another allocator (jemalloc,
+tcmalloc) is refused with one line; calls to __libc_malloc stay glibc's,
+and a pointer to free that the program copied at run time before the
+attach still leads to glibc's free (given a new block, glibc aborts);
+C++ new/delete go through libstdc++'s operators (mismatches are not seen);
+there is no detach.  Exit 0, or 2 with the reason.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def main(args: argparse.Namespace) -> int:
     from forensics.snapshots.take import open_process
 
     open_process(args.pid)
-    doc = attach(args.pid, str(lib_path()))
+    err = text.err_console()
+    doc = attach(args.pid, str(lib_path()), note=lambda msg: err.print(
+        f"forensics: note: {msg}", markup=False, highlight=False, soft_wrap=True))
     if args.json:
         text.print_json(doc)
         return 0

@@ -399,14 +399,20 @@ class CallFailed(InputError):
 
 
 def call_function(tid: int, regs: bytes, fn: int, args: tuple[int, ...] = (),
-                  data: bytes = b"", *, timeout: float = 30.0) -> tuple[int, int]:
+                  data: bytes = b"", *, held: Thread | None = None,
+                  slow=None) -> tuple[int, int]:
     """Call fn(*args) in stopped thread *tid* (whose registers are *regs*),
     on its own stack below the red zone, with *data* copied there first
-    (its address is given for an argument that is the string ``DATA``: pass
-    -1).  The call returns to address 0: the fault there ends it.  Returns
-    (rax, the address data was put at).  The caller restores the registers.
-    A signal the thread gets meanwhile is delivered to it (the program's
-    handler runs on top of the call, as it would during any call)."""
+    (an argument -1 stands for data's address).  The call returns to
+    address 0: the fault there ends it.  Returns (rax, data's address).
+    The caller restores the registers.
+
+    The call is waited for however long it takes: a thread left to run
+    untraced would return to address 0.  slow(seconds) is called once when
+    it takes over 10 s.  A signal the thread gets meanwhile is held for
+    the detach (held.pending) when it is the first; a second one is
+    delivered then and there (the program's handler runs on top of the
+    call, as it would during any call)."""
     r = list(struct.unpack(f"<{_NREGS}Q", regs))
     sp = (r[R_RSP] - 4096) & ~15
     data_at = 0
@@ -428,22 +434,20 @@ def call_function(tid: int, regs: bytes, fn: int, args: tuple[int, ...] = (),
     for i, v in zip((R_RDI, R_RSI, R_RDX, R_RCX, R_R8, R_R9), args):
         r[i] = (data_at if v == -1 else v) & ((1 << 64) - 1)
     _setregs(tid, struct.pack(f"<{_NREGS}Q", *r))
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    told = False
     deliver = 0
     while True:
         ptrace(PTRACE_CONT, tid, 0, deliver)
         deliver = 0
         while True:
             try:
-                got, status = os.waitpid(tid, __WALL | WNOHANG)
-            except ChildProcessError:
-                raise Gone(f"thread {tid} is gone") from None
-            if got:
+                status = _wait(tid, 1.0)
                 break
-            if time.monotonic() > deadline:
-                raise CallFailed(f"the call injected into thread {tid} did not return in "
-                                 f"{timeout:g} s; the thread is left in it")
-            time.sleep(0.001)
+            except NotStopping:
+                if not told and slow is not None and time.monotonic() - started > 10:
+                    told = True
+                    slow(time.monotonic() - started)
         if _exited(status):
             raise Gone(f"the process of thread {tid} ended during the injected call")
         event = status >> 16
@@ -457,7 +461,10 @@ def call_function(tid: int, regs: bytes, fn: int, args: tuple[int, ...] = (),
         if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE):
             raise CallFailed(f"the call injected into thread {tid} faulted ({signal.Signals(sig).name} "
                              f"at {rip:#x})")
-        deliver = sig
+        if held is not None and held.pending == 0:
+            held.pending = sig
+        else:
+            deliver = sig
 
 
 def syscall_address(pid: int) -> int:
@@ -467,7 +474,8 @@ def syscall_address(pid: int) -> int:
     from forensics.reader.live import read_maps
 
     maps = read_maps(pid)
-    order = sorted((m for m in maps if m.perms[2:3] == "x" and m.readable),
+    # code the process cannot change under us: not writable (a JIT's is)
+    order = sorted((m for m in maps if m.perms[2:3] == "x" and m.readable and not m.writable),
                    key=lambda m: m.path != "[vdso]")
     fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
     try:

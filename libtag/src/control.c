@@ -6,7 +6,8 @@
  * What needs an initialised libc (pthread keys, atfork handlers, signal
  * handlers) waits for libtag's constructor.
  */
-#include <stdlib.h>
+#include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 #include <sys/auxv.h>
 #include <elf.h>
@@ -149,11 +150,36 @@ void _tag_init(void)
     in_init = 0;
 }
 
+/* dl_iterate_phdr's first module is the executable: its dynamic section */
+static int exe_dynamic(struct dl_phdr_info *info, size_t size, void *out)
+{
+    (void)size;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            *(const void **)out = (const void *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    return 1;
+}
+
+#pragma weak _DYNAMIC
+
+/* Loaded after start (dlopen, by forensics attach): a shared libtag that
+ * the process's malloc is not.  libtag.a linked into the program is never
+ * late (its malloc may not even be exported for dlsym to find). */
+static int loaded_late(void)
+{
+    const void *exe = NULL;
+    dl_iterate_phdr(exe_dynamic, &exe);
+    if (exe == NULL || exe == (const void *)_DYNAMIC)
+        return 0;
+    void *m = dlsym(RTLD_DEFAULT, "malloc");
+    return m != NULL && m != (void *)_tag_malloc_self;
+}
+
 __attribute__((constructor(101))) static void libtag_constructor(void)
 {
     /* Loaded late (dlopen by forensics attach): the process calls another
      * malloc, and its signal handlers are in place (attach.c) */
-    _tag_late = (void *)&malloc != (void *)_tag_malloc_self;
+    _tag_late = loaded_late();
     _tag_ensure_init();
     (void)_tag_self();
     _tag_threads_late_init();

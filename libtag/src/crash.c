@@ -190,3 +190,9 @@ TAG_EXPORT sighandler_t signal(int sig, sighandler_t handler)
     program_act[sig].sa_flags = SA_RESTART;
     return prev;
 }
+
+/* The hidden names of the wrappers above: attach.c rebinds a late-loaded
+ * libtag's process to them, so a handler the program installs after the
+ * attach is known (libtag_internal.h) */
+extern __typeof(sigaction) _tag_sigaction_self __attribute__((alias("sigaction"), copy(sigaction)));
+extern __typeof(signal) _tag_signal_self __attribute__((alias("signal"), copy(signal)));

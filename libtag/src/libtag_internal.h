@@ -568,6 +568,9 @@ int _tag_posix_memalign_self(void **, size_t, size_t);
 void *_tag_valloc_self(size_t);
 void *_tag_pvalloc_self(size_t);
 size_t _tag_malloc_usable_size_self(void *);
+struct sigaction;
+int _tag_sigaction_self(int, const struct sigaction *, struct sigaction *);
+void (*_tag_signal_self(int, void (*)(int)))(int);
 /* Does a live block's canary hold its value?  Inline, as _tag_lookup. */
 TAG_INLINE int _tag_canary_ok(const void *user)
 {

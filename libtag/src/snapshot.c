@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>     /* renameat */
 #include <stdlib.h>    /* getenv */
@@ -805,8 +806,15 @@ static void snapshot_handler(int sig, siginfo_t *si, void *uc)
 int _tag_signal_free(int sig)
 {
     struct sigaction old;
-    return !_tag_late || (__sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
-                          !(old.sa_flags & SA_SIGINFO));
+    sigset_t blocked;
+    if (!_tag_late)
+        return 1;
+    /* a signal left at its default but blocked is the program's too (it
+     * takes it with sigwait or a signalfd) */
+    if (pthread_sigmask(SIG_BLOCK, NULL, &blocked) != 0 || sigismember(&blocked, sig))
+        return 0;
+    return __sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_DFL &&
+           !(old.sa_flags & SA_SIGINFO);
 }
 
 void _tag_snapshot_init(void)

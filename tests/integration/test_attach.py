@@ -148,3 +148,51 @@ def test_attach_refuses_a_static_binary(tmp_path, cli):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_attach_rebinds_a_librarys_table_and_keeps_the_programs_runpath(tmp_path, cli):
+    # GIVEN a program linked with libtbl.so, whose data holds a pointer to
+    # free (an R_X86_64_64 relocation), and a plugin in $ORIGIN/lib that it
+    # dlopens by its bare name through its RUNPATH
+    victims = Path(__file__).resolve().parent.parent / "victims"
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "tbl.c").write_text("#include <stdlib.h>\nvoid (*tbl_free)(void *) = free;\n"
+                                    "void tbl_release(void *p) { tbl_free(p); }\n")
+    (tmp_path / "plug.c").write_text("int plug_answer(void) { return 42; }\n")
+    for name in ("tbl", "plug"):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(lib / f"lib{name}.so"),
+                        str(tmp_path / f"{name}.c")], check=True)
+    exe = tmp_path / "attach_dl"
+    subprocess.run(["gcc", "-g", "-O1", "-o", str(exe), str(victims / "attach_dl.c"),
+                    f"-L{lib}", "-ltbl", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["XDG_STATE_HOME"] = str(tmp_path / "vstate")
+    proc = subprocess.Popen([str(exe)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def ask(cmd: str) -> str:
+        proc.stdin.write(cmd + "\n")
+        proc.stdin.flush()
+        return proc.stdout.readline().strip()
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        # WHEN libtag is attached
+        doc = cli_json(cli, "attach", str(proc.pid))
+        assert doc["rebound"] > 0
+        # THEN a libtag block freed through the library's own table goes to
+        # libtag (glibc's free would abort on it), and the plugin is still
+        # found through the program's RUNPATH
+        assert ask("table") == "released"
+        assert ask("plugin") == "plugin 42"
+        assert ask("table") == "released"
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "anomaly" not in err and "invalid" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)

@@ -266,3 +266,32 @@ def test_debians_python3_without_libtag(cli, tmp_path):
     finally:
         proc.communicate("\n", timeout=60)
     assert proc.returncode == 0
+
+
+def test_snapshots_while_threads_are_being_created(build_victim, cli, tmp_path):
+    # GIVEN a thread that creates and joins threads without pause: some
+    # snapshots stop it inside clone, which must finish before the fork
+    exe = build_victim("spawn_loop", instrument=False)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.Popen([str(exe)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        # WHEN it is snapshot 12 times
+        for i in range(12):
+            snap = cli_json(cli, "snapshot", str(proc.pid), "--dir", str(tmp_path / "s"))
+            assert snap["method"] == "ptrace" and snap["threads_stopped"] >= 2, snap
+            os.unlink(snap["core"])
+        proc.stdin.write("report\n")
+        proc.stdin.flush()
+        words = dict(w.split("=") for w in proc.stdout.readline().split()[1:])
+        # THEN every thread it created ran once, no create or join failed,
+        # and it exits as it should
+        assert int(words["spawned"]) > 0 and words["errors"] == "0", words
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

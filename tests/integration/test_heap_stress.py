@@ -7,7 +7,8 @@ address and checks it before the free: a block handed to two owners at once,
 or memory shared by two blocks, breaks a pattern.
 
 With "counts" it checks the per-stack counters instead: 16 threads allocate
-from four call sites and free across threads, counting per site themselves;
+from three call sites and free across threads, main from two more (one of
+whose blocks a helper thread frees), counting per site themselves;
 the counters summed over libtag's per-thread shards (the exited threads'
 included) in the exit snapshot's core must say the same, exactly.
 """
@@ -86,11 +87,12 @@ def test_sixteen_threads_per_stack_counters_sum_exactly(build_victim, run_victim
     assert proc.returncode == 0, proc.stderr
     printed = {m[0]: {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", m[1])}
                for m in re.findall(r"^count (\w+) (.*)$", proc.stdout, re.M)}
-    assert set(printed) == {"site_cross", "site_own", "site_temp", "site_peak"}, proc.stdout
+    assert set(printed) == {"site_cross", "site_own", "site_temp", "site_peak", "site_handoff"}, proc.stdout
     (snap,) = [d for d in snaps.iterdir() if d.name.endswith("-exit")]
     got, tids = _site_counters(snap / "core")
-    # THEN every thread counted in a shard of its own: the 16 workers and main
-    assert len(tids) == 17, sorted(tids)
+    # THEN every thread counted in a shard of its own: the 16 workers, main
+    # and the helper that freed main's site_handoff blocks
+    assert len(tids) == 18, sorted(tids)
     # AND each site's allocations, temporaries and live bytes, summed over
     # the shards, are the victim's own counts
     for site, want in printed.items():
@@ -101,6 +103,12 @@ def test_sixteen_threads_per_stack_counters_sum_exactly(build_victim, run_victim
     # AND the peak of a stack only main allocated from is exact: 10 x 1000
     # bytes held together
     assert got["site_peak"]["peak_bytes"] == 10000
+    # AND the peak of a stack whose blocks one thread allocated and another
+    # freed (2,000,000 bytes held at once, then 500,000) is the estimate
+    # tag_abi.h defines: the allocating thread saw all 2,000,000, and no
+    # more than one refresh's slack (TAG_SHARD_SLACK, 64 KiB) beyond
+    assert 2_000_000 <= got["site_handoff"]["peak_bytes"] <= 2_000_000 + 65536
+    assert (printed["site_handoff"]["allocs"], printed["site_handoff"]["live_bytes"]) == (250, 0)
 
 
 def _smaps(pid: int) -> list[tuple[int, int, set[str]]]:

@@ -7,10 +7,12 @@
  * Prints what it checked; the test compares with the expected counts.
  *
  * heap_stress counts: the per-stack counters.  16 threads allocate from
- * four call sites (site_cross: freed by the next thread; site_own: freed
- * by the thread later, half left live; site_temp: freed at once; and
- * site_peak, main's alone, before the threads: 10 blocks of 1000 bytes
- * held together), count per site what they allocated, the bytes, what was
+ * three call sites (site_cross: freed by the next thread; site_own: freed
+ * by the thread later, half left live; site_temp: freed at once), and
+ * before them main alone from site_peak (10 blocks of 1000 bytes held
+ * together) and from site_handoff (blocks a helper thread frees: a peak of
+ * 2,000,000 bytes held by one thread, freed by another); each thread
+ * counts per site what it allocated, the bytes, what was
  * freed and the temporaries (a block freed by the thread that allocated it
  * before it allocated anything else), and print the sums once every
  * thread has exited.  The test compares them with the counters summed
@@ -205,22 +207,26 @@ static void grow_large(void)
 }
 
 /* ------------------------------------------------------------ counts -- */
-enum { SITE_CROSS, SITE_OWN, SITE_TEMP, SITE_PEAK, SITES };
-static const char *const site_names[SITES] = {"site_cross", "site_own", "site_temp", "site_peak"};
+enum { SITE_CROSS, SITE_OWN, SITE_TEMP, SITE_PEAK, SITE_HANDOFF, SITES };
+static const char *const site_names[SITES] = {"site_cross", "site_own", "site_temp", "site_peak",
+                                              "site_handoff"};
 #define COUNT_ROUNDS 20000
 #define COUNT_WINDOW 128
 struct site_count {
     long allocs, temporaries, alloc_bytes, freed_bytes;
 };
-/* [thread][site], main's row last: each row written by its thread alone */
-static struct site_count counted[THREADS + 1][SITES];
+/* [thread][site], main's row, then the helper's of site_handoff: each row
+ * written by its thread alone */
+#define MAIN THREADS
+#define HELPER (THREADS + 1)
+static struct site_count counted[THREADS + 2][SITES];
 static struct queue handoff[THREADS];
 
 /* Each block starts with its site and size: whoever frees it counts it. */
 struct stamp {
     uint32_t site, size;
 };
-static void *last_alloc[THREADS + 1];  /* each thread's newest block */
+static void *last_alloc[THREADS + 2];  /* each thread's newest block */
 
 static void *stamped(void *p, unsigned me, unsigned site, size_t n)
 {
@@ -248,6 +254,10 @@ __attribute__((noinline)) static void *site_temp(unsigned me, size_t n)
 __attribute__((noinline)) static void *site_peak(unsigned me, size_t n)
 {
     return stamped(malloc(n), me, SITE_PEAK, n);
+}
+__attribute__((noinline)) static void *site_handoff(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_HANDOFF, n);
 }
 
 static void counted_free(unsigned me, void *p)
@@ -316,14 +326,44 @@ static void *count_worker(void *arg)
     return NULL;
 }
 
+/* site_handoff: main allocates 200 blocks of 10,000 bytes, the helper
+ * frees them all, then main allocates 50 more, which the helper frees: the
+ * stack's true peak is 2,000,000 bytes, allocated by one thread and freed
+ * by another. */
+static void *handed_over[200];
+static pthread_barrier_t handoff_turn;
+
+static void *handoff_helper(void *arg)
+{
+    for (int round = 0; round < 2; round++) {
+        pthread_barrier_wait(&handoff_turn);  /* main's blocks are there */
+        for (int i = 0; i < (round ? 50 : 200); i++)
+            counted_free(HELPER, handed_over[i]);
+        pthread_barrier_wait(&handoff_turn);
+    }
+    return arg;
+}
+
 static int counts(void)
 {
-    /* main alone: 10 blocks of 1000 bytes held together, then freed */
+    pthread_t helper;
+    pthread_barrier_init(&handoff_turn, NULL, 2);
+    pthread_create(&helper, NULL, handoff_helper, NULL);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < (round ? 50 : 200); i++)
+            handed_over[i] = site_handoff(MAIN, 10000);
+        pthread_barrier_wait(&handoff_turn);
+        pthread_barrier_wait(&handoff_turn);  /* the helper freed them */
+    }
+    pthread_join(helper, NULL);
+    /* main alone: 10 blocks of 1000 bytes held together, then freed (last:
+     * main's newest block is then one it freed itself, as libtag sees it
+     * too, whatever the C library allocates in main after) */
     void *held[10];
     for (int i = 0; i < 10; i++)
-        held[i] = site_peak(THREADS, 1000);
+        held[i] = site_peak(MAIN, 1000);
     for (int i = 0; i < 10; i++)
-        counted_free(THREADS, held[i]);
+        counted_free(MAIN, held[i]);
     pthread_t t[THREADS];
     for (unsigned i = 0; i < THREADS; i++)
         pthread_mutex_init(&handoff[i].lock, NULL);
@@ -332,10 +372,10 @@ static int counts(void)
     for (unsigned i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
     for (unsigned i = 0; i < THREADS; i++)  /* what the exited threads left */
-        counted_drain(THREADS, i);
+        counted_drain(MAIN, i);
     for (unsigned site = 0; site < SITES; site++) {
         struct site_count sum = {0};
-        for (unsigned me = 0; me <= THREADS; me++) {
+        for (unsigned me = 0; me <= HELPER; me++) {
             sum.allocs += counted[me][site].allocs;
             sum.temporaries += counted[me][site].temporaries;
             sum.alloc_bytes += counted[me][site].alloc_bytes;

@@ -585,8 +585,8 @@ class Control:
         stack_stats 0) or they cannot be read.  Each counter is the sum of
         the stack's entry in every thread's shard, exited threads' too, and
         of its shared entry; peak_bytes is the most of the shards' peaks
-        (tag_abi.h, "per-stack counters": exact while one thread at a time
-        held the stack's blocks, an estimate otherwise)."""
+        (tag_abi.h, "per-stack counters": exact when one thread alone
+        counted the stack, within n x 64 KiB when n threads did)."""
         if not hasattr(self, "_stack_stats"):
             self._stack_stats = self._read_stack_stats()
         return self._stack_stats

@@ -693,9 +693,11 @@ struct libtag_control {
  * thread then adds what it gained or lost since to the shared entry's
  * flushed (one atomic add on the shared line, a slow path) and takes
  * base = flushed - live_bytes.  The stack's peak is the MOST of its shards'
- * peak_bytes.  It is exact while one thread at a time holds the stack's
- * blocks (one thread only: est is the live bytes); with n threads holding
- * them at once it may be off by up to n x TAG_SHARD_SLACK either way.
+ * peak_bytes.  It is exact when one thread alone counts the stack (its
+ * est is then the live bytes); when n threads count it (allocate or free
+ * its blocks, at once or one after another: a thread's bytes not yet
+ * added to flushed stay out of the others' est) it may be off by up to
+ * n x TAG_SHARD_SLACK either way.
  */
 #define TAG_SHARD_ENTRIES 2048u          /* entries a chunk: 128 KiB */
 #define TAG_SHARD_SLACK   65536u         /* bytes a shard's live_bytes may move

@@ -86,15 +86,22 @@ TAG_COLD uint32_t _tag_stats_new(uint32_t stack)
 
 /* The shards' chunks (tag_abi.h, "per-stack counters"): chunk k of the pool
  * (TAG_SHARD_ENTRIES entries, 128 KiB) is described by chunk record k.  One
- * reservation, committed a chunk at a time as threads claim them (in
- * claim order, so the committed part stays one mapping), never given back:
- * a thread that exits leaves its counts in the core.  Records are claimed
- * with one atomic add on control.stack_shard_count: a thread's first count
- * in each 2048 entry numbers, the only shared write a shard costs. */
-static char *shard_pool;                   /* capacity chunks, PROT_NONE until claimed */
+ * reservation, never given back (a thread that exits leaves its counts in
+ * the core), committed from its start in steps of SHARD_COMMIT_STEP
+ * chunks under shard_lock, so the committed part is one mapping however
+ * many threads claim chunks at once (committed a chunk at a time by the
+ * threads that claimed them, it split where two commits crossed: 100
+ * threads left it in two mappings).  Records
+ * are claimed with one atomic add on control.stack_shard_count: a thread's
+ * first count in each 2048 entry numbers, the only shared write a shard
+ * costs. */
+static char *shard_pool;                   /* capacity chunks, PROT_NONE until committed */
 static struct libtag_shard_chunk *shard_recs;
+static uint32_t shard_committed;           /* chunks [0, shard_committed) are read-write */
+static int shard_lock;
 #define SHARD_CHUNK_BYTES ((size_t)TAG_SHARD_ENTRIES * sizeof(struct libtag_stack_shard))
 #define SHARD_CHUNKS_MAX 65536u             /* 8 GiB of address space */
+#define SHARD_COMMIT_STEP 16u               /* 2 MiB of address space a step */
 
 /* Reserve the pool: SHARD_CHUNKS_MAX chunks, fewer under an address-space
  * limit (a 16th of it) or when the kernel refuses; none at all leaves every
@@ -126,6 +133,37 @@ static void shard_pool_init(void)
     }
 }
 
+/* Chunk k read-write: the committed part grows to the step past it.  0
+ * when it cannot: no memory, or the lock stays held (perhaps by the code
+ * this signal handler interrupted: a bounded wait, never a deadlock).
+ * Async-signal-safe. */
+static int shard_commit(uint32_t k)
+{
+    if (k < __atomic_load_n(&shard_committed, __ATOMIC_ACQUIRE))
+        return 1;
+    for (unsigned spins = 0; __atomic_exchange_n(&shard_lock, 1, __ATOMIC_ACQUIRE);) {
+        if (++spins > (1u << 20))
+            return 0;
+        __builtin_ia32_pause();
+    }
+    uint32_t have = shard_committed;
+    int ok = 1;
+    if (k >= have) {
+        uint32_t want = (k / SHARD_COMMIT_STEP + 1) * SHARD_COMMIT_STEP;
+        if (want > _tag_ctl.stack_shard_capacity)
+            want = _tag_ctl.stack_shard_capacity;
+        char *lo = shard_pool + (size_t)have * SHARD_CHUNK_BYTES;
+        size_t len = (size_t)(want - have) * SHARD_CHUNK_BYTES;
+        ok = mprotect(lo, len, PROT_READ | PROT_WRITE) == 0;
+        if (ok) {
+            madvise(lo, len, MADV_DODUMP);
+            __atomic_store_n(&shard_committed, want, __ATOMIC_RELEASE);
+        }
+    }
+    __atomic_store_n(&shard_lock, 0, __ATOMIC_RELEASE);
+    return ok;
+}
+
 /* A new chunk of t's shard for entries [i << TAG_SHARD_SHIFT, ...), zeroed;
  * NULL when the pool is used up or cannot be committed. */
 static struct libtag_stack_shard *shard_chunk_new(struct tag_thread_state *t, uint32_t i)
@@ -136,10 +174,9 @@ static struct libtag_stack_shard *shard_chunk_new(struct tag_thread_state *t, ui
     uint32_t k = __atomic_fetch_add(&_tag_ctl.stack_shard_count, 1, __ATOMIC_RELAXED);
     if (k >= cap)
         return NULL;  /* (readers take min(count, capacity)) */
-    char *c = shard_pool + (size_t)k * SHARD_CHUNK_BYTES;
-    if (mprotect(c, SHARD_CHUNK_BYTES, PROT_READ | PROT_WRITE) != 0)
+    if (!shard_commit(k))
         return NULL;  /* its record stays all zero: a reader skips it */
-    madvise(c, SHARD_CHUNK_BYTES, MADV_DODUMP);
+    char *c = shard_pool + (size_t)k * SHARD_CHUNK_BYTES;
     shard_recs[k].first = i << TAG_SHARD_SHIFT;
     shard_recs[k].tid = t->tid;
     /* last: a record with an address is complete */
@@ -494,4 +531,11 @@ uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc)
  * child, whose other threads are gone, must find the lock free. */
 void _tag_stack_table_atfork_prepare(void) { lock(); }
 void _tag_stack_table_atfork_parent(void) { unlock(); }
-void _tag_stack_table_atfork_child(void) { unlock(); }
+void _tag_stack_table_atfork_child(void)
+{
+    unlock();
+    /* a thread of the parent may have held the shards' commit lock: its
+     * mprotect done or not, shard_committed says what is (a redone one
+     * changes nothing) */
+    __atomic_store_n(&shard_lock, 0, __ATOMIC_RELAXED);
+}

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # --------------------------------------------------------------- constants --
 
-TAG_ABI_VERSION = 4
+TAG_ABI_VERSION = 5
 
 TAG_MIN_PAYLOAD = 16
 TAG_CANARY_SIZE = 8
@@ -104,6 +104,9 @@ TAG_GUARD_EMPTY = 0
 TAG_GUARD_LIVE = 1
 TAG_GUARD_FREED = 2
 TAG_GUARD_BUSY = 3
+
+TAG_SHARD_ENTRIES = 2048  # per-stack counters: entries a shard chunk; entry numbers start here
+TAG_SHARD_SLACK = 65536  # bytes a shard's live_bytes moves before it refreshes its estimate
 
 TAG_CONTROL_MAGIC = b"LIBTAG-CONTROL-1"  # 16 bytes, no NUL stored
 
@@ -327,7 +330,7 @@ Control = Struct(
     "latent_uaf" / Int32ul,  # snapshot core: quarantined blocks found written after free
     "damaged_leaked" / Int64ul,  # blocks kept from glibc because their tag or canary was damaged
     "damaged_bytes" / Int64ul,
-    "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] (dense, by stack_stats_slots); 0 = not recorded
+    "stack_stats" / Int64ul,  # address of struct libtag_stack_stats[] (the shared entries, by stack_stats_slots); 0 = not recorded
     "guard_pool" / Int64ul,  # first byte of the guard pool, 0 = none
     "guard_pool_bytes" / Int64ul,
     "guard_slots" / Int64ul,  # struct libtag_guard_slot[guard_capacity] (libtag's memory)
@@ -344,16 +347,40 @@ Control = Struct(
     "last" / SnapInfo,  # the latest snapshot taken
     "heap" / Int64ul,  # address of struct libtag_heap
     "stack_stats_slots" / Int64ul,  # address of uint32[stack_capacity]: each stack id's stack_stats entry, 0 = none
-    "stack_stats_used" / Int32ul,  # stack_stats entries given out, entry 0 included
+    "stack_stats_used" / Int32ul,  # the next entry number to give (numbers start at TAG_SHARD_ENTRIES)
     "reserved1" / Int32ul,
     "dir" / Bytes(512),  # the snapshot root, NUL-terminated; "" = none
+    "stack_shards" / Int64ul,  # address of struct libtag_shard_chunk[stack_shard_capacity]; 0 = none
+    "stack_shard_count" / Int32ul,  # chunk records in use (read min(count, capacity))
+    "stack_shard_capacity" / Int32ul,  # chunk records reserved
 )
 
-StackStats = Struct(
-    "live_bytes" / Int64ul,  # requested bytes of the stack's blocks live now
-    "peak_bytes" / Int64ul,  # the most live_bytes has been
-    "temporaries" / Int64ul,  # blocks freed soon after they were made
-    "allocs" / Int64ul,  # blocks the stack allocated
+# The per-stack counters (tag_abi.h, "per-stack counters"): a stack's
+# counters are the sum of its entry in every thread's shard (chunk records
+# at control.stack_shards) and of its shared entry (control.stack_stats);
+# its peak is the most of the shards' peak_bytes.
+StackStats = Struct(  # the shared entry
+    "live_bytes" / Int64ul,  # live bytes of the blocks counted here (threads without a shard)
+    "flushed" / Int64ul,  # libtag's running estimate of the stack's live bytes (not a count)
+    "guarded" / Int64ul,  # allocations sent to the guard pool as a new site
+    "allocs" / Int64ul,  # blocks counted here
+)
+
+StackShard = Struct(  # one stack's counters in one thread's shard
+    "live_bytes" / Int64ul,  # this thread's allocations minus its frees of the stack's blocks (mod 2^64)
+    "peak_bytes" / Int64ul,  # the most est = live_bytes + base has been
+    "temporaries" / Int64ul,  # the stack's blocks it freed before it allocated anything else
+    "allocs" / Int64ul,  # blocks of the stack it allocated
+    "base" / Int64ul,  # est - live_bytes (mod 2^64)
+    "hi" / Int64ul,  # refresh base above it (signed)
+    "lo" / Int64ul,  # ... or below it
+    "top" / Int64ul,  # libtag's own: min(hi, peak_bytes - base)
+)
+
+ShardChunk = Struct(  # a chunk of one thread's shard
+    "entries" / Int64ul,  # address of struct libtag_stack_shard[TAG_SHARD_ENTRIES]; 0 = not ready
+    "first" / Int32ul,  # entry number of entries[0]
+    "tid" / Int32ul,  # the thread whose shard it is
 )
 
 TAG_SIZE = Tag.sizeof()  # 16
@@ -362,8 +389,10 @@ HEAP_SIZE = HeapHeader.sizeof()  # 72
 FREE_REC_SIZE = FreeRec.sizeof()  # 16
 STACK_NODE_SIZE = StackNode.sizeof()  # 16
 THREAD_RECORD_SIZE = ThreadRecord.sizeof()  # 288
-CONTROL_SIZE = Control.sizeof()  # 976
+CONTROL_SIZE = Control.sizeof()  # 992
 STACK_STATS_SIZE = StackStats.sizeof()  # 32
+STACK_SHARD_SIZE = StackShard.sizeof()  # 64
+SHARD_CHUNK_SIZE = ShardChunk.sizeof()  # 16
 GUARD_SLOT_SIZE = GuardSlot.sizeof()  # 56
 
 STRUCTS = {
@@ -382,6 +411,8 @@ STRUCTS = {
     "libtag_control": Control,
     "libtag_snapinfo": SnapInfo,
     "libtag_stack_stats": StackStats,
+    "libtag_stack_shard": StackShard,
+    "libtag_shard_chunk": ShardChunk,
 }
 
 
@@ -425,6 +456,8 @@ def _numpy_format(con: Any) -> Any:
 STACK_NODE_DTYPE = numpy_dtype(StackNode)
 THREAD_RECORD_DTYPE = numpy_dtype(ThreadRecord)
 STACK_STATS_DTYPE = numpy_dtype(StackStats)
+STACK_SHARD_DTYPE = numpy_dtype(StackShard)
+SHARD_CHUNK_DTYPE = numpy_dtype(ShardChunk)
 QENTRY_DTYPE = numpy_dtype(QEntry, flat=True)  # user, free_stack, free_tid, free_time, check
 GUARD_SLOT_DTYPE = numpy_dtype(GuardSlot)
 TAG_DTYPE = numpy_dtype(Tag)  # alloc_stack, alloc_time, bits

@@ -439,8 +439,18 @@ class Control:
             (self.addr, self.addr + abi.CONTROL_SIZE),
         ]
         if int(c.stack_stats):
-            out.append((int(c.stack_stats),
-                        int(c.stack_stats) + abi.STACK_STATS_SIZE * int(c.stack_capacity)))
+            out.append((int(c.stack_stats), int(c.stack_stats) + abi.STACK_STATS_SIZE
+                        * (int(c.stack_capacity) + abi.TAG_SHARD_ENTRIES)))
+        if int(c.stack_shards):
+            out.append((int(c.stack_shards),
+                        int(c.stack_shards) + abi.SHARD_CHUNK_SIZE * int(c.stack_shard_capacity)))
+            # the chunks, claimed one after another: adjacent ones merged
+            size = abi.STACK_SHARD_SIZE * abi.TAG_SHARD_ENTRIES
+            for a in sorted(int(x) for x in self.shard_chunks()["entries"]):
+                if out[-1][1] == a:
+                    out[-1] = (out[-1][0], a + size)
+                else:
+                    out.append((a, a + size))
         if int(c.stack_stats_slots):
             out.append((int(c.stack_stats_slots), int(c.stack_stats_slots) + 4 * int(c.stack_capacity)))
         for q in self._quarantines:
@@ -569,28 +579,79 @@ class Control:
         return e
 
     def stack_stats(self) -> np.ndarray | None:
-        """libtag's per-stack counters (abi.STACK_STATS_DTYPE: live_bytes,
+        """libtag's per-stack counters (STACK_COUNTERS_DTYPE: live_bytes,
         peak_bytes, temporaries, allocs), indexed by stack id, one per stack
         in the table; None when libtag did not record them (control
-        stack_stats 0) or they cannot be read."""
+        stack_stats 0) or they cannot be read.  Each counter is the sum of
+        the stack's entry in every thread's shard, exited threads' too, and
+        of its shared entry; peak_bytes is the most of the shards' peaks
+        (tag_abi.h, "per-stack counters": exact when one thread alone
+        counted the stack, within n x 64 KiB when n threads did)."""
         if not hasattr(self, "_stack_stats"):
-            c = self.fields
-            self._stack_stats = None
-            if int(c.stack_stats) and int(c.stack_stats_slots):
-                # only allocation stacks have counters, dense: each stack
-                # id's entry is in stack_stats_slots (0 = none: all zero)
-                count = min(int(c.stack_count), int(c.stack_capacity))
-                used = min(int(c.stack_stats_used), int(c.stack_capacity))
-                slots = self._read_array(int(c.stack_stats_slots), count, 4, "the per-stack counters' index")
-                raw = self._read_array(int(c.stack_stats), used, abi.STACK_STATS_SIZE,
-                                       "the per-stack counters") if used else b""
-                if slots and raw:
-                    entries = np.frombuffer(raw, dtype=abi.STACK_STATS_DTYPE).copy()
-                    entries[0] = 0  # "none": a stack that never allocated
-                    which = np.frombuffer(slots, dtype="<u4").astype(np.int64)
-                    which[which >= len(entries)] = 0
-                    self._stack_stats = entries[which]
+            self._stack_stats = self._read_stack_stats()
         return self._stack_stats
+
+    def _read_stack_stats(self) -> np.ndarray | None:
+        c = self.fields
+        if not (int(c.stack_stats) and int(c.stack_stats_slots)):
+            return None
+        # only allocation stacks have counters, dense: each stack id's entry
+        # number is in stack_stats_slots (0 = none: all zero)
+        count = min(int(c.stack_count), int(c.stack_capacity))
+        used = min(int(c.stack_stats_used), int(c.stack_capacity) + abi.TAG_SHARD_ENTRIES)
+        slots = self._read_array(int(c.stack_stats_slots), count, 4, "the per-stack counters' index")
+        raw = self._read_array(int(c.stack_stats), used, abi.STACK_STATS_SIZE,
+                               "the per-stack counters") if used else b""
+        if not slots or not raw:
+            return None
+        shared = np.frombuffer(raw, dtype=abi.STACK_STATS_DTYPE)
+        n = len(shared)
+        out = np.zeros(n, dtype=STACK_COUNTERS_DTYPE)
+        out["live_bytes"] = shared["live_bytes"]
+        out["allocs"] = shared["allocs"]
+        # a stack counted in its shared entry only has no shard's peak: its
+        # estimate there (exact when no shard counted it) is the floor
+        peak = shared["flushed"].view(np.int64).copy()
+        for chunk in self.shard_chunks():
+            first, addr = int(chunk["first"]), int(chunk["entries"])
+            if first >= n:
+                continue
+            got = self._read_array(addr, min(abi.TAG_SHARD_ENTRIES, n - first), abi.STACK_SHARD_SIZE,
+                                   f"a per-stack counters' shard chunk (thread {int(chunk['tid'])})")
+            if not got:
+                continue
+            sh = np.frombuffer(got, dtype=abi.STACK_SHARD_DTYPE)
+            at = slice(first, first + len(sh))
+            # sums modulo 2^64: one thread's live bytes go below 0 when it
+            # freed blocks another one allocated
+            out["live_bytes"][at] += sh["live_bytes"]
+            out["temporaries"][at] += sh["temporaries"]
+            out["allocs"][at] += sh["allocs"]
+            np.maximum(peak[at], sh["peak_bytes"].view(np.int64), out=peak[at])
+        out["peak_bytes"] = np.maximum(peak, 0).astype(np.uint64)
+        out[0] = 0  # "none": a stack that never allocated
+        which = np.frombuffer(slots, dtype="<u4").astype(np.int64)
+        which[which >= n] = 0
+        return out[which]
+
+    def shard_chunks(self) -> np.ndarray:
+        """The chunk records of the per-stack counters' shards that are
+        complete (abi.SHARD_CHUNK_DTYPE: entries, first, tid), every thread's,
+        exited ones' too; empty when there are none."""
+        if not hasattr(self, "_shard_chunks"):
+            c = self.fields
+            n = min(int(c.stack_shard_count), int(c.stack_shard_capacity))
+            raw = self._read_array(int(c.stack_shards), n, abi.SHARD_CHUNK_SIZE,
+                                   "the per-stack counters' shard chunks") if n else b""
+            recs = np.frombuffer(raw, dtype=abi.SHARD_CHUNK_DTYPE)
+            self._shard_chunks = recs[recs["entries"] != 0]
+        return self._shard_chunks
+
+
+# What Control.stack_stats gives a stack: its counters summed over the shards.
+STACK_COUNTERS_DTYPE = np.dtype([("live_bytes", "<u8"), ("peak_bytes", "<u8"),
+                                 ("temporaries", "<u8"), ("allocs", "<u8")])
+
 
 def truncation(mem: Memory) -> str | None:
     """What a core cut short lost ("truncated core: ..."), None if it is whole

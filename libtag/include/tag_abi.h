@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TAG_ABI_VERSION 4u
+#define TAG_ABI_VERSION 5u
 
 /* The helpers below sit on libtag's hot paths: inline them everywhere. */
 #if defined(__GNUC__)
@@ -611,7 +611,10 @@ struct libtag_control {
                                  is known) */
     uint64_t stack_stats;     /* address of struct libtag_stack_stats[]
                                  (stack_stats_used entries, entry 0 unused),
-                                 indexed through stack_stats_slots; 0 = not
+                                 indexed through stack_stats_slots: the
+                                 shared entries of the per-stack counters,
+                                 which add to the shards' (stack_shards;
+                                 see "per-stack counters"); 0 = not
                                  recorded */
 
     /* the guard pool (LIBTAG_GUARD_RATE; see "guard pool" above) */
@@ -652,14 +655,93 @@ struct libtag_control {
     char     dir[512];        /* the snapshot root the process writes to
                                  (LIBTAG_DIR, else its XDG state dir, as
                                  resolved at start); "" = none */
+    uint64_t stack_shards;    /* address of struct libtag_shard_chunk
+                                 [stack_shard_capacity]: the per-thread
+                                 shards of the per-stack counters (see
+                                 "per-stack counters" below); 0 = none */
+    uint32_t stack_shard_count;   /* chunk records in use */
+    uint32_t stack_shard_capacity;/* chunk records reserved */
 };
 
-/* Per allocation stack, kept cheaply on the allocation and free paths. */
+/* ---------------------------------------------------- per-stack counters --
+ * What each allocation stack allocated, freed and held, kept on the
+ * allocation and free paths (LIBTAG_STACK_STATS, default on).  A stack gets
+ * an entry number e at its first allocation (control.stack_stats_slots[id];
+ * 0 = none yet), dense from TAG_SHARD_ENTRIES (numbers 1 to
+ * TAG_SHARD_ENTRIES - 1 are never given; control.stack_stats_used is the
+ * next number to give).
+ *
+ * Each thread counts in a shard of its own, which no other thread writes
+ * (no cache line of these counters is written by two threads on the
+ * allocation and free paths): shards come in chunks of TAG_SHARD_ENTRIES
+ * entries, chunk records listed at control.stack_shards, each naming the
+ * thread (tid) and the first entry number of its chunk.  Chunks are never
+ * reused or freed, so the shards of threads that exited stay in the sums.
+ * One stack's counters are the SUM over every chunk record of its entry
+ * (first <= e < first + TAG_SHARD_ENTRIES), PLUS its shared entry
+ * control.stack_stats[e] (below: what threads without a shard counted).
+ * Every counter summed is changed by one instruction, so a snapshot, which
+ * stops threads between instructions, sees each add done or not begun.
+ *
+ * live_bytes of one shard is that thread's allocations minus its frees of
+ * the stack's blocks: a thread that frees blocks another one allocated goes
+ * below zero (the sum, modulo 2^64, is right).  So a peak cannot be summed.
+ * peak_bytes is an estimate: each thread carries est = live_bytes + base,
+ * its view of the stack's whole live bytes, and records the most est has
+ * been.  base is refreshed when the thread's live_bytes leaves [lo, hi]
+ * (TAG_SHARD_SLACK either side of its value at the last refresh): the
+ * thread then adds what it gained or lost since to the shared entry's
+ * flushed (one atomic add on the shared line, a slow path) and takes
+ * base = flushed - live_bytes.  The stack's peak is the MOST of its shards'
+ * peak_bytes.  It is exact when one thread alone counts the stack (its
+ * est is then the live bytes); when n threads count it (allocate or free
+ * its blocks, at once or one after another: a thread's bytes not yet
+ * added to flushed stay out of the others' est) it may be off by up to
+ * n x TAG_SHARD_SLACK either way.
+ */
+#define TAG_SHARD_ENTRIES 2048u          /* entries a chunk: 128 KiB */
+#define TAG_SHARD_SLACK   65536u         /* bytes a shard's live_bytes may move
+                                            before it refreshes base */
+
+/* One stack's shared entry (control.stack_stats[e]): written only on slow
+ * paths, with atomics. */
 struct libtag_stack_stats {
-    uint64_t live_bytes;      /* requested bytes of its blocks live now */
-    uint64_t peak_bytes;      /* the most live_bytes has been */
-    uint64_t temporaries;     /* blocks freed soon after they were made */
-    uint64_t allocs;          /* blocks it allocated */
+    uint64_t live_bytes;      /* requested bytes live now of the blocks
+                                 counted here: those of threads without a
+                                 shard (no state of their own, or no chunk
+                                 could be mapped) */
+    uint64_t flushed;         /* what the shards flushed, plus live_bytes:
+                                 libtag's running estimate of the stack's
+                                 live bytes (see above; not a count) */
+    uint64_t guarded;         /* allocations of the stack sent to the guard
+                                 pool as a new site (LIBTAG_GUARD_SITES) */
+    uint64_t allocs;          /* blocks counted here */
+};
+
+/* One stack's counters in one thread's shard. */
+struct libtag_stack_shard {
+    uint64_t live_bytes;      /* this thread's allocations minus its frees
+                                 of the stack's blocks, in requested bytes
+                                 (modulo 2^64: may be "negative") */
+    uint64_t peak_bytes;      /* the most est (live_bytes + base) has been:
+                                 the stack's peak as this thread saw it */
+    uint64_t temporaries;     /* the stack's blocks this thread freed
+                                 before it allocated anything else */
+    uint64_t allocs;          /* blocks of the stack this thread allocated */
+    uint64_t base;            /* est - live_bytes (modulo 2^64) */
+    uint64_t hi, lo;          /* refresh base when live_bytes, as a signed
+                                 number, goes above hi or below lo */
+    uint64_t top;             /* libtag's own: min(hi, peak_bytes - base),
+                                 the one compare an allocation makes */
+};
+
+/* A chunk of one thread's shard: entries [first, first + TAG_SHARD_ENTRIES)
+ * at address entries. */
+struct libtag_shard_chunk {
+    uint64_t entries;         /* address of struct libtag_stack_shard
+                                 [TAG_SHARD_ENTRIES]: libtag's own memory */
+    uint32_t first;           /* entry number of entries[0] */
+    uint32_t tid;             /* the thread whose shard it is */
 };
 
 /* The layout is the contract: pin it. */
@@ -689,8 +771,11 @@ _Static_assert(offsetof(struct libtag_control, last) == 376, "control");
 _Static_assert(offsetof(struct libtag_control, heap) == 440, "control");
 _Static_assert(offsetof(struct libtag_control, dir) == 464, "control");
 _Static_assert(sizeof(struct libtag_snapinfo) == 64, "snapinfo");
-_Static_assert(sizeof(struct libtag_control) == 976, "control block");
+_Static_assert(offsetof(struct libtag_control, stack_shards) == 976, "control");
+_Static_assert(sizeof(struct libtag_control) == 992, "control block");
 _Static_assert(sizeof(struct libtag_stack_stats) == 32, "stack stats");
+_Static_assert(sizeof(struct libtag_stack_shard) == 64, "stack shard entry");
+_Static_assert(sizeof(struct libtag_shard_chunk) == 16, "shard chunk record");
 _Static_assert(sizeof(struct libtag_guard_slot) == 56, "guard slot record");
 
 #endif /* TAG_ABI_H */

@@ -224,7 +224,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
              "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu "
-             "guard_window=%u guard_allocs=%lu guard_mappings=%u",
+             "guard_window=%u guard_allocs=%lu guard_mappings=%u shard_chunks=%u",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
@@ -234,7 +234,10 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              (unsigned long)(_tag_capture_total + t->captures),
              (unsigned long)(_tag_capture_frames_total + t->capture_frames),
              _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults, _tag_guard_window(),
-             (unsigned long)_tag_guard_allocs(), _tag_guard_mappings());
+             (unsigned long)_tag_guard_allocs(), _tag_guard_mappings(),
+             _tag_ctl.stack_shard_count < _tag_ctl.stack_shard_capacity
+                 ? _tag_ctl.stack_shard_count
+                 : _tag_ctl.stack_shard_capacity);
 }
 
 TAG_EXPORT const void *libtag_control(void)

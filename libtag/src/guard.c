@@ -391,6 +391,20 @@ uint64_t _tag_guard_allocs(void)
     return __atomic_load_n(&guard_allocs, __ATOMIC_RELAXED);
 }
 
+/* An allocation of stack goes to the pool as a new site: counted in the
+ * stack's shared entry (libtag_stack_stats.guarded), the count
+ * _tag_guard_new_site reads, whether or not the block fits a slot - a site
+ * stops being new after about K tries.  0: the stack has no entry (none
+ * left): not a new site. */
+static int site_taken(uint32_t stack)
+{
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    if (e == 0 && (e = _tag_stats_new(stack)) == 0)
+        return 0;
+    __atomic_fetch_add(&_tag_stats[e].guarded, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
 void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero, uint32_t kind,
                        uint32_t stack, int sampled)
 {
@@ -399,10 +413,12 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
             /* this thread's first allocation: seed, and start counting */
             rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
             t->guard_countdown = next_countdown();
-            if (_tag_opt.guard_rate != 1 && !_tag_guard_new_site(stack))
+            if (_tag_opt.guard_rate != 1 && !(_tag_guard_new_site(stack) && site_taken(stack)))
                 return NULL;
         }
         t->guard_countdown = next_countdown();
+    } else if (!site_taken(stack)) {
+        return NULL;
     }
     size_t payload = size < TAG_MIN_PAYLOAD ? TAG_MIN_PAYLOAD : size;
     /* the block with its tag must fit: user is the slot's end minus the

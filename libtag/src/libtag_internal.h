@@ -147,44 +147,60 @@ static inline uint32_t _tag_intern(struct tag_thread_state *t, uint32_t parent, 
         return t->cache[c].id;
     return _tag_intern_slow(t, parent, kind, pc, c);
 }
-/* Per allocation stack counters (struct libtag_stack_stats, by stack id;
- * control.stack_stats), kept on every allocation and free.  peak_bytes is
- * raised with a plain compare and store: under a race between threads of
- * the same stack it may miss the last few bytes of a peak, never exceed it.
- * A temporary is a block freed by the thread that allocated it before that
- * thread allocated anything else (heaptrack's definition).
- * LIBTAG_STACK_STATS=0: none kept (_tag_stats NULL, control stack_stats 0).
+/* Per allocation stack counters (tag_abi.h, "per-stack counters"), kept on
+ * every allocation and free: counted in the calling thread's shard, which
+ * no other thread writes, so a hot stack's counters move between no cores
+ * however many threads allocate from it (with one shared entry written by
+ * every thread, as before, two threads allocating from one stack cost
+ * allocbench 2.7x: issue 42).  A temporary is a block freed by the thread
+ * that allocated it before that thread allocated anything else
+ * (heaptrack's definition).  LIBTAG_STACK_STATS=0: none kept (_tag_stats
+ * NULL, control stack_stats 0).
  *
- * The adds: relaxed atomics (lock-prefixed), so threads allocating from one
- * stack lose no count - but only once a second thread has registered
- * (_tag_stats_shared, thread.c: set by the second registration, before
- * that thread's first count, never cleared).  Until then each add is one
- * plain read-modify-write instruction (inline asm, so the compiler cannot
- * split it: a signal handler that allocates, in the same thread, still
- * finds it either done or not begun).  A lock prefix drains the store
- * buffer: behind it the allocation waited for the misses of the tag, the
- * canary and the program's own stores (perf, allocbench -O2 1 thread: 12 %
- * of all samples sat on the lock adds).
- * The rule's one cost: an add of the first thread racing the very first
- * adds of the second, in the few cycles between its check of the flag and
- * its add, may be lost. */
-extern struct libtag_stack_stats *_tag_stats;
-extern uint32_t *_tag_stats_slots;  /* [capacity]: stack id -> _tag_stats entry */
-extern int _tag_stats_shared;
-/* The counters of a stack that allocates now: its entry, given on its
- * first allocation (stack_table.c).  Async-signal-safe. */
-TAG_COLD struct libtag_stack_stats *_tag_stats_new(uint32_t stack);
-TAG_INLINE struct libtag_stack_stats *_tag_stats_of(uint32_t stack)
+ * The adds the reader sums are each one read-modify-write instruction
+ * (inline asm, so the compiler cannot split it): a signal handler that
+ * allocates in the same thread finds each either done or not begun, and
+ * so does a snapshot.  No lock prefix: only this thread writes the line.
+ * The peak is an estimate that needs a shared write only when a shard's
+ * live bytes moved TAG_SHARD_SLACK since its last one (_tag_shard_flush;
+ * docs/shared_writes.md lists every shared write that is left). */
+extern struct libtag_stack_stats *_tag_stats;  /* [capacity]: the shared entries */
+extern uint32_t *_tag_stats_slots;  /* [capacity]: stack id -> entry number */
+/* The entry number of a stack that allocates now, given on its first
+ * allocation; 0 when none is left (stack_table.c).  Async-signal-safe. */
+TAG_COLD uint32_t _tag_stats_new(uint32_t stack);
+/* This thread's counters of stack, their chunk mapped if it is not yet.
+ * When it cannot have them (no entry number left, no chunk), the
+ * allocation (or free, is_free) of size bytes is counted in the shared
+ * entry here, and the thread's scratch entry is returned, whose counts go
+ * nowhere: the fast path tests nothing more.  Async-signal-safe. */
+TAG_COLD struct libtag_stack_shard *_tag_shard_slow(struct tag_thread_state *t, uint32_t stack,
+                                                    uint64_t size, int is_free);
+/* s's live bytes left [lo, hi]: add what it moved since to the shared
+ * entry's estimate, and take a new base, hi, lo and peak. */
+TAG_COLD void _tag_shard_flush(struct libtag_stack_shard *s, uint32_t stack);
+/* An allocation (or a free) counted in the shared entry, with atomics: a
+ * thread without a state or without a shard.  Temporaries are not. */
+TAG_COLD void _tag_stats_shared(uint32_t stack, uint64_t size, int is_free);
+/* Entry numbers start at TAG_SHARD_ENTRIES, so entry 0 ("none yet") finds
+ * directory slot 0 empty, and a directory slot holds its chunk's address
+ * minus its first entry's offset: the lookup makes one test. */
+TAG_INLINE struct libtag_stack_shard *_tag_shard_of(struct tag_thread_state *t, uint32_t stack,
+                                                    uint64_t size, int is_free)
 {
     uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
-    return TAG_LIKELY(e != 0) ? &_tag_stats[e] : _tag_stats_new(stack);
+    uintptr_t c = t->shard_dir[e >> TAG_SHARD_SHIFT];
+    if (TAG_LIKELY(c != 0))
+        return (struct libtag_stack_shard *)(c + (uintptr_t)e * sizeof(struct libtag_stack_shard));
+    return _tag_shard_slow(t, stack, size, is_free);
 }
-TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v, int shared)
+TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v)
 {
-    if (shared)
-        __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-    else
-        __asm__ volatile("addq %1, %0" : "+m"(*p) : "er"(v));
+    __asm__ volatile("addq %1, %0" : "+m"(*p) : "er"(v));
+}
+TAG_INLINE void _tag_stat_sub(uint64_t *p, uint64_t v)
+{
+    __asm__ volatile("subq %1, %0" : "+m"(*p) : "er"(v));
 }
 /* t: the thread's state, or NULL for a thread without one (interpose.c),
  * whose temporaries are not counted. */
@@ -193,26 +209,40 @@ TAG_INLINE void _tag_stats_alloc(struct tag_thread_state *t, uint32_t stack, uin
 {
     if (TAG_UNLIKELY(!_tag_stats))
         return;
-    struct libtag_stack_stats *s = _tag_stats_of(stack);
-    int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
-    _tag_stat_add(&s->allocs, 1, shared);
-    _tag_stat_add(&s->live_bytes, size, shared);
-    uint64_t live = __atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED);
-    if (TAG_UNLIKELY(live > __atomic_load_n(&s->peak_bytes, __ATOMIC_RELAXED)))
-        __atomic_store_n(&s->peak_bytes, live, __ATOMIC_RELAXED);
-    if (t)
-        t->last_alloc = user;
+    if (TAG_UNLIKELY(!t)) {
+        _tag_stats_shared(stack, size, 0);
+        return;
+    }
+    struct libtag_stack_shard *s = _tag_shard_of(t, stack, size, 0);
+    _tag_stat_add(&s->allocs, 1);
+    _tag_stat_add(&s->live_bytes, size);
+    int64_t live = (int64_t)__atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED);
+    /* top = min(hi, peak_bytes - base): past it, a new peak or a flush */
+    if (TAG_UNLIKELY(live > (int64_t)s->top)) {
+        if (live > (int64_t)s->hi) {
+            _tag_shard_flush(s, stack);
+        } else {
+            s->top = (uint64_t)live;
+            s->peak_bytes = (uint64_t)live + s->base;
+        }
+    }
+    t->last_alloc = user;
 }
 TAG_INLINE void _tag_stats_free(struct tag_thread_state *t, uint32_t stack, uint64_t size,
                                 const void *user)
 {
     if (TAG_UNLIKELY(!_tag_stats))
         return;
-    struct libtag_stack_stats *s = _tag_stats_of(stack);  /* given when it allocated */
-    int shared = __atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED);
-    _tag_stat_add(&s->live_bytes, -size, shared);
-    if (TAG_UNLIKELY(t && user == t->last_alloc)) {
-        _tag_stat_add(&s->temporaries, 1, shared);
+    if (TAG_UNLIKELY(!t)) {
+        _tag_stats_shared(stack, size, 1);
+        return;
+    }
+    struct libtag_stack_shard *s = _tag_shard_of(t, stack, size, 1);
+    _tag_stat_sub(&s->live_bytes, size);
+    if (TAG_UNLIKELY((int64_t)__atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED) < (int64_t)s->lo))
+        _tag_shard_flush(s, stack);
+    if (TAG_UNLIKELY(user == t->last_alloc)) {
+        _tag_stat_add(&s->temporaries, 1);
         t->last_alloc = NULL;
     }
 }
@@ -830,9 +860,12 @@ TAG_COLD void _tag_redact_payloads(void);
 TAG_COLD void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero,
                                 uint32_t kind, uint32_t stack, int sampled);
 /* LIBTAG_GUARD_SITES in effect: 0 when guarded sampling or the per-stack
- * counters are off.  A stack whose counter of allocations is below it is a
- * new site: its allocation is guarded (the counter is the one
- * _tag_stats_alloc keeps, on the cache line it touches anyway). */
+ * counters are off.  A stack whose shared entry sent fewer allocations to
+ * the guard pool as a new site (libtag_stack_stats.guarded, which
+ * _tag_guard_alloc raises) is a new site: its allocation is guarded.  The
+ * line is read on every allocation and written about K times a stack (and
+ * when a shard flushes: _tag_shard_flush), so it stays in every core's
+ * cache. */
 extern uint32_t _tag_guard_sites;
 TAG_INLINE int _tag_guard_new_site(uint32_t stack)
 {
@@ -840,7 +873,8 @@ TAG_INLINE int _tag_guard_new_site(uint32_t stack)
     if (k == 0)
         return 0;
     uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
-    return TAG_UNLIKELY(e == 0 || _tag_stats[e].allocs < k);
+    /* (entry 0, "none yet", is never written: its guarded stays 0) */
+    return TAG_UNLIKELY(__atomic_load_n(&_tag_stats[e].guarded, __ATOMIC_RELAXED) < k);
 }
 /* Is ptr in the guard pool?  One subtraction and compare, on every free:
  * bytes is published after guard_pool, and 0 until the pool exists. */

@@ -36,6 +36,8 @@
  * found without the lock too; only a parent's first one takes it.
  */
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include "libtag_internal.h"
 
@@ -56,24 +58,196 @@ static int table_lock;
 #define COMMIT_NODES (1u << 16)             /* nodes committed a step (1 MiB) */
 struct libtag_stack_stats *_tag_stats;    /* [capacity]: entries given out dense */
 uint32_t *_tag_stats_slots;                /* [capacity] */
-int _tag_stats_shared;                     /* libtag_internal.h: a second thread registered */
+static uint32_t stats_limit;               /* entry numbers stay below it */
 
-/* Per-stack counters for allocation stacks only.  A stack's entry is given
- * at its first allocation: an entry number from a counter, published with
- * a compare-and-swap (a thread that loses takes the winner's; its number is
- * left unused).  Numbers stay below the nodes committed, and the entries
- * are committed with the nodes, so no commit happens here: lock-free and
- * async-signal-safe. */
-TAG_COLD struct libtag_stack_stats *_tag_stats_new(uint32_t stack)
+/* Per-stack counters for allocation stacks only.  A stack's entry number
+ * is given at its first allocation: from a counter, published with a
+ * compare-and-swap (a thread that loses takes the winner's; its number is
+ * left unused).  Numbers start at TAG_SHARD_ENTRIES (libtag_internal.h,
+ * _tag_shard_of: the lookup's one test), so they stay below the nodes
+ * committed plus that (the shared entries are committed with the nodes,
+ * TAG_SHARD_ENTRIES ahead, so no commit happens here) and below what a
+ * thread's shard directory reaches: lock-free and async-signal-safe. */
+TAG_COLD uint32_t _tag_stats_new(uint32_t stack)
 {
+    uint32_t limit = __atomic_load_n(&committed, __ATOMIC_RELAXED) + TAG_SHARD_ENTRIES;
+    if (limit > stats_limit)
+        limit = stats_limit;
+    if (__atomic_load_n(&_tag_ctl.stack_stats_used, __ATOMIC_RELAXED) >= limit)
+        return 0;  /* none left: the stack is counted nowhere (tag_abi.h) */
     uint32_t e = __atomic_fetch_add(&_tag_ctl.stack_stats_used, 1, __ATOMIC_RELAXED);
-    if (TAG_UNLIKELY(e >= __atomic_load_n(&committed, __ATOMIC_RELAXED)))
-        return &_tag_stats[0];  /* cannot happen (entries <= nodes); counted nowhere */
+    if (TAG_UNLIKELY(e >= limit))
+        return 0;
     uint32_t none = 0;
     if (!__atomic_compare_exchange_n(&_tag_stats_slots[stack], &none, e, 0, __ATOMIC_RELEASE,
                                      __ATOMIC_RELAXED))
         e = none;
-    return &_tag_stats[e];
+    return e;
+}
+
+/* The shards' chunks (tag_abi.h, "per-stack counters"): chunk k of the pool
+ * (TAG_SHARD_ENTRIES entries, 128 KiB) is described by chunk record k.  One
+ * reservation, never given back (a thread that exits leaves its counts in
+ * the core), committed from its start in steps of SHARD_COMMIT_STEP
+ * chunks under shard_lock, so the committed part is one mapping however
+ * many threads claim chunks at once (committed a chunk at a time by the
+ * threads that claimed them, it split where two commits crossed: 100
+ * threads left it in two mappings).  Records
+ * are claimed with one atomic add on control.stack_shard_count: a thread's
+ * first count in each 2048 entry numbers, the only shared write a shard
+ * costs. */
+static char *shard_pool;                   /* capacity chunks, PROT_NONE until committed */
+static struct libtag_shard_chunk *shard_recs;
+static uint32_t shard_committed;           /* chunks [0, shard_committed) are read-write */
+static int shard_lock;
+#define SHARD_CHUNK_BYTES ((size_t)TAG_SHARD_ENTRIES * sizeof(struct libtag_stack_shard))
+#define SHARD_CHUNKS_MAX 65536u             /* 8 GiB of address space */
+#define SHARD_COMMIT_STEP 16u               /* 2 MiB of address space a step */
+
+/* Reserve the pool: SHARD_CHUNKS_MAX chunks, fewer under an address-space
+ * limit (a 16th of it) or when the kernel refuses; none at all leaves every
+ * count to the shared entries (exact, but written by every thread). */
+static void shard_pool_init(void)
+{
+    uint64_t chunks = SHARD_CHUNKS_MAX;
+    struct rlimit as;
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+        while (chunks > 16 && chunks * SHARD_CHUNK_BYTES > as.rlim_cur / 16)
+            chunks >>= 1;
+    for (; chunks >= 16; chunks >>= 1) {
+        void *p = mmap(NULL, chunks * SHARD_CHUNK_BYTES, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            continue;
+        madvise(p, chunks * SHARD_CHUNK_BYTES, MADV_DONTDUMP);
+        shard_recs = _tag_map(chunks * sizeof *shard_recs, 1);
+        if (shard_recs == NULL) {
+            munmap(p, chunks * SHARD_CHUNK_BYTES);
+            return;
+        }
+        prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)p, chunks * SHARD_CHUNK_BYTES,
+              (unsigned long)"libtag");
+        shard_pool = p;
+        _tag_ctl.stack_shards = (uint64_t)(uintptr_t)shard_recs;
+        _tag_ctl.stack_shard_capacity = (uint32_t)chunks;
+        return;
+    }
+}
+
+/* Chunk k read-write: the committed part grows to the step past it.  0
+ * when it cannot: no memory, or the lock stays held (perhaps by the code
+ * this signal handler interrupted: a bounded wait, never a deadlock).
+ * Async-signal-safe. */
+static int shard_commit(uint32_t k)
+{
+    if (k < __atomic_load_n(&shard_committed, __ATOMIC_ACQUIRE))
+        return 1;
+    for (unsigned spins = 0; __atomic_exchange_n(&shard_lock, 1, __ATOMIC_ACQUIRE);) {
+        if (++spins > (1u << 20))
+            return 0;
+        __builtin_ia32_pause();
+    }
+    uint32_t have = shard_committed;
+    int ok = 1;
+    if (k >= have) {
+        uint32_t want = (k / SHARD_COMMIT_STEP + 1) * SHARD_COMMIT_STEP;
+        if (want > _tag_ctl.stack_shard_capacity)
+            want = _tag_ctl.stack_shard_capacity;
+        char *lo = shard_pool + (size_t)have * SHARD_CHUNK_BYTES;
+        size_t len = (size_t)(want - have) * SHARD_CHUNK_BYTES;
+        ok = mprotect(lo, len, PROT_READ | PROT_WRITE) == 0;
+        if (ok) {
+            madvise(lo, len, MADV_DODUMP);
+            __atomic_store_n(&shard_committed, want, __ATOMIC_RELEASE);
+        }
+    }
+    __atomic_store_n(&shard_lock, 0, __ATOMIC_RELEASE);
+    return ok;
+}
+
+/* A new chunk of t's shard for entries [i << TAG_SHARD_SHIFT, ...), zeroed;
+ * NULL when the pool is used up or cannot be committed. */
+static struct libtag_stack_shard *shard_chunk_new(struct tag_thread_state *t, uint32_t i)
+{
+    uint32_t cap = _tag_ctl.stack_shard_capacity;
+    if (__atomic_load_n(&_tag_ctl.stack_shard_count, __ATOMIC_RELAXED) >= cap)
+        return NULL;
+    uint32_t k = __atomic_fetch_add(&_tag_ctl.stack_shard_count, 1, __ATOMIC_RELAXED);
+    if (k >= cap)
+        return NULL;  /* (readers take min(count, capacity)) */
+    if (!shard_commit(k))
+        return NULL;  /* its record stays all zero: a reader skips it */
+    char *c = shard_pool + (size_t)k * SHARD_CHUNK_BYTES;
+    shard_recs[k].first = i << TAG_SHARD_SHIFT;
+    shard_recs[k].tid = t->tid;
+    /* last: a record with an address is complete */
+    __atomic_store_n(&shard_recs[k].entries, (uint64_t)(uintptr_t)c, __ATOMIC_RELEASE);
+    return (struct libtag_stack_shard *)c;
+}
+
+/* No shard for this count: into the shared entry, and the scratch entry
+ * back, which never flushes nor peaks. */
+static struct libtag_stack_shard *shard_none(struct tag_thread_state *t, uint32_t stack,
+                                             uint64_t size, int is_free)
+{
+    _tag_stats_shared(stack, size, is_free);
+    struct libtag_stack_shard *s = &t->shard_scratch;
+    s->hi = s->top = (uint64_t)INT64_MAX;
+    s->lo = (uint64_t)INT64_MIN;
+    s->live_bytes = 0;
+    return s;
+}
+
+TAG_COLD struct libtag_stack_shard *_tag_shard_slow(struct tag_thread_state *t, uint32_t stack,
+                                                    uint64_t size, int is_free)
+{
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    if (e == 0 && (e = _tag_stats_new(stack)) == 0)
+        return shard_none(t, stack, size, is_free);
+    uint32_t i = e >> TAG_SHARD_SHIFT;
+    if (t->shard_dir[i] == 0) {
+        struct libtag_stack_shard *c = shard_pool ? shard_chunk_new(t, i) : NULL;
+        if (c == NULL)
+            return shard_none(t, stack, size, is_free);
+        /* (a signal handler of this thread may have made one too, in
+         * between: both stay listed, and a reader sums both) */
+        t->shard_dir[i] = (uintptr_t)(c - ((size_t)i << TAG_SHARD_SHIFT));
+    }
+    return (struct libtag_stack_shard *)(t->shard_dir[i] + (uintptr_t)e * sizeof(struct libtag_stack_shard));
+}
+
+/* The shared write of a shard: what its live bytes moved since the last
+ * one, added to the stack's estimate (flushed).  The new reference is
+ * stored first, so a signal handler of this thread that flushes the same
+ * entry in between adds only its own part. */
+TAG_COLD void _tag_shard_flush(struct libtag_stack_shard *s, uint32_t stack)
+{
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    int64_t live = (int64_t)__atomic_load_n(&s->live_bytes, __ATOMIC_RELAXED);
+    /* the reference of the last flush: hi - SLACK (all zero: none yet) */
+    int64_t ref = s->hi || s->lo ? (int64_t)s->hi - TAG_SHARD_SLACK : 0;
+    s->hi = (uint64_t)(live + TAG_SHARD_SLACK);
+    s->lo = (uint64_t)(live - TAG_SHARD_SLACK);
+    uint64_t g = __atomic_add_fetch(&_tag_stats[e].flushed, (uint64_t)(live - ref),
+                                    __ATOMIC_RELAXED);
+    s->base = g - (uint64_t)live;
+    if ((int64_t)g > (int64_t)s->peak_bytes)
+        s->peak_bytes = g;
+    int64_t top = (int64_t)(s->peak_bytes - s->base);
+    s->top = (uint64_t)(top < (int64_t)s->hi ? top : (int64_t)s->hi);
+}
+
+TAG_COLD void _tag_stats_shared(uint32_t stack, uint64_t size, int is_free)
+{
+    uint32_t e = __atomic_load_n(&_tag_stats_slots[stack], __ATOMIC_RELAXED);
+    if (e == 0 && (is_free || (e = _tag_stats_new(stack)) == 0))
+        return;  /* (a free of a stack that never allocated: none) */
+    struct libtag_stack_stats *g = &_tag_stats[e];
+    uint64_t d = is_free ? -size : size;
+    if (!is_free)
+        __atomic_fetch_add(&g->allocs, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g->live_bytes, d, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g->flushed, d, __ATOMIC_RELAXED);
 }
 
 /* Address space for bytes, not in cores until committed (gcore writes an
@@ -110,9 +284,12 @@ static int commit_nodes(uint32_t n)
         want = capacity;
     if (!commit(nodes, (size_t)committed * sizeof *nodes, (size_t)want * sizeof *nodes))
         return 0;
-    /* (entries are given out no faster than nodes: committed with them) */
-    if (_tag_stats && (!commit(_tag_stats, (size_t)committed * sizeof *_tag_stats,
-                               (size_t)want * sizeof *_tag_stats) ||
+    /* (entry numbers are given out no faster than nodes, from
+     * TAG_SHARD_ENTRIES on: the shared entries are committed with the
+     * nodes, that many ahead) */
+    if (_tag_stats && (!commit(_tag_stats,
+                               committed ? ((size_t)committed + TAG_SHARD_ENTRIES) * sizeof *_tag_stats : 0,
+                               ((size_t)want + TAG_SHARD_ENTRIES) * sizeof *_tag_stats) ||
                        !commit(_tag_stats_slots, (size_t)committed * sizeof *_tag_stats_slots,
                                (size_t)want * sizeof *_tag_stats_slots)))
         return 0;
@@ -134,11 +311,16 @@ void _tag_stack_table_init(uint32_t cap)
     capacity = cap;
     nodes = reserve((size_t)cap * sizeof *nodes);
     if (_tag_opt.stack_stats) {
-        _tag_stats = reserve((size_t)cap * sizeof *_tag_stats);
+        _tag_stats = reserve(((size_t)cap + TAG_SHARD_ENTRIES) * sizeof *_tag_stats);
         _tag_stats_slots = reserve((size_t)cap * sizeof *_tag_stats_slots);
         _tag_ctl.stack_stats = (uint64_t)(uintptr_t)_tag_stats;
         _tag_ctl.stack_stats_slots = (uint64_t)(uintptr_t)_tag_stats_slots;
-        _tag_ctl.stack_stats_used = 1;  /* entry 0: "none yet" */
+        _tag_ctl.stack_stats_used = TAG_SHARD_ENTRIES;  /* the first number given */
+        /* what a directory reaches */
+        stats_limit = cap + TAG_SHARD_ENTRIES < (TAG_SHARD_DIR << TAG_SHARD_SHIFT)
+                          ? cap + TAG_SHARD_ENTRIES
+                          : TAG_SHARD_DIR << TAG_SHARD_SHIFT;
+        shard_pool_init();
     }
     uint32_t first = FIRST_SLOTS;
     while (first / 2 > cap && first > 1024)
@@ -350,4 +532,11 @@ uint32_t _tag_intern_signal(uint32_t parent, uint32_t kind, uint64_t pc)
  * child, whose other threads are gone, must find the lock free. */
 void _tag_stack_table_atfork_prepare(void) { lock(); }
 void _tag_stack_table_atfork_parent(void) { unlock(); }
-void _tag_stack_table_atfork_child(void) { unlock(); }
+void _tag_stack_table_atfork_child(void)
+{
+    unlock();
+    /* a thread of the parent may have held the shards' commit lock: its
+     * mprotect done or not, shard_committed says what is (a redone one
+     * changes nothing) */
+    __atomic_store_n(&shard_lock, 0, __ATOMIC_RELAXED);
+}

@@ -247,6 +247,14 @@ struct tag_hook_set {
 #define TAG_HOOK_SET(ra) (((ra) ^ ((ra) >> 6)) & (TAG_HOOK_SETS - 1))
 #define TAG_CAP_MEMO_BITS 10  /* tag_thread_state.cap_memo: 1024 entries (40 KiB) */
 #define TAG_CAP_MEMO (1u << TAG_CAP_MEMO_BITS)
+/* The per-stack counters' shards (stack_table.c): a chunk holds
+ * TAG_SHARD_ENTRIES (tag_abi.h) = 1 << TAG_SHARD_SHIFT entries, and a
+ * thread's directory reaches entry numbers below 2^24 (the default
+ * LIBTAG_STACK_NODES: entry numbers never pass the nodes). */
+#define TAG_SHARD_SHIFT 11
+#define TAG_SHARD_DIR (1u << (24 - TAG_SHARD_SHIFT))
+_Static_assert(TAG_SHARD_ENTRIES == 1u << TAG_SHARD_SHIFT, "shard chunk");
+
 struct tag_thread_state {
     struct libtag_shadow shadow;     /* first: its address is in the record */
     struct libtag_thread *rec;       /* NULL until registered (and in
@@ -351,6 +359,19 @@ struct tag_thread_state {
                                         last (unwind.c fast_hint) */
     uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
+    /* This thread's shard of the per-stack counters (tag_abi.h,
+     * "per-stack counters"): for its chunk of entries [i << TAG_SHARD_SHIFT,
+     * (i + 1) << TAG_SHARD_SHIFT), the chunk's address minus i <<
+     * TAG_SHARD_SHIFT entries (so entry e is at shard_dir[i] + e entries);
+     * 0 until the thread counts in it (stack_table.c).  The chunks are not
+     * here: they outlive the thread.  64 KiB of address space, last (a
+     * page of it is touched while the process has fewer than 2^20
+     * allocation stacks; in the middle of the state, its two end pages
+     * were one more page a thread, counters or not: measured). */
+    uintptr_t shard_dir[TAG_SHARD_DIR];
+    /* Where a count goes that has no shard entry (it went to the shared
+     * entry instead): _tag_shard_slow. */
+    struct libtag_stack_shard shard_scratch;
 };
 /* struct tag_thread_state is ~83 KiB: as static TLS it would be carved out of every
  * thread's stack by glibc, and a program whose threads have small stacks

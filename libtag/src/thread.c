@@ -113,9 +113,6 @@ struct tag_thread_state *_tag_thread_register(void)
     }
     t->tid = ref->tid;
     uint32_t i = __atomic_fetch_add(&_tag_ctl.thread_count, 1, __ATOMIC_RELAXED);
-    /* from now on the stack counters take atomic adds (libtag_internal.h) */
-    if (i > 0 && !__atomic_load_n(&_tag_stats_shared, __ATOMIC_RELAXED))
-        __atomic_store_n(&_tag_stats_shared, 1, __ATOMIC_SEQ_CST);
     struct libtag_thread *r;
     if (i < THREAD_CAPACITY) {
         r = &records[i];

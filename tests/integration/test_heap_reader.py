@@ -394,5 +394,5 @@ def test_another_abi_version_is_named(case: Case, tmp_path):
     path = _patched_core(case, tmp_path, {"abi_version": 99})
     with pytest.raises(abi.AbiVersionError) as err:
         heap_of(CoreMemory(Core(path)))
-    # (this forensics reads version 4: the 16-byte tag, blocks found by the heap's spans)
-    assert "has ABI version 99, this forensics reads version 4" in str(err.value)
+    # (this forensics reads version 5: per-thread shards of the per-stack counters)
+    assert "has ABI version 99, this forensics reads version 5" in str(err.value)

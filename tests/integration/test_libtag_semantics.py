@@ -171,7 +171,7 @@ FUNCTIONS = {
 
 def _check_tag_lines(out: str) -> None:
     lines = out.splitlines()
-    assert "control magic=LIBTAG-CONTROL-1 self_ok=1 abi=4 tag_size=16 pid_ok=1" in lines
+    assert "control magic=LIBTAG-CONTROL-1 self_ok=1 abi=5 tag_size=16 pid_ok=1" in lines
     for name, (size, pad) in FUNCTIONS.items():
         assert f"{name} tag ok=1 size={size} state=1 tid_self=1 stack_set=1 canary=1" in lines, name
         assert f"{name} aligned=1 pad={pad} usable={size}" in lines, name

@@ -111,7 +111,7 @@ CONSTANTS = [
     "TAG_ANOMALY_HEAP_OVERFLOW", "TAG_ANOMALY_USE_AFTER_FREE", "TAG_ANOMALY_HEAP_UNDERFLOW",
     "TAG_ANOMALY_ALLOC_DEALLOC_MISMATCH", "TAG_ACCESS_NONE", "TAG_ACCESS_READ", "TAG_ACCESS_WRITE",
     "TAG_GUARD_PAGE", "TAG_GUARD_PATTERN", "TAG_GUARD_EMPTY", "TAG_GUARD_LIVE",
-    "TAG_GUARD_FREED", "TAG_GUARD_BUSY",
+    "TAG_GUARD_FREED", "TAG_GUARD_BUSY", "TAG_SHARD_ENTRIES", "TAG_SHARD_SLACK",
 ]  # fmt: skip
 
 # (tag_addr, secret, tid, size, state, kind, alloc_stack, alloc_time, free_stack, free_tid, free_time)
@@ -208,7 +208,11 @@ def test_every_field_offset_and_size_match_c(probe, cname):
 
 def test_control_has_every_field_the_header_pins(probe):
     # the header's _Static_asserts, restated: a mirror that lost a field fails here
-    assert probe["sizeof"]["libtag_control"] == 976
+    assert probe["sizeof"]["libtag_control"] == 992
+    assert probe["field"][("libtag_control", "stack_shards")] == (976, 8)
+    assert probe["field"][("libtag_control", "stack_shard_count")] == (984, 4)
+    assert probe["sizeof"]["libtag_stack_shard"] == 64
+    assert probe["sizeof"]["libtag_shard_chunk"] == 16
     assert probe["field"][("libtag_control", "request_signal")] == (352, 4)
     assert probe["field"][("libtag_control", "last")] == (376, 64)
     assert probe["field"][("libtag_control", "heap")] == (440, 8)

@@ -291,7 +291,7 @@ def test_another_abi_version_is_refused_by_name(version):
         Control(other)
     assert str(exc.value) == (
         f"libtag control block at {F.LIBTAG_DATA + 0x100:#x} in fake memory has ABI version {version}, this "
-        f"forensics reads version 4: use the forensics that matches the libtag the process ran with")
+        f"forensics reads version 5: use the forensics that matches the libtag the process ran with")
 
 
 def test_the_anomaly_is_read_from_the_control_block_copy_of_the_tag():

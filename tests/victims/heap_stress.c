@@ -4,7 +4,19 @@
  * them: cross-thread frees, under churn.  A block handed out twice, or
  * memory the heap gave to two blocks at once, breaks some pattern.  Midway
  * one thread forks; the child allocates and frees on the heap it inherited.
- * Prints what it checked; the test compares with the expected counts. */
+ * Prints what it checked; the test compares with the expected counts.
+ *
+ * heap_stress counts: the per-stack counters.  16 threads allocate from
+ * three call sites (site_cross: freed by the next thread; site_own: freed
+ * by the thread later, half left live; site_temp: freed at once), and
+ * before them main alone from site_peak (10 blocks of 1000 bytes held
+ * together) and from site_handoff (blocks a helper thread frees: a peak of
+ * 2,000,000 bytes held by one thread, freed by another); each thread
+ * counts per site what it allocated, the bytes, what was
+ * freed and the temporaries (a block freed by the thread that allocated it
+ * before it allocated anything else), and print the sums once every
+ * thread has exited.  The test compares them with the counters summed
+ * over libtag's per-thread shards in the exit snapshot's core. */
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -194,8 +206,192 @@ static void grow_large(void)
     free(c);
 }
 
-int main(void)
+/* ------------------------------------------------------------ counts -- */
+enum { SITE_CROSS, SITE_OWN, SITE_TEMP, SITE_PEAK, SITE_HANDOFF, SITES };
+static const char *const site_names[SITES] = {"site_cross", "site_own", "site_temp", "site_peak",
+                                              "site_handoff"};
+#define COUNT_ROUNDS 20000
+#define COUNT_WINDOW 128
+struct site_count {
+    long allocs, temporaries, alloc_bytes, freed_bytes;
+};
+/* [thread][site], main's row, then the helper's of site_handoff: each row
+ * written by its thread alone */
+#define MAIN THREADS
+#define HELPER (THREADS + 1)
+static struct site_count counted[THREADS + 2][SITES];
+static struct queue handoff[THREADS];
+
+/* Each block starts with its site and size: whoever frees it counts it. */
+struct stamp {
+    uint32_t site, size;
+};
+static void *last_alloc[THREADS + 2];  /* each thread's newest block */
+
+static void *stamped(void *p, unsigned me, unsigned site, size_t n)
 {
+    struct stamp st = {site, (uint32_t)n};
+    memcpy(p, &st, sizeof st);
+    counted[me][site].allocs++;
+    counted[me][site].alloc_bytes += (long)n;
+    last_alloc[me] = p;
+    return p;
+}
+/* One call of malloc each, and a call after it: not a tail call, so the
+ * site is the stack's innermost frame of the program. */
+__attribute__((noinline)) static void *site_cross(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_CROSS, n);
+}
+__attribute__((noinline)) static void *site_own(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_OWN, n);
+}
+__attribute__((noinline)) static void *site_temp(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_TEMP, n);
+}
+__attribute__((noinline)) static void *site_peak(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_PEAK, n);
+}
+__attribute__((noinline)) static void *site_handoff(unsigned me, size_t n)
+{
+    return stamped(malloc(n), me, SITE_HANDOFF, n);
+}
+
+static void counted_free(unsigned me, void *p)
+{
+    struct stamp st;
+    memcpy(&st, p, sizeof st);
+    counted[me][st.site].freed_bytes += st.size;
+    if (p == last_alloc[me]) {
+        counted[me][st.site].temporaries++;
+        last_alloc[me] = NULL;
+    }
+    free(p);
+}
+
+static void counted_drain(unsigned me, unsigned q_of)
+{
+    struct queue *q = &handoff[q_of];
+    pthread_mutex_lock(&q->lock);
+    while (q->count) {
+        counted_free(me, q->items[q->head]);
+        q->head = (q->head + 1) % QUEUE;
+        q->count--;
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+static void *count_worker(void *arg)
+{
+    unsigned me = (unsigned)(uintptr_t)arg;
+    uint64_t s = me * 2654435761u + 99;
+    void *win[COUNT_WINDOW] = {0};
+    for (long i = 0; i < COUNT_ROUNDS; i++) {
+        uint64_t r = rng(&s);
+        size_t n = sizeof(struct stamp) + (r >> 16) % 3000;
+        switch (r % 8) {
+        case 0: case 1: case 2: {
+            void *p = site_cross(me, n);
+            struct queue *q = &handoff[(me + 1) % THREADS];
+            pthread_mutex_lock(&q->lock);
+            int full = q->count == QUEUE;
+            if (!full) {
+                q->items[(q->head + q->count) % QUEUE] = p;
+                q->count++;
+            }
+            pthread_mutex_unlock(&q->lock);
+            if (full)
+                counted_free(me, p);
+            break;
+        }
+        case 3: case 4: case 5: {
+            unsigned k = (unsigned)(r >> 40) % COUNT_WINDOW;
+            if (win[k])
+                counted_free(me, win[k]);
+            win[k] = site_own(me, n);
+            break;
+        }
+        default:
+            counted_free(me, site_temp(me, n));
+        }
+        if (i % 64 == 0)
+            counted_drain(me, me);
+    }
+    for (unsigned k = 0; k < COUNT_WINDOW; k += 2)  /* half stay live */
+        if (win[k])
+            counted_free(me, win[k]);
+    return NULL;
+}
+
+/* site_handoff: main allocates 200 blocks of 10,000 bytes, the helper
+ * frees them all, then main allocates 50 more, which the helper frees: the
+ * stack's true peak is 2,000,000 bytes, allocated by one thread and freed
+ * by another. */
+static void *handed_over[200];
+static pthread_barrier_t handoff_turn;
+
+static void *handoff_helper(void *arg)
+{
+    for (int round = 0; round < 2; round++) {
+        pthread_barrier_wait(&handoff_turn);  /* main's blocks are there */
+        for (int i = 0; i < (round ? 50 : 200); i++)
+            counted_free(HELPER, handed_over[i]);
+        pthread_barrier_wait(&handoff_turn);
+    }
+    return arg;
+}
+
+static int counts(void)
+{
+    pthread_t helper;
+    pthread_barrier_init(&handoff_turn, NULL, 2);
+    pthread_create(&helper, NULL, handoff_helper, NULL);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < (round ? 50 : 200); i++)
+            handed_over[i] = site_handoff(MAIN, 10000);
+        pthread_barrier_wait(&handoff_turn);
+        pthread_barrier_wait(&handoff_turn);  /* the helper freed them */
+    }
+    pthread_join(helper, NULL);
+    /* main alone: 10 blocks of 1000 bytes held together, then freed (last:
+     * main's newest block is then one it freed itself, as libtag sees it
+     * too, whatever the C library allocates in main after) */
+    void *held[10];
+    for (int i = 0; i < 10; i++)
+        held[i] = site_peak(MAIN, 1000);
+    for (int i = 0; i < 10; i++)
+        counted_free(MAIN, held[i]);
+    pthread_t t[THREADS];
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_mutex_init(&handoff[i].lock, NULL);
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, count_worker, (void *)(uintptr_t)i);
+    for (unsigned i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (unsigned i = 0; i < THREADS; i++)  /* what the exited threads left */
+        counted_drain(MAIN, i);
+    for (unsigned site = 0; site < SITES; site++) {
+        struct site_count sum = {0};
+        for (unsigned me = 0; me <= HELPER; me++) {
+            sum.allocs += counted[me][site].allocs;
+            sum.temporaries += counted[me][site].temporaries;
+            sum.alloc_bytes += counted[me][site].alloc_bytes;
+            sum.freed_bytes += counted[me][site].freed_bytes;
+        }
+        printf("count %s allocs=%ld temporaries=%ld live_bytes=%ld alloc_bytes=%ld\n",
+               site_names[site], sum.allocs, sum.temporaries, sum.alloc_bytes - sum.freed_bytes,
+               sum.alloc_bytes);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "counts") == 0)
+        return counts();
     pthread_t t[THREADS];
     grow_large();
     for (unsigned i = 0; i < THREADS; i++)

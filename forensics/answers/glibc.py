@@ -1,5 +1,5 @@
 """The answers for a core of a process that never ran libtag, from glibc's own
-heap (forensics/reader/glibc_heap.py): inspect's document with the heap map,
+heap (forensics/reader/glibc_walk.py): inspect's document with the heap map,
 the corruption found and the crash explained in malloc's terms, and the
 chunk that holds an address for whoowns (docs/json.md, "Without libtag").
 
@@ -12,15 +12,8 @@ from __future__ import annotations
 
 from forensics.answers.shapes import frames_json, hexaddr
 from forensics.reader.dump import Dump
-from forensics.reader.glibc_heap import (
-    CHUNK_HDR,
-    STATES,
-    UNKNOWN_WITHOUT_LIBTAG,
-    Chunk,
-    Finding,
-    GlibcHeap,
-    S,
-)
+from forensics.reader.glibc_layout import CHUNK_HDR
+from forensics.reader.glibc_walk import STATES, Chunk, Finding, GlibcHeap, S
 from forensics.reader.model import Frame
 
 # The malloc family's entry points, as libc's symbols name them -> what the
@@ -40,6 +33,9 @@ ALLOC_INTERNALS = {"_int_malloc", "_int_free", "_int_realloc", "_int_memalign", 
                    "malloc_printerr", "tcache_get", "tcache_put", "tcache_init", "sysmalloc",
                    "unlink_chunk", "_int_free_merge_chunk", "_int_free_create_chunk",
                    "_int_free_maybe_consolidate", "tcache_double_free_verify"}
+
+UNKNOWN_WITHOUT_LIBTAG = ("no libtag: allocation and free stacks, times and threads are unknown - "
+                          "run the program under `forensics run` for them")
 
 WITHOUT_LIBTAG = {
     "unknown": ["allocation stacks", "free stacks", "allocation and free times",

@@ -17,7 +17,7 @@ from forensics.answers.leaks import Retention, Root, retention_scan
 from forensics.answers.shapes import block_json, hexaddr
 from forensics.errors import NotFoundError
 from forensics.reader.dump import Dump
-from forensics.reader.glibc_heap import Chunk
+from forensics.reader.glibc_walk import Chunk
 from forensics.reader.memory import Region, module_of_data, name_mapping
 from forensics.reader.model import Block
 from forensics.reader.symbols import DataSymbol
@@ -222,7 +222,7 @@ def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]
     """Who points into a chunk in use (without libtag): words in other chunks
     in use, in live stack frames and in modules' globals - glibc's own
     lists hold pointers to free chunks only."""
-    from forensics.reader.glibc_heap import CHUNK_HDR
+    from forensics.reader.glibc_layout import CHUNK_HDR
 
     heap = dump.glibc
     starts, _ = dump.blocks

@@ -1,7 +1,7 @@
 """What grew between two snapshots: per allocation stack, and block by block.
 
-    d = diff(old_snap, new_snap, filters=["leak_*"], min_bytes=1)
-    doc = diff_json(old_dump, new_dump, d)      # the diff document (docs/json.md)
+    doc = diff_doc(old_dump, new_dump, filters=["leak_*"], min_bytes=1)  # docs/json.md
+    d = diff(old_snap, new_snap, filters=["leak_*"], min_bytes=1)       # by allocation stack
 
 Blocks are matched by identity, not by address: a live block of NEW is the
 same block as one of OLD when its start, allocation time, allocating thread and
@@ -20,6 +20,9 @@ can survive between them.
 Severity: stacks are ranked by bytes grown, then blocks grown, then the share
 of the new blocks that have the most common size (a leak repeats one
 allocation; churn varies).
+
+A heap whose blocks have no allocation stacks (glibc's, without libtag) is
+compared by size class instead (``size_diff_json``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
+from forensics.errors import InputError
+from forensics.heaps import heap_of
 from forensics.reader import abi
 from forensics.reader.dump import Dump
 from forensics.reader.model import Frame
@@ -318,4 +323,88 @@ def _order_warnings(old: Dump, new: Dump, same_process: bool) -> list[str]:
             f"(forensics diff OLD NEW), so here growth and shrinkage are swapped"]
 
 
-__all__ = ["Diff", "StackGrowth", "diff", "diff_json", "frame_key", "match", "same_process"]
+def diff_doc(old: Dump, new: Dump, *, filters: Sequence[str] = (), excludes: Sequence[str] = (),
+             min_bytes: int = 0, names: tuple[str, str] = ("OLD", "NEW")) -> dict:
+    """diff's document (docs/json.md, "diff"): by allocation stack when the
+    heaps have stacks, by size class when they have none.  names: what the
+    user called the two cores, for the errors (two heaps of different kinds,
+    a stack filter on heaps without stacks)."""
+    oh, nh = heap_of(old), heap_of(new)
+    if oh.tagged != nh.tagged:
+        plain = names[0] if not oh.tagged else names[1]
+        raise InputError(f"diff: {plain} is a core without libtag and the other is not: "
+                         f"give two of one kind")
+    if oh.tagged:
+        return diff_json(old, new, diff(old, new, filters=filters, excludes=excludes,
+                                        min_bytes=min_bytes))
+    if filters or excludes:
+        raise InputError("diff: --filter and --exclude match allocation stacks, and cores "
+                         "without libtag have none (their diff is by chunk size)")
+    return size_diff_json(old, new, min_bytes=min_bytes)
+
+
+def size_diff_json(old: Dump, new: Dump, *, min_bytes: int = 0) -> dict:
+    """diff's document for two heaps without allocation stacks (docs/json.md,
+    "diff" without libtag): growth by size class - the usable size of the
+    blocks the program holds (glibc's chunks in use in an arena, or
+    mmapped) - in place of by allocation stack.  In one process (same pid),
+    a block at the same address with the same usable size in both counts as
+    kept; the others are new or gone.  min_bytes keeps the classes whose
+    bytes changed by at least that much (either way)."""
+    oh, nh = heap_of(old), heap_of(new)
+    (os_, ou, _), (ns, nu, _) = oh.blocks(), nh.blocks()
+    same = old.pid == new.pid and old.pid != 0
+    if same:
+        kept_old, kept_new = _kept(os_, ou, ns, nu), _kept(ns, nu, os_, ou)
+    else:
+        kept_old, kept_new = np.zeros(len(os_), bool), np.zeros(len(ns), bool)
+    # per usable size, in one pass each: chunks before and after, and the
+    # kept, added and gone among them
+    sizes = np.union1d(ou, nu)
+    io, inn = np.searchsorted(sizes, ou), np.searchsorted(sizes, nu)
+
+    def count(idx, mask=None):
+        return np.bincount(idx if mask is None else idx[mask], minlength=len(sizes)).tolist()
+
+    old_n, new_n = count(io), count(inn)
+    kept, added, gone = count(inn, kept_new), count(inn, ~kept_new), count(io, ~kept_old)
+    rows = []
+    for k, s in enumerate(sizes.tolist()):
+        oc, nc = old_n[k], new_n[k]
+        row = {"usable_size": s, "old_chunks": oc, "new_chunks": nc,
+               "old_bytes": oc * s, "new_bytes": nc * s,
+               "chunks": nc - oc, "bytes": (nc - oc) * s,
+               "kept": kept[k], "added": added[k], "gone": gone[k]}
+        if (row["chunks"] or row["added"] or row["gone"]) and abs(row["bytes"]) >= min_bytes:
+            rows.append(row)
+    rows.sort(key=lambda r: (r["bytes"], r["chunks"], r["added"]), reverse=True)
+
+    def side(d: Dump, us) -> dict:
+        return {"core": d.mem.name.removeprefix("core "), "pid": d.pid,
+                "chunks": int(len(us)), "bytes": int(us.sum())}
+
+    return {
+        "libtag": False,
+        "without_libtag": nh.without,
+        "old": side(old, ou),
+        "new": side(new, nu),
+        "same_process": same,
+        "new_chunks": int((~kept_new).sum()),
+        "gone_chunks": int((~kept_old).sum()),
+        "kept_chunks": int(kept_new.sum()),
+        "size_classes": rows,
+        "warnings": old.warnings + [w for w in new.warnings if w not in old.warnings],
+    }
+
+
+def _kept(starts, sizes, other_starts, other_sizes):
+    """Which chunks (sorted starts, usable sizes) the other core has at the
+    same address with the same usable size."""
+    if not len(other_starts) or not len(starts):
+        return np.zeros(len(starts), bool)
+    pos = np.minimum(np.searchsorted(other_starts, starts), len(other_starts) - 1)
+    return (other_starts[pos] == starts) & (other_sizes[pos] == sizes)
+
+
+__all__ = ["Diff", "StackGrowth", "diff", "diff_doc", "diff_json", "frame_key", "match", "same_process",
+           "size_diff_json"]

@@ -61,13 +61,15 @@ numpy step per node).  Each block is visited once.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from forensics.answers.shapes import frames_json, hexaddr
-from forensics.reader import abi
+from forensics.heaps import heap_of
 from forensics.reader.dump import Dump
+from forensics.reader.memory import module_of_data, name_mapping
 from forensics.reader.model import Thread
 from forensics.reader.pointers import hits
 
@@ -110,8 +112,6 @@ class RootRange:
             return f"TLS of thread {self.thread}"
         if self.name:
             return self.name
-        import os
-
         return f"globals of {os.path.basename(self.module or '') or 'anonymous'}"
 
 
@@ -516,7 +516,7 @@ class LeakScan:
         """Lost blocks by (kind, allocation stack): definite first, then most
         bytes.  Without libtag there are no stacks: by (kind, usable size),
         the size in ``stack_id``'s place (LeakGroup.size)."""
-        plain = not self.dump.libtag
+        plain = not heap_of(self.dump).tagged
         if plain:
             idx = {"alloc_stack": self._sizes.astype(np.int64),
                    "alloc_time": np.zeros(len(self._sizes), np.int64)}
@@ -711,11 +711,7 @@ def _blocks(dump: Dump) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(starts, sizes, live mask) of the dump's blocks, sorted: the tagged
     blocks, or without libtag glibc's chunks the program holds (user
     pointers and usable sizes, every one live)."""
-    if dump.heap is None:
-        starts, sizes = dump.blocks
-        return starts, sizes, np.ones(len(starts), bool)
-    idx = dump.heap.index
-    return idx["start"], idx["size"], idx["state"] == abi.TAG_STATE_LIVE
+    return heap_of(dump).blocks()
 
 
 def _u64(mem, addr: int) -> int | None:
@@ -754,8 +750,6 @@ def _tls_ranges(dump: Dump, ctx: Thread, fs: int) -> list[tuple[int, int]]:
 def root_ranges(dump: Dump, contexts: list[Thread] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
-    from forensics.reader.memory import module_of_data, name_mapping
-
     if contexts is None:
         contexts = thread_contexts(dump)
     regions = dump.mem.regions()
@@ -835,21 +829,22 @@ def leaks_json(dump: Dump) -> list[dict]:
     snapshot) and, for definite groups, what is lost through them."""
     scan = find_leaks(dump)
     groups = scan.groups()
-    if not dump.libtag:
-        return [_plain_group_json(g) for g in groups]
-    dump.prefetch([g.stack_id for g in groups])
-    now = int(dump.control.fields.snapshot_time_ms)
+    tagged = heap_of(dump).tagged
+    if tagged:
+        dump.prefetch([g.stack_id for g in groups])
+    # a heap without tags has no stacks and no times: its groups are by usable size
+    now = int(dump.control.fields.snapshot_time_ms) if tagged else 0
     out = []
     for g in groups:
         doc = {
             "kind": g.kind,
             "blocks": g.blocks,
             "bytes": g.bytes,
-            "stack": frames_json(dump.stack(g.stack_id)),
-            "stack_id": g.stack_id,
-            "usable_size": None,
-            "oldest_alloc_ms": g.oldest_ms,
-            "newest_alloc_ms": g.newest_ms,
+            "stack": frames_json(dump.stack(g.stack_id)) if tagged else [],
+            "stack_id": g.stack_id if tagged else None,
+            "usable_size": g.size,
+            "oldest_alloc_ms": g.oldest_ms if tagged else None,
+            "newest_alloc_ms": g.newest_ms if tagged else None,
             "age_ms": {"oldest": max(0, now - g.oldest_ms), "newest": max(0, now - g.newest_ms)}
             if now else None,
             "examples": [hexaddr(a) for a in g.examples],
@@ -860,18 +855,6 @@ def leaks_json(dump: Dump) -> list[dict]:
             doc["cycle_leaders"] = g.cycle_leaders
         out.append(doc)
     return out
-
-
-def _plain_group_json(g: LeakGroup) -> dict:
-    """A leak group without libtag: by usable size, no stack and no times."""
-    doc = {"kind": g.kind, "blocks": g.blocks, "bytes": g.bytes, "stack": [], "stack_id": None,
-           "usable_size": g.size, "oldest_alloc_ms": None, "newest_alloc_ms": None, "age_ms": None,
-           "examples": [hexaddr(a) for a in g.examples]}
-    if g.kind == "definite":
-        doc["indirect_blocks"] = g.indirect_blocks
-        doc["indirect_bytes"] = g.indirect_bytes
-        doc["cycle_leaders"] = g.cycle_leaders
-    return doc
 
 
 __all__ = ["KINDS", "LeakGroup", "LeakScan", "Link", "Retention", "Root", "RootRange", "Step", "find_leaks",

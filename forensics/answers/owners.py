@@ -1,5 +1,6 @@
-"""What an address is: the tagged block that holds it, or else whose stack, which
-module's globals, which mapping - and who points at the block.
+"""What an address is: the heap block that holds it (a tagged block, or a
+glibc chunk: forensics.heaps), or else whose stack, which module's globals,
+which mapping - and who points at the block.
 
 The answer is plain data (``Owner``); ``to_json`` gives the whoowns document
 (docs/json.md) and forensics.output.text draws it.
@@ -7,17 +8,16 @@ The answer is plain data (``Owner``); ``to_json`` gives the whoowns document
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from forensics.answers.glibc import chunk_json, chunk_note, is_block
-from forensics.answers.leaks import Retention, Root, retention_scan
-from forensics.answers.shapes import block_json, hexaddr
+from forensics.answers.leaks import ROOT_MAPPINGS, Retention, Root, retention_scan
+from forensics.answers.shapes import block_json, chunk_json, hexaddr
 from forensics.errors import NotFoundError
+from forensics.heaps import heap_of
 from forensics.reader.dump import Dump
-from forensics.reader.glibc_heap import Chunk
 from forensics.reader.memory import Region, module_of_data, name_mapping
 from forensics.reader.model import Block
 from forensics.reader.symbols import DataSymbol
@@ -45,7 +45,7 @@ class Referrer:
 class Owner:
     address: int
     owner: str  # "heap" | "stack" | "global" | "mapping" | "unmapped"
-    block: Block | None = None
+    block: Any = None  # the heap's block holding it: a tagged Block, or a glibc Chunk
     region_name: str | None = None
     region: Region | None = None
     thread: int | None = None  # for "stack"
@@ -56,40 +56,20 @@ class Owner:
     note: str = ""
     symbol: DataSymbol | None = None  # for "global": the object (or section) holding it
     damage: tuple[int, bytes | None] | None = None  # a freed block written after free: offset, bytes
-    chunk: Chunk | None = None  # without libtag: glibc's chunk holding it
     retention: Retention | None = None  # who keeps the live block (chunk in use) alive
-
-    @property
-    def in_block(self) -> bool:
-        return self.block is not None or is_block(self.chunk)
+    in_block: bool = False  # in a block the program had (not glibc's top chunk)
 
 
 def classify(dump: Dump, addr: int) -> Owner:
     """The block or region holding addr, without referrers."""
-    heap = dump.heap
+    heap = heap_of(dump)
     regions = dump.mem.regions()
     region = next((r for r in regions if addr in r), None)
-    if heap is None:  # no libtag: glibc's chunks
-        chunk = dump.glibc.chunk_at(addr)
-        if chunk is not None:
-            arena = chunk.arena
-            name = ("heap" if arena is None or arena.main else f"heap of thread arena {arena.address:#x}")
-            if chunk.state == "mmapped":
-                name = "mmapped chunk"
-            return Owner(addr, "heap", region=region, region_name=name, chunk=chunk,
-                         note=chunk_note(chunk, addr))
-        return _place(dump, addr, region, regions, None)
     block = heap.block_at(addr)
     if block is not None:
-        guarded = "guarded " if block.guarded else ""
-        note = f"{addr - block.start} bytes into a {block.state} {guarded}block of {block.size} bytes"
-        damage = heap.freed_damage(block)
-        if damage is not None:
-            off, written = damage
-            note += (f"; written after it was freed, from offset {off}"
-                     + (f" (bytes {written.hex()})" if written else "") + ": a use-after-free")
-        return Owner(addr, "heap", block=block, region=region, region_name="heap", note=note,
-                     damage=damage)
+        place = heap.place(block, addr)
+        return Owner(addr, "heap", block=block, region=region, region_name=place.region_name,
+                     note=place.note, damage=place.damage, in_block=heap.is_block(block))
     return _place(dump, addr, region, regions, heap.near(addr))
 
 
@@ -123,11 +103,12 @@ def _place(dump: Dump, addr: int, region: Region | None, regions: list[Region],
 
 
 def _holds_blocks(dump: Dump, region: Region) -> bool:
-    """Whether the heap reader found tagged blocks in region: libtag's heap."""
-    heap = dump.heap
-    if heap is None:
+    """Whether the heap reader found tagged blocks in region: libtag's heap
+    (glibc's is named by its own mappings: [heap], an arena's)."""
+    heap = heap_of(dump)
+    if not heap.tagged:
         return False
-    starts = heap.index["start"]
+    starts = heap.blocks()[0]
     i = int(np.searchsorted(starts, np.uint64(region.start)))
     return i < len(starts) and int(starts[i]) < region.end
 
@@ -135,7 +116,7 @@ def _holds_blocks(dump: Dump, region: Region) -> bool:
 def block_of(dump: Dump, addr: int) -> Block:
     """The tagged block holding addr; NotFoundError saying what addr is instead."""
     where = classify(dump, addr)
-    if where.block is None:
+    if where.block is None or not heap_of(dump).tagged:
         what = where.region_name or where.owner
         note = where.note or (near_note(where.near) if where.near else "")
         raise NotFoundError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
@@ -161,38 +142,41 @@ def _cut(out: list[Referrer], self_refs: int) -> tuple[list[Referrer], int, int]
     return out[:MAX_REFERRERS], len(out), self_refs
 
 
-def referrers(dump: Dump, block: Block) -> tuple[list[Referrer], int, int]:
-    """Who points into block: words in live blocks, in live stack frames (at or
-    above the thread's stack pointer) and in modules' globals.  Words in free
-    heap memory are not references and are left out; so are the block's own
-    words (a list's links inside a slab, a struct pointing at its own
-    member): they are counted, not listed."""
-    heap = dump.heap
-    idx = heap.index
-    i = int(np.searchsorted(idx["start"], block.start))
+def referrers(dump: Dump, block) -> tuple[list[Referrer], int, int]:
+    """Who points into block: words in blocks the program holds, in live
+    stack frames (at or above the thread's stack pointer) and in modules'
+    globals.  Words in free heap memory are not references and are left out,
+    and so are the allocator's own (libtag's tables, glibc's arenas); so are
+    the block's own words (a list's links inside a slab, a struct pointing
+    at its own member): they are counted, not listed."""
+    heap = heap_of(dump)
+    target = heap.start_of(block)
+    starts = heap.blocks()[0]
+    i = int(np.searchsorted(starts, np.uint64(target)))
+    if i >= len(starts) or int(starts[i]) != target:
+        return [], 0, 0
     edges = dump.edges
     sl = edges.into(i)
     out: list[Referrer] = []
     regions = dump.mem.regions()
-    own = dump.libtag_module
     self_refs = 0
     for src, interior in zip(edges.source[sl].tolist(), edges.interior[sl].tolist()):
         holder = heap.block_at(src)
-        if holder is not None:
-            if holder.start == block.start:
+        if heap.is_block(holder):
+            start = heap.start_of(holder)
+            if start == target:
                 self_refs += 1
-            elif holder.state == "live":
-                out.append(Referrer(src, "heap", holder.start, bool(interior)))
+            elif heap.holds(holder) and src >= start:
+                out.append(Referrer(src, "heap", start, bool(interior)))
             continue
         t = dump.thread_of_stack(src)
         if t is not None:
-            if t.sp is not None and src < t.sp:
-                continue
-            out.append(Referrer(src, "stack", None, bool(interior), t.tid))
+            if t.sp is None or src >= t.sp:
+                out.append(Referrer(src, "stack", None, bool(interior), t.tid))
             continue
         region = next((r for r in regions if src in r), None)
         ref = _global_referrer(dump, regions, region, src, bool(interior))
-        if ref is not None and ref.module != own:
+        if ref is not None and not heap.allocator_module(ref.module):
             out.append(ref)
     return _cut(out, self_refs)
 
@@ -210,61 +194,20 @@ def _global_referrer(dump: Dump, regions: list[Region], region: Region | None, s
         return Referrer(src, "global", None, interior, module=module,
                         symbol=sym.label if sym is not None else None)
     if region.path and region.writable:
-        from forensics.answers.leaks import ROOT_MAPPINGS
-
         what = name_mapping(regions, region)
         if what.kind in ROOT_MAPPINGS:
             return Referrer(src, "global", None, interior, module=None, symbol=what.name)
     return None
 
 
-def chunk_referrers(dump: Dump, chunk: Chunk) -> tuple[list[Referrer], int, int]:
-    """Who points into a chunk in use (without libtag): words in other chunks
-    in use, in live stack frames and in modules' globals - glibc's own
-    lists hold pointers to free chunks only."""
-    from forensics.reader.glibc_heap import CHUNK_HDR
-
-    heap = dump.glibc
-    starts, _ = dump.blocks
-    i = int(np.searchsorted(starts, np.uint64(chunk.user)))
-    if i >= len(starts) or int(starts[i]) != chunk.user:
-        return [], 0, 0
-    edges = dump.edges
-    out: list[Referrer] = []
-    regions = dump.mem.regions()
-    self_refs = 0
-    for src, interior in zip(edges.source[edges.into(i)].tolist(), edges.interior[edges.into(i)].tolist()):
-        holder = heap.chunk_at(src)
-        if holder is not None and holder.state != "top":
-            if holder.start == chunk.start:
-                self_refs += 1
-            elif holder.state in ("inuse", "mmapped") and src >= holder.user:
-                out.append(Referrer(src, "heap", holder.start + CHUNK_HDR, bool(interior)))
-            continue
-        t = dump.thread_of_stack(src)
-        if t is not None:
-            if t.sp is None or src >= t.sp:
-                out.append(Referrer(src, "stack", None, bool(interior), t.tid))
-            continue
-        region = next((r for r in regions if src in r), None)
-        ref = _global_referrer(dump, regions, region, src, bool(interior))
-        if ref is not None and ref.module is not None and _is_libc(ref.module):
-            continue  # glibc's own state (arenas, mp_): not the program's reference
-        if ref is not None:
-            out.append(ref)
-    return _cut(out, self_refs)
-
-
 def whoowns(dump: Dump, addr: int) -> Owner:
     owner = classify(dump, addr)
-    if owner.block is not None:
-        owner.referrers, owner.referrer_count, owner.self_referrers = referrers(dump, owner.block)
-        if owner.block.state == "live":
-            owner.retention = retention(dump, owner.block.start)
-    elif owner.chunk is not None and owner.chunk.state in ("inuse", "mmapped"):
-        owner.referrers, owner.referrer_count, owner.self_referrers = chunk_referrers(
-            dump, owner.chunk)
-        owner.retention = retention(dump, owner.chunk.user)
+    heap = heap_of(dump)
+    b = owner.block
+    if b is not None and (heap.holds(b) or heap.freed_referrers):
+        owner.referrers, owner.referrer_count, owner.self_referrers = referrers(dump, b)
+        if heap.holds(b):
+            owner.retention = retention(dump, heap.start_of(b))
     return owner
 
 
@@ -272,14 +215,9 @@ def retention(dump: Dump, start: int) -> Retention | None:
     """Who keeps the live block (or chunk in use) at start alive: the
     shortest chains from the leak scan's roots (forensics.answers.leaks:
     globals, live stack frames, static TLS, registers) through live blocks."""
+    heap = heap_of(dump)
     return retention_scan(dump).retainers(start, limit=MAX_RETAINERS, max_depth=MAX_RETAIN_DEPTH,
-                                      skip_module=None if dump.libtag else _is_libc)
-
-
-def _is_libc(module: str) -> bool:
-    """glibc's own module: its state (arenas, mp_) holds pointers into chunks
-    (the top chunk, bins) that are not the program's references."""
-    return os.path.basename(module).startswith(("libc.so", "libc-"))
+                                          skip_module=heap.skip_root_module)
 
 
 def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:
@@ -337,10 +275,13 @@ def to_json(dump: Dump, o: Owner) -> dict:
         region = {"name": o.region_name or (r.path if r else ""),
                   "start": hexaddr(r.start) if r else None,
                   "end": hexaddr(r.end) if r else None}
+    heap = heap_of(dump)
+    tagged = o.block if o.block is not None and heap.tagged else None
+    chunk = o.block if o.block is not None and not heap.tagged else None
     doc = {
         "address": hexaddr(o.address),
         "owner": o.owner,
-        "block": block_json(o.block, dump, offset=o.address - o.block.start) if o.block else None,
+        "block": block_json(tagged, dump, offset=o.address - tagged.start) if tagged else None,
         "region": region,
         "referrers": [{"address": hexaddr(r.address), "in": r.where,
                        "block_start": hexaddr(r.block_start), "interior": r.interior,
@@ -361,11 +302,9 @@ def to_json(dump: Dump, o: Owner) -> dict:
     }
     # without libtag: glibc's chunk instead of a block (docs/json.md, "Without libtag")
     doc["libtag"] = dump.libtag
-    doc["chunk"] = chunk_json(o.chunk, offset=o.address - o.chunk.user) if o.chunk is not None else None
-    if not dump.libtag:
-        from forensics.answers.glibc import WITHOUT_LIBTAG
-
-        doc["without_libtag"] = WITHOUT_LIBTAG
+    doc["chunk"] = chunk_json(chunk, offset=o.address - chunk.user) if chunk is not None else None
+    if heap.without is not None:
+        doc["without_libtag"] = heap.without
     if o.thread is not None:
         doc["thread"] = o.thread
     if o.near is not None:

@@ -46,11 +46,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from forensics.answers.crash import crash_doc
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
 from forensics.answers.leaks import leaks_json
 from forensics.answers.runtime import glob_regex
-from forensics.answers.shapes import frame_label, frames_json
+from forensics.answers.shapes import finding_json, frame_label, frames_json
 from forensics.errors import ForensicsError, InputError
+from forensics.heaps import heap_of
 
 DATA_VERSION = 3  # 3: block_list, each stack's first blocks
 RUNTIME_LABEL = "(the C and C++ runtimes)"  # the hierarchy's node of their folded stacks
@@ -110,7 +112,7 @@ def snapshot_time(dump: Any, catalog_time: CatalogTime | None = None) -> tuple[f
     since then at the snapshot (or at the crash / anomaly, for cores written
     without a snapshot time); without those (and for every core without
     libtag), catalog_time's answer for the core, then the core file's mtime."""
-    if dump.libtag:
+    if dump.control is not None:
         c = dump.control.fields
         ms = int(c.snapshot_time_ms) or int(c.crash.time) or int(c.anomaly.time)
         start_ns = int(c.start_realtime_ns)
@@ -302,18 +304,22 @@ def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) 
     return out
 
 
-def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
-    """One point of the curve: a core's time, reason and live/freed totals."""
+def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None, *,
+                   crash: dict | None = None) -> dict:
+    """One point of the curve: a core's time, reason and live/freed totals
+    (a heap without tags: its blocks in use and free in a tcache or a bin,
+    by usable size, as inspect counts them; no start time, no snapshot
+    sequence, the reason from its crash)."""
     t, source = snapshot_time(dump, catalog_time)
-    totals = dump.heap.totals
-    c = dump.control.fields
+    totals = heap_of(dump).totals()
+    control = dump.control
     return {
-        "start_ns": int(c.start_realtime_ns),
+        "start_ns": int(control.fields.start_realtime_ns) if control is not None else 0,
         "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
         "pid": dump.pid,
         "exe": dump.exe,
-        "reason": dump.control.reason,
-        "seq": int(dump.control.fields.snapshot_seq),
+        "reason": control.reason if control is not None else "crash" if crash is not None else "on-demand",
+        "seq": int(control.fields.snapshot_seq) if control is not None else 0,
         "time": t,
         "time_source": source,
         "live_bytes": totals.live_bytes,
@@ -323,49 +329,20 @@ def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None) -> dict:
     }
 
 
-def plain_snapshot_point(dump: Any, crash: dict | None,
-                         catalog_time: CatalogTime | None = None) -> dict:
-    """One point of the curve for a core without libtag: glibc's chunks in
-    use (and mmapped) and free in a tcache or a bin, by usable size, as
-    inspect counts them; no start time, no snapshot sequence."""
-    from forensics.answers.glibc import _free_mask
-
-    t, source = snapshot_time(dump, catalog_time)
-    heap = dump.glibc
-    _, sizes = dump.blocks
-    free = _free_mask(heap)
-    return {
-        "start_ns": 0,
-        "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
-        "pid": dump.pid,
-        "exe": dump.exe,
-        "reason": "crash" if crash is not None else "on-demand",
-        "seq": 0,
-        "time": t,
-        "time_source": source,
-        "live_bytes": int(sizes.sum()),
-        "live_blocks": int(len(sizes)),
-        "freed_bytes": int(heap.usable(free).sum()),
-        "freed_blocks": int(free.sum()),
-    }
-
-
-def plain_events(dump: Any, crash: dict | None, core: str, frames: _Frames,
-                 process: tuple = ()) -> list[dict]:
-    """A core without libtag's event cards: its crash (with what it means for
-    the heap when it happened in the malloc family) and each inconsistency
-    found in glibc's structures (at most CORRUPTION_LIMIT), which have no
-    stacks."""
-    from forensics.answers.glibc import finding_json
-
-    out = events_of({"crash": crash}, core, frames, process)
-    m = (crash or {}).get("malloc")
-    if m and out:
-        out[0]["facts"].append(["heap", m["summary"]])
+def heap_events(dump: Any, doc: dict, core: str, frames: _Frames, process: tuple = ()) -> list[dict]:
+    """A core's event cards: its anomaly and crash (events_of; a crash in
+    glibc's malloc family with what it means for the heap) and each
+    inconsistency found in the heap's records (at most CORRUPTION_LIMIT),
+    which have no stacks."""
+    out = events_of(doc, core, frames, process)
+    m = (doc.get("crash") or {}).get("malloc")
+    crash = next((e for e in out if e["kind"] == "crash"), None)
+    if m and crash is not None:
+        crash["facts"].append(["heap", m["summary"]])
         ch = m.get("chunk")
         if ch:
-            out[0]["facts"].append(["chunk", f"{ch['start']} ({ch['size']} bytes, {ch['state']})"])
-    for f in dump.glibc.findings[:CORRUPTION_LIMIT]:
+            crash["facts"].append(["chunk", f"{ch['start']} ({ch['size']} bytes, {ch['state']})"])
+    for f in heap_of(dump).findings[:CORRUPTION_LIMIT]:
         j = finding_json(f)
         facts = [["what", j["message"]], ["chunk", str(j["chunk"])], ["block", str(j["user"])],
                  ["arena", str(j["arena"])]]
@@ -378,10 +355,10 @@ def plain_events(dump: Any, crash: dict | None, core: str, frames: _Frames,
 
 
 def size_classes(dump: Any) -> tuple[list[dict], int]:
-    """The chunks in use of a core without libtag by usable size (each exact
+    """The blocks in use of a heap without stacks by usable size (each exact
     size its own class), most bytes first: (at most SIZE_LIMIT rows, how
     many sizes there are)."""
-    _, sizes = dump.blocks
+    _, sizes, _ = heap_of(dump).blocks()
     uniq, counts = np.unique(sizes.astype(np.int64), return_counts=True)
     rows = [{"usable_size": int(s), "chunks": int(n), "bytes": int(s) * int(n)}
             for s, n in zip(uniq.tolist(), counts.tolist())]
@@ -417,23 +394,30 @@ class ReportBuilder:
         far: the caller keeps it open until finish() (or a newer one).
         Cores with libtag and without are not mixed (an InputError)."""
         name = dump.core.path if dump.core is not None else dump.mem.name
+        tagged = heap_of(dump).tagged
         if self._kind is None:
-            self._kind = (dump.libtag, name)
-        elif self._kind[0] != dump.libtag:
-            plain, tagged = (name, self._kind[1]) if self._kind[0] else (self._kind[1], name)
-            raise InputError(f"report: {plain} is a core without libtag and {tagged} is not: "
+            self._kind = (tagged, name)
+        elif self._kind[0] != tagged:
+            plain, other = (name, self._kind[1]) if self._kind[0] else (self._kind[1], name)
+            raise InputError(f"report: {plain} is a core without libtag and {other} is not: "
                              f"give cores of one kind")
-        if not dump.libtag:
-            if self.wrappers.patterns != list(WRAPPERS) or self.runtime or self.runtime_functions:
-                raise InputError("report: --wrapper, --runtime and --runtime-function read "
-                                 "allocation stacks, and cores without libtag have none")
-            return self._add_plain(dump)
-        point = self._add_point(snapshot_point(dump, self.catalog_time))
+        if not tagged and (self.wrappers.patterns != list(WRAPPERS) or self.runtime
+                           or self.runtime_functions):
+            raise InputError("report: --wrapper, --runtime and --runtime-function read "
+                             "allocation stacks, and cores without libtag have none")
+        # the anomaly and the crash: libtag's records, else the kernel's signal
         control = dump.control
-        if control.anomaly is not None or control.crash is not None:
+        if control is None:
+            doc = {"crash": crash_doc(dump)}
+        elif control.anomaly is not None or control.crash is not None:
             doc = inspect_doc(dump, top=0)
-            self._add_events(events_of(doc, point["core"], self.frames, (point["pid"], point["start_ns"])),
-                             point["core"])
+        else:
+            doc = None
+        point = self._add_point(snapshot_point(dump, self.catalog_time,
+                                               crash=doc.get("crash") if doc else None))
+        if doc is not None:
+            self._add_events(heap_events(dump, doc, point["core"], self.frames,
+                                         (point["pid"], point["start_ns"])), point["core"])
         self._warn(point["core"], dump)
         return self._take_newest(point, dump)
 
@@ -460,17 +444,6 @@ class ReportBuilder:
             return True
         return False
 
-    def _add_plain(self, dump: Any) -> bool:
-        """add() for a core without libtag: glibc's heap."""
-        from forensics.answers.glibc import plain_crash_doc
-
-        crash = plain_crash_doc(dump)
-        point = self._add_point(plain_snapshot_point(dump, crash, self.catalog_time))
-        self._add_events(plain_events(dump, crash, point["core"], self.frames, (point["pid"], 0)),
-                         point["core"])
-        self._warn(point["core"], dump)
-        return self._take_newest(point, dump)
-
     def _warn(self, core: str, dump: Any) -> None:
         for w in dump.warnings:
             line = f"{core}: {w}"
@@ -482,8 +455,8 @@ class ReportBuilder:
         if self._newest is None:
             raise InputError("report needs at least one core")
         _, primary, dump = self._newest
-        if not dump.libtag:
-            return self._finish_plain(dump, primary)
+        if not heap_of(dump).tagged:
+            return self._finish_by_size(dump, primary)
         try:
             totals = dump.heap.totals
             listed, runtime = top_stacks(dump, runtime=self.runtime,
@@ -543,12 +516,10 @@ class ReportBuilder:
             names = names[:3] + [f"{len(names) - 3} more"]
         return order, processes, "forensics report: " + ", ".join(names)
 
-    def _finish_plain(self, dump: Any, primary: int) -> dict:
-        """finish() for cores without libtag (docs/json.md, "forensics
+    def _finish_by_size(self, dump: Any, primary: int) -> dict:
+        """finish() for heaps without stacks (docs/json.md, "forensics
         report", without libtag): the heap by size class in place of the
         hierarchy and the stack table, leaks by size."""
-        from forensics.answers.glibc import WITHOUT_LIBTAG
-
         try:
             sizes, distinct = size_classes(dump)
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
@@ -559,7 +530,7 @@ class ReportBuilder:
         return {
             "version": DATA_VERSION,
             "libtag": False,
-            "without_libtag": WITHOUT_LIBTAG,
+            "without_libtag": heap_of(dump).without,
             "title": title,
             "processes": processes,
             "stack_stats": False,

@@ -1,4 +1,5 @@
-"""The JSON shapes every verb shares: an address, a frame, a block.
+"""The JSON shapes every verb shares: an address, a frame, a block (libtag's
+tagged block, or glibc's chunk and the inconsistencies found among them).
 
 Every verb's ``--json`` builds its frames and blocks here, so the shapes never
 drift between verbs; docs/json.md describes each field.  Addresses are
@@ -8,8 +9,11 @@ drift between verbs; docs/json.md describes each field.  Addresses are
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
+from forensics.reader.glibc_layout import CHUNK_HDR
+from forensics.reader.glibc_walk import Chunk, Finding
 from forensics.reader.model import Block, Frame
 
 
@@ -83,6 +87,34 @@ def block_json(
     }
 
 
+def chunk_json(c: Chunk, offset: int | None = None) -> dict[str, Any]:
+    """A glibc chunk (docs/json.md, "chunk"); offset is ADDR - its user
+    pointer where an address was asked (else 0)."""
+    arena = c.arena
+    return {
+        "start": hexaddr(c.start),
+        "user": hexaddr(c.user),
+        "size": c.size,
+        "usable": c.usable,
+        "offset": 0 if offset is None else offset,
+        "state": c.state,
+        "bin": c.bin_name,
+        "bin_index": c.bin,
+        "tcache_thread": c.thread,
+        "arena": hexaddr(arena.address) if arena is not None else None,
+        "arena_kind": ("main" if arena.main else "thread") if arena is not None else None,
+        "arena_threads": list(arena.threads) if arena is not None else [],
+        "size_field": hexaddr(c.raw_size) if c.raw_size is not None else None,
+    }
+
+
+def finding_json(f: Finding) -> dict[str, Any]:
+    """An inconsistency in glibc's heap (docs/json.md, "Without libtag")."""
+    return {"kind": f.kind, "chunk": hexaddr(f.chunk),
+            "user": hexaddr(f.chunk + CHUNK_HDR) if f.chunk is not None else None,
+            "arena": hexaddr(f.arena), "value": hexaddr(f.value), "message": f.message}
+
+
 class _Clock:
     """A process's clock: libtag's ms (since control.start_mono_ns) as wall
     time (control.start_realtime_ns + ms) and as ages at the core's time."""
@@ -109,10 +141,8 @@ def _clock(dump: Any) -> _Clock | None:
 
 def iso_time(ns: int) -> str:
     """A wall-clock time (ns since the epoch) as ISO-8601 UTC with milliseconds."""
-    from datetime import datetime, timezone
-
     t = datetime.fromtimestamp(ns // 1_000_000 / 1000, timezone.utc)
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-__all__ = ["block_json", "frame_json", "frames_json", "hexaddr", "iso_time"]
+__all__ = ["block_json", "chunk_json", "finding_json", "frame_json", "frames_json", "hexaddr", "iso_time"]

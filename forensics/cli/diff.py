@@ -42,38 +42,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    # here, not at the top: the answers load numpy and rich, which --help never needs
     from contextlib import ExitStack
 
-    from forensics.answers.diff import diff, diff_json
+    from forensics.answers.diff import diff_doc
     from forensics.cli._open import open_dump, warn_symbols
     from forensics.output import text
-
-    from forensics.errors import InputError
 
     with ExitStack() as stack:
         old = stack.enter_context(open_dump(args.old, args, plain=True))
         new = stack.enter_context(open_dump(args.new, args, plain=True))
-        if old.libtag != new.libtag:
-            plain = args.old if not old.libtag else args.new
-            raise InputError(f"diff: {plain} is a core without libtag and the other is not: "
-                             f"give two of one kind")
-        if old.libtag:
-            d = diff(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes)
-            doc = diff_json(old, new, d)
-        else:
-            if args.filter or args.exclude:
-                raise InputError("diff: --filter and --exclude match allocation stacks, and cores "
-                                 "without libtag have none (their diff is by chunk size)")
-            from forensics.answers.glibc import plain_diff_doc
-
-            doc = plain_diff_doc(old, new, min_bytes=args.min_bytes)
+        doc = diff_doc(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes,
+                       names=(args.old, args.new))
         warn_symbols([old, new])
     for w in doc["warnings"]:
         text.warn(w)
     if args.json:
         text.print_json(doc)
-    elif old.libtag:
-        text.show_diff(doc, top=args.top)
     else:
-        text.show_plain_diff(doc, top=args.top)
+        text.show_diff(doc, top=args.top)
     return 0

@@ -51,33 +51,21 @@ def main(args: argparse.Namespace) -> int:
 
 def answer(dump, args: argparse.Namespace) -> int:
     """Print the inspect document of dump (with its leaks if asked), as text or --json."""
-    from forensics.answers.inspect import inspect_doc
+    # here, not at the top: the answers load numpy and rich, which --help never needs
+    from forensics.answers.inspect import inspect_doc, stack_blocks
     from forensics.answers.leaks import leaks_json
     from forensics.output import text
 
-    if dump.libtag:
-        doc = inspect_doc(dump, top=args.top, runtime=args.runtime,
-                          runtime_functions=args.runtime_functions)
-        show = text.show_inspect
-    else:
-        from forensics.answers.glibc import plain_inspect_doc
-
-        doc, show = plain_inspect_doc(dump, top=args.top), text.show_plain_inspect
+    doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
     if args.leaks:
         doc["leaks"] = leaks_json(dump)
     if getattr(args, "blocks", None):
-        if not dump.libtag:
-            from forensics.errors import InputError
-
-            raise InputError("inspect: --blocks: a core without libtag has no allocation stacks")
-        from forensics.answers.inspect import stack_blocks
-
         doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
                                            runtime_functions=args.runtime_functions)
     if args.json:
         text.print_json(doc)
     else:
-        show(doc)
+        text.show_inspect(doc)
         if args.leaks:
             text.show_leaks(doc["leaks"])
         if doc.get("stack_blocks"):

@@ -393,107 +393,47 @@ def _chunk_lines(c: dict) -> list[str]:
     return out
 
 
-def show_plain_inspect(doc: dict) -> None:
-    """inspect of a core without libtag: glibc's heap map (docs/json.md,
-    "Without libtag")."""
+def _heap_line(h: dict, tagged: bool) -> str:
+    """inspect's heap totals: libtag's live and quarantined blocks, or
+    glibc's blocks in use and free in its tcaches and bins (usable sizes)."""
+    if tagged:
+        return (f"{plural(h['live_blocks'], 'live block')}, {plural(h['live_bytes'], 'byte')}; "
+                f"{plural(h['freed_blocks'], 'freed block')} in quarantine, {plural(h['freed_bytes'], 'byte')}")
+    return (f"{plural(h['live_blocks'], 'block')} in use, {plural(h['live_bytes'], 'usable byte')}; "
+            f"{plural(h['freed_blocks'], 'free block')} in tcaches and bins, "
+            f"{plural(h['freed_bytes'], 'usable byte')}")
+
+
+def show_inspect(doc: dict) -> None:
+    """inspect's document: the core, the anomaly or crash, the heap (with
+    glibc's map when it has one: docs/json.md, "Without libtag"), the top
+    stacks and every thread's stack."""
     con = out_console()
     proc = doc["process"]
-    g = doc["glibc"]
+    g = doc.get("glibc")
     con.print(f"[bold]core[/bold] {_e(doc['core'])}")
     con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
     con.print(f"[bold]reason[/bold] {doc['reason']}")
-    con.print(f"[yellow]{_e(doc['without_libtag']['summary'])}[/yellow]")
-    con.print(f"[bold]glibc[/bold] {_e(g['version'] or '?')} {_e(g['libc'])} "
-              f"(layout from {_e(g['layout_from'])})")
+    if doc.get("without_libtag"):
+        con.print(f"[yellow]{_e(doc['without_libtag']['summary'])}[/yellow]")
+    if g:
+        con.print(f"[bold]glibc[/bold] {_e(g['version'] or '?')} {_e(g['libc'])} "
+                  f"(layout from {_e(g['layout_from'])})")
+    if doc.get("payload") == "omitted":
+        con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
+    for a in doc.get("anomalies", []):
+        _print_anomaly(con, a)
     c = doc.get("crash")
     if c:
-        con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
-        m = c.get("malloc")
-        if m:
-            con.print(f"  [bold]{_e(m['summary'])}[/bold]")
-            if m.get("chunk"):
-                for line in _chunk_lines(m["chunk"]):
-                    con.print("  " + line)
-        owner = c.get("address_owner") or {}
-        _print_owner(con, owner)
-        con.print(stack_tree("faulting thread", c["stack"]))
-    bad = g["corruption"]
+        _print_crash(con, c)
+    bad = g["corruption"] if g else []
     if bad:
         con.print(f"\n[bold red]heap corruption[/bold red] ({plural(len(bad), 'finding')})")
         for f in bad:
             con.print(f"  {_e(f['message'])}")
-    h = doc["heap"]
-    con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'block')} in use, "
-              f"{plural(h['live_bytes'], 'usable byte')}; {plural(h['freed_blocks'], 'free block')} "
-              f"in tcaches and bins, {plural(h['freed_bytes'], 'usable byte')}")
-    for a in g["arenas"]:
-        users = f", threads {', '.join(map(str, a['threads']))}" if a["threads"] else ""
-        counts = ", ".join(f"{v['chunks']} {k}" for k, v in a["chunks"].items())
-        con.print(f"  {a['kind']} arena {a['address']}{users}: {counts}; top {a['top']} "
-                  f"({plural(a['top_size'], 'byte')})")
-    tops = g["top_sizes"]
-    if tops["by_bytes"]:
-        con.print(table("chunk sizes in use, by bytes", ["chunk size", "usable", "chunks", "bytes"],
-                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_bytes"]]))
-        con.print(table("chunk sizes in use, by count", ["chunk size", "usable", "chunks", "bytes"],
-                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_count"]]))
-    for t in doc.get("threads", []):
-        con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
-    for w in doc.get("warnings", []):
-        err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
-
-
-def show_inspect(doc: dict) -> None:
-    con = out_console()
-    proc = doc["process"]
-    con.print(f"[bold]core[/bold] {_e(doc['core'])}")
-    con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
-    con.print(f"[bold]reason[/bold] {doc['reason']}")
-    if doc.get("payload") == "omitted":
-        con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
-    for a in doc.get("anomalies", []):
-        where = (f"in thread {a.get('thread')}" if a.get("detected_by") != "reader"
-                 else "found in the core (libtag had not checked the block yet)")
-        con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} {where}")
-        facts = [f"at {a['time']}"] if a.get("time") else []
-        if a.get("offset") is not None:
-            facts.append(f"offset {a['offset']} in the block")
-        if a.get("written"):
-            facts.append(f"bytes written {a['written']}")
-        if a.get("access"):
-            facts.append(f"a {a['access']} by the instruction at {a['pc']} (a guarded block)")
-        if a.get("dealloc"):
-            facts.append(f"allocated as {a['block']['alloc_kind'] if a.get('block') else '?'}, "
-                         f"released with {a['dealloc']}")
-        if facts:
-            con.print("  " + "; ".join(facts))
-        if a.get("detected_by") != "reader":
-            con.print(stack_tree("released at" if a.get("dealloc") else
-                                 "faulting instruction" if a.get("access") else "detected at", a["stack"]))
-        if a.get("block"):
-            for item in _block_lines(a["block"]):
-                con.print(item)
-    c = doc.get("crash")
-    if c:
-        con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
-        owner = c.get("address_owner") or {}
-        _print_owner(con, owner)
-        con.print(stack_tree("faulting thread", c["stack"]))
-        if owner.get("block"):
-            for item in _block_lines(owner["block"]):
-                con.print(item)
-        cause = c.get("cause") or {}
-        if cause.get("loaded_from"):
-            where = " in the caller" if cause.get("load_in") == "caller" else ""
-            con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}{where}")
-        if cause.get("block"):
-            b = cause["block"]
-            for item in _block_lines(b, label=f"{'freed' if b['state'] == 'freed' else b['state']} block"):
-                con.print(item)
-    h = doc["heap"]
-    con.print(f"\n[bold]heap[/bold] {plural(h['live_blocks'], 'live block')}, "
-              f"{plural(h['live_bytes'], 'byte')}; {plural(h['freed_blocks'], 'freed block')} "
-              f"in quarantine, {plural(h['freed_bytes'], 'byte')}")
+    con.print(f"\n[bold]heap[/bold] {_heap_line(doc['heap'], doc.get('libtag', True))}")
+    if g:
+        _print_glibc_map(con, g)
     tops = doc.get("top_stacks", [])
     rt = doc.get("runtime") or {}
     if tops or rt.get("stacks"):
@@ -510,6 +450,69 @@ def show_inspect(doc: dict) -> None:
         con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
     for w in doc.get("warnings", []):
         err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
+
+
+def _print_anomaly(con, a: dict) -> None:
+    where = (f"in thread {a.get('thread')}" if a.get("detected_by") != "reader"
+             else "found in the core (libtag had not checked the block yet)")
+    con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} {where}")
+    facts = [f"at {a['time']}"] if a.get("time") else []
+    if a.get("offset") is not None:
+        facts.append(f"offset {a['offset']} in the block")
+    if a.get("written"):
+        facts.append(f"bytes written {a['written']}")
+    if a.get("access"):
+        facts.append(f"a {a['access']} by the instruction at {a['pc']} (a guarded block)")
+    if a.get("dealloc"):
+        facts.append(f"allocated as {a['block']['alloc_kind'] if a.get('block') else '?'}, "
+                     f"released with {a['dealloc']}")
+    if facts:
+        con.print("  " + "; ".join(facts))
+    if a.get("detected_by") != "reader":
+        con.print(stack_tree("released at" if a.get("dealloc") else
+                             "faulting instruction" if a.get("access") else "detected at", a["stack"]))
+    if a.get("block"):
+        for item in _block_lines(a["block"]):
+            con.print(item)
+
+
+def _print_crash(con, c: dict) -> None:
+    con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
+    m = c.get("malloc")
+    if m:
+        con.print(f"  [bold]{_e(m['summary'])}[/bold]")
+        if m.get("chunk"):
+            for line in _chunk_lines(m["chunk"]):
+                con.print("  " + line)
+    owner = c.get("address_owner") or {}
+    _print_owner(con, owner)
+    con.print(stack_tree("faulting thread", c["stack"]))
+    if owner.get("block"):
+        for item in _block_lines(owner["block"]):
+            con.print(item)
+    cause = c.get("cause") or {}
+    if cause.get("loaded_from"):
+        where = " in the caller" if cause.get("load_in") == "caller" else ""
+        con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}{where}")
+    if cause.get("block"):
+        b = cause["block"]
+        for item in _block_lines(b, label=f"{'freed' if b['state'] == 'freed' else b['state']} block"):
+            con.print(item)
+
+
+def _print_glibc_map(con, g: dict) -> None:
+    """glibc's arenas and the most common chunk sizes in use."""
+    for a in g["arenas"]:
+        users = f", threads {', '.join(map(str, a['threads']))}" if a["threads"] else ""
+        counts = ", ".join(f"{v['chunks']} {k}" for k, v in a["chunks"].items())
+        con.print(f"  {a['kind']} arena {a['address']}{users}: {counts}; top {a['top']} "
+                  f"({plural(a['top_size'], 'byte')})")
+    tops = g["top_sizes"]
+    if tops["by_bytes"]:
+        con.print(table("chunk sizes in use, by bytes", ["chunk size", "usable", "chunks", "bytes"],
+                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_bytes"]]))
+        con.print(table("chunk sizes in use, by count", ["chunk size", "usable", "chunks", "bytes"],
+                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_count"]]))
 
 
 def show_stack_blocks(sb: dict) -> None:
@@ -610,6 +613,11 @@ def show_leak_check(doc: dict, *, top: int = 10) -> None:
 
 
 def show_diff(doc: dict, *, top: int = 20) -> None:
+    """diff's document: growth by allocation stack, or - for heaps without
+    stacks - by size class (docs/json.md, "diff")."""
+    if "size_classes" in doc:
+        _show_size_diff(doc, top=top)
+        return
     con = out_console()
     o, n = doc["old"], doc["new"]
     con.print(f"[bold]old[/bold] {_e(o['core'])}: {plural(o['live_blocks'], 'live block')}, "
@@ -634,8 +642,8 @@ def show_diff(doc: dict, *, top: int = 20) -> None:
         con.print(f"[dim]... {len(growth) - top} more stacks (--json has them all)[/dim]")
 
 
-def show_plain_diff(doc: dict, *, top: int = 20) -> None:
-    """diff of two cores without libtag: growth by chunk size."""
+def _show_size_diff(doc: dict, *, top: int) -> None:
+    """Growth by size class: the blocks in use of each usable size."""
     con = out_console()
     for key in ("old", "new"):
         d = doc[key]

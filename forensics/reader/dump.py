@@ -24,8 +24,12 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
+import numpy as np
+
 from forensics.reader import abi
 from forensics.reader.control import Control, truncation
+from forensics.reader.glibc_layout import CHUNK_HDR, GlibcError, find_layout
+from forensics.reader.glibc_walk import GlibcHeap, S
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, Thread
@@ -427,7 +431,7 @@ class Dump:
 class PlainDump(Dump):
     """The core of a process that never ran libtag: its memory, modules,
     threads and stacks as for any Dump, and glibc's own heap
-    (reader/glibc_heap.py) in place of tagged blocks - so no allocation or
+    (reader/glibc_layout.py, reader/glibc_walk.py) in place of tagged blocks - so no allocation or
     free stacks, times or threads.  ``control`` and ``heap`` are None;
     ``glibc`` reads the heap (a GlibcError for a libc it cannot read)."""
 
@@ -456,10 +460,8 @@ class PlainDump(Dump):
 
     @cached_property
     def glibc(self):
-        """glibc's heap (reader/glibc_heap.py); a GlibcError that says both
+        """glibc's heap (reader/glibc_walk.py); a GlibcError that says both
         why libtag's reader and glibc's cannot answer."""
-        from forensics.reader.glibc_heap import GlibcError, GlibcHeap, find_layout
-
         opts = self.symbol_options
         fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
         stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
@@ -503,10 +505,6 @@ class PlainDump(Dump):
         """(user pointers, usable sizes) of the chunks the program holds -
         in use in an arena, or mmapped - sorted: the blocks of this dump
         for the pointer edges and the leak scan."""
-        import numpy as np
-
-        from forensics.reader.glibc_heap import CHUNK_HDR, S
-
         heap = self.glibc
         sel = np.isin(heap.state, [S["inuse"], S["mmapped"]])
         return heap.start[sel] + np.uint64(CHUNK_HDR), heap.usable(sel).astype(np.uint64)
@@ -521,8 +519,6 @@ class PlainDump(Dump):
 
 
 def _load_edges(path: str, key) -> Edges | None:
-    import numpy as np
-
     from forensics.reader import cachefile
 
     # keyed like the heap index it refers to: block numbers are its indexes

@@ -334,7 +334,7 @@ def test_the_built_in_table_agrees_with_the_debug_file():
     """The table entry of this machine's libc, derived from its debug file,
     still says what the debug file says."""
     from forensics.core import elf
-    from forensics.reader import glibc_heap as G
+    from forensics.reader import glibc_layout as G
 
     libc = "/lib/x86_64-linux-gnu/libc.so.6"
     with open(libc, "rb") as f:
@@ -357,8 +357,9 @@ def test_the_built_in_table_reads_a_core_as_the_debug_file_does(make_case):
     gives the same chunks, states, bins and findings."""
     import numpy as np
 
-    from forensics.reader import glibc_heap as G
+    from forensics.reader import glibc_layout as G
     from forensics.reader.dump import Dump
+    from forensics.reader.glibc_walk import GlibcHeap
 
     case = make_case("tcache-uaf")
     with Dump.open(case.core, plain=True) as dump:
@@ -368,7 +369,7 @@ def test_the_built_in_table_reads_a_core_as_the_debug_file_does(make_case):
             pytest.skip(f"the core's libc {lay.build_id} is not a build in the table")
         table = G.KNOWN_BUILDS[lay.build_id].at(lay.libc_base, lay.libc_path, lay.build_id)
         fs = {t.tid: t.regs["fs_base"] for t in dump.threads}
-        other = G.GlibcHeap(dump.mem, table, threads=fs)
+        other = GlibcHeap(dump.mem, table, threads=fs)
         assert [f.message for f in other.findings] == [f.message for f in heap.findings]
         for name in ("start", "size", "state", "bin", "thread", "arena_ix"):
             assert np.array_equal(getattr(other, name), getattr(heap, name)), name
@@ -401,7 +402,7 @@ def test_python3s_heap_agrees_with_its_own_mallinfo2(tmp_path):
     import numpy as np
 
     from forensics.reader.dump import Dump
-    from forensics.reader.glibc_heap import S as STATE
+    from forensics.reader.glibc_walk import S as STATE
 
     python = "/usr/bin/python3"
     if not os.path.exists(python):

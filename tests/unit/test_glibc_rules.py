@@ -1,6 +1,6 @@
 """glibc's heap rules on fake memory: a main arena, a thread's tcache and a
 handful of chunks laid out byte for byte as glibc 2.36 lays them out, then
-damaged one way at a time.  forensics.reader.glibc_heap reads it unchanged
+damaged one way at a time.  forensics.reader.glibc_walk reads it unchanged
 (tests/integration/test_glibc_heap.py does the same on real cores)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import struct
 import forensics_test_fakes as F
 import pytest
 
-from forensics.reader import glibc_heap as G
+from forensics.reader import glibc_layout as G
+from forensics.reader import glibc_walk as W
 from forensics.reader.symbols import Module
 
 LIBC = 0x7F0000000000  # libc's load bias; its data at LIBC..LIBC+0x3000
@@ -74,13 +75,13 @@ class Image:
                 return
         raise AssertionError(f"{addr:#x} is in no fake region")
 
-    def heap_of(self) -> G.GlibcHeap:
+    def heap_of(self) -> W.GlibcHeap:
         mem = F.FakeMemory([(LIBC, self.libc, True, "/lib/libc.so.6"), (FS - 0x800, self.tls, True, None),
                             (HEAP, self.heap, True, None)])
-        return G.GlibcHeap(mem, LAYOUT, threads={TID: FS})
+        return W.GlibcHeap(mem, LAYOUT, threads={TID: FS})
 
 
-def states(heap: G.GlibcHeap) -> list[tuple[int, int, str, int | None]]:
+def states(heap: W.GlibcHeap) -> list[tuple[int, int, str, int | None]]:
     return [(c.start - HEAP, c.size, c.state, c.bin) for c in heap.chunks()]
 
 
@@ -97,13 +98,13 @@ def test_every_chunk_is_classified():
 
 def test_safe_linking_demangles_with_the_slots_own_address():
     pos, target = 0x555500001010, 0x5555000012C0
-    assert G.demangle(pos, (pos >> 12) ^ target) == target
-    assert G.demangle(pos, pos >> 12) == 0
+    assert W.demangle(pos, (pos >> 12) ^ target) == target
+    assert W.demangle(pos, pos >> 12) == 0
 
 
 def test_bin_indexes_are_glibcs():
-    assert (G.tcache_index(0x30), G.fastbin_index(0x20), G.bin_index(0xD0), G.bin_index(0x7E0),
-            G.bin_index(0x4000)) == (1, 0, 13, 79, 110 + 4)
+    assert (W.tcache_index(0x30), W.fastbin_index(0x20), W.bin_index(0xD0), W.bin_index(0x7E0),
+            W.bin_index(0x4000)) == (1, 0, 13, 79, 110 + 4)
 
 
 def test_a_tcache_next_pointer_written_after_free_is_named():
@@ -113,7 +114,7 @@ def test_a_tcache_next_pointer_written_after_free_is_named():
     img.q(HEAP + B + 16, 0x4141414141414141)
     heap = img.heap_of()
     (f,) = heap.findings
-    want = G.demangle(HEAP + B + 16, 0x4141414141414141)
+    want = W.demangle(HEAP + B + 16, 0x4141414141414141)
     assert (f.kind, f.chunk, f.value) == ("tcache-next", HEAP + B, want)
 
 

@@ -713,7 +713,7 @@ TAG_INLINE int _tag_canary_ok(const void *user)
  * canary's start (0..7); the canary must be known to be bad. */
 unsigned _tag_canary_damage(const void *user);
 /* The free pattern, written and checked with AVX2 where the CPU has it
- * (tag.c: 8 stores or 8 compares for the default 256-byte fill, no setup)
+ * (tag.c: 8 stores or 8 compares for a 256-byte fill, no setup)
  * and inline SSE2 (x86_64's baseline) otherwise or for the short ones: a
  * call to memset and one to memcmp against a page of the pattern cost more
  * (the call, its setup and the length dispatch).  p is 16-aligned

@@ -50,6 +50,12 @@ enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 }
 /* LIBTAG_UNWIND: where stacks come from (unwind.c). */
 enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
 
+/* The bytes of a freed block's payload, from offset 0, patterned and
+ * checked in the quarantine (LIBTAG_QUARANTINE_FILL): a write after free
+ * anywhere in a block of up to 4 KiB is seen.  docs/design.md, "The
+ * quarantine", states the cost. */
+#define TAG_QUARANTINE_DEFAULT_FILL 4096u
+
 /* The guard pool (guard.c): the default rate, one allocation in this many;
  * the default caps, in slots, at a sampling rate and at rate 1; and the
  * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */

@@ -61,6 +61,11 @@ enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2,
  * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
 #define TAG_GUARD_DEFAULT_RATE  5000u
 #define TAG_GUARD_SAMPLED_SLOTS 256u
+/* ... which a sampling rate's pool uses before it reuses slots, and grows
+ * past, up to this cap (and the window: guard.c), only when each slot
+ * holds a live block; first-of-site blocks hold at most half of
+ * TAG_GUARD_SAMPLED_SLOTS at once. */
+#define TAG_GUARD_SAMPLED_CAP   2048u
 /* ... and the first this many allocations of every allocation stack (a
  * site) are guarded too (LIBTAG_GUARD_SITES). */
 #define TAG_GUARD_DEFAULT_SITES 1u

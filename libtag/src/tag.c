@@ -96,13 +96,10 @@ TAG_COLD void _tag_pattern_init(void)
         _tag_avx2_from = 32;
 }
 
-/* Unrolled: 2 stores or compares up to 64 bytes, 4 up to 128, then 256
- * bytes a loop turn, 128 once more where more than 128 are left, and the
- * last 128 overlapping - a 256-byte fill is 8 of each and one turn
- * (callgrind: the one-a-turn loops cost ~30 and ~35 instructions a block
- * on allocbench, these ~14 and ~20); the 4096-byte default, 8 a turn
- * where 4 a turn took 8 and 12 instructions a 128 bytes, ~170 and ~300
- * where they took ~260 and ~390. */
+/* Unrolled: 2 stores or compares up to 64 bytes, 4 up to 128, then 128
+ * bytes a loop turn and the last 128 overlapping - the default 256-byte
+ * fill is 8 of each and one turn (callgrind: the one-a-turn loops cost
+ * ~30 and ~35 instructions a block on allocbench, these ~14 and ~20). */
 #define ST(off) _mm256_storeu_si256((__m256i *)(c + (off)), v)
 __attribute__((target("avx2"))) void _tag_pattern_fill_avx2(void *p, size_t n)
 {
@@ -114,18 +111,7 @@ __attribute__((target("avx2"))) void _tag_pattern_fill_avx2(void *p, size_t n)
         return;
     }
     if (n > 128) {
-        size_t i = 0;
-        for (; i + 256 < n; i += 256) {
-            ST(i);
-            ST(i + 32);
-            ST(i + 64);
-            ST(i + 96);
-            ST(i + 128);
-            ST(i + 160);
-            ST(i + 192);
-            ST(i + 224);
-        }
-        if (i + 128 < n) {
+        for (size_t i = 0; i + 128 < n; i += 128) {
             ST(i);
             ST(i + 32);
             ST(i + 64);
@@ -151,15 +137,7 @@ __attribute__((target("avx2"))) size_t _tag_pattern_damage_avx2(const void *p, s
     if (n > 64) {
         a = _mm256_and_si256(a, EQ(n - 64));
         if (n > 128) {
-            size_t i = 0;
-            for (; i + 256 < n; i += 256) {
-                __m256i x = _mm256_and_si256(_mm256_and_si256(EQ(i), EQ(i + 32)),
-                                             _mm256_and_si256(EQ(i + 64), EQ(i + 96)));
-                __m256i y = _mm256_and_si256(_mm256_and_si256(EQ(i + 128), EQ(i + 160)),
-                                             _mm256_and_si256(EQ(i + 192), EQ(i + 224)));
-                a = _mm256_and_si256(a, _mm256_and_si256(x, y));
-            }
-            if (i + 128 < n)
+            for (size_t i = 0; i + 128 < n; i += 128)
                 a = _mm256_and_si256(_mm256_and_si256(a, _mm256_and_si256(EQ(i), EQ(i + 32))),
                                      _mm256_and_si256(EQ(i + 64), EQ(i + 96)));
             a = _mm256_and_si256(a, _mm256_and_si256(EQ(n - 128), EQ(n - 96)));

@@ -80,3 +80,37 @@ def test_a_write_deep_in_a_freed_block_is_caught_with_default_settings(case, bui
     assert functions(b["free_stack"], exe) == free_fns, b["free_stack"]
     # ... found by libtag's check at exit (the quarantine's flush)
     assert "libtag_destructor" in [x["function"] for x in a["stack"]], a["stack"]
+
+
+def test_hunting_mode_catches_it_at_the_instruction_in_a_core_of_the_slots_used(
+        build_victim, run_victim, run_cli, tmp_path):
+    # GIVEN every allocation guarded (LIBTAG_GUARD_RATE=1): a pool reserved
+    # for 262144 slots of 20 KiB (5.4 GB of address space)
+    exe = Path(os.path.realpath(build_victim("uaf_deep", instrument=False)))
+    snaps = tmp_path / "snaps"
+    # WHEN loop_dealloc clears the pointer at offset 1128 after the free
+    done = run_victim(exe, "loop", snap_dir=snaps, on_anomaly="snapshot",
+                      env={"LIBTAG_CORE": "self", "LIBTAG_GUARD_RATE": "1"})
+    assert done.returncode == 0, f"expected exit 0, got {done.returncode}: {done.stderr}"
+    f = facts(done.stdout)
+    block = int(f["block"], 16)
+    dirs = S.snapshot_dirs(snaps)
+    assert len(dirs) == 1 and dirs[0].name.endswith("-1-use-after-free"), [d.name for d in dirs]
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
+    assert core is not None, f"expected a core in {snap.path}"
+    # THEN the store faulted at its instruction in loop_dealloc, on the guarded block
+    result = run_cli("inspect", str(core), "--json",
+                     env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert result.returncode == 0, result.stderr
+    [a] = json.loads(result.stdout)["anomalies"]
+    assert (a["kind"], a["access"], a["address"], a["offset"]) == (
+        "use-after-free", "write", hex(block + 1128), 1128), a
+    b = a["block"]
+    assert (b["start"], b["size"], b["state"], b["guarded"]) == (hex(block), 1160, "freed", True), b
+    assert functions(a["stack"], exe) == ["loop_dealloc", "main"], a["stack"]
+    assert functions(b["free_stack"], exe) == ["loop_destroy", "loop_dealloc", "main"], b
+    # ... and the core holds the slots used, not the whole reservation (it
+    # was 5,395,947,520 bytes when every slot was exposed)
+    size = core.stat().st_size
+    assert size < 64 << 20, f"expected a core under 64 MiB, got {size} bytes"

@@ -6,12 +6,22 @@
  * pages, slots and guard pages in turn; a slot becomes accessible when a
  * block is placed in it and inaccessible again when the block is freed.
  * The range is reserved at the first guarded allocation, sized for the cap
- * (LIBTAG_GUARD_SLOTS, else 64 slots at a sampling rate and 16384 at rate
- * 1): reserving costs address space only, and slots are committed one by
- * one as the pool grows to its cap.  Never-used slots go first, then the
- * slot that left the window longest ago, so a freed block stays
- * inaccessible for as long as the pool allows.  When every slot is live
- * (or retired) the allocation is an ordinary one.
+ * (LIBTAG_GUARD_SLOTS, else TAG_GUARD_SAMPLED_CAP at a sampling rate, at
+ * most the window, and TAG_GUARD_ALL_SLOTS at rate 1): reserving costs
+ * address space only, and slots are committed one by one as the pool grows
+ * to its cap.  Never-used slots go first, then the slot that left the
+ * window longest ago, so a freed block stays inaccessible for as long as
+ * the pool allows - but with pressure (below) a freed slot that left the
+ * window is open and catches nothing, and goes first.  When every slot is
+ * live (or retired) the allocation is an ordinary one.
+ *
+ * Shares.  At a sampling rate with no cap set, never-used slots go first
+ * only up to grow_at (TAG_GUARD_SAMPLED_SLOTS); past it a sampled block
+ * takes a never-used slot only when every slot used so far holds a live
+ * block, and first-of-site blocks (LIBTAG_GUARD_SITES) hold at most half of
+ * grow_at at once.  Without both, a program's start-up - thousands of
+ * sites' first blocks, most of them never freed - filled the pool, and the
+ * 1-in-N sample found no slot for the rest of the run.
  *
  * The window.  Every guarded slot is its own mapping between two guard
  * mappings, and a process has at most vm.max_map_count of them (65530 by
@@ -75,6 +85,10 @@ static struct libtag_guard_slot *slots; /* [capacity] */
 static char *pool;
 static uint32_t capacity;
 static uint32_t fresh;                  /* slots below this were used */
+static uint32_t grow_at;                /* fresh slots taken before reuse */
+static uint32_t site_share, site_live;  /* first-of-site guards: cap, live */
+static uint8_t *site_slot;              /* [capacity]: 1 = a first-of-site block */
+static uint64_t sampled_allocs, site_allocs;  /* placements of each kind */
 static uint32_t q_head, q_tail;         /* queue of freed out slots: index + 1 */
 
 /* The window (see above); all under pool_lock. */
@@ -153,6 +167,10 @@ void _tag_guard_init(void)
             max_map_count = (uint32_t)v;
     }
     uint32_t w = max_map_count / 32;
+    /* a sampling rate's default cap stays within the window: its pool
+     * never opens a guard */
+    if (!_tag_opt.guard_slots && _tag_opt.guard_rate != 1 && _tag_ctl.guard_capacity > w)
+        _tag_ctl.guard_capacity = w > TAG_GUARD_SAMPLED_SLOTS ? w : TAG_GUARD_SAMPLED_SLOTS;
     window = w < _tag_ctl.guard_capacity ? w : _tag_ctl.guard_capacity;
 }
 
@@ -221,7 +239,7 @@ static int pool_reserve(void)
     size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
     size_t wheres = ((size_t)cap + 63) & ~(size_t)63;
     struct libtag_guard_slot *s =
-        p == MAP_FAILED ? NULL : _tag_map(recs + wheres + (size_t)w * sizeof *win, 1);
+        p == MAP_FAILED ? NULL : _tag_map(recs + 2 * wheres + (size_t)w * sizeof *win, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -246,8 +264,15 @@ static int pool_reserve(void)
     capacity = cap;
     _tag_ctl.guard_capacity = cap;
     where = (uint8_t *)s + recs;
-    win = (uint32_t *)(void *)(where + wheres);
+    site_slot = where + wheres;
+    win = (uint32_t *)(void *)(site_slot + wheres);
     pressure = cap > w;
+    /* a cap of the user's (LIBTAG_GUARD_SLOTS) or rate 1: every slot fresh
+     * first; the sampling default: TAG_GUARD_SAMPLED_SLOTS, then reuse,
+     * and more only when every slot is live */
+    grow_at = _tag_opt.guard_slots || _tag_opt.guard_rate == 1 || cap < TAG_GUARD_SAMPLED_SLOTS
+                  ? cap : TAG_GUARD_SAMPLED_SLOTS;
+    site_share = grow_at / 2 ? grow_at / 2 : 1;
     _tag_ctl.guard_slots = (uint64_t)(uintptr_t)s;
     _tag_ctl.guard_pool = (uint64_t)(uintptr_t)p;
     __atomic_store_n(&_tag_ctl.guard_pool_bytes, (uint64_t)bytes, __ATOMIC_RELEASE);
@@ -323,14 +348,22 @@ static int enter(uint32_t i)
 
 /* A slot to place a block in, marked BUSY and accessible; NO_SLOT when
  * none is free.  *reused: it held a freed block (whose tag must be
- * cleared); *clean: its pages were given back (they read as zero). */
-static uint32_t take_slot(int *reused, int *clean)
+ * cleared); *clean: its pages were given back (they read as zero).
+ * site: for a first-of-site block, which may hold at most site_share
+ * slots at once; a sampled block takes a fresh slot past grow_at when
+ * every slot used so far holds a live block, so neither starves the
+ * other (docs/design.md, "Guarded blocks"). */
+static uint32_t take_slot(int *reused, int *clean, int site)
 {
     lock();
     uint32_t i = NO_SLOT;
-    if (pool_reserve()) {
+    if (pool_reserve() && (!site || site_live < site_share)) {
+        uint32_t limit = grow_at;
         while (i == NO_SLOT) {
-            if (fresh < capacity) {
+            /* with pressure a queued slot is open and catches nothing: it
+             * goes before a never-used one, which keeps the pool (and a
+             * core's size) near the window plus the live out slots */
+            if (fresh < limit && !(pressure && q_head)) {
                 i = fresh++;
                 __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
                 __atomic_store_n(&slots[i].state, TAG_GUARD_BUSY, __ATOMIC_SEQ_CST);
@@ -360,9 +393,19 @@ static uint32_t take_slot(int *reused, int *clean)
                 *reused = want == TAG_GUARD_FREED;
                 *clean = pressure;  /* a freed out slot gave its pages back */
             }
-            if (i != NO_SLOT || win_count == 0)
+            if (i != NO_SLOT)
                 break;
-            leave_oldest();  /* nothing free: the oldest placement may be */
+            if (fresh < limit)
+                continue;  /* the queue held no usable slot */
+            if (win_count > 0) {
+                leave_oldest();  /* nothing free: the oldest placement may be */
+                continue;
+            }
+            /* every slot used so far holds a live block (or was retired):
+             * a sampled one grows the pool, up to its cap */
+            if (site || limit == capacity)
+                break;
+            limit = capacity;
         }
         if (i != NO_SLOT && !enter(i)) {
             /* out of mappings (vm.max_map_count): the slot goes back as it was */
@@ -375,6 +418,14 @@ static uint32_t take_slot(int *reused, int *clean)
                 __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
             }
             i = NO_SLOT;
+        }
+        if (i != NO_SLOT) {
+            site_slot[i] = (uint8_t)site;
+            site_live += (uint32_t)site;
+            if (site)
+                site_allocs++;
+            else
+                sampled_allocs++;
         }
     }
     unlock();
@@ -405,16 +456,28 @@ static int site_taken(uint32_t stack)
     return 1;
 }
 
+void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites)
+{
+    lock();
+    *sampled = sampled_allocs;
+    *sites = site_allocs;
+    unlock();
+}
+
 void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, int zero, uint32_t kind,
                        uint32_t stack, int sampled)
 {
+    int site = !sampled;  /* guarded as its stack's first block */
     if (sampled) {
         if (TAG_UNLIKELY(rng == 0)) {
             /* this thread's first allocation: seed, and start counting */
             rng = (_tag_ctl.secret ^ (uint64_t)(uintptr_t)&rng) * TAG_MIX2 | 1;
             t->guard_countdown = next_countdown();
-            if (_tag_opt.guard_rate != 1 && !(_tag_guard_new_site(stack) && site_taken(stack)))
-                return NULL;
+            if (_tag_opt.guard_rate != 1) {
+                if (!(_tag_guard_new_site(stack) && site_taken(stack)))
+                    return NULL;
+                site = 1;
+            }
         }
         t->guard_countdown = next_countdown();
     } else if (!site_taken(stack)) {
@@ -429,7 +492,7 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
         return NULL;
     int saved = errno;  /* malloc leaves errno alone when it succeeds */
     int reused = 0, clean = 0;
-    uint32_t i = take_slot(&reused, &clean);
+    uint32_t i = take_slot(&reused, &clean, site);
     if (i == NO_SLOT) {
         errno = saved;
         return NULL;
@@ -594,6 +657,10 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
     s->rec = rec;
     _tag_count(t, 1, size);
     lock();  /* leave() decides by the state and where[] under it */
+    if (site_slot[i]) {
+        site_slot[i] = 0;
+        site_live--;
+    }
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
         /* (a retired slot was opened by a fault: the program may still be in it) */
@@ -757,9 +824,21 @@ int _tag_guard_fault(int sig, void *siv, void *ucv)
 
 /* ------------------------------------------------------------ snapshot -- */
 
+/* Only the slots ever used (and the guard page after the last): the rest
+ * of the reservation stays unreadable and out of the kernel's core
+ * (MADV_DONTDUMP), which otherwise counts the whole reservation - 5.4 GB
+ * for rate 1's 262144 slots - in the core's size. */
 void _tag_guard_expose(void)
 {
     uint64_t bytes = __atomic_load_n(&_tag_ctl.guard_pool_bytes, __ATOMIC_ACQUIRE);
-    if (bytes)
-        mprotect((void *)(uintptr_t)_tag_ctl.guard_pool, bytes, PROT_READ | PROT_WRITE);
+    if (!bytes)
+        return;
+    uint64_t used = __atomic_load_n(&_tag_ctl.guard_used, __ATOMIC_RELAXED);
+    uint64_t open = PAGE + used * STRIDE;
+    if (open > bytes)
+        open = bytes;
+    char *p = (char *)(uintptr_t)_tag_ctl.guard_pool;
+    mprotect(p, open, PROT_READ | PROT_WRITE);
+    if (open < bytes)
+        madvise(p + open, bytes - open, MADV_DONTDUMP);
 }

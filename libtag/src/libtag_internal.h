@@ -614,7 +614,7 @@ TAG_INLINE int _tag_canary_ok(const void *user)
  * canary's start (0..7); the canary must be known to be bad. */
 unsigned _tag_canary_damage(const void *user);
 /* The free pattern, written and checked with AVX2 where the CPU has it
- * (tag.c: 8 stores or 8 compares for the default 256-byte fill, no setup)
+ * (tag.c: 8 stores or 8 compares for a 256-byte fill, no setup)
  * and inline SSE2 (x86_64's baseline) otherwise or for the short ones: a
  * call to memset and one to memcmp against a page of the pattern cost more
  * (the call, its setup and the length dispatch).  p is 16-aligned
@@ -906,6 +906,8 @@ TAG_COLD void _tag_guard_expose(void);
 void _tag_guard_init(void);
 uint32_t _tag_guard_window(void);
 uint64_t _tag_guard_allocs(void);   /* blocks guarded so far */
+/* blocks guarded so far by the sample and as their stack's first */
+void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites);
 uint32_t _tag_guard_mappings(void); /* the pool's mappings now */
 void _tag_guard_atfork_prepare(void);
 void _tag_guard_atfork_parent(void);

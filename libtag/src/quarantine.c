@@ -112,7 +112,7 @@ static TAG_COLD uint64_t evict_damaged(struct tag_thread_state *t, void *user,
  * its tag is usually a cache miss; the tag line of the block
  * PREFETCH_AHEAD evictions ahead is prefetched to hide it.  The fill stays
  * in ordinary stores: with non-temporal ones the check reads from DRAM.
- * The figures: docs/design.md, "The quarantine: 1 MiB a thread, 256 bytes
+ * The figures: docs/design.md, "The quarantine: 1 MiB a thread, 4 KiB
  * filled". */
 TAG_INLINE void evict_one(struct tag_thread_state *owner, struct libtag_quarantine_ring *q)
 {

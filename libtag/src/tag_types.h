@@ -50,11 +50,22 @@ enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 }
 /* LIBTAG_UNWIND: where stacks come from (unwind.c). */
 enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
 
+/* The bytes of a freed block's payload, from offset 0, patterned and
+ * checked in the quarantine (LIBTAG_QUARANTINE_FILL): a write after free
+ * anywhere in a block of up to 4 KiB is seen.  docs/design.md, "The
+ * quarantine", states the cost. */
+#define TAG_QUARANTINE_DEFAULT_FILL 4096u
+
 /* The guard pool (guard.c): the default rate, one allocation in this many;
  * the default caps, in slots, at a sampling rate and at rate 1; and the
  * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
 #define TAG_GUARD_DEFAULT_RATE  5000u
 #define TAG_GUARD_SAMPLED_SLOTS 256u
+/* ... which a sampling rate's pool uses before it reuses slots, and grows
+ * past, up to this cap (and the window: guard.c), only when each slot
+ * holds a live block; first-of-site blocks hold at most half of
+ * TAG_GUARD_SAMPLED_SLOTS at once. */
+#define TAG_GUARD_SAMPLED_CAP   2048u
 /* ... and the first this many allocations of every allocation stack (a
  * site) are guarded too (LIBTAG_GUARD_SITES). */
 #define TAG_GUARD_DEFAULT_SITES 1u

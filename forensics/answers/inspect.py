@@ -104,10 +104,21 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
     doc["counters"] = dump.control.counters if dump.control is not None else None
     if isinstance(heap, GlibcSource):
         doc["glibc"] = glibc_map(heap, top=top)
+    doc["types"] = live_types(dump, heap, top=top)
     if heap.without is not None:
         doc["without_libtag"] = heap.without
     doc["warnings"] = dump.warnings
     return doc
+
+
+def live_types(dump: Dump, heap, *, top: int) -> list[dict]:
+    """The live blocks counted by C++ class (by vtable), most bytes first:
+    the classes that can be told, at most *top* of them."""
+    if not top:
+        return []
+    starts, sizes, live = heap.blocks()
+    rows = dump.types.count(starts[live], sizes[live])
+    return [{"type": c, "blocks": n, "bytes": b} for c, n, b in rows[:top]]
 
 
 def recorded_anomaly_docs(dump: Dump) -> list[dict]:

@@ -823,6 +823,12 @@ def retention_scan(dump: Dump) -> LeakScan:
     return scan
 
 
+def _common_type(dump: Dump, starts) -> str | None:
+    """The C++ class all these blocks hold (by vtable), or None."""
+    found = {dump.types.of(a) for a in starts}
+    return found.pop() if len(found) == 1 else None
+
+
 def leaks_json(dump: Dump) -> list[dict]:
     """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
@@ -848,6 +854,7 @@ def leaks_json(dump: Dump) -> list[dict]:
             "age_ms": {"oldest": max(0, now - g.oldest_ms), "newest": max(0, now - g.newest_ms)}
             if now else None,
             "examples": [hexaddr(a) for a in g.examples],
+            "type": _common_type(dump, g.examples),
         }
         if g.kind == "definite":
             doc["indirect_blocks"] = g.indirect_blocks

@@ -303,6 +303,9 @@ def to_json(dump: Dump, o: Owner) -> dict:
     # without libtag: glibc's chunk instead of a block (docs/json.md, "Without libtag")
     doc["libtag"] = dump.libtag
     doc["chunk"] = chunk_json(chunk, offset=o.address - chunk.user) if chunk is not None else None
+    # what the block is without its stacks: a C++ class by its vtable
+    start = tagged.start if tagged is not None else chunk.user if chunk is not None else None
+    doc["type"] = dump.types.of(start) if start is not None else None
     if heap.without is not None:
         doc["without_libtag"] = heap.without
     if o.thread is not None:

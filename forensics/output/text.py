@@ -329,6 +329,8 @@ def show_whoowns(doc: dict) -> None:
     con.print(head)
     if doc.get("note"):
         con.print(f"  {_e(doc['note'])}")
+    if doc.get("type"):
+        con.print(f"  holds a {_e(doc['type'])} (by its vtable)")
     if doc.get("block"):
         for item in _block_lines(doc["block"]):
             con.print(item)
@@ -434,6 +436,9 @@ def show_inspect(doc: dict) -> None:
     con.print(f"\n[bold]heap[/bold] {_heap_line(doc['heap'], doc.get('libtag', True))}")
     if g:
         _print_glibc_map(con, g)
+    if doc.get("types"):
+        con.print(table("live blocks by C++ class (by vtable)", ["class", "blocks", "bytes"],
+                        [[_e(t["type"]), str(t["blocks"]), str(t["bytes"])] for t in doc["types"]]))
     tops = doc.get("top_stacks", [])
     rt = doc.get("runtime") or {}
     if tops or rt.get("stacks"):

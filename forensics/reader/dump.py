@@ -62,6 +62,14 @@ class Dump:
 
     libtag = True  # a PlainDump is the memory of a process without libtag
 
+    @cached_property
+    def types(self):
+        """The C++ classes of its blocks, by vtable (reader/types.py)."""
+        from forensics.reader.types import BlockTypes
+
+        return BlockTypes(self)
+
+
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
              symbols=None, plain: bool = False, complete: bool = False, note=None) -> "Dump":

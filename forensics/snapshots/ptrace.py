@@ -229,13 +229,14 @@ def _settle(frozen: Frozen, th: Thread) -> bool:
         if event == PTRACE_EVENT_CLONE:
             # it was creating a thread, and is stopped inside clone: the new
             # thread is traced from birth (it stops by itself); this one
-            # must finish its clone before it may be used, so it runs on to
-            # the interrupt's stop, still pending
+            # must finish its clone before it may be used, so it runs on and
+            # is interrupted again (the event stop took the first interrupt)
             new = ctypes.c_ulong()
             ptrace(PTRACE_GETEVENTMSG, th.tid, 0, ctypes.addressof(new))
             if new.value not in frozen.threads:
                 frozen.threads[new.value] = Thread(int(new.value), attached=True)
             ptrace(PTRACE_CONT, th.tid, 0, 0)
+            ptrace(PTRACE_INTERRUPT, th.tid)
             continue
         if event == PTRACE_EVENT_STOP:
             if sig not in (signal.SIGTRAP, 0):

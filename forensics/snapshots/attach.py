@@ -88,14 +88,14 @@ def _idle_wait(pid: int, tid: int) -> int | None:
     """The idle wait *tid* sleeps in (interruptibly: state S): a system
     call of _IDLE_WAITS, or of _IDLE_READS on a pipe, socket or terminal;
     None otherwise."""
+    if ptrace.task_state(pid, tid) != "S":
+        return None
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
         with open(f"/proc/{pid}/task/{tid}/syscall") as f:
             words = f.read().split()
-    except (OSError, IndexError):
+    except OSError:
         return None
-    if state != "S" or not words or not words[0].isdigit():
+    if not words or not words[0].isdigit():
         return None
     nr = int(words[0])
     if nr in _IDLE_WAITS:

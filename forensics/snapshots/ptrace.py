@@ -317,14 +317,25 @@ def release(frozen: Frozen) -> int:
     return time.monotonic_ns()
 
 
-def _task_state(pid: int, tid: int) -> str:
-    """"state D, in io_schedule" from /proc, for a message."""
+def task_state(pid: int, tid: int) -> str | None:
+    """The state letter of thread *tid* of *pid* (R, S, D, T, t, Z...), None
+    when it cannot be read (gone)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _task_state(pid: int, tid: int) -> str:
+    """"state D, in io_schedule" from /proc, for a message."""
+    state = task_state(pid, tid)
+    try:
         with open(f"/proc/{pid}/task/{tid}/wchan") as f:
             wchan = f.read().strip()
-    except (OSError, IndexError):
+    except OSError:
+        wchan = ""
+    if state is None:
         return "state unknown"
     return f"state {state}" + (f", in {wchan}" if wchan and wchan != "0" else "")
 

@@ -22,22 +22,22 @@ and caches from their arrays; this layer is what the answers see of them.
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 from forensics.heaps.base import HeapSource, Place, Totals
 from forensics.heaps.glibc import GlibcSource
 from forensics.heaps.libtag import LibtagSource
 from forensics.reader.dump import Dump
 
-_SOURCES: WeakKeyDictionary = WeakKeyDictionary()
-
-
 def sources(dump: Dump) -> tuple[HeapSource, ...]:
     """The heaps dump holds, each once per dump: libtag's when its control
-    block is there, else glibc's."""
-    found = _SOURCES.get(dump)
+    block is there, else glibc's.  Kept on the dump itself: a table keyed
+    by dumps whose values (the sources) hold their dumps would keep every
+    dump, and its core's open file and mapping, for the life of the
+    process (the fuzz tests, which run the verbs in one process, ran out
+    of descriptors)."""
+    found = dump.__dict__.get("_heap_sources")
     if found is None:
-        found = _SOURCES[dump] = (LibtagSource(dump),) if dump.libtag else (GlibcSource(dump),)
+        found = dump.__dict__["_heap_sources"] = (
+            (LibtagSource(dump),) if dump.libtag else (GlibcSource(dump),))
     return found
 
 

@@ -10,8 +10,9 @@ each new block carries its tag, allocation and free stacks, and libtag
 watches it as in a process started under libtag (double and invalid frees,
 overflows, use after free, snapshots on anomalies); `forensics snapshot PID`
 asks libtag for its snapshots.  The blocks allocated before stay glibc's:
-freeing or reallocating one goes to glibc, and every verb answers for them
-as for a core without libtag.
+freeing or reallocating one goes to glibc.  In a core of the attached
+process the answers are libtag's: they cover the blocks made after the
+attach (whoowns names a block from before only by its mapping, for now).
 
 What it cannot do: a static binary, a program under a seccomp filter, with
 a C library other than glibc 2.34+, or with another allocator (jemalloc,

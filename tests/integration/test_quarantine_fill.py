@@ -43,6 +43,21 @@ def functions(frames: list[dict], exe: Path) -> list[str]:
     return names[:names.index("main") + 1] if "main" in names else names
 
 
+def the_use_after_free(snaps: Path, run_cli, tmp_path: Path) -> tuple[Path, dict]:
+    """The one snapshot in snaps, the use-after-free's, once complete: its
+    core and inspect's one anomaly in it."""
+    dirs = S.snapshot_dirs(snaps)
+    assert len(dirs) == 1 and dirs[0].name.endswith("-1-use-after-free"), [d.name for d in dirs]
+    snap = snapdir.wait_complete(dirs[0], 60)
+    core = snapdir.find_core(snap.path)
+    assert core is not None, f"expected a core in {snap.path}"
+    result = run_cli("inspect", str(core), "--json",
+                     env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert result.returncode == 0, result.stderr
+    [a] = json.loads(result.stdout)["anomalies"]
+    return core, a
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_write_deep_in_a_freed_block_is_caught_with_default_settings(case, build_victim,
                                                                        run_victim, run_cli,
@@ -61,15 +76,7 @@ def test_a_write_deep_in_a_freed_block_is_caught_with_default_settings(case, bui
     block = int(f["block"], 16)
     assert (int(f["size"]), int(f["address"], 16)) == (size, block + off), f
     # THEN one snapshot, the use-after-free's, found when the process exited
-    dirs = S.snapshot_dirs(snaps)
-    assert len(dirs) == 1 and dirs[0].name.endswith("-1-use-after-free"), [d.name for d in dirs]
-    snap = snapdir.wait_complete(dirs[0], 60)
-    core = snapdir.find_core(snap.path)
-    assert core is not None, f"expected a core in {snap.path}"
-    result = run_cli("inspect", str(core), "--json",
-                     env={"XDG_STATE_HOME": str(tmp_path / "state")})
-    assert result.returncode == 0, result.stderr
-    [a] = json.loads(result.stdout)["anomalies"]
+    _, a = the_use_after_free(snaps, run_cli, tmp_path)
     # ... at the first byte written, the 8 bytes of NULL
     assert (a["kind"], a["address"], a["offset"], a["written"]) == (
         "use-after-free", hex(block + off), off, "00" * 8), a
@@ -94,16 +101,8 @@ def test_hunting_mode_catches_it_at_the_instruction_in_a_core_of_the_slots_used(
     assert done.returncode == 0, f"expected exit 0, got {done.returncode}: {done.stderr}"
     f = facts(done.stdout)
     block = int(f["block"], 16)
-    dirs = S.snapshot_dirs(snaps)
-    assert len(dirs) == 1 and dirs[0].name.endswith("-1-use-after-free"), [d.name for d in dirs]
-    snap = snapdir.wait_complete(dirs[0], 60)
-    core = snapdir.find_core(snap.path)
-    assert core is not None, f"expected a core in {snap.path}"
     # THEN the store faulted at its instruction in loop_dealloc, on the guarded block
-    result = run_cli("inspect", str(core), "--json",
-                     env={"XDG_STATE_HOME": str(tmp_path / "state")})
-    assert result.returncode == 0, result.stderr
-    [a] = json.loads(result.stdout)["anomalies"]
+    core, a = the_use_after_free(snaps, run_cli, tmp_path)
     assert (a["kind"], a["access"], a["address"], a["offset"]) == (
         "use-after-free", "write", hex(block + 1128), 1128), a
     b = a["block"]

@@ -58,6 +58,7 @@ from forensics.core.notes import (
     prstatus_bytes,
 )
 from forensics.errors import InputError
+from forensics.snapshots.ptrace import read_status
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 NT_X86_XSTATE = 0x202
@@ -170,18 +171,6 @@ def _stat_fields(pid: int) -> list[str]:
     return text[text.rindex(")") + 2:].split()
 
 
-def _status(path: str) -> dict[str, str]:
-    out = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                out[k] = v.strip()
-    except OSError:
-        pass
-    return out
-
-
 def _mask(st: dict[str, str], *keys: str) -> int:
     v = 0
     for k in keys:
@@ -217,7 +206,7 @@ def process_facts(pid: int, tids: list[int], copy_pid: int) -> ProcessFacts:
         f = _stat_fields(pid)
     except OSError:
         f = _stat_fields(copy_pid)
-    st = _status(f"/proc/{pid}/status") or _status(f"/proc/{copy_pid}/status")
+    st = read_status(f"/proc/{pid}/status") or read_status(f"/proc/{copy_pid}/status")
     with open(f"/proc/{copy_pid}/comm", "rb") as fh:
         comm = fh.read().rstrip(b"\n")[:15]
     try:
@@ -229,7 +218,7 @@ def process_facts(pid: int, tids: list[int], copy_pid: int) -> ProcessFacts:
         auxv = fh.read()
     masks = {}
     for t in tids:
-        ts = _status(f"/proc/{pid}/task/{t}/status")
+        ts = read_status(f"/proc/{pid}/task/{t}/status")
         masks[t] = (_mask(ts, "SigPnd", "ShdPnd"), _mask(ts, "SigBlk"))
     uid = int(st.get("Uid", "0").split()[0] or 0)
     gid = int(st.get("Gid", "0").split()[0] or 0)

@@ -532,15 +532,25 @@ def seccomp_filters(tid: int) -> list[list[tuple[int, int, int, int]]]:
 
 # ---------------------------------------------------------- preflight --
 
-def status_fields(pid: int) -> dict[str, str]:
+def read_status(path: str) -> dict[str, str]:
+    """A /proc status file (a process's or a thread's) as {key: value}; {}
+    when it cannot be read."""
     out = {}
     try:
-        with open(f"/proc/{pid}/status", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 k, _, v = line.partition(":")
                 out[k] = v.strip()
-    except FileNotFoundError:
-        raise Gone(f"no process with pid {pid}") from None
+    except OSError:
+        pass
+    return out
+
+
+def status_fields(pid: int) -> dict[str, str]:
+    """/proc/PID/status; Gone when there is no such process."""
+    out = read_status(f"/proc/{pid}/status")
+    if not out:
+        raise Gone(f"no process with pid {pid}")
     return out
 
 

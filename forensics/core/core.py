@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import elf
+from . import compressed, elf
 from .errors import CoreParseError, NotDumpedError, TruncatedError, UnmappedError
 from .notes import (
     FORENSICS_NOTE,
@@ -80,8 +80,12 @@ _FILE_KINDS = (
 )
 
 
-def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
-    """Open and mmap a regular, non-empty file read-only, or say why not."""
+def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int]:
+    """Open and mmap a regular, non-empty file read-only, or say why not:
+    (the map, the file's stat, the compression it had - "zstd", "lz4", "xz"
+    or None - and the bytes of the core mapped).  A compressed core is
+    recognised by its magic, not its name, and mapped from a private sparse
+    copy that goes with the map (forensics.core.compressed)."""
     try:
         # O_NONBLOCK: opening a FIFO must not hang; fstat below refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -99,7 +103,14 @@ def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
         if st.st_size == 0:
             raise CoreParseError(f"empty file: {path} is 0 bytes")
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st
+            packed = compressed.detect(os.pread(fd, compressed.MAGIC_LEN, 0))
+        except OSError as exc:
+            raise CoreParseError(f"cannot read core: {path}: {exc.strerror or exc}") from None
+        if packed is not None:
+            mm, size, _disk = compressed.decompress(fd, packed, path)
+            return mm, st, packed, size
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st, None, st.st_size
         except (OSError, ValueError) as exc:
             raise CoreParseError(f"cannot map core: {path}: {exc}") from None
     finally:
@@ -118,13 +129,19 @@ class Core:
         self._load()
 
     def _load(self) -> None:
-        self._mm, st = _map_file(self.path)
-        self.file_size = st.st_size
+        self._mm, st, self.compressed, self.file_size = _map_file(self.path)
         # which file was parsed: a writer (forensics.reader.complete) checks
-        # that the file it opened to write is this one
+        # that the file it opened to write is this one (never a compressed
+        # one: what was parsed is its decompressed copy)
         self.identity = (st.st_dev, st.st_ino)
         try:
             self._parse()
+        except CoreParseError as exc:
+            self.close()
+            if self.compressed is None:
+                raise
+            raise CoreParseError(f"{exc.message} (what its {self.compressed} stream "
+                                 f"decompresses to)") from None
         except BaseException:
             self.close()
             raise

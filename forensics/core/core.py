@@ -80,10 +80,11 @@ _FILE_KINDS = (
 )
 
 
-def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int]:
+def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int, int | None]:
     """Open and mmap a regular, non-empty file read-only, or say why not:
     (the map, the file's stat, the compression it had - "zstd", "lz4", "xz"
-    or None - and the bytes of the core mapped).  A compressed core is
+    or None - the bytes of the core mapped, and the bytes its decompressed
+    copy takes on disk - None for a plain core).  A compressed core is
     recognised by its magic, not its name, and mapped from a private sparse
     copy that goes with the map (forensics.core.compressed)."""
     try:
@@ -107,10 +108,10 @@ def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int]:
         except OSError as exc:
             raise CoreParseError(f"cannot read core: {path}: {exc.strerror or exc}") from None
         if packed is not None:
-            mm, size, _disk = compressed.decompress(fd, packed, path)
-            return mm, st, packed, size
+            mm, size, disk = compressed.decompress(fd, packed, path)
+            return mm, st, packed, size, disk
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st, None, st.st_size
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st, None, st.st_size, None
         except (OSError, ValueError) as exc:
             raise CoreParseError(f"cannot map core: {path}: {exc}") from None
     finally:
@@ -129,7 +130,9 @@ class Core:
         self._load()
 
     def _load(self) -> None:
-        self._mm, st, self.compressed, self.file_size = _map_file(self.path)
+        # compressed: "zstd", "lz4", "xz" or None; copy_disk_bytes: what the
+        # decompressed copy of a compressed core takes on disk (None: plain)
+        self._mm, st, self.compressed, self.file_size, self.copy_disk_bytes = _map_file(self.path)
         # which file was parsed: a writer (forensics.reader.complete) checks
         # that the file it opened to write is this one (never a compressed
         # one: what was parsed is its decompressed copy)

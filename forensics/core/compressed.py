@@ -135,44 +135,61 @@ def _pieces(kind: str, read):
 
 class SparseWriter:
     """Writes a stream of bytes to fd at increasing offsets, seeking over
-    every all-zero 4 KiB block; size is the bytes written so far."""
+    every all-zero 4 KiB block; size is the bytes taken so far.  Small
+    pieces are gathered first (one check and write per MiB); a large one -
+    a run of zero pages decompresses to many MiB at once - is checked and
+    written where it lies, never copied."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.size = 0
+        self.size = 0  # bytes emitted: written or seeked over
         self._buf = bytearray()
 
     def write(self, data: bytes) -> None:
-        self._buf += data
-        if len(self._buf) >= _FLUSH:
-            self._flush(final=False)
+        if len(data) < _FLUSH:
+            self._buf += data
+            if len(self._buf) >= _FLUSH:
+                self._emit_whole(self._buf)
+            return
+        view = memoryview(data)
+        if self._buf:  # complete the gathered bytes to a block first
+            need = -len(self._buf) % _BLOCK
+            self._buf += view[:need]
+            view = view[need:]
+            self._emit_whole(self._buf)
+        whole = len(view) // _BLOCK * _BLOCK
+        self._emit(view[:whole])
+        self._buf = bytearray(view[whole:])
 
     def close(self) -> None:
-        self._flush(final=True)
+        self._emit_whole(self._buf)
+        tail = bytes(self._buf)
+        if any(tail):
+            _pwrite_all(self.fd, tail, self.size)
+        self.size += len(tail)
+        self._buf = bytearray()
         os.ftruncate(self.fd, self.size)  # a zero tail is a hole too
 
-    def _flush(self, final: bool) -> None:
-        buf = self._buf
+    def _emit_whole(self, buf: bytearray) -> None:
+        """Emit buf's whole blocks; keep the rest of it in self._buf."""
         whole = len(buf) // _BLOCK * _BLOCK
         if whole:
-            blocks = np.frombuffer(buf, dtype=np.uint64, count=whole // 8).reshape(-1, _BLOCK // 8)
-            nonzero = blocks.any(axis=1)
-            del blocks  # the bytearray may not be resized while numpy views it
-            # runs of non-zero blocks: one pwrite each
-            edges = np.flatnonzero(np.diff(np.concatenate(([0], nonzero.view(np.int8), [0]))))
             view = memoryview(buf)
-            for start, stop in zip(edges[0::2], edges[1::2]):
-                a, b = int(start) * _BLOCK, int(stop) * _BLOCK
-                _pwrite_all(self.fd, view[a:b], self.size + a)
+            self._emit(view[:whole])
             view.release()
-        tail = bytes(buf[whole:])
-        self.size += whole
-        if final and tail:
-            if any(tail):
-                _pwrite_all(self.fd, tail, self.size)
-            self.size += len(tail)
-            tail = b""
-        self._buf = bytearray(tail)
+            self._buf = bytearray(buf[whole:]) if len(buf) > whole else bytearray()
+
+    def _emit(self, view: memoryview) -> None:
+        """view (whole blocks) at self.size: each run of non-zero blocks in one pwrite."""
+        if not len(view):
+            return
+        blocks = np.frombuffer(view, dtype=np.uint64).reshape(-1, _BLOCK // 8)
+        nonzero = blocks.any(axis=1)
+        edges = np.flatnonzero(np.diff(nonzero.view(np.int8), prepend=0, append=0))
+        for start, stop in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+            _pwrite_all(self.fd, view[start * _BLOCK:stop * _BLOCK], self.size + start * _BLOCK)
+        del blocks
+        self.size += len(view)
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -254,3 +271,38 @@ def decompress(fd_in: int, kind: str, path: str, folder: str | None = None) -> t
         return mm, writer.size, os.fstat(out).st_blocks * 512
     finally:
         os.close(out)  # the map holds the file now; it goes with the map
+
+
+def head(fd_in: int, kind: str, path: str, n: int) -> bytes:
+    """The first n bytes (fewer when the core is shorter) of the core the
+    stream of format kind in fd_in holds, decompressing only as far as that:
+    the notes of a kernel's core are at its start (``forensics list``)."""
+    offset = [0]
+
+    def read(size: int) -> bytes:
+        data = os.pread(fd_in, size, offset[0])
+        offset[0] += len(data)
+        return data
+
+    out = bytearray()
+    pieces = _pieces(kind, read)
+    try:
+        for piece in pieces:
+            out += piece
+            if len(out) >= n:
+                break
+    except EOFError:
+        pass  # a cut stream: what came before the cut
+    except (ImportError, *_errors_safe(kind)) as exc:
+        raise CoreParseError(f"corrupt {kind} stream: {path} does not decompress: "
+                             f"{str(exc).strip() or type(exc).__name__}") from None
+    finally:
+        pieces.close()
+    return bytes(out[:n])
+
+
+def _errors_safe(kind: str) -> tuple[type[BaseException], ...]:
+    try:
+        return _errors(kind)
+    except ImportError:
+        return ()

@@ -118,6 +118,57 @@ def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int, in
         os.close(fd)
 
 
+_HEAD = 1 << 16
+_NOTES_MAX = 64 << 20
+
+
+def read_notes(path: str | os.PathLike[str]) -> tuple[Notes, list[RawNote], str | None]:
+    """(the decoded notes, the raw notes, the compression) of the core at
+    path, reading only its head: its notes are there in a kernel's core (and
+    libtag's), so a compressed core is decompressed only that far - what
+    ``forensics list`` needs to say what each core is.  Raises
+    CoreParseError as Core.open does."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise CoreParseError(f"cannot open core: {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            raise CoreParseError(f"not a core: {path} is no regular non-empty file")
+        packed = compressed.detect(os.pread(fd, compressed.MAGIC_LEN, 0))
+
+        def first(n: int) -> bytes:
+            if packed is None:
+                return os.pread(fd, n, 0)
+            return compressed.head(fd, packed, path, n)
+
+        buf = first(_HEAD)
+        size = len(buf) if packed else st.st_size
+        ehdr = elf.read_ehdr(buf, path, size)
+        need = ehdr.e_phoff + max(ehdr.e_phnum, 1) * elf.PHDR_SIZE
+        if need > len(buf) and need <= _NOTES_MAX:
+            buf = first(need)
+        phdrs = elf.read_phdrs(buf, ehdr, path, len(buf) if packed else min(size, len(buf)))
+        notes = [ph for ph in phdrs if ph.p_type == elf.PT_NOTE]
+        need = max((ph.p_offset + ph.p_filesz for ph in notes), default=0)
+        if need > _NOTES_MAX:
+            raise CoreParseError(f"bad core: {path} has {need} bytes of notes")
+        if need > len(buf):
+            buf = first(need)
+        raw: list[RawNote] = []
+        for ph in notes:
+            if ph.p_offset + ph.p_filesz > len(buf):
+                raise CoreParseError(f"truncated core: {path} ends inside its notes")
+            raw.extend(iter_notes(buf, ph.p_offset, ph.p_filesz))
+        return decode_notes(raw), raw, packed
+    except OSError as exc:
+        raise CoreParseError(f"cannot read core: {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
 class Core:
     """An x86_64 ELF core file, opened read-only.
 

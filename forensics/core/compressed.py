@@ -51,6 +51,7 @@ MAGIC_LEN = max(len(m) for m, _ in MAGICS)
 _BLOCK = 4096  # the unit seeked over when all zero: a page
 _FLUSH = 1 << 20  # output gathered before it is checked for zero blocks and written
 _READ = 1 << 20  # compressed bytes read from the file at a time
+_OUT = 8 << 20  # lz4's and xz's output per call (fewer calls: lz4's binding copies per call)
 _ZSTD_FEED = 1024  # zstd input fed at a time: its decompressobj has no output bound
 
 
@@ -104,14 +105,14 @@ def _pieces(kind: str, read):
         view = memoryview(data)
         while len(view):
             if bounded:
-                out = d.decompress(bytes(view), max_length=_FLUSH)
+                out = d.decompress(bytes(view), max_length=_OUT)
                 view = view[len(view):]
                 started = True
                 if out:
                     yield out
                 # drain what the stream holds before feeding it more
                 while not d.eof and not d.needs_input:
-                    out = d.decompress(b"", max_length=_FLUSH)
+                    out = d.decompress(b"", max_length=_OUT)
                     if not out:
                         break
                     yield out

@@ -12,7 +12,6 @@ would, and cut or patched copies of those make the bad input.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import signal

@@ -48,7 +48,7 @@
 #define H_FREE(p) mi_free(p)
 #define H_USABLE(p) mi_usable_size(p)
 #else
-#include "heap.h"
+#include "heap/heap.h"
 static __thread struct tag_heap_cache cache[TAG_HEAP_CLASSES] __attribute__((tls_model("initial-exec")));
 #define H_ALLOC(n) _tag_heap_alloc(cache, (n), 0)
 #define H_FREE(p) _tag_heap_free(cache, (p))

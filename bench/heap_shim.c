@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "heap.h"
+#include "heap/heap.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

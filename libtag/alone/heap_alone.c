@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "heap.h"
+#include "heap/heap.h"
 
 struct libtag_control _tag_ctl;
 

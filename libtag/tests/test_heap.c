@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "heap.h"
+#include "heap/heap.h"
 
 static int checks;
 

@@ -19,6 +19,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
+#include "alloc/alloc.h"
+#include "alloc/anomaly.h"
 #include "alloc/tag.h"
 
 static int anomaly_lock;

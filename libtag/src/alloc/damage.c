@@ -30,6 +30,13 @@
  */
 #include <string.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "heap/heap.h"
+#include "stacks/thread.h"
+#include "alloc/anomaly.h"
+#include "alloc/damage.h"
+#include "alloc/quarantine.h"
 #include "alloc/tag.h"
 
 void _tag_leak_damaged(uint64_t bytes)

@@ -40,7 +40,7 @@
  * (every sampling rate's default) never opens a guard.
  *
  * Hot path: the allocation hook decrements a per-thread countdown and the
- * free hook compares the pointer with the pool's range (libtag_internal.h);
+ * free hook compares the pointer with the pool's range (alloc/guard.h);
  * everything here is cold.
  *
  * Slot states move under these rules (struct libtag_guard_slot):
@@ -71,6 +71,16 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
+#include "alloc/anomaly.h"
+#include "alloc/guard.h"
 #include "alloc/tag.h"
 
 static __thread uint64_t rng __attribute__((tls_model("initial-exec")));

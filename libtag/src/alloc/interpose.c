@@ -15,6 +15,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "heap/heap.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
+#include "alloc/alloc.h"
+#include "alloc/anomaly.h"
+#include "alloc/damage.h"
+#include "alloc/foreign.h"
+#include "alloc/guard.h"
+#include "alloc/quarantine.h"
+#include "alloc/sweep.h"
 #include "alloc/tag.h"
 
 #define OVERHEAD (sizeof(struct libtag_tag) + TAG_CANARY_SIZE)
@@ -546,7 +561,7 @@ TAG_EXPORT int malloc_info(int options, FILE *fp)
     return 0;
 }
 
-/* The hidden names of the malloc family above (libtag_internal.h) */
+/* The hidden names of the malloc family above (alloc/alloc.h) */
 extern __typeof(malloc) _tag_malloc_self __attribute__((alias("malloc"), copy(malloc)));
 extern __typeof(free) _tag_free_self __attribute__((alias("free"), copy(free)));
 extern __typeof(calloc) _tag_calloc_self __attribute__((alias("calloc"), copy(calloc)));

@@ -28,6 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/base.h"
+#include "base/log.h"
+#include "alloc/alloc.h"
 #include "alloc/tag.h"
 
 #define RET   __builtin_return_address(0)

@@ -20,6 +20,15 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "heap/heap.h"
+#include "stacks/thread.h"
+#include "alloc/anomaly.h"
+#include "alloc/damage.h"
+#include "alloc/quarantine.h"
 #include "alloc/tag.h"
 
 #define RING_SLOTS TAG_QUARANTINE_SLOTS
@@ -165,7 +174,7 @@ static struct libtag_quarantine_ring *ring_new(struct tag_thread_state *t)
 }
 
 /* The evictions of a put (the put itself is inline in free(),
- * libtag_internal.h).  Out of line, so that only q and budget stay live
+ * alloc/quarantine.h).  Out of line, so that only q and budget stay live
  * across the calls in the eviction. */
 void _tag_quarantine_evict_one(struct tag_thread_state *t, struct libtag_quarantine_ring *q)
 {
@@ -202,7 +211,7 @@ void _tag_quarantine_flush(struct tag_thread_state *t)
         evict_all(t, q);
 }
 
-/* Called once, when the thread exits (thread.c sets t->exiting right after,
+/* Called once, when the thread exits (life/threads.c sets t->exiting right after,
  * so later frees of this thread bypass the quarantine).  The ring is mapped
  * per thread: unmap it too, or every thread that ever freed a block leaks
  * its ring and a program that runs many short threads grows without bound.

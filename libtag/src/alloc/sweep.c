@@ -27,6 +27,14 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/prim.h"
+#include "heap/heap.h"
+#include "stacks/thread.h"
+#include "alloc/anomaly.h"
+#include "alloc/damage.h"
+#include "alloc/sweep.h"
 #include "alloc/tag.h"
 
 /* Is [p, p + n) in the part of libtag's heap that is in use?  That memory

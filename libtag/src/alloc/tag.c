@@ -8,6 +8,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "heap/heap.h"
 #include "alloc/tag.h"
 
 void _tag_set_bits(void *user, uint64_t clear, uint64_t set)

@@ -20,7 +20,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/log.h"
 
 /* glibc exports these under a second name: no dlsym needed */
 extern int __close(int fd);

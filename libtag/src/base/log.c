@@ -32,7 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/log.h"
+#include "base/options.h"
 
 extern int __close(int fd);  /* glibc's close, past fds.c's */
 

@@ -10,7 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/log.h"
+#include "base/options.h"
 
 struct tag_options _tag_opt = {
     .on_anomaly = TAG_ON_SNAPSHOT,

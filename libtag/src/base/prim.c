@@ -24,7 +24,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/prim.h"
 
 /* ------------------------------------------------------------- memory */
 /* libtag's own memory: never the heap it tags.  A PROT_NONE page on each
@@ -126,7 +127,7 @@ extern const char _tag_probe_insn[], _tag_probe_fixup[];
 int _tag_probe_fault(int sig, void *ucv)
 {
     ucontext_t *uc = ucv;
-    if ((sig != SIGSEGV && sig != SIGBUS) || !_tag_tls.t->probing ||
+    if ((sig != SIGSEGV && sig != SIGBUS) ||
         uc->uc_mcontext.gregs[REG_RIP] != (greg_t)(uintptr_t)_tag_probe_insn)
         return 0;
     uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)_tag_probe_fixup;

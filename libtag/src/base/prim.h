@@ -1,11 +1,11 @@
-/* tag_prim.h - libtag's primitives (prim.c, maps.c): the low-level
- * operations the feature files share.  They call no feature file; the
- * feature files call them.  (mimalloc splits its own the same way: types,
- * primitives, internal API.) */
+/* prim.h - libtag's primitives (prim.c, maps.c): the low-level operations
+ * the other parts share.  They call no other part; the parts call them. */
 #ifndef LIBTAG_PRIM_H
 #define LIBTAG_PRIM_H
 
-#include "stacks/thread.h"
+#include <stddef.h>
+#include <stdint.h>
+#include "base/base.h"
 
 struct iovec;
 struct libtag_thread;
@@ -32,9 +32,10 @@ extern int _tag_copy_own_refused;
  * around it.  _tag_probe_armed: libtag's handler is installed for SIGSEGV
  * and SIGBUS (crash.c sets it, and clears it where it gives one back).
  * _tag_probe_safe: may this thread probe now (armed, and neither signal
- * blocked)?  _tag_probe_fault: the crash hook's first question - is this a
- * fault of the probe's load in a thread that is probing?  Then the context
- * resumes at the probe's failure exit and 1 is returned.
+ * blocked)?  _tag_probe_fault: the crash hook's first question, asked in
+ * a thread that is probing (its state's probing, which the crash hook
+ * reads) - is this a fault of the probe's load?  Then the context resumes
+ * at the probe's failure exit and 1 is returned.
  * Async-signal-safe. */
 int _tag_probe_word(const void *src, uint64_t *dst);
 extern int _tag_probe_armed;

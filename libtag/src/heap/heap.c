@@ -45,7 +45,7 @@
  *
  * Locks: the page lock (slices), one lock per class (central lists).  The
  * order is class lock, then page lock.  fork(): every lock is taken in
- * prepare and released in both processes (thread.c's atfork handlers).  The
+ * prepare and released in both processes (life/threads.c's atfork handlers).  The
  * snapshot child never allocates.  No malloc anywhere here, of course.
  */
 #include <errno.h>
@@ -57,7 +57,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "heap/heap.h"
 
 #ifndef PR_SET_VMA
 #define PR_SET_VMA 0x53564d41

@@ -1,29 +1,96 @@
-/* heap.h - libtag's heap (heap.c): its interface, with the hot paths'
- * inline bodies (a thread cache's pop and push, a pointer's span, a slot's
- * start), so each stays one inline body in its caller.  libtag_internal.h
- * includes it where heap.c's section was; a program that uses the heap
- * alone includes just this and links CMake's libtag_heap target
- * (libtag/CMakeLists.txt): libtag/tests' unit tests and bench/'s floors.
+/* heap.h - libtag's heap (heap.c): its types and interface, with the hot
+ * paths' inline bodies (a thread cache's pop and push, a pointer's span, a
+ * slot's start), so each stays one inline body in its caller.  A program
+ * that uses the heap alone includes just this and links CMake's
+ * libtag_heap target (libtag/CMakeLists.txt): libtag/tests' unit tests and
+ * bench/'s floors.
  *
- * What heap.c takes from the rest of libtag, all of it declared here (a
- * program that uses the heap alone gets it from libtag/alone/heap_alone.c):
+ * What heap.c takes from the rest of libtag, all of it from base/ (a
+ * program that uses the heap alone gets it from libtag/alone/base_alone.c):
  *   _tag_ctl.secret  read once by _tag_heap_init: the free links' key;
  *   _tag_log         two lines: a free block's link found written over, the
  *                    region not reserved;
  *   _tag_fatal       a TAG_ASSERT that fails (the debug build).
  * fork(): _tag_heap_atfork_prepare and _tag_heap_atfork_release around it
- * (thread.c's handlers call them). */
+ * (life/threads.c's handlers call them). */
 #ifndef LIBTAG_HEAP_H
 #define LIBTAG_HEAP_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include "stacks/thread.h"
+#include "base/base.h"
+#include "base/control.h"
 
-extern struct libtag_control _tag_ctl;
-void _tag_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void _tag_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* libtag's own heap (heap.c says how it works, docs/design.md why).  A
+ * slice is 64 KiB of the heap's region; spans of slices hold the blocks of
+ * one size class, or one large block. */
+/* TAG_HEAP_SLICE: tag_abi.h ("heap") */
+/* The largest block libtag hands out (the heap's own limit, 64 TiB). */
+#define TAG_BLOCK_MAX ((size_t)1 << 46)
+#define TAG_HEAP_SMALL_MAX (64u * 1024)   /* larger blocks: a span each */
+#define TAG_HEAP_CLASSES   80u            /* 16..128 by 16, then 8 a doubling */
+/* span kinds: enum libtag_span_kind (tag_abi.h) */
+#define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
+#define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */
+/* One per slice.  Every slice of a span leads back (first_off) to the
+ * span's first slice, whose entry describes the span.  The layout is
+ * struct libtag_slice's (tag_abi.h: a reader walks the heap by it), with
+ * pointers where libtag follows them. */
+struct tag_slice {
+    uint32_t first_off;     /* slices back to the span's first slice */
+    uint32_t slices;        /* first slice: the span's length */
+    uint32_t kind;          /* enum libtag_span_kind */
+    uint32_t flags;         /* TAG_SPAN_* */
+    uint32_t cls;           /* TAG_SPAN_SMALL: its size class */
+    uint32_t block_size;    /* TAG_SPAN_SMALL: bytes of one slot */
+    uint32_t capacity;      /* slots in the span */
+    uint32_t carved;        /* slots handed out at least once: [0, carved) */
+    uint32_t nfree;         /* slots in the span's free list */
+    uint32_t block_off;     /* TAG_SPAN_LARGE: its block's slot, from the
+                               span's start */
+    union {
+        void *free;         /* TAG_SPAN_SMALL: its free list (class lock) */
+        uint64_t large_size;/* TAG_SPAN_LARGE: its block's requested size */
+    };
+    struct tag_slice *next, *prev;  /* class list / free bin (locks) */
+};
+/* The heap's global state (heap.c). */
+struct tag_heap {
+    uintptr_t base;         /* slice 0 */
+    uint64_t slices_max;    /* slices the region has room for */
+    uint64_t used;          /* slices [0, used) were ever handed out */
+    uint64_t committed;     /* slices [0, committed) are read-write */
+    struct tag_slice *meta; /* one entry a slice */
+    uint64_t key;           /* free blocks' links are xor'ed with it */
+    uint64_t large_count, large_bytes;  /* large spans live (page lock) */
+    uint64_t broken_links;  /* free lists found overwritten */
+};
+/* ... laid out as tag_abi.h says */
+_Static_assert(sizeof(struct tag_slice) == sizeof(struct libtag_slice), "slice entry");
+_Static_assert(offsetof(struct tag_slice, carved) == offsetof(struct libtag_slice, carved), "slice");
+_Static_assert(offsetof(struct tag_slice, block_off) == offsetof(struct libtag_slice, block_off),
+               "slice");
+_Static_assert(offsetof(struct tag_slice, large_size) == offsetof(struct libtag_slice, large_size),
+               "slice");
+_Static_assert(sizeof(struct tag_heap) == sizeof(struct libtag_heap), "heap");
+_Static_assert(offsetof(struct tag_heap, used) == offsetof(struct libtag_heap, used), "heap");
+_Static_assert(offsetof(struct tag_heap, meta) == offsetof(struct libtag_heap, meta), "heap");
+/* A thread's cache of free blocks, per class: head, a LIFO list of the
+ * blocks it freed (count of them, spilled past the class's limit), and
+ * bulk, a span's whole free list taken at once (uncounted, never spilled:
+ * only allocations drain it).  malloc() takes head first: the blocks
+ * freed last are the ones still in the CPU's caches. */
+struct tag_heap_cache {
+    void *head;
+    uint32_t count;
+    uint32_t reserved;
+    void *bulk;
+};
+struct tag_heap_stats {
+    uint64_t used, free_spans, large_count, large_bytes;
+};
+
 
 extern struct tag_heap _tag_heap;
 TAG_COLD void _tag_heap_init(void);

@@ -38,15 +38,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "alloc/alloc.h"
+#include "alloc/foreign.h"
+#include "snapshot/snapshot.h"
 #include "libtag.h"
-
-int _tag_attached;
-int _tag_late;
 
 extern void __libc_free(void *);
 extern void *__libc_malloc(size_t);
-extern void *__libc_realloc(void *, size_t);
 
 /* What attach rebinds, in two passes: first what takes a block back
  * (free, realloc, malloc_usable_size - libtag's hands glibc's blocks to
@@ -83,30 +82,6 @@ static const struct rebind *rebinds(size_t *n)
     };
     *n = sizeof table / sizeof table[0];
     return table;
-}
-
-/* The usable size of a glibc chunk (its header: the size word 8 bytes in
- * front of the pointer, bit 1 set for an mmap'ed one). */
-static size_t glibc_usable(const void *p)
-{
-    size_t head = ((const size_t *)p)[-1];
-    size_t size = head & ~(size_t)7;
-    return (head & 2) ? size - 16 : size - 8;
-}
-
-void _tag_foreign_free(void *p)
-{
-    __libc_free(p);
-}
-
-void *_tag_foreign_realloc(void *p, size_t n)
-{
-    return __libc_realloc(p, n);
-}
-
-size_t _tag_foreign_usable(const void *p)
-{
-    return glibc_usable(p);
 }
 
 /* ------------------------------------------------------------ rebinding */

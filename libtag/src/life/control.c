@@ -14,7 +14,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "heap/heap.h"
+#include "stacks/modules.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
+#include "alloc/alloc.h"
+#include "alloc/foreign.h"
+#include "alloc/guard.h"
+#include "alloc/quarantine.h"
+#include "alloc/sweep.h"
 #include "alloc/tag.h"
+#include "snapshot/snapshot.h"
+#include "life/life.h"
 #include "libtag.h"
 
 struct libtag_control _tag_ctl;

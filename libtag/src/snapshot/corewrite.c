@@ -57,8 +57,10 @@
 #include <unistd.h>
 #include <asm/prctl.h>
 
+#include "base/base.h"
+#include "base/prim.h"
 #include "snapshot/corewrite.h"
-#include "alloc/tag.h"
+#include "snapshot/snapshot.h"
 
 #if !defined(__x86_64__)
 #error "corewrite.c writes x86_64 cores only"

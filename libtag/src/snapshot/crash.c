@@ -30,7 +30,15 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
+#include "alloc/guard.h"
+#include "snapshot/snapshot.h"
 
 static const int crash_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 static struct sigaction program_act[TAG_NSIG];  /* what the program asked for */
@@ -45,7 +53,9 @@ static int is_crash_signal(int sig)
 
 static void crash_handler(int sig, siginfo_t *si, void *ucv)
 {
-    if (_tag_probe_fault(sig, ucv))  /* sweep.c: the probe's load, resumed */
+    /* sweep.c: the probe's load, resumed (the thread's probing is its
+     * state's, which base/prim.c does not see) */
+    if (_tag_tls.t->probing && _tag_probe_fault(sig, ucv))
         return;
     if (_tag_guard_fault(sig, si, ucv))  /* guard.c: a guarded block's fault */
         return;
@@ -191,8 +201,8 @@ TAG_EXPORT sighandler_t signal(int sig, sighandler_t handler)
     return prev;
 }
 
-/* The hidden names of the wrappers above: attach.c rebinds a late-loaded
+/* The hidden names of the wrappers above: life/attach.c rebinds a late-loaded
  * libtag's process to them, so a handler the program installs after the
- * attach is known (libtag_internal.h) */
+ * attach is known (snapshot/snapshot.h) */
 extern __typeof(sigaction) _tag_sigaction_self __attribute__((alias("sigaction"), copy(sigaction)));
 extern __typeof(signal) _tag_signal_self __attribute__((alias("signal"), copy(signal)));

@@ -20,7 +20,11 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "heap/heap.h"
 #include "alloc/tag.h"
+#include "snapshot/snapshot.h"
 
 static void blank(uintptr_t lo, uintptr_t hi)
 {

@@ -38,8 +38,18 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/thread.h"
+#include "alloc/anomaly.h"
+#include "alloc/foreign.h"
+#include "alloc/guard.h"
+#include "alloc/quarantine.h"
 #include "snapshot/corewrite.h"
-#include "alloc/tag.h"
+#include "snapshot/snapshot.h"
 
 #define MAX_PENDING 64
 

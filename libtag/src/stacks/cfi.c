@@ -18,7 +18,8 @@
  */
 #include <string.h>
 
-#include "alloc/tag.h"
+#include "stacks/cfi.h"
+#include "stacks/modules.h"
 
 /* DWARF pointer encodings (DW_EH_PE_*). */
 #define PE_OMIT    0xff

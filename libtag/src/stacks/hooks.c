@@ -37,7 +37,9 @@
  * shadow_limit 0 sends the enter, and its depth 0 the exit, to the slow
  * paths before they write anything, and those register the thread.
  */
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "stacks/shadow.h"
+#include "stacks/thread.h"
 
 _Static_assert(offsetof(struct tag_thread_state, hook_sp) ==
                    offsetof(struct tag_thread_state, hook_sp_outer) + sizeof(uint64_t),

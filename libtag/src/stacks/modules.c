@@ -21,7 +21,10 @@
 #include <link.h>
 #include <string.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "stacks/modules.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
 
 #define MAX_MODULES 1024
 

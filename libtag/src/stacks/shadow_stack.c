@@ -18,7 +18,13 @@
  * alternate signal stack (or one libtag does not know) pops only entries of
  * that alternate stack, below itself.
  */
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/options.h"
+#include "stacks/shadow.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
 
 /* Is shadow entry i dead, seen from cur?  cur is the stack pointer of
  * running code (fn 0), or the CFA of function fn being entered from site.

@@ -39,7 +39,13 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
 
 /* The hash index: mask + 1 slots of node ids, 0 = empty. */
 struct stack_index {
@@ -63,7 +69,7 @@ static uint32_t stats_limit;               /* entry numbers stay below it */
 /* Per-stack counters for allocation stacks only.  A stack's entry number
  * is given at its first allocation: from a counter, published with a
  * compare-and-swap (a thread that loses takes the winner's; its number is
- * left unused).  Numbers start at TAG_SHARD_ENTRIES (libtag_internal.h,
+ * left unused).  Numbers start at TAG_SHARD_ENTRIES (stacks/stack_table.h,
  * _tag_shard_of: the lookup's one test), so they stay below the nodes
  * committed plus that (the shared entries are committed with the nodes,
  * TAG_SHARD_ENTRIES ahead, so no commit happens here) and below what a

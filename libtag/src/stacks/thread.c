@@ -13,7 +13,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/log.h"
+#include "base/prim.h"
+#include "stacks/shadow.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
 
 /* Whole pages: the debug build makes them read-only (_tag_threads_init),
  * so a path that writes a thread's state before registering it faults in
@@ -28,8 +34,8 @@ __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec"))) 
 static struct libtag_thread *records;
 /* The shared record of threads beyond THREAD_CAPACITY: atomics only. */
 static struct libtag_thread overflow_record;
-static pthread_key_t exit_key;
-static int exit_key_ready;
+pthread_key_t _tag_exit_key;
+int _tag_exit_key_ready;
 
 extern void *__libc_stack_end;
 
@@ -45,52 +51,6 @@ void _tag_threads_init(void)
 #ifdef LIBTAG_DEBUG
     mprotect(&_tag_tls_none_pages, sizeof _tag_tls_none_pages, PROT_READ);
 #endif
-}
-
-/* Last checks of the thread's blocks: the damage of its recent allocations
- * and of every block in its quarantine is reported now, before its ring
- * goes away. */
-static void thread_exit(void *arg)
-{
-    struct tag_thread_state *t = _tag_tls.t;
-    if (t->rec == NULL)
-        return;  /* no state (its mapping failed) */
-    /* Its state goes at the last round of the thread's key destructors:
-     * the hook sets its key again until then, so destructors of other keys
-     * that run after it in earlier rounds still find the state (their
-     * allocations get stacks); one of the last round that runs after it
-     * works without (_tag_self gives NULL). */
-    if (++t->exit_rounds > 1) {
-        if (t->exit_rounds < PTHREAD_DESTRUCTOR_ITERATIONS) {
-            pthread_setspecific(exit_key, arg);
-        } else {
-            struct libtag_thread *r = t->rec;
-            uint64_t mine = (uint64_t)(uintptr_t)&t->shadow;
-            /* a reader must not follow the record to unmapped memory */
-            __atomic_compare_exchange_n(&r->shadow, &mine, 0, 0, __ATOMIC_RELEASE,
-                                        __ATOMIC_RELAXED);
-            _tag_tls.gone = 1;
-            _tag_tls.t = &_tag_tls_none;
-            /* what it freed since its quarantine went: to the central lists */
-            _tag_heap_flush(t->heap_cache);
-            _tag_unmap(t, sizeof *t);
-        }
-        return;
-    }
-    pthread_setspecific(exit_key, arg);
-    if (_tag_opt.sweep_every)
-        _tag_sweep(t, __builtin_return_address(0), __builtin_frame_address(0));
-    _tag_quarantine_drain(t);
-    t->exiting = 1;
-    _tag_unwind_settle(t);
-    __atomic_fetch_add(&_tag_capture_total, t->captures, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&_tag_capture_frames_total, t->capture_frames, __ATOMIC_RELAXED);
-    t->captures = t->capture_frames = 0;
-    if (t->rec) {
-        __atomic_fetch_add(&_tag_ctl.shadow_overflows, t->shadow.overflows,
-                           __ATOMIC_RELAXED);
-        __atomic_or_fetch(&t->rec->flags, TAG_THREAD_EXITED, __ATOMIC_RELEASE);
-    }
 }
 
 struct tag_thread_state *_tag_thread_register(void)
@@ -143,38 +103,16 @@ struct tag_thread_state *_tag_thread_register(void)
     t->rec = ref->rec = r;
     /* pthread_setspecific with a low key index writes a static slot in the
      * thread descriptor: no malloc. */
-    if (__atomic_load_n(&exit_key_ready, __ATOMIC_ACQUIRE))
-        pthread_setspecific(exit_key, r);
+    if (__atomic_load_n(&_tag_exit_key_ready, __ATOMIC_ACQUIRE))
+        pthread_setspecific(_tag_exit_key, r);
     return t;
 }
 
-/* Did the fork() in progress come from the main thread?  Written with the
- * table lock held (prepare to parent/child), so two forks cannot mix it up. */
-static int fork_from_main;
-
-static void atfork_prepare(void)
+/* The child of the program's own fork() (life/threads.c calls this after
+ * the other parts' handlers): its one thread gets a record of its own.
+ * from_main: the fork came from the main thread. */
+void _tag_thread_atfork_child(int from_main)
 {
-    _tag_stack_table_atfork_prepare();
-    _tag_guard_atfork_prepare();
-    _tag_heap_atfork_prepare();
-    fork_from_main = (pid_t)syscall(SYS_gettid) == getpid();
-}
-static void atfork_parent(void)
-{
-    _tag_heap_atfork_release();
-    _tag_guard_atfork_parent();
-    _tag_stack_table_atfork_parent();
-}
-
-/* The child of the program's own fork() is a new process: its one thread
- * gets a record of its own, and the control block its pid. */
-static void atfork_child(void)
-{
-    _tag_heap_atfork_release();
-    _tag_guard_atfork_child();
-    _tag_stack_table_atfork_child();
-    _tag_modules_atfork_child();
-    _tag_ctl.pid = (uint32_t)getpid();
     /* the state mapping is the parent's, copied: this thread keeps it */
     if (_tag_tls.t != &_tag_tls_none)
         _tag_tls.t->rec = NULL;
@@ -185,7 +123,7 @@ static void atfork_child(void)
      * register() took __libc_stack_end; but this thread still runs on the
      * forking thread's stack, whose top is its descriptor.  A wrong bound
      * lets the frame-pointer walk leave the stack and misleads readers. */
-    if (t && !fork_from_main) {
+    if (t && !from_main) {
         t->stack_hi = t->rec->stack_hi = (uint64_t)pthread_self();
         t->pop_limit = t->alt_hi ? 0 : t->stack_hi;
     }
@@ -198,18 +136,6 @@ static void atfork_child(void)
             records[i].flags |= TAG_THREAD_EXITED;
     if (t)
         t->rec->quarantine = (uint64_t)(uintptr_t)t->quarantine;  /* still ours */
-}
-
-/* After libc is initialised (constructor): pthread_key_create and
- * pthread_atfork may allocate, which is fine from here. */
-void _tag_threads_late_init(void)
-{
-    if (pthread_key_create(&exit_key, thread_exit) == 0) {
-        __atomic_store_n(&exit_key_ready, 1, __ATOMIC_RELEASE);
-        if (_tag_tls.t->rec && _tag_tls.tid != (uint32_t)getpid())
-            pthread_setspecific(exit_key, _tag_tls.t->rec);
-    }
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 /* sigaltstack() is interposed so each thread knows its alternate signal

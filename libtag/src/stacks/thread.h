@@ -1,175 +1,22 @@
-/* tag_types.h - the types libtag's own files share: structs, enums and
- * constants, no functions (the internal API is libtag_internal.h, the
- * primitives tag_prim.h).  Nothing here is exported.  The layouts a core
- * reader sees are tag_abi.h's; these are libtag's private ones. */
-#ifndef LIBTAG_TYPES_H
-#define LIBTAG_TYPES_H
+/* thread.h - a thread's state: the one mapping a thread keeps what every
+ * part of libtag needs per thread in (struct tag_thread_state), found
+ * through one static TLS pointer (_tag_tls).  Most of it is the thread's
+ * stacks - its shadow stack (stacks/shadow.h), its kept walks and their
+ * caches (stacks/unwind.c), its stack table cache and counter shards
+ * (stacks/stack_table.h) - so it is defined here, in stacks/; the
+ * allocation path's few per-thread words (its heap cache, quarantine ring,
+ * recent blocks, guard countdown) are here too, their types from below.
+ * thread.c maps a state and registers the thread; its end and the
+ * process's forks are life/threads.c's. */
+#ifndef LIBTAG_THREAD_H
+#define LIBTAG_THREAD_H
 
-#include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
-#include "tag_abi.h"
+#include "base/base.h"
+#include "base/options.h"
+#include "heap/heap.h"
 
-#define TAG_EXPORT  __attribute__((visibility("default")))
-#define TAG_NOINSTR __attribute__((no_instrument_function))
-#define TAG_LIKELY(x)   __builtin_expect(!!(x), 1)
-#define TAG_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* Rare paths (anomalies, registration, table inserts, sweeps) stay out of
- * the hot functions' code: the fast path is one inline body, every rare case
- * a call (mimalloc's free.c does the same). */
-#define TAG_COLD     __attribute__((cold, noinline))
-#define TAG_NOINLINE __attribute__((noinline))
-#define TAG_INLINE   static inline __attribute__((always_inline))
-
-/* The page size libtag assumes (x86_64); guard pages, mincore probes and the
- * self-written core use it. */
-#define TAG_PAGE_SIZE 4096u
-/* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
-#define TAG_NSIG 65
-/* The real-time signal libtag stops threads with for a snapshot (each saves
- * its registers), and which takes forensics' reap requests (snapshot.c). */
-#define TAG_REGS_SIGNAL (SIGRTMAX - 1)
-
-/* How long a handed-over snapshot's child waits for its caller to read
- * the pipe its core goes through (see TAG_SNAPSHOT_REQUEST), between two
- * reads, before it gives up and exits. */
-#define TAG_HANDOFF_WAIT_MS 30000
-
-/* Internal invariants, checked in the debug build (cmake -DLIBTAG_DEBUG=ON,
- * which CI runs once); compiled out otherwise.  A failure writes one line
- * with write(2) and aborts: no stdio, no malloc. */
-#ifdef LIBTAG_DEBUG  /* _tag_fatal: log.c, in libtag_internal.h */
-#define TAG_ASSERT(c) \
-    (TAG_LIKELY(c) ? (void)0 : _tag_fatal("libtag: assertion failed: %s (%s:%d)", #c, __FILE__, __LINE__))
-#else
-#define TAG_ASSERT(c) ((void)0)
-#endif
-
-/* ----------------------------------------------- options (options.c) */
-enum tag_on_anomaly { TAG_ON_SNAPSHOT = 0, TAG_ON_ABORT = 1, TAG_ON_IGNORE = 2 };
-enum tag_core_path { TAG_CORE_AUTO = 0, TAG_CORE_KERNEL = 1, TAG_CORE_SELF = 2 };
-/* LIBTAG_UNWIND: where stacks come from (unwind.c). */
-enum tag_unwind { TAG_UNWIND_AUTO = 0, TAG_UNWIND_SHADOW = 1, TAG_UNWIND_FP = 2, TAG_UNWIND_CFI = 3 };
-
-/* The bytes of a freed block's payload, from offset 0, patterned and
- * checked in the quarantine (LIBTAG_QUARANTINE_FILL): a write after free
- * anywhere in a block of up to 4 KiB is seen.  docs/design.md, "The
- * quarantine", states the cost. */
-#define TAG_QUARANTINE_DEFAULT_FILL 4096u
-
-/* The guard pool (guard.c): the default rate, one allocation in this many;
- * the default caps, in slots, at a sampling rate and at rate 1; and the
- * largest cap LIBTAG_GUARD_SLOTS takes.  docs/design.md states the cost. */
-#define TAG_GUARD_DEFAULT_RATE  5000u
-#define TAG_GUARD_SAMPLED_SLOTS 256u
-/* ... which a sampling rate's pool uses before it reuses slots, and grows
- * past, up to this cap (and the window: guard.c), only when each slot
- * holds a live block; first-of-site blocks hold at most half of
- * TAG_GUARD_SAMPLED_SLOTS at once. */
-#define TAG_GUARD_SAMPLED_CAP   2048u
-/* ... and the first this many allocations of every allocation stack (a
- * site) are guarded too (LIBTAG_GUARD_SITES). */
-#define TAG_GUARD_DEFAULT_SITES 1u
-#define TAG_GUARD_MAX_SLOTS     (1u << 18)
-#define TAG_GUARD_ALL_SLOTS     TAG_GUARD_MAX_SLOTS
-/* Bytes of one slot: blocks up to this minus their tag are guarded. */
-#define TAG_GUARD_SLOT_SIZE     (4u * TAG_PAGE_SIZE)
-
-struct tag_options {
-    int on_anomaly;              /* enum tag_on_anomaly */
-    int core_path;               /* enum tag_core_path */
-    int signal;                  /* snapshot signal, 0 = none */
-    int quiet;                   /* LIBTAG_QUIET=1: no log lines but the stats */
-    int log;                     /* enum tag_log: where log lines go */
-    int at_exit;                 /* enum tag_at_exit */
-    int stats;                   /* print counters at exit */
-    int stack_stats;             /* LIBTAG_STACK_STATS: per-stack counters */
-    int omit_payload;            /* LIBTAG_PAYLOAD=omit */
-    int unwind;                  /* enum tag_unwind */
-    uint32_t fp_depth;           /* depth bound of fp and CFI walks */
-    uint32_t stack_nodes;        /* stack table capacity */
-    uint64_t quarantine_bytes;   /* per-thread quarantine budget */
-    uint32_t quarantine_fill;    /* payload bytes patterned when freed */
-    uint32_t sweep_every;        /* hook calls between heap sweeps, 0 = off */
-    uint32_t guard_rate;         /* LIBTAG_GUARD_RATE: 1 in N guarded, 0 = off */
-    uint32_t guard_slots;        /* LIBTAG_GUARD_SLOTS: the pool's cap, 0 = by rate */
-    uint32_t guard_sites;        /* LIBTAG_GUARD_SITES: a stack's first N guarded */
-    char dir[512];               /* snapshot directory, "" = cwd */
-    char log_path[512];          /* LIBTAG_LOG=PATH: lines go to PATH.<pid> */
-};
-enum tag_log { TAG_LOG_STDERR, TAG_LOG_PATH, TAG_LOG_OFF };
-enum tag_at_exit { TAG_AT_EXIT_NONE, TAG_AT_EXIT_SNAPSHOT };
-
-/* ------------------------------------------------- the heap (heap.c) */
-/* libtag's own heap (heap.c says how it works, docs/design.md why).  A
- * slice is 64 KiB of the heap's region; spans of slices hold the blocks of
- * one size class, or one large block. */
-/* TAG_HEAP_SLICE: tag_abi.h ("heap") */
-/* The largest block libtag hands out (the heap's own limit, 64 TiB). */
-#define TAG_BLOCK_MAX ((size_t)1 << 46)
-#define TAG_HEAP_SMALL_MAX (64u * 1024)   /* larger blocks: a span each */
-#define TAG_HEAP_CLASSES   80u            /* 16..128 by 16, then 8 a doubling */
-/* span kinds: enum libtag_span_kind (tag_abi.h) */
-#define TAG_SPAN_ZERO    1u  /* its memory reads as zeros (fresh, released) */
-#define TAG_SPAN_PARTIAL 2u  /* in its class's list of spans with free blocks */
-/* One per slice.  Every slice of a span leads back (first_off) to the
- * span's first slice, whose entry describes the span.  The layout is
- * struct libtag_slice's (tag_abi.h: a reader walks the heap by it), with
- * pointers where libtag follows them. */
-struct tag_slice {
-    uint32_t first_off;     /* slices back to the span's first slice */
-    uint32_t slices;        /* first slice: the span's length */
-    uint32_t kind;          /* enum libtag_span_kind */
-    uint32_t flags;         /* TAG_SPAN_* */
-    uint32_t cls;           /* TAG_SPAN_SMALL: its size class */
-    uint32_t block_size;    /* TAG_SPAN_SMALL: bytes of one slot */
-    uint32_t capacity;      /* slots in the span */
-    uint32_t carved;        /* slots handed out at least once: [0, carved) */
-    uint32_t nfree;         /* slots in the span's free list */
-    uint32_t block_off;     /* TAG_SPAN_LARGE: its block's slot, from the
-                               span's start */
-    union {
-        void *free;         /* TAG_SPAN_SMALL: its free list (class lock) */
-        uint64_t large_size;/* TAG_SPAN_LARGE: its block's requested size */
-    };
-    struct tag_slice *next, *prev;  /* class list / free bin (locks) */
-};
-/* The heap's global state (heap.c). */
-struct tag_heap {
-    uintptr_t base;         /* slice 0 */
-    uint64_t slices_max;    /* slices the region has room for */
-    uint64_t used;          /* slices [0, used) were ever handed out */
-    uint64_t committed;     /* slices [0, committed) are read-write */
-    struct tag_slice *meta; /* one entry a slice */
-    uint64_t key;           /* free blocks' links are xor'ed with it */
-    uint64_t large_count, large_bytes;  /* large spans live (page lock) */
-    uint64_t broken_links;  /* free lists found overwritten */
-};
-/* ... laid out as tag_abi.h says */
-_Static_assert(sizeof(struct tag_slice) == sizeof(struct libtag_slice), "slice entry");
-_Static_assert(offsetof(struct tag_slice, carved) == offsetof(struct libtag_slice, carved), "slice");
-_Static_assert(offsetof(struct tag_slice, block_off) == offsetof(struct libtag_slice, block_off),
-               "slice");
-_Static_assert(offsetof(struct tag_slice, large_size) == offsetof(struct libtag_slice, large_size),
-               "slice");
-_Static_assert(sizeof(struct tag_heap) == sizeof(struct libtag_heap), "heap");
-_Static_assert(offsetof(struct tag_heap, used) == offsetof(struct libtag_heap, used), "heap");
-_Static_assert(offsetof(struct tag_heap, meta) == offsetof(struct libtag_heap, meta), "heap");
-/* A thread's cache of free blocks, per class: head, a LIFO list of the
- * blocks it freed (count of them, spilled past the class's limit), and
- * bulk, a span's whole free list taken at once (uncounted, never spilled:
- * only allocations drain it).  malloc() takes head first: the blocks
- * freed last are the ones still in the CPU's caches. */
-struct tag_heap_cache {
-    void *head;
-    uint32_t count;
-    uint32_t reserved;
-    void *bulk;
-};
-struct tag_heap_stats {
-    uint64_t used, free_spans, large_count, large_bytes;
-};
-
-/* ------------------ a thread's state (thread.c; the walks: unwind.c) */
 /* A thread's last stack walk (unwind.c), outermost frame first, so the
  * next capture can prove its outer part unchanged and take its interned id:
  * per frame the registers the walk had there, and every word the walk read
@@ -187,13 +34,6 @@ struct tag_walk_read {
 #define TAG_WF_BP_KNOWN 1u  /* bp holds the frame's rbp */
 #define TAG_WF_SIGNAL   2u  /* pc is exact (TAG_FRAME_SIGNAL), not a return address */
 #define TAG_WF_DEP_BP   4u  /* the walk from here outward depends on bp */
-#define TAG_WALK_MAX 256    /* LIBTAG_FP_DEPTH's upper bound and default:
-                               a stack cut at a fixed depth starts at a
-                               different frame whenever the part inside it
-                               changes length, so it shares no node with the
-                               last one (numpy's tests, cut at 64 frames
-                               under nested imports: 4.5 M stack nodes where
-                               whole stacks make 2.5 M) */
 #define TAG_WALK_KEEP TAG_WALK_MAX  /* walks kept for reuse: all of them */
 #define TAG_UC_WALK_MAX 128 /* a capture from a signal handler (guard
                                faults, the crash): its frames are on the
@@ -368,7 +208,7 @@ struct tag_thread_state {
     uint32_t fast_clock;             /* stamps its fills */
     uint8_t fast_last[16];           /* by (pc, sp): the way that answered
                                         last (unwind.c fast_hint) */
-    uint32_t exit_rounds;            /* thread.c: calls of its exit hook */
+    uint32_t exit_rounds;            /* life/threads.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
     /* This thread's shard of the per-stack counters (tag_abi.h,
      * "per-stack counters"): for its chunk of entries [i << TAG_SHARD_SHIFT,
@@ -410,67 +250,52 @@ union tag_tls_none {
     char pages[(sizeof(struct tag_thread_state) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
 };
 
-/* ----------------------------------------------- modules (modules.c) */
-struct tag_module {
-    uintptr_t lo, hi;            /* one executable segment [lo, hi) */
-    uintptr_t eh_hdr;            /* its object's .eh_frame_hdr; 0 = none */
-    uintptr_t data_lo, data_hi;  /* the PT_LOAD holding it: bounds CFI reads */
-};
 
-/* ---------------------------------------------- unwind rules (cfi.c) */
-/* An unwind rule: how to go from a frame to its caller's, cached per code
- * address in unwind.c.  bits 0..2: TAG_RULE_*; then flags; bits 8..31 the
- * CFA offset; 32..47 where rbp was saved, in 8-byte slots below the CFA;
- * 48..63 a check of the key (unwind.c). */
-#define TAG_RULE_TYPE   7ull
-#define TAG_RULE_NONE   0ull  /* empty cache slot / nothing known */
-#define TAG_RULE_CFA    1ull  /* CFA = rsp or rbp + offset; RA at CFA - 8 */
-#define TAG_RULE_FP     2ull  /* no usable CFI: frame pointers, if valid */
-#define TAG_RULE_SIGNAL 3ull  /* the signal trampoline: the sigcontext */
-#define TAG_RULE_END    4ull  /* outermost frame: return address undefined */
-#define TAG_RULE_BAD    5ull  /* not a return address: the walk ends */
-#define TAG_RULE_CFA_RBP   (1ull << 3)  /* the CFA is rbp + offset */
-#define TAG_RULE_RBP_SAVED (1ull << 4)  /* rbp saved at CFA - 8 * slot */
-#define TAG_RULE_RBP_LOST  (1ull << 5)  /* rbp not recoverable */
-#define TAG_RULE_OFF_SHIFT   8
-#define TAG_RULE_SLOT_SHIFT  32
-#define TAG_RULE_CHECK_SHIFT 48
+extern __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec")));
+extern union tag_tls_none _tag_tls_none_pages;
+#define _tag_tls_none (_tag_tls_none_pages.t)
+/* First libtag use in a thread: map its state and take a record.  Returns
+ * the state, or NULL when the thread has none (its mapping failed, or it
+ * is past its exit hook): then the caller works without one (a stack id 0,
+ * no quarantine); _tag_tls.tid is set either way. */
+TAG_COLD struct tag_thread_state *_tag_thread_register(void);
+TAG_COLD void _tag_threads_init(void);       /* reserve records; no malloc */
+/* The calling thread's state, registering it first; NULL: it has none
+ * (see _tag_thread_register). */
+static inline struct tag_thread_state *_tag_self(void)
+{
+    struct tag_thread_state *t = _tag_tls.t;
+    if (TAG_UNLIKELY(t->rec == NULL))
+        t = _tag_thread_register();
+    return t;
+}
 
-/* --------------------------------- the shadow stack (shadow_stack.c) */
-/* The multiplier of the calling-context hash (_tag_shadow_cc). */
-#define TAG_CC_MIX 0x9e3779b97f4a7c15ull
+/* Count an allocation (freed 0) or a free of size bytes in the calling
+ * thread's record: plain adds where the record is the thread's own,
+ * atomics where threads beyond the record capacity share it, or where the
+ * thread has no state (t NULL: the record kept in static TLS, if any). */
+TAG_INLINE void _tag_count(struct tag_thread_state *t, int freed, uint64_t size)
+{
+    struct libtag_thread *r = t ? t->rec : _tag_tls.rec;
+    if (!t && !r)
+        return;
+    uint64_t *n = freed ? &r->frees : &r->allocs;
+    uint64_t *bytes = freed ? &r->free_bytes : &r->alloc_bytes;
+    if (TAG_LIKELY(t && !t->overflow_rec)) {
+        (*n)++;
+        *bytes += size;
+    } else {
+        __atomic_fetch_add(n, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(bytes, size, __ATOMIC_RELAXED);
+    }
+}
+/* The key whose destructor ends a thread's life (life/threads.c creates
+ * it once libc is up; _tag_thread_register sets it in each thread). */
+extern pthread_key_t _tag_exit_key;
+extern int _tag_exit_key_ready;
+/* The child of the program's own fork(), after the other parts' handlers:
+ * its one thread registered anew, the parent's records marked exited.
+ * from_main: the fork came from the main thread. */
+void _tag_thread_atfork_child(int from_main);
 
-/* ----------------------------------------------- the sweep (sweep.c) */
-#define TAG_SWEEP_RECENT 64  /* allocations a thread remembers */
-
-/* ------------------------------------------------------ tags (tag.c) */
-/* What _tag_lookup finds at a pointer. */
-enum tag_lookup { TAG_NOT_OURS = 0, TAG_IS_LIVE = 1, TAG_IS_FREED = 2 };
-/* 8 bytes of the free pattern; and "no damaged byte" (_tag_pattern_damage). */
-#define TAG_PATTERN64 (0x0101010101010101ull * TAG_FREE_PATTERN)
-#define TAG_INTACT ((size_t)-1)
-
-/* ------------------------------------------------- damage (damage.c) */
-enum tag_damage {
-    TAG_DAMAGE_NONE     = 0,  /* nothing explains it; nothing reported */
-    TAG_DAMAGE_KNOWN    = 1,  /* explained and reported; the tag stays
-                                 damaged (size unknown): leak the chunk */
-    TAG_DAMAGE_REPAIRED = 2,  /* reported; the tag is restored, marked
-                                 TAG_FLAG_REPORTED, in its state (live or
-                                 freed): go on with it */
-};
-
-/* --------------------------------------------- anomalies (anomaly.c) */
-/* What an anomaly is about (see struct libtag_anomaly for each kind). */
-struct tag_report {
-    uint32_t kind;                      /* enum libtag_anomaly_kind */
-    uint32_t dealloc;                   /* mismatch: the expected alloc kind */
-    const void *address;
-    const void *block;                  /* NULL = none */
-    const struct libtag_tag *tag;       /* copied; NULL = block's own tag */
-    const struct libtag_free_rec *rec;  /* copied; NULL = none */
-    uint32_t access;                    /* a fault: TAG_ACCESS_*; else 0 */
-    const void *pc;                     /* a fault: the faulting instruction */
-};
-
-#endif /* LIBTAG_TYPES_H */
+#endif /* LIBTAG_THREAD_H */

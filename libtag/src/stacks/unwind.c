@@ -54,7 +54,15 @@
 #include <string.h>
 #include <ucontext.h>
 
-#include "alloc/tag.h"
+#include "base/base.h"
+#include "base/options.h"
+#include "base/prim.h"
+#include "stacks/cfi.h"
+#include "stacks/modules.h"
+#include "stacks/shadow.h"
+#include "stacks/stack_table.h"
+#include "stacks/thread.h"
+#include "stacks/unwind.h"
 
 /* The rule cache starts at 2^RULE_BITS_FIRST slots (16 KiB, in libtag's
  * .bss) and grows once, to 2^RULE_BITS_MAX (256 KiB), when filling it has

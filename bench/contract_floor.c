@@ -18,7 +18,7 @@
  * build), the walk stops at the first frame that does not chain upwards
  * on the stack.
  *
- * The heap is libtag's (its seam, libtag/src/heap.h and CMake's
+ * The heap is libtag's (its seam, libtag/src/heap/heap.h and CMake's
  * libtag_heap, as heap_shim.c), or Debian's mimalloc with -DON_MIMALLOC
  * (whose frees cannot be checked by slot: it exports no such answer).
  * bench/CMakeLists.txt builds both (contract_floor_mi.so where

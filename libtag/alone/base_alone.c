@@ -1,24 +1,31 @@
-/* heap_alone.c - what libtag's heap takes from the rest of libtag, for a
- * program that uses the heap alone: CMake's libtag_heap target links it
- * with src/heap.c, and libtag/tests' unit tests and bench/'s floors link
- * that.  src/heap.h lists the three:
+/* base_alone.c - what a part of libtag takes from base/ and from the start
+ * (life/control.c), for a program that uses the part alone: CMake's seams
+ * (libtag_heap, libtag_stack_table, libtag_cfi, libtag_quarantine) link it,
+ * and libtag/tests' unit tests and bench/'s floors link those.
  *
- *   _tag_ctl     zeros, but for what the program sets: the secret (the
- *                key of the free blocks' links) before _tag_heap_init();
+ *   _tag_ctl     zeros, but for what the program sets: the secret (the key
+ *                of the heap's free links, of the tags' check values)
+ *                before _tag_heap_init(), the thread records a quarantine
+ *                reads;
+ *   _tag_opt     zeros, but for what the program sets (the quarantine's
+ *                budget and fill, the stack table's counters);
  *   _tag_log     the line on stderr, formatted on the stack (no malloc:
  *                a floor is the program's malloc);
  *   _tag_fatal   the same, then _exit(99) (a TAG_ASSERT of the debug build).
  *
- * Not libtag: no options, no log destination, no snapshot.  Nothing in
- * libtag.so or libtag.a comes from this folder.
+ * Not libtag: no option parsing, no log destination, no snapshot.  Nothing
+ * in libtag.so or libtag.a comes from this folder.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <unistd.h>
 
-#include "heap/heap.h"
+#include "base/base.h"
+#include "base/control.h"
+#include "base/options.h"
 
 struct libtag_control _tag_ctl;
+struct tag_options _tag_opt;
 
 static void say(const char *fmt, va_list ap)
 {

@@ -597,122 +597,113 @@ void _tag_unwind_settle(struct tag_thread_state *t)
         fast_settle(t, &t->fast[i].h);
 }
 
-/* A walk from s that stops at the first frame it shares with one of the
- * thread's last walks, then takes that frame's id and rewrites the record
- * from there inward.  Two walks are kept: allocations and frees usually
- * come from two different places, and each finds its own. */
-static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct bounds *b)
+/* Which of the thread's two kept walks a walk from pc reuses: the one
+ * whose innermost frame is pc, else the one used longer ago.  Two walks
+ * are kept: allocations and frees usually come from two different places,
+ * and each finds its own. */
+TAG_INLINE struct tag_walk *walk_pick(struct tag_thread_state *t, uint64_t pc)
 {
-    if (TAG_UNLIKELY(t->in_walk))
-        return walk_nested(s, b, t);
-    t->in_walk = 1;
-    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
-    int fp_mode = _tag_opt.unwind == TAG_UNWIND_FP;
     struct tag_walk *w = &t->walk[0];
-    if (w->n == 0 || w->f[w->n - 1].pc != s.pc) {
+    if (w->n == 0 || w->f[w->n - 1].pc != pc) {
         w = &t->walk[1];
-        if (w->n == 0 || w->f[w->n - 1].pc != s.pc)
+        if (w->n == 0 || w->f[w->n - 1].pc != pc)
             w = &t->walk[t->walk_lru];
     }
     t->walk_lru = w == &t->walk[0];  /* the other one goes next */
-    /* no fast check of w while it is rewritten (a signal handler's
-     * capture may look at it) */
-    w->fast.pc = 0;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    fast_settle(t, &w->fast);
+    return w;
+}
+
+/* How the step out of a walk ended (walk_out). */
+struct walk_end {
+    uint32_t n;        /* new frames, in t->walk_new, innermost first */
+    uint32_t stop;     /* TAG_WALK_STOP_*: why it ended by itself */
+    int32_t junction;  /* the frame of w it reached, proven unchanged; -1 */
+    int keep;          /* w may keep this walk for reuse */
+    int stop_read;     /* the word below s's sp ended it (no return address) */
+};
+
+/* Step out from *s, recording each new frame in t->walk_new, until a frame
+ * of the kept walk w whose words still hold (the junction: the rest is
+ * w's), the end of the stack, or max frames.  *s is left at the state the
+ * last step reached. */
+TAG_INLINE struct walk_end walk_out(struct tag_thread_state *t, struct tag_walk *w, struct ustate *s,
+                                    struct bounds *b, uint32_t gen)
+{
+    uint32_t max = _tag_opt.fp_depth < TAG_WALK_MAX ? _tag_opt.fp_depth : TAG_WALK_MAX;
+    int fp_mode = _tag_opt.unwind == TAG_UNWIND_FP;
     struct tag_walk_new *nf = t->walk_new;
-    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
     /* The words it read lie below the top of the stack it was on: reuse
      * only on the same one (an alternate stack may have been set anew). */
     int32_t cur = w->n && w->gen == gen && w->hi == b->hi ? (int32_t)w->n - 1 : -1;
-    uint32_t n = 0, stop = TAG_WALK_STOP_FIXED, ok_reads = 0, bad_read = UINT32_MAX;
-    int32_t junction = -1;
-    int keep = 1, stop_read = 0;
+    uint32_t ok_reads = 0, bad_read = UINT32_MAX;
+    struct walk_end end = {.stop = TAG_WALK_STOP_FIXED, .junction = -1, .keep = 1};
 
     for (;;) {
         if (cur >= 0) {
-            while (cur >= 0 && w->f[cur].sp < s.sp)
+            while (cur >= 0 && w->f[cur].sp < s->sp)
                 cur--;
-            if (cur >= 0 && w->f[cur].sp == s.sp && same_frame(&w->f[cur], &s) &&
-                still_holds(w, (uint32_t)cur, n, max, &ok_reads, &bad_read)) {
-                junction = cur;
+            if (cur >= 0 && w->f[cur].sp == s->sp && same_frame(&w->f[cur], s) &&
+                still_holds(w, (uint32_t)cur, end.n, max, &ok_reads, &bad_read)) {
+                end.junction = cur;
                 break;
             }
         }
-        uint64_t rule = rule_for(key_of(&s), 1);
+        uint64_t rule = rule_for(key_of(s), 1);
         uint64_t type = rule & TAG_RULE_TYPE;
-        if ((type == TAG_RULE_NONE || type == TAG_RULE_BAD) && n > 0) {
-            /* the word below s.sp was no return address: that word is what
-             * ended the walk */
-            stop_read = 1;
+        if ((type == TAG_RULE_NONE || type == TAG_RULE_BAD) && end.n > 0) {
+            /* the word below s->sp was no return address: that word is
+             * what ended the walk */
+            end.stop_read = 1;
             if (type == TAG_RULE_NONE)
-                keep = 0;  /* may be known after a dlopen: keep nothing */
+                end.keep = 0;  /* may be known after a dlopen: keep nothing */
             break;
         }
         if (type == TAG_RULE_SIGNAL) {
             /* the trampoline is no frame of its own; a walk through a
              * signal frame read the sigcontext: not kept for reuse */
-            keep = 0;
-            if (!step(&s, rule, b, fp_mode))
+            end.keep = 0;
+            if (!step(s, rule, b, fp_mode))
                 break;
             continue;
         }
-        struct tag_walk_new *e = &nf[n++];
-        e->pc = s.pc;
-        e->sp = s.sp;
-        e->bp = s.bp;
-        e->flags = s.flags & (TAG_WF_BP_KNOWN | WS_EXACT);
-        if (n == max) {
-            stop = TAG_WALK_STOP_DEPTH;
+        struct tag_walk_new *e = &nf[end.n++];
+        e->pc = s->pc;
+        e->sp = s->sp;
+        e->bp = s->bp;
+        e->flags = s->flags & (TAG_WF_BP_KNOWN | WS_EXACT);
+        if (end.n == max) {
+            end.stop = TAG_WALK_STOP_DEPTH;
             break;
         }
-        int ok = step(&s, rule, b, fp_mode);
-        e->flags |= s.flags & (TAG_WF_READ_BP | WS_USES_BP | WS_LOSES_BP);
-        e->bp_off = s.bp_off;
+        int ok = step(s, rule, b, fp_mode);
+        e->flags |= s->flags & (TAG_WF_READ_BP | WS_USES_BP | WS_LOSES_BP);
+        e->bp_off = s->bp_off;
         if (!ok)
             break;
     }
+    return end;
+}
 
-    uint32_t parent = 0, base = 0, reads = 0, dep = 0;
-    if (junction >= 0) {
-        const struct tag_walk_frame *jf = &w->f[junction];
-        parent = jf->id;
-        if (n == 0 && (uint32_t)junction == w->n - 1) {
-            /* the very same stack as last time */
-            fast_set(t, w);
-            t->in_walk = 0;
-            t->captures++;
-            t->capture_frames += w->n;
-            return parent;
-        }
-        base = (uint32_t)junction + 1;
-        reads = jf->reads;
-        dep = (jf->flags & TAG_WF_DEP_BP) != 0;
-        /* w->stop stays: the outer part ends as it did */
-    } else {
-        w->stop = stop;
-    }
-    if (base + n > TAG_WALK_KEEP) {
-        /* too deep to keep: intern only */
-        for (uint32_t k = n; k-- > 0;)
-            parent = _tag_intern(t, parent, nf[k].flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
-                                 nf[k].pc);
-        w->n = 0;
-        t->in_walk = 0;
-        t->captures++;
-        t->capture_frames += base + n;
-        return parent;
-    }
-    /* New frames, outermost first, after the kept ones.  The reads of the
-     * step out of nf[k] are those that gave the next-outer frame (nf[k+1],
-     * or the junction's state s). */
+/* Intern the walk's new frames outermost first under parent (the
+ * junction's id, or the root), and write them into w after its first base
+ * frames, with the words each step read: the step out of new frame k read
+ * what gave the next-outer one (frame k + 1, or the junction's state s).
+ * reads, dep: w's reads up to the junction, and whether the junction's
+ * frame depends on its rbp.  Returns the innermost frame's id; a full
+ * table clears end->keep. */
+TAG_INLINE uint32_t walk_record(struct tag_thread_state *t, struct tag_walk *w, struct walk_end *end,
+                                const struct ustate *s, uint32_t parent, uint32_t base,
+                                uint32_t reads, uint32_t dep)
+{
+    const struct tag_walk_new *nf = t->walk_new;
+    uint32_t n = end->n;
     for (uint32_t k = n; k-- > 0;) {
         const struct tag_walk_new *e = &nf[k];
         struct tag_walk_frame *f = &w->f[base + (n - 1 - k)];
-        if (k + 1 < n || junction >= 0) {
-            uint64_t nsp = k + 1 < n ? nf[k + 1].sp : s.sp;
-            uint64_t npc = k + 1 < n ? nf[k + 1].pc : s.pc;
-            uint64_t nbp = k + 1 < n ? nf[k + 1].bp : s.bp;
+        if (k + 1 < n || end->junction >= 0) {
+            uint64_t nsp = k + 1 < n ? nf[k + 1].sp : s->sp;
+            uint64_t npc = k + 1 < n ? nf[k + 1].pc : s->pc;
+            uint64_t nbp = k + 1 < n ? nf[k + 1].bp : s->bp;
             w->rd[reads].addr = nsp - 8;
             w->rd[reads++].value = npc;
             /* the rbp it read matters only if the walk outward uses it
@@ -725,16 +716,16 @@ static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct
                   (!(e->flags & (TAG_WF_READ_BP | WS_LOSES_BP)) && dep);
         } else {
             /* the outermost frame of a walk that ended by itself */
-            if (stop_read) {
-                w->rd[reads].addr = s.sp - 8;
-                w->rd[reads++].value = s.pc;
+            if (end->stop_read) {
+                w->rd[reads].addr = s->sp - 8;
+                w->rd[reads++].value = s->pc;
             }
             dep = (e->flags & WS_USES_BP) != 0;
         }
         parent = _tag_intern(t, parent, e->flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
                              e->pc);
         if (!parent)
-            keep = 0;  /* the table is full: do not reuse a truncated id */
+            end->keep = 0;  /* the table is full: do not reuse a truncated id */
         f->pc = e->pc;
         f->sp = e->sp;
         f->bp = e->bp;
@@ -743,11 +734,64 @@ static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct
                               (dep ? TAG_WF_DEP_BP : 0));
         f->reads = (uint16_t)reads;
     }
+    return parent;
+}
+
+/* A walk from s that stops at the first frame it shares with one of the
+ * thread's last walks (walk_pick, walk_out), then takes that frame's id
+ * and rewrites the record from there inward (walk_record). */
+static uint32_t walk_capture(struct tag_thread_state *t, struct ustate s, struct bounds *b)
+{
+    if (TAG_UNLIKELY(t->in_walk))
+        return walk_nested(s, b, t);
+    t->in_walk = 1;
+    struct tag_walk *w = walk_pick(t, s.pc);
+    /* no fast check of w while it is rewritten (a signal handler's
+     * capture may look at it) */
+    w->fast.pc = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    fast_settle(t, &w->fast);
+    uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
+    struct walk_end end = walk_out(t, w, &s, b, gen);
+    uint32_t n = end.n;
+
+    uint32_t parent = 0, base = 0, reads = 0, dep = 0;
+    if (end.junction >= 0) {
+        const struct tag_walk_frame *jf = &w->f[end.junction];
+        parent = jf->id;
+        if (n == 0 && (uint32_t)end.junction == w->n - 1) {
+            /* the very same stack as last time */
+            fast_set(t, w);
+            t->in_walk = 0;
+            t->captures++;
+            t->capture_frames += w->n;
+            return parent;
+        }
+        base = (uint32_t)end.junction + 1;
+        reads = jf->reads;
+        dep = (jf->flags & TAG_WF_DEP_BP) != 0;
+        /* w->stop stays: the outer part ends as it did */
+    } else {
+        w->stop = end.stop;
+    }
+    if (base + n > TAG_WALK_KEEP) {
+        /* too deep to keep: intern only */
+        const struct tag_walk_new *nf = t->walk_new;
+        for (uint32_t k = n; k-- > 0;)
+            parent = _tag_intern(t, parent, nf[k].flags & WS_EXACT ? TAG_FRAME_SIGNAL : TAG_FRAME_CALL,
+                                 nf[k].pc);
+        w->n = 0;
+        t->in_walk = 0;
+        t->captures++;
+        t->capture_frames += base + n;
+        return parent;
+    }
+    parent = walk_record(t, w, &end, &s, parent, base, reads, dep);
     uint32_t total = base + n;
-    w->n = keep ? total : 0;
+    w->n = end.keep ? total : 0;
     w->gen = gen;
     w->hi = b->hi;
-    if (keep)
+    if (end.keep)
         fast_set(t, w);
     t->in_walk = 0;
     t->captures++;

@@ -698,47 +698,14 @@ static int dump_anon(int pagemap, uint64_t start, uint64_t end)
 
 /* --------------------------------------------------------------- main - */
 /* Async-signal-safe: no locks, no malloc, no stdio. */
-int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
-                    unsigned nthreads)
+/* The ELF header and the program headers: one PT_NOTE of notes_sz bytes
+ * at notes_off, then a PT_LOAD a dumped mapping, their data from data_off
+ * on.  *end: where the last one's data ends. */
+static int write_headers(uint64_t notes_off, uint64_t notes_sz, uint64_t data_off, uint64_t *end)
 {
-    static struct elf_prstatus st;
-    static struct elf_prpsinfo ps;
-    static uint64_t self_regs[TAG_NREGS];
-    struct cw_proc pr;
-    struct stat sb;
     Elf64_Ehdr eh;
     Elf64_Phdr ph;
-    uint64_t notes_off, notes_sz, data_off, off;
-    unsigned i, nvalid = 0;
-    int pagemap, rc;
-    ssize_t n;
-
-    /* Registers first, in this frame, which stays live while we write. */
-    capture_here(self_regs);
-
-    memset(&W, 0, sizeof W);
-    W.fd = fd;
-    W.sparse = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
-
-    rc = read_maps();
-    if (rc)
-        return rc;
-    choose_dump();
-    n = read_small("/proc/self/auxv", auxv, sizeof auxv);
-    auxv_len = n > 0 ? (size_t)n : 0;
-    read_proc(pid, &pr);
-    fill_psinfo(&ps, &pr);
-
-    for (i = 0; i < nthreads; i++)
-        nvalid += (threads[i].flags & TAG_THREAD_REGS) != 0;
-
-    /* Layout: headers, notes, then page-aligned segment data. */
-    notes_off = sizeof eh + (uint64_t)(1 + nmaps) * sizeof ph;
-    notes_sz = (nvalid ? nvalid : 1) * note_size(sizeof st)
-             + note_size(sizeof ps)
-             + note_size(auxv_len)
-             + note_size(nt_file_size());
-    data_off = (notes_off + notes_sz + CW_PAGE - 1) & ~(uint64_t)(CW_PAGE - 1);
+    int rc;
 
     memset(&eh, 0, sizeof eh);
     memcpy(eh.e_ident, ELFMAG, SELFMAG);
@@ -762,8 +729,8 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
     ph.p_align = 4;
     if (rc == 0)
         rc = out_put(&ph, sizeof ph);
-    off = data_off;
-    for (i = 0; rc == 0 && i < nmaps; i++) {
+    uint64_t off = data_off;
+    for (unsigned i = 0; rc == 0 && i < nmaps; i++) {
         const struct cw_map *m = &maps[i];
 
         memset(&ph, 0, sizeof ph);
@@ -778,46 +745,57 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
         off += ph.p_filesz;
         rc = out_put(&ph, sizeof ph);
     }
+    *end = off;
+    return rc;
+}
 
-    /* Notes, in the kernel's order: the first thread's prstatus, psinfo,
-     * auxv, file; then the other threads' prstatus. */
+/* The process-wide notes after the first prstatus: psinfo, auxv, file. */
+static int write_process_notes(const struct elf_prpsinfo *ps)
+{
+    int rc = note(NT_PRPSINFO, ps, sizeof *ps);
+    if (rc == 0)
+        rc = note(NT_AUXV, auxv, auxv_len);
+    if (rc == 0)
+        rc = nt_file_write();
+    return rc;
+}
+
+/* The notes, in the kernel's order: the first thread's prstatus, psinfo,
+ * auxv, file; then the other threads' prstatus.  With no valid record,
+ * one prstatus of the calling thread's registers (self_regs) and pid. */
+static int write_notes(const struct libtag_thread *threads, unsigned nthreads, unsigned nvalid,
+                       const struct cw_proc *pr, const uint64_t *self_regs, uint64_t notes_off)
+{
+    static struct elf_prstatus st;
+    static struct elf_prpsinfo ps;
+    int rc = 0;
+
+    fill_psinfo(&ps, pr);
     if (nvalid == 0) {
-        fill_prstatus(&st, getpid(), &pr, self_regs);
+        fill_prstatus(&st, getpid(), pr, self_regs);
+        rc = note(NT_PRSTATUS, &st, sizeof st);
         if (rc == 0)
-            rc = note(NT_PRSTATUS, &st, sizeof st);
+            rc = write_process_notes(&ps);
+        return rc;
     }
-    for (i = 0; rc == 0 && i < nthreads; i++) {
+    for (unsigned i = 0; rc == 0 && i < nthreads; i++) {
         if (!(threads[i].flags & TAG_THREAD_REGS))
             continue;
-        fill_prstatus(&st, (int)threads[i].tid, &pr, threads[i].regs);
+        fill_prstatus(&st, (int)threads[i].tid, pr, threads[i].regs);
         rc = note(NT_PRSTATUS, &st, sizeof st);
-        if (rc == 0 && W.off == notes_off + note_size(sizeof st)) {
-            rc = note(NT_PRPSINFO, &ps, sizeof ps);
-            if (rc == 0)
-                rc = note(NT_AUXV, auxv, auxv_len);
-            if (rc == 0)
-                rc = nt_file_write();
-        }
+        if (rc == 0 && W.off == notes_off + note_size(sizeof st))
+            rc = write_process_notes(&ps);
     }
-    if (nvalid == 0 && rc == 0) {
-        rc = note(NT_PRPSINFO, &ps, sizeof ps);
-        if (rc == 0)
-            rc = note(NT_AUXV, auxv, auxv_len);
-        if (rc == 0)
-            rc = nt_file_write();
-    }
-    if (rc == 0 && W.off != notes_off + notes_sz)
-        return -EIO;    /* a layout bug: never write an inconsistent core */
-    if (rc == 0)
-        rc = out_zeros(data_off - W.off);
-    if (rc == 0)
-        rc = out_flush();
-    if (rc)
-        return rc;
+    return rc;
+}
 
-    /* Segment data, in program header order. */
-    pagemap = _tag_proc_open("/proc/self/pagemap");
-    for (i = 0; rc == 0 && i < nmaps; i++) {
+/* The segments' data, in program header order, from the file offset the
+ * headers gave the first; end: where the last one's ends. */
+static int write_segments(int fd, uint64_t end)
+{
+    int rc = 0;
+    int pagemap = _tag_proc_open("/proc/self/pagemap");
+    for (unsigned i = 0; rc == 0 && i < nmaps; i++) {
         const struct cw_map *m = &maps[i];
         uint64_t sz = filesz(m);
 
@@ -830,7 +808,7 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
     }
     if (pagemap >= 0)
         close(pagemap);
-    if (rc == 0 && W.off != off)
+    if (rc == 0 && W.off != end)
         rc = -EIO;
     /* A trailing hole has no size yet: write its last byte. */
     if (rc == 0 && W.tail_hole) {
@@ -842,4 +820,55 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
         }
     }
     return rc;
+}
+
+int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
+                    unsigned nthreads)
+{
+    static uint64_t self_regs[TAG_NREGS];
+    struct cw_proc pr;
+    struct stat sb;
+    uint64_t notes_off, notes_sz, data_off, end;
+    unsigned i, nvalid = 0;
+    int rc;
+    ssize_t n;
+
+    /* Registers first, in this frame, which stays live while we write. */
+    capture_here(self_regs);
+
+    memset(&W, 0, sizeof W);
+    W.fd = fd;
+    W.sparse = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+
+    rc = read_maps();
+    if (rc)
+        return rc;
+    choose_dump();
+    n = read_small("/proc/self/auxv", auxv, sizeof auxv);
+    auxv_len = n > 0 ? (size_t)n : 0;
+    read_proc(pid, &pr);
+
+    for (i = 0; i < nthreads; i++)
+        nvalid += (threads[i].flags & TAG_THREAD_REGS) != 0;
+
+    /* Layout: headers, notes, then page-aligned segment data. */
+    notes_off = sizeof(Elf64_Ehdr) + (uint64_t)(1 + nmaps) * sizeof(Elf64_Phdr);
+    notes_sz = (nvalid ? nvalid : 1) * note_size(sizeof(struct elf_prstatus))
+             + note_size(sizeof(struct elf_prpsinfo))
+             + note_size(auxv_len)
+             + note_size(nt_file_size());
+    data_off = (notes_off + notes_sz + CW_PAGE - 1) & ~(uint64_t)(CW_PAGE - 1);
+
+    rc = write_headers(notes_off, notes_sz, data_off, &end);
+    if (rc == 0)
+        rc = write_notes(threads, nthreads, nvalid, &pr, self_regs, notes_off);
+    if (rc == 0 && W.off != notes_off + notes_sz)
+        return -EIO;    /* a layout bug: never write an inconsistent core */
+    if (rc == 0)
+        rc = out_zeros(data_off - W.off);
+    if (rc == 0)
+        rc = out_flush();
+    if (rc)
+        return rc;
+    return write_segments(fd, end);
 }

@@ -205,135 +205,154 @@ static int parse_cie(uintptr_t at, uintptr_t lo, uintptr_t end, uintptr_t hdr, s
     return !c.bad && out->insns <= out->end && out->code_align != 0;
 }
 
+/* The rules of rbp and the return address when register reg gets one
+ * libtag cannot use (REG_UNDEF, REG_SAME, REG_OTHER): as_rbp, as_ra. */
+static inline void reg_rule(struct row *r, uint64_t reg, uint8_t as_rbp, uint8_t as_ra)
+{
+    if (reg == R_RBP) r->rbp = as_rbp;
+    if (reg == R_RA) r->ra = as_ra;
+}
+
+/* The rows remember_state saved, for restore_state. */
+struct saved_rows {
+    struct row row[8];
+    unsigned n;
+};
+
+/* Apply CFI instruction op (its operands read from c), one that changes
+ * the row, not the location, to r.  init: the CIE's row, for
+ * DW_CFA_restore (NULL inside the CIE).  Returns 0 on a malformed or
+ * unsupported instruction. */
+static int apply(struct cursor *c, const struct cie *cie, uint8_t op, struct row *r,
+                 const struct row *init, struct saved_rows *st)
+{
+    uint64_t reg;
+    int64_t off;
+    switch (op >> 6) {
+    case 2:  /* DW_CFA_offset */
+        reg = op & 0x3f;
+        off = (int64_t)uleb(c) * cie->data_align;
+        goto set_offset;
+    case 3:  /* DW_CFA_restore */
+        reg = op & 0x3f;
+        goto restore;
+    }
+    switch (op) {
+    case 0x00: break;                              /* nop */
+    case 0x05:                                     /* offset_extended */
+        reg = uleb(c);
+        off = (int64_t)uleb(c) * cie->data_align;
+        goto set_offset;
+    case 0x06: reg = uleb(c); goto restore;        /* restore_extended */
+    case 0x07: reg_rule(r, uleb(c), REG_UNDEF, REG_UNDEF); break;  /* undefined */
+    case 0x08: reg_rule(r, uleb(c), REG_SAME, REG_OTHER); break;   /* same_value */
+    case 0x09:                                     /* register */
+        reg = uleb(c);
+        uleb(c);
+        reg_rule(r, reg, REG_OTHER, REG_OTHER);
+        break;
+    case 0x0a:                                     /* remember_state */
+        if (st->n == sizeof st->row / sizeof st->row[0])
+            return 0;
+        st->row[st->n++] = *r;
+        break;
+    case 0x0b:                                     /* restore_state */
+        if (st->n == 0)
+            return 0;
+        /* the CFA is part of the state too (DWARF 5 6.4.2.4) */
+        *r = st->row[--st->n];
+        break;
+    case 0x0c:                                     /* def_cfa */
+        r->cfa_reg = (uint8_t)uleb(c);
+        r->cfa_off = (int64_t)uleb(c);
+        r->cfa_expr = 0;
+        break;
+    case 0x0d:                                     /* def_cfa_register */
+        r->cfa_reg = (uint8_t)uleb(c);
+        r->cfa_expr = 0;
+        break;
+    case 0x0e: r->cfa_off = (int64_t)uleb(c); break;  /* def_cfa_offset */
+    case 0x0f:                                     /* def_cfa_expression */
+        r->cfa_expr = 1;
+        c->p += uleb(c);
+        break;
+    case 0x10:                                     /* expression */
+    case 0x16:                                     /* val_expression */
+        reg = uleb(c);
+        c->p += uleb(c);
+        reg_rule(r, reg, REG_OTHER, REG_OTHER);
+        break;
+    case 0x11:                                     /* offset_extended_sf */
+        reg = uleb(c);
+        off = sleb(c) * cie->data_align;
+        goto set_offset;
+    case 0x12:                                     /* def_cfa_sf */
+        r->cfa_reg = (uint8_t)uleb(c);
+        r->cfa_off = sleb(c) * cie->data_align;
+        r->cfa_expr = 0;
+        break;
+    case 0x13: r->cfa_off = sleb(c) * cie->data_align; break;  /* def_cfa_offset_sf */
+    case 0x14:                                     /* val_offset */
+    case 0x15:                                     /* val_offset_sf */
+        reg = uleb(c);
+        if (op == 0x14) uleb(c); else sleb(c);
+        reg_rule(r, reg, REG_OTHER, REG_OTHER);
+        break;
+    case 0x2e: uleb(c); break;                     /* GNU_args_size */
+    case 0x2f:                                     /* GNU_negative_offset_extended */
+        reg = uleb(c);
+        off = -(int64_t)uleb(c) * cie->data_align;
+        goto set_offset;
+    default:
+        return 0;
+    }
+    return 1;
+set_offset:
+    if (reg == R_RBP) { r->rbp = REG_OFFSET; r->rbp_off = off; }
+    if (reg == R_RA)  { r->ra = REG_OFFSET; r->ra_off = off; }
+    return 1;
+restore:
+    if (!init)
+        return 0;  /* DW_CFA_restore inside a CIE */
+    if (reg == R_RBP) { r->rbp = init->rbp; r->rbp_off = init->rbp_off; }
+    if (reg == R_RA)  { r->ra = init->ra; r->ra_off = init->ra_off; }
+    return 1;
+}
+
 /* Run CFI instructions [c->p, c->end) starting at address loc, stopping
- * before the first row that starts past target.  init: the CIE's row, for
- * DW_CFA_restore.  Returns 0 on a malformed or unsupported stream. */
+ * before the first row that starts past target: the instructions that
+ * move the location are taken here, the others change the row (apply).
+ * init: the CIE's row, for DW_CFA_restore.  Returns 0 on a malformed or
+ * unsupported stream. */
 static int run(struct cursor *c, const struct cie *cie, uint64_t loc, uint64_t target,
                struct row *r, const struct row *init)
 {
-    struct row saved[8];
-    unsigned nsaved = 0;
+    struct saved_rows st;
+    st.n = 0;
     while (c->p < c->end && !c->bad) {
-        uint8_t op = u8(c), low = op & 0x3f;
-        uint64_t reg, delta = 0;
-        int64_t off;
-        switch (op >> 6) {
-        case 1:  /* DW_CFA_advance_loc */
-            delta = low;
-            goto advance;
-        case 2:  /* DW_CFA_offset */
-            reg = low;
-            off = (int64_t)uleb(c) * cie->data_align;
-            goto set_offset;
-        case 3:  /* DW_CFA_restore */
-            reg = low;
-            goto restore;
-        }
-        switch (op) {
-        case 0x00: break;                              /* nop */
-        case 0x01:                                     /* set_loc */
+        uint8_t op = u8(c);
+        uint64_t delta;
+        if (op >> 6 == 1) {                            /* advance_loc */
+            delta = op & 0x3f;
+        } else if (op == 0x01) {                       /* set_loc */
             loc = encoded(c, cie->fde_enc, 0);
             if (loc > target)
                 return 1;
-            break;
-        case 0x02: delta = u8(c); goto advance;        /* advance_loc1 */
-        case 0x03: delta = fixed(c, 2); goto advance;  /* advance_loc2 */
-        case 0x04: delta = fixed(c, 4); goto advance;  /* advance_loc4 */
-        case 0x05:                                     /* offset_extended */
-            reg = uleb(c);
-            off = (int64_t)uleb(c) * cie->data_align;
-            goto set_offset;
-        case 0x06: reg = uleb(c); goto restore;        /* restore_extended */
-        case 0x07:                                     /* undefined */
-            reg = uleb(c);
-            if (reg == R_RBP) r->rbp = REG_UNDEF;
-            if (reg == R_RA) r->ra = REG_UNDEF;
-            break;
-        case 0x08:                                     /* same_value */
-            reg = uleb(c);
-            if (reg == R_RBP) r->rbp = REG_SAME;
-            if (reg == R_RA) r->ra = REG_OTHER;
-            break;
-        case 0x09:                                     /* register */
-            reg = uleb(c);
-            uleb(c);
-            if (reg == R_RBP) r->rbp = REG_OTHER;
-            if (reg == R_RA) r->ra = REG_OTHER;
-            break;
-        case 0x0a:                                     /* remember_state */
-            if (nsaved == sizeof saved / sizeof saved[0])
+            continue;
+        } else if (op == 0x02) {                       /* advance_loc1 */
+            delta = u8(c);
+        } else if (op == 0x03) {                       /* advance_loc2 */
+            delta = fixed(c, 2);
+        } else if (op == 0x04) {                       /* advance_loc4 */
+            delta = fixed(c, 4);
+        } else {
+            if (!apply(c, cie, op, r, init, &st))
                 return 0;
-            saved[nsaved++] = *r;
-            break;
-        case 0x0b: {                                   /* restore_state */
-            if (nsaved == 0)
-                return 0;
-            /* the CFA is part of the state too (DWARF 5 6.4.2.4) */
-            *r = saved[--nsaved];
-            break;
+            continue;
         }
-        case 0x0c:                                     /* def_cfa */
-            r->cfa_reg = (uint8_t)uleb(c);
-            r->cfa_off = (int64_t)uleb(c);
-            r->cfa_expr = 0;
-            break;
-        case 0x0d:                                     /* def_cfa_register */
-            r->cfa_reg = (uint8_t)uleb(c);
-            r->cfa_expr = 0;
-            break;
-        case 0x0e: r->cfa_off = (int64_t)uleb(c); break;  /* def_cfa_offset */
-        case 0x0f:                                     /* def_cfa_expression */
-            r->cfa_expr = 1;
-            c->p += uleb(c);
-            break;
-        case 0x10:                                     /* expression */
-        case 0x16:                                     /* val_expression */
-            reg = uleb(c);
-            c->p += uleb(c);
-            if (reg == R_RBP) r->rbp = REG_OTHER;
-            if (reg == R_RA) r->ra = REG_OTHER;
-            break;
-        case 0x11:                                     /* offset_extended_sf */
-            reg = uleb(c);
-            off = sleb(c) * cie->data_align;
-            goto set_offset;
-        case 0x12:                                     /* def_cfa_sf */
-            r->cfa_reg = (uint8_t)uleb(c);
-            r->cfa_off = sleb(c) * cie->data_align;
-            r->cfa_expr = 0;
-            break;
-        case 0x13: r->cfa_off = sleb(c) * cie->data_align; break;  /* def_cfa_offset_sf */
-        case 0x14:                                     /* val_offset */
-        case 0x15:                                     /* val_offset_sf */
-            reg = uleb(c);
-            if (op == 0x14) uleb(c); else sleb(c);
-            if (reg == R_RBP) r->rbp = REG_OTHER;
-            if (reg == R_RA) r->ra = REG_OTHER;
-            break;
-        case 0x2e: uleb(c); break;                     /* GNU_args_size */
-        case 0x2f:                                     /* GNU_negative_offset_extended */
-            reg = uleb(c);
-            off = -(int64_t)uleb(c) * cie->data_align;
-            goto set_offset;
-        default:
-            return 0;
-        }
-        continue;
-    advance:
         loc += delta * cie->code_align;
         if (loc > target)
             return !c->bad;
-        continue;
-    set_offset:
-        if (reg == R_RBP) { r->rbp = REG_OFFSET; r->rbp_off = off; }
-        if (reg == R_RA)  { r->ra = REG_OFFSET; r->ra_off = off; }
-        continue;
-    restore:
-        if (!init)
-            return 0;  /* DW_CFA_restore inside a CIE */
-        if (reg == R_RBP) { r->rbp = init->rbp; r->rbp_off = init->rbp_off; }
-        if (reg == R_RA)  { r->ra = init->ra; r->ra_off = init->ra_off; }
-        continue;
     }
     return !c->bad;
 }

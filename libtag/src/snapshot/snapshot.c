@@ -630,6 +630,80 @@ static void snapshot_handoff(void)
         serve_pending();
 }
 
+/* The new snapshot's directory, seq-reason, in the snapshot root: *root
+ * and *dir open (the caller closes them), its name in name.  0, or -errno
+ * (said in the log). */
+static int open_dir(uint32_t seq, const char *rname, char *name, size_t cap, int *root, int *dir)
+{
+    *root = open_snapshot_root();
+    *dir = *root >= 0 ? make_snapshot_dir(*root, seq, rname, name, cap) : -1;
+    if (*dir >= 0)
+        return 0;
+    int rc = -errno;
+    char where[512];
+    snapshot_root(where, sizeof where);
+    _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
+             where, -rc);
+    return rc;
+}
+
+/* The control block's record of the snapshot just forked (child): what
+ * forensics reads, the caller's nonce last (it polls for it).  t0..t2:
+ * before the freeze, after it, after the fork; asked: when it was asked
+ * for (0: now, t0). */
+static struct libtag_snapinfo *record_last(uint32_t seq, long child, uint32_t stopped,
+                                           uint32_t reason, uint64_t t0, uint64_t t1,
+                                           uint64_t t2, uint64_t asked, uint64_t nonce)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct libtag_snapinfo *l = &_tag_ctl.last;
+    __atomic_store_n(&l->nonce, 0, __ATOMIC_RELEASE);
+    l->seq = seq;
+    l->child = (uint32_t)child;
+    l->tid = _tag_tls.tid;
+    l->threads_stopped = stopped;
+    l->reason = reason;
+    l->pause_ns = t2 - t0;
+    l->fork_ns = t2 - t1;
+    l->time_ms = (uint64_t)now.tv_sec * 1000ull + (uint64_t)now.tv_nsec / 1000000ull;
+    l->request_ns = asked ? asked : t0;
+    /* the caller polls for its nonce: everything else first */
+    __atomic_store_n(&l->nonce, nonce, __ATOMIC_RELEASE);
+    return l;
+}
+
+/* The snapshot directory's info file, from the record l. */
+static void write_info(int dir, long child, const char *rname, const struct libtag_snapinfo *l)
+{
+    char info[512];
+    size_t n = _tag_format(info, sizeof info,
+        "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
+        "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\nrequest_ns=%lu\n",
+        (int)getpid(), child, l->seq, rname, l->tid, l->threads_stopped,
+        (unsigned long)l->pause_ns, (unsigned long)l->fork_ns,
+        (unsigned long)l->time_ms, (unsigned long)l->request_ns);
+    write_file(dir, "info", info, n);
+}
+
+/* The end of a snapshot, taken or not: its directory closed, the next
+ * one allowed, the caller's errno back.  Returns rc. */
+static int taken(int root, int dir, int saved_errno, int rc)
+{
+    if (dir >= 0)
+        close(dir);
+    if (root >= 0)
+        close(root);
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    errno = saved_errno;
+    return rc;
+}
+
+/* A snapshot: its directory made (open_dir; none for a handoff, whose
+ * core goes through the caller's pipe), the other threads frozen, the
+ * process forked with the raw clone (the child writes the core:
+ * child_main), the threads released, the snapshot recorded (record_last,
+ * write_info).  -EBUSY while another is under way. */
 int _tag_snapshot_take(uint32_t reason, int handoff)
 {
     int saved = errno;
@@ -655,19 +729,11 @@ int _tag_snapshot_take(uint32_t reason, int handoff)
                             ? _tag_anomaly_name(_tag_ctl.anomaly.kind)
                             : reason_names[reason];
     char name[128];
-    int rc = 0;
     int root = -1, dir = -1;
     if (!handoff) {
-        root = open_snapshot_root();
-        dir = root >= 0 ? make_snapshot_dir(root, seq, rname, name, sizeof name) : -1;
-        if (dir < 0) {
-            rc = -errno;
-            char where[512];
-            snapshot_root(where, sizeof where);
-            _tag_log("libtag: snapshot failed: cannot create the snapshot directory in %s (errno %d)",
-                     where, -rc);
-            goto out;
-        }
+        int rc = open_dir(seq, rname, name, sizeof name, &root, &dir);
+        if (rc)
+            return taken(root, dir, saved, rc);
     }
 
     uint64_t t0 = mono_ns();
@@ -682,56 +748,28 @@ int _tag_snapshot_take(uint32_t reason, int handoff)
     uint64_t t2 = mono_ns();
     release_threads(gen);
     if (child < 0) {
-        rc = -errno;
+        int rc = -errno;
         _tag_log("libtag: snapshot failed: fork: errno %d", -rc);
-    } else {
-        __atomic_store_n(&_tag_ctl.snapshot_seq, seq, __ATOMIC_RELEASE);
-        if (reason != TAG_REASON_EXIT)
-            remember((pid_t)child);
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        struct libtag_snapinfo *l = &_tag_ctl.last;
-        __atomic_store_n(&l->nonce, 0, __ATOMIC_RELEASE);
-        l->seq = seq;
-        l->child = (uint32_t)child;
-        l->tid = _tag_tls.tid;
-        l->threads_stopped = stopped;
-        l->reason = reason;
-        l->pause_ns = t2 - t0;
-        l->fork_ns = t2 - t1;
-        l->time_ms = (uint64_t)now.tv_sec * 1000ull + (uint64_t)now.tv_nsec / 1000000ull;
-        l->request_ns = asked ? asked : t0;
-        /* the caller polls for its nonce: everything else first */
-        __atomic_store_n(&l->nonce, nonce, __ATOMIC_RELEASE);
-        if (handoff) {
-            _tag_log("libtag: snapshot %u (%s) handed over to the caller", seq, rname);
-            goto out;
-        }
-        char info[512];
-        size_t n = _tag_format(info, sizeof info,
-            "pid=%d\nchild=%ld\nseq=%u\nreason=%s\ntid=%u\nthreads_stopped=%u\n"
-            "pause_ns=%lu\nfork_ns=%lu\ntime_ms=%lu\nrequest_ns=%lu\n",
-            (int)getpid(), child, seq, rname, _tag_tls.tid, stopped,
-            (unsigned long)l->pause_ns, (unsigned long)l->fork_ns,
-            (unsigned long)l->time_ms, (unsigned long)l->request_ns);
-        write_file(dir, "info", info, n);
-        /* The process is about to be gone: wait for the core here, so that
-         * whoever waits for the process finds it complete. */
-        if (reason == TAG_REASON_EXIT)
-            while (waitpid((pid_t)child, NULL, __WALL) < 0 && errno == EINTR)
-                ;
-        char where[512];
-        snapshot_root(where, sizeof where);
-        _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname, where, name);
+        return taken(root, dir, saved, rc);
     }
-out:
-    if (dir >= 0)
-        close(dir);
-    if (root >= 0)
-        close(root);
-    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
-    errno = saved;
-    return rc;
+    __atomic_store_n(&_tag_ctl.snapshot_seq, seq, __ATOMIC_RELEASE);
+    if (reason != TAG_REASON_EXIT)
+        remember((pid_t)child);
+    const struct libtag_snapinfo *l = record_last(seq, child, stopped, reason, t0, t1, t2, asked, nonce);
+    if (handoff) {
+        _tag_log("libtag: snapshot %u (%s) handed over to the caller", seq, rname);
+        return taken(root, dir, saved, 0);
+    }
+    write_info(dir, child, rname, l);
+    /* The process is about to be gone: wait for the core here, so that
+     * whoever waits for the process finds it complete. */
+    if (reason == TAG_REASON_EXIT)
+        while (waitpid((pid_t)child, NULL, __WALL) < 0 && errno == EINTR)
+            ;
+    char where[512];
+    snapshot_root(where, sizeof where);
+    _tag_log("libtag: snapshot %u (%s) -> %s/%s", seq, rname, where, name);
+    return taken(root, dir, saved, 0);
 }
 
 /* The crash hook, with LIBTAG_DIR set: make the crash core land in a

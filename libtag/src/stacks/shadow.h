@@ -16,6 +16,29 @@
 /* The multiplier of the calling-context hash (_tag_shadow_cc). */
 #define TAG_CC_MIX 0x9e3779b97f4a7c15ull
 
+/* The shadow stack's CFAs, found by the CFI rules unwind.c keeps (its
+ * "shadow stacks" section defines these): */
+/* The CFA of the instrumented function whose enter hook returns to ra;
+ * c: its stack pointer at the hook call, rbp: its rbp, site: its return
+ * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
+ * (no rule, and site not found near c).  Fills t->hook_cache with the
+ * offset from c of a CFA it found by rule (hooks.c). */
+uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
+                       uintptr_t site);
+/* Resolve shadow entry i (shadow_stack.c): its CFA into shadow.sp[i], from
+ * what its enter hook saw (hook_sp, hook_ra, hook_bp) - the hook cache, else the
+ * CFI rule, which fills the cache.  Reads only the stack the hook ran on,
+ * from cur (a stack pointer of running code) up, or the alternate signal
+ * stack; elsewhere the lower bound stays.  A frame that is gone gets its
+ * CFA by rule, whose slot no longer holds the site.  Returns sp[i]. */
+uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cur);
+/* Shadow entry i's CFA failed its slot: find it again from the CFI rule
+ * and the rbp its enter hook saw last (a function that realigns its stack
+ * has the same stack pointer at the hook for CFAs a few bytes apart, and
+ * the enter keeps the CFA a capture found for the same stack pointer).  1
+ * and sp[i] updated if the slot there holds the site: alive after all.
+ * Reads as _tag_shadow_resolve. */
+int _tag_shadow_recheck(struct tag_thread_state *t, uint32_t i, uint64_t cur);
 /* Pop the shadow entries whose frames are gone (longjmp, exceptions) as
  * seen from cur: the stack pointer of running code (fn 0), or the CFA of
  * function fn being entered from site.  Returns the new depth. */

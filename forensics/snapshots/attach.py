@@ -2,7 +2,7 @@
 
 One thread of the process is stopped by ptrace and made to call
 ``dlopen(libtag.so, RTLD_NOW)`` and then ``libtag_attach()``
-(libtag/src/attach.c: every module's GOT and data slots of the malloc
+(libtag/src/life/attach.c: every module's GOT and data slots of the malloc
 family pointed at libtag's), on its own stack, returning to address 0
 (forensics/snapshots/ptrace.py call_function); its cancellation is turned
 off around the calls.  Its registers are put back and it is released: the

@@ -1,6 +1,6 @@
 """Snapshot directories as libtag writes them, and waiting for their cores.
 
-libtag (libtag/src/snapshot.c) makes one directory per snapshot::
+libtag (libtag/src/snapshot/snapshot.c) makes one directory per snapshot::
 
     <dir>/<comm>-<pid>-<seq>-<reason>[-N]/
         core        the core (or core.<pid>, as the kernel's core_pattern says)

@@ -10,7 +10,7 @@ the process could not write that directory (it dropped its privileges, or
 the directory is not its user's), the core is handed over to the caller
 instead.  When its memory cannot be read (another user's process, Yama's
 ptrace_scope), its environment is the fallback: LIBTAG_DIR, else
-$XDG_STATE_HOME/forensics/snapshots (libtag/src/snapshot.c resolve_root).
+$XDG_STATE_HOME/forensics/snapshots (libtag/src/snapshot/snapshot.c resolve_root).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from forensics.reader.live import read_maps
 from forensics.snapshots import catalog, snapdir
 
 # LIBTAG_SIGNAL names libtag accepts besides numbers, RTMIN+N and none
-# (libtag/src/options.c signal_number; tests/unit/test_abi_mirror.py compares).
+# (libtag/src/base/options.c signal_number; tests/unit/test_abi_mirror.py compares).
 LIBTAG_SIGNALS = ("USR1", "USR2", "PWR", "URG", "WINCH", "TTIN")
 # " (deleted)": the library file was replaced (an upgrade, a reinstall) while
 # the process runs; the mapped copy is still libtag.
@@ -152,7 +152,7 @@ def parse_signal(value: str | None) -> int | None:
 
 def snapshot_root(environ: dict[str, str]) -> Path:
     """Where libtag in a process with this environment makes its snapshot
-    directories (libtag/src/snapshot.c open_snapshot_root)."""
+    directories (libtag/src/snapshot/snapshot.c open_snapshot_root)."""
     d = environ.get("LIBTAG_DIR")
     if d:
         return Path(d)
@@ -216,7 +216,7 @@ def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
 def unwritable_reason(pid: int, root: Path) -> str | None:
     """Why the process could not make a snapshot directory in *root*, or None.
 
-    Judged as libtag in the process will be (libtag/src/snapshot.c
+    Judged as libtag in the process will be (libtag/src/snapshot/snapshot.c
     open_dir_secure): with the process's user and groups as they are now (a
     daemon that dropped its privileges is judged as the user it became), on
     the file system it sees (looked at through /proc/PID/root, so a process

@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         doc = diff_doc(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes,
                        names=(args.old, args.new))
         warn_symbols([old, new])
-    for w in doc["warnings"]:
+    for w in doc.warnings:
         text.warn(w)
     if args.json:
         text.print_json(doc)

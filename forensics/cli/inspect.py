@@ -53,12 +53,12 @@ def answer(dump, args: argparse.Namespace) -> int:
     """Print the inspect document of dump (with its leaks if asked), as text or --json."""
     # here, not at the top: the answers load numpy and rich, which --help never needs
     from forensics.answers.inspect import inspect_doc, stack_blocks
-    from forensics.answers.leaks import leaks_json
+    from forensics.answers.leaks import leaks_doc
     from forensics.output import text
 
     doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
     if args.leaks:
-        doc["leaks"] = leaks_json(dump)
+        doc["leaks"] = leaks_doc(dump)
     if getattr(args, "blocks", None):
         doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
                                            runtime_functions=args.runtime_functions)

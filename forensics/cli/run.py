@@ -278,6 +278,7 @@ def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions
     import json
     import sys
 
+    from forensics.answers.documents import LeakRunDoc, to_json
     from forensics.answers.leakcheck import leak_check_doc
     from forensics.cli._open import open_dump
     from forensics.files import write_private
@@ -294,7 +295,7 @@ def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions
         except ForensicsError as e:
             sys.stderr.write(f"forensics: warning: cannot check the exit snapshot of pid "
                              f"{snap.pid} ({row['core']}): {e.message}\n")
-    checked = {p["pid"] for p in processes}
+    checked = {p.pid for p in processes}
     unchecked = [] if pid in checked else [pid]
     for doc in processes:
         text.show_leak_check(doc, top=args.top)
@@ -302,12 +303,12 @@ def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions
         sys.stderr.write(f"forensics: warning: pid {p} took no exit snapshot, so it was not "
                          f"checked for leaks: it ended without exit() (_exit(), a signal, or "
                          f"libtag was not loaded)\n")
-    leaked = any(p["leaked"] for p in processes)
+    leaked = any(p.leaked for p in processes)
     status = LEAK_EXIT_STATUS if leaked else code
     if args.json_file:
-        doc = {"command": cmd, "exit_status": code, "status": status, "leaked": leaked,
-               "processes": processes, "unchecked": unchecked}
-        data = (json.dumps(doc, indent=2) + "\n").encode()
+        doc = LeakRunDoc(command=cmd, exit_status=code, status=status, leaked=leaked,
+                         processes=processes, unchecked=unchecked)
+        data = (json.dumps(to_json(doc), indent=2) + "\n").encode()
         try:
             write_private(os.path.abspath(args.json_file), lambda f: f.write(data))
         except OSError as e:

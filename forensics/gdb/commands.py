@@ -355,10 +355,10 @@ The same answer as the leaks of forensics inspect --leaks CORE."""
     add_arguments = staticmethod(_args.json_flag)
 
     def run(self, args: argparse.Namespace) -> None:
-        from forensics.answers.leaks import leaks_json
+        from forensics.answers.leaks import leaks_doc
         from forensics.output import text
 
-        leaks = leaks_json(current_dump())
+        leaks = leaks_doc(current_dump())
         if args.json:
             text.print_json({"leaks": leaks})
         else:

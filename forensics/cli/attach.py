@@ -49,8 +49,8 @@ def main(args: argparse.Namespace) -> int:
         text.print_json(doc)
         return 0
     out = text.out_console()
-    out.print(f"libtag attached to pid {doc['pid']}: {doc['rebound']} calls to the malloc "
-              f"family rebound, thread {doc['tid']} held {doc['held_ms']:.1f} ms",
+    out.print(f"libtag attached to pid {doc.pid}: {doc.rebound} calls to the malloc "
+              f"family rebound, thread {doc.tid} held {doc.held_ms:.1f} ms",
               markup=False, soft_wrap=True)
-    out.print(f"  next: forensics snapshot {doc['pid']}", markup=False, soft_wrap=True)
+    out.print(f"  next: forensics snapshot {doc.pid}", markup=False, soft_wrap=True)
     return 0

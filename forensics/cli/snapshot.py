@@ -147,15 +147,15 @@ def main(args: argparse.Namespace) -> int:
         return 2 if failed else 0
     out = text.out_console()
     for doc in docs:
-        out.print(doc["core"], markup=False, soft_wrap=True)
-        how = ", handed over" if doc.get("handed_over") else \
-            ", by ptrace" if doc.get("method") == "ptrace" else ""
-        out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
-                  f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "
-                  f"core {text.core_size_text(doc['core_bytes'], doc['disk_bytes'])}{how}",
+        out.print(doc.core, markup=False, soft_wrap=True)
+        how = ", handed over" if doc.handed_over else \
+            ", by ptrace" if doc.method == "ptrace" else ""
+        out.print(f"  pid {doc.pid} ({doc.exe or 'unknown executable'}), "
+                  f"reason {doc.reason}, paused {doc.pause_ms:.2f} ms, "
+                  f"core {text.core_size_text(doc.core_bytes, doc.disk_bytes)}{how}",
                   markup=False, soft_wrap=True)
     if len(docs) == 1:
-        out.print(f"  next: forensics inspect {docs[0]['core']}", markup=False, soft_wrap=True)
+        out.print(f"  next: forensics inspect {docs[0].core}", markup=False, soft_wrap=True)
     elif docs:
         out.print(f"  {len(docs)} snapshots; next: forensics inspect CORE", markup=False,
                   soft_wrap=True)

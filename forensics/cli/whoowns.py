@@ -52,7 +52,7 @@ def _core_path(args: argparse.Namespace) -> tuple[str, str | None]:
     if args.pid is not None:
         from forensics.snapshots.take import take
 
-        core = take(args.pid, timeout=30.0)["core"]
+        core = take(args.pid, timeout=30.0).core
         return core, f"core {core} (a new snapshot of pid {args.pid})"
     from forensics.snapshots import catalog
 

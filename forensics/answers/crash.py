@@ -23,7 +23,8 @@ from forensics.heaps.glibc_crash import malloc_explanation
 from forensics.reader import abi
 from forensics.reader import insn as ins
 from forensics.reader.dump import Dump
-from forensics.reader.model import Frame
+from forensics.reader.glibc_walk import Chunk
+from forensics.reader.model import Block, Frame
 
 
 def crash_frames(dump: Dump, tid: int) -> list[Frame]:
@@ -153,10 +154,11 @@ def crash_doc(dump: Dump) -> dict | None:
         b = where.block
         owner = {"owner": where.owner, "region": where.region_name,
                  "note": where.note or (near_note(where.near) if where.near else ""),
-                 "block": block_json(b, dump, offset=s.address - b.start) if b is not None and heap.tagged
+                 "block": block_json(b, dump, offset=s.address - b.start) if isinstance(b, Block)
                  else None}
-        if not heap.tagged:
-            owner["chunk"] = chunk_json(b, offset=s.address - b.user) if b is not None else None
+        # glibc's chunk: without libtag, or from before libtag was attached
+        if not heap.tagged or isinstance(b, Chunk):
+            owner["chunk"] = chunk_json(b, offset=s.address - b.user) if isinstance(b, Chunk) else None
     doc = {
         "signal": s.name,
         "address": hexaddr(s.address),

@@ -12,7 +12,7 @@ from forensics.answers.crash import crash_doc
 from forensics.answers.runtime import split_stacks
 from forensics.answers.shapes import block_json, finding_json, frames_json, hexaddr, iso_time
 from forensics.errors import InputError
-from forensics.heaps import heap_of
+from forensics.heaps import BothSource, heap_of
 from forensics.heaps.glibc import GlibcSource
 from forensics.reader import abi
 from forensics.reader.dump import Dump
@@ -104,6 +104,8 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
     doc["counters"] = dump.control.counters if dump.control is not None else None
     if isinstance(heap, GlibcSource):
         doc["glibc"] = glibc_map(heap, top=top)
+    elif isinstance(heap, BothSource):  # the blocks from before libtag was attached
+        doc["glibc"] = glibc_map(heap.glibc, top=top)
     doc["types"] = live_types(dump, heap, top=top)
     if heap.without is not None:
         doc["without_libtag"] = heap.without

@@ -178,6 +178,14 @@ class LeakGroup:
     size: int | None = None  # without libtag: the blocks' usable size (they have no stack)
 
 
+# A leak group's key: the kind above _KIND_SHIFT, then the site - an
+# allocation stack id, or for blocks without stacks _BY_SIZE and the usable
+# size (glibc's chunks).
+_KIND_SHIFT = 48
+_BY_SIZE = 1 << 47
+_SITE_MASK = (1 << _KIND_SHIFT) - 1
+
+
 class LeakScan:
     """The classification of every live block of a dump."""
 
@@ -513,29 +521,43 @@ class LeakScan:
             out[name] = {"blocks": int(m.sum()), "bytes": int(sizes[m].sum())}
         return out
 
+    def _sites(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each block's group within its kind, and its allocation time: a
+        tagged block's allocation stack and time; a block without a tag
+        (glibc's chunk: without libtag, or from before libtag was attached)
+        its usable size with _BY_SIZE set, and time 0."""
+        n = len(self._starts)
+        site = self._sizes.astype(np.int64) | _BY_SIZE
+        when = np.zeros(n, np.int64)
+        if self.dump.libtag and n:
+            idx = self.dump.heap.index
+            tagged = self.dump.targets[3]
+            if tagged.all():
+                site = idx["alloc_stack"].astype(np.int64)
+                when = idx["alloc_time"].astype(np.int64)
+            else:
+                pos = np.searchsorted(idx["start"], self._starts[tagged])
+                site[tagged] = idx["alloc_stack"][pos].astype(np.int64)
+                when[tagged] = idx["alloc_time"][pos].astype(np.int64)
+        return site, when
+
     def groups(self, kinds=("definite", "indirect", "possible")) -> list[LeakGroup]:
         """Lost blocks by (kind, allocation stack): definite first, then most
         bytes.  Without libtag there are no stacks: by (kind, usable size),
         the size in ``stack_id``'s place (LeakGroup.size)."""
-        plain = not heap_of(self.dump).tagged
-        if plain:
-            idx = {"alloc_stack": self._sizes.astype(np.int64),
-                   "alloc_time": np.zeros(len(self._sizes), np.int64)}
-        else:
-            idx = self.dump.heap.index
+        site, when = self._sites()
         codes = [c for c, nm in _KIND_NAME.items() if nm in kinds]
         sel = np.flatnonzero(self._live & np.isin(self.kind, codes))
         if not len(sel):
             return []
         kind = self.kind[sel].astype(np.int64)
-        stack = idx["alloc_stack"][sel].astype(np.int64)
-        key = kind << 32 | stack
+        key = kind << _KIND_SHIFT | site[sel]
         keys, inv = np.unique(key, return_inverse=True)
         m = len(keys)
         size = self._sizes[sel].astype(np.float64)
         blocks = np.bincount(inv, minlength=m)
         nbytes = np.bincount(inv, weights=size, minlength=m)
-        t = idx["alloc_time"][sel].astype(np.int64)
+        t = when[sel]
         oldest = np.full(m, np.iinfo(np.int64).max)
         newest = np.full(m, -1)
         np.minimum.at(oldest, inv, t)
@@ -548,7 +570,7 @@ class LeakScan:
             ind = np.flatnonzero(self._live & (self.kind == _INDIRECT))
             if len(ind):
                 ld = self.leader[ind]
-                lkey = (np.int64(_DEFINITE) << 32) | idx["alloc_stack"][ld].astype(np.int64)
+                lkey = (np.int64(_DEFINITE) << _KIND_SHIFT) | site[ld]
                 pos = np.searchsorted(keys, lkey)
                 ok = (pos < m) & (keys[np.minimum(pos, m - 1)] == lkey)
                 np.add.at(ind_blocks, pos[ok], 1)
@@ -561,12 +583,15 @@ class LeakScan:
         by_group = sel[np.argsort(inv, kind="stable")]  # by group, lowest address first
         first = np.concatenate([[0], np.cumsum(blocks)[:-1]])
         for j in range(m):
-            kcode, sid = int(keys[j] >> 32), int(keys[j] & 0xFFFFFFFF)
+            kcode, sid = int(keys[j] >> _KIND_SHIFT), int(keys[j] & _SITE_MASK)
+            by_size = bool(sid & _BY_SIZE)
+            sid &= ~_BY_SIZE
             b0 = int(first[j])
             ex = self._starts[by_group[b0:b0 + min(int(blocks[j]), self.MAX_EXAMPLES)]].tolist()
-            out.append(LeakGroup(_KIND_NAME[kcode], 0 if plain else sid, int(blocks[j]), int(nbytes[j]),
-                                 int(oldest[j]), int(newest[j]), ex, int(ind_blocks[j]),
-                                 int(ind_bytes[j]), int(cyc[j]), size=sid if plain else None))
+            out.append(LeakGroup(_KIND_NAME[kcode], 0 if by_size else sid, int(blocks[j]), int(nbytes[j]),
+                                 int(oldest[j]) if not by_size else 0, int(newest[j]) if not by_size else 0,
+                                 ex, int(ind_blocks[j]), int(ind_bytes[j]), int(cyc[j]),
+                                 size=sid if by_size else None))
         rank = {"definite": 0, "indirect": 1, "possible": 2, "reachable": 3}
         out.sort(key=lambda g: (rank[g.kind], -g.bytes, g.stack_id, g.size or 0))
         return out
@@ -836,13 +861,13 @@ def leaks_doc(dump: Dump) -> list[LeakGroupDoc]:
     snapshot) and, for definite groups, what is lost through them."""
     scan = find_leaks(dump)
     groups = scan.groups()
-    tagged = heap_of(dump).tagged
-    if tagged:
-        dump.prefetch([g.stack_id for g in groups])
-    # a heap without tags has no stacks and no times: its groups are by usable size
-    now = int(dump.control.fields.snapshot_time_ms) if tagged else 0
+    dump.prefetch([g.stack_id for g in groups if g.size is None])
+    # blocks without tags (glibc's) have no stacks and no times: their groups
+    # are by usable size
+    now = int(dump.control.fields.snapshot_time_ms) if dump.libtag else 0
     out = []
     for g in groups:
+        tagged = g.size is None
         definite = g.kind == "definite"
         out.append(LeakGroupDoc(
             kind=g.kind,
@@ -854,7 +879,7 @@ def leaks_doc(dump: Dump) -> list[LeakGroupDoc]:
             oldest_alloc_ms=g.oldest_ms if tagged else None,
             newest_alloc_ms=g.newest_ms if tagged else None,
             age_ms=LeakAge(oldest=max(0, now - g.oldest_ms), newest=max(0, now - g.newest_ms))
-            if now else None,
+            if now and tagged else None,
             examples=[hexaddr(a) for a in g.examples],
             type=_common_type(dump, g.examples),
             indirect_blocks=g.indirect_blocks if definite else None,

@@ -16,8 +16,9 @@ import numpy as np
 from forensics.answers.leaks import ROOT_MAPPINGS, Retention, Root, retention_scan
 from forensics.answers.shapes import block_json, chunk_json, hexaddr
 from forensics.errors import NotFoundError
-from forensics.heaps import heap_of
+from forensics.heaps import BothSource, heap_of
 from forensics.reader.dump import Dump
+from forensics.reader.glibc_walk import Chunk
 from forensics.reader.memory import Region, module_of_data, name_mapping
 from forensics.reader.model import Block
 from forensics.reader.symbols import DataSymbol
@@ -105,10 +106,9 @@ def _place(dump: Dump, addr: int, region: Region | None, regions: list[Region],
 def _holds_blocks(dump: Dump, region: Region) -> bool:
     """Whether the heap reader found tagged blocks in region: libtag's heap
     (glibc's is named by its own mappings: [heap], an arena's)."""
-    heap = heap_of(dump)
-    if not heap.tagged:
+    if not dump.libtag:
         return False
-    starts = heap.blocks()[0]
+    starts = dump.heap.index["start"]
     i = int(np.searchsorted(starts, np.uint64(region.start)))
     return i < len(starts) and int(starts[i]) < region.end
 
@@ -116,7 +116,7 @@ def _holds_blocks(dump: Dump, region: Region) -> bool:
 def block_of(dump: Dump, addr: int) -> Block:
     """The tagged block holding addr; NotFoundError saying what addr is instead."""
     where = classify(dump, addr)
-    if where.block is None or not heap_of(dump).tagged:
+    if not isinstance(where.block, Block):  # none, or glibc's chunk
         what = where.region_name or where.owner
         note = where.note or (near_note(where.near) if where.near else "")
         raise NotFoundError(f"{addr:#x} is in no tagged block: {what}" + (f", {note}" if note else ""))
@@ -276,8 +276,8 @@ def to_json(dump: Dump, o: Owner) -> dict:
                   "start": hexaddr(r.start) if r else None,
                   "end": hexaddr(r.end) if r else None}
     heap = heap_of(dump)
-    tagged = o.block if o.block is not None and heap.tagged else None
-    chunk = o.block if o.block is not None and not heap.tagged else None
+    tagged = o.block if isinstance(o.block, Block) else None
+    chunk = o.block if isinstance(o.block, Chunk) else None
     doc = {
         "address": hexaddr(o.address),
         "owner": o.owner,
@@ -306,8 +306,10 @@ def to_json(dump: Dump, o: Owner) -> dict:
     # what the block is without its stacks: a C++ class by its vtable
     start = tagged.start if tagged is not None else chunk.user if chunk is not None else None
     doc["type"] = dump.types.of(start) if start is not None else None
-    if heap.without is not None:
-        doc["without_libtag"] = heap.without
+    without = heap.without if heap.without is not None else (
+        heap.without_of(o.block) if isinstance(heap, BothSource) else None)
+    if without is not None:
+        doc["without_libtag"] = without
     if o.thread is not None:
         doc["thread"] = o.thread
     if o.near is not None:

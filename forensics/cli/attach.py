@@ -10,9 +10,10 @@ each new block carries its tag, allocation and free stacks, and libtag
 watches it as in a process started under libtag (double and invalid frees,
 overflows, use after free, snapshots on anomalies); `forensics snapshot PID`
 asks libtag for its snapshots.  The blocks allocated before stay glibc's:
-freeing or reallocating one goes to glibc.  In a core of the attached
-process the answers are libtag's: they cover the blocks made after the
-attach (whoowns names a block from before only by its mapping, for now).
+freeing or reallocating one goes to glibc.  A core of the attached
+process holds both kinds and every verb answers for both: a new block
+with its tag and stacks, one from before as glibc's chunk (its state and
+usable size; inspect adds glibc's map, leaks group such chunks by size).
 
 What it cannot do: a static binary, a program under a seccomp filter, with
 a C library other than glibc 2.34+, or with another allocator (jemalloc,

@@ -69,7 +69,7 @@ class GlibcSource:
         return None  # a chunk's neighbour is a chunk: there is no gap to be near
 
     def blocks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        starts, sizes = self.dump.blocks
+        starts, sizes = self.dump.glibc_blocks
         return starts, sizes, np.ones(len(starts), bool)
 
     def free_mask(self) -> np.ndarray:

@@ -398,11 +398,14 @@ def _chunk_lines(c: dict) -> list[str]:
     return out
 
 
-def _heap_line(h: dict, tagged: bool) -> str:
-    """inspect's heap totals: libtag's live and quarantined blocks, or
-    glibc's blocks in use and free in its tcaches and bins (usable sizes)."""
+def _heap_line(h: dict, tagged: bool, glibc: dict | None = None) -> str:
+    """inspect's heap totals: libtag's live and quarantined blocks (with
+    glibc's in use from before an attach among the live ones), or glibc's
+    blocks in use and free in its tcaches and bins (usable sizes)."""
     if tagged:
-        return (f"{plural(h['live_blocks'], 'live block')}, {plural(h['live_bytes'], 'byte')}; "
+        old = sum(glibc["chunks"].get(k, {}).get("chunks", 0) for k in ("inuse", "mmapped")) if glibc else 0
+        before = f" ({old} of them glibc's, from before libtag was attached)" if old else ""
+        return (f"{plural(h['live_blocks'], 'live block')}, {plural(h['live_bytes'], 'byte')}{before}; "
                 f"{plural(h['freed_blocks'], 'freed block')} in quarantine, {plural(h['freed_bytes'], 'byte')}")
     return (f"{plural(h['live_blocks'], 'block')} in use, {plural(h['live_bytes'], 'usable byte')}; "
             f"{plural(h['freed_blocks'], 'free block')} in tcaches and bins, "
@@ -436,7 +439,7 @@ def show_inspect(doc: dict) -> None:
         con.print(f"\n[bold red]heap corruption[/bold red] ({plural(len(bad), 'finding')})")
         for f in bad:
             con.print(f"  {_e(f['message'])}")
-    con.print(f"\n[bold]heap[/bold] {_heap_line(doc['heap'], doc.get('libtag', True))}")
+    con.print(f"\n[bold]heap[/bold] {_heap_line(doc['heap'], doc.get('libtag', True), g)}")
     if g:
         _print_glibc_map(con, g)
     if doc.get("types"):

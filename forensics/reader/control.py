@@ -474,6 +474,20 @@ class Control:
                 clipped.append((a, min(b, region.end)))
         return clipped
 
+    def heap_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) of every mapping of libtag's own: its heap region
+        (every block it hands out, small or large), its guard pool and its
+        tables.  None of
+        it is glibc's: glibc's walk of an attached process skips them."""
+        out = list(self.own_ranges())
+        h = self.heap_header()
+        if h is not None and int(h.base):
+            out.append((int(h.base), int(h.base) + abi.TAG_HEAP_SLICE * int(h.slices_max)))
+        c = self.fields
+        if int(c.guard_pool):  # guarded blocks: pages of their own
+            out.append((int(c.guard_pool), int(c.guard_pool) + int(c.guard_pool_bytes)))
+        return out
+
     def heap_layout(self) -> tuple[int, np.ndarray] | None:
         """(heap.base, the slice table: abi.SLICE_DTYPE[heap.used]) of
         libtag's heap, read once; None (with a warning) when control.heap

@@ -26,10 +26,11 @@ from typing import Callable
 
 import numpy as np
 
+from forensics.files import state_dir
 from forensics.reader import abi
 from forensics.reader.control import Control, truncation
 from forensics.reader.glibc_layout import CHUNK_HDR, GlibcError, find_layout
-from forensics.reader.glibc_walk import GlibcHeap, S
+from forensics.reader.glibc_walk import GlibcHeap
 from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, Thread
@@ -69,6 +70,44 @@ class Dump:
 
         return BlockTypes(self)
 
+
+    def _walk_glibc(self, *, skip=(), counted_mmaps: bool = False):
+        """glibc's heap in this memory (reader/glibc_walk.py): its arenas
+        and chunks; a GlibcError (one line) for a libc it cannot read.
+        skip: [start, end) ranges that hold no chunk of glibc's own mmap;
+        counted_mmaps: look for those only when glibc counts some."""
+        opts = self.symbol_options
+        fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
+        stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
+                  if t.stack_region is not None]
+        layout = find_layout(self.symbolizer.modules, debug_dirs=opts.debug_dirs if opts else (),
+                             cache_dir=state_dir() / "glibc")
+        return GlibcHeap(self.mem, layout, threads=fs, stacks=[*stacks, *skip],
+                         counted_mmaps=counted_mmaps)
+
+    @cached_property
+    def glibc(self):
+        """glibc's heap beside libtag's: in a process libtag was attached to
+        (forensics attach), the blocks glibc handed out before; None when
+        glibc holds no chunk in use (a process started under libtag, whose
+        every block is libtag's) or its heap cannot be read.  libtag's own
+        heap region holds no glibc chunk and is not scanned for one."""
+        try:
+            heap = self._walk_glibc(skip=self.control.heap_ranges(), counted_mmaps=True)
+        except GlibcError:
+            return None
+        return heap if heap.in_use().any() else None
+
+    @cached_property
+    def glibc_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """(user pointers, usable sizes) of the chunks in use in glibc's
+        heap, sorted: the blocks a PlainDump answers for, and in a libtag
+        process the ones from before an attach (empty without)."""
+        heap = self.glibc
+        if heap is None:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        sel = heap.in_use()
+        return heap.start[sel] + np.uint64(CHUNK_HDR), heap.usable(sel).astype(np.uint64)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, progress: Progress | None = None,
@@ -156,7 +195,6 @@ class Dump:
 
     @cached_property
     def symbolizer(self):
-        from forensics.files import state_dir
         from forensics.reader.symbols import SymbolOptions, Symbolizer, modules_from_mappings
 
         if self.core is not None:
@@ -416,21 +454,40 @@ class Dump:
     # ------------------------------------------------------------ pointers --
 
     @cached_property
+    def targets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, sizes, live, tagged) of every block the answers read,
+        sorted by start: libtag's tagged blocks (live, freed or damaged),
+        and glibc's chunks in use (``glibc_blocks``, live and untagged) in
+        a process libtag was attached to.  The pointer edges' targets and
+        the leak scan's blocks are its indexes."""
+        idx = self.heap.index
+        live = idx["state"] == abi.TAG_STATE_LIVE
+        gs, gu = self.glibc_blocks
+        if not len(gs):
+            return idx["start"], idx["size"], live, np.ones(len(live), bool)
+        starts = np.concatenate([idx["start"].astype(np.uint64), gs])
+        order = np.argsort(starts, kind="stable")
+        sizes = np.concatenate([idx["size"].astype(np.uint64), gu])
+        tagged = np.concatenate([np.ones(len(live), bool), np.zeros(len(gs), bool)])
+        live = np.concatenate([live, np.ones(len(gs), bool)])
+        return starts[order], sizes[order], live[order], tagged[order]
+
+    @cached_property
     def edges(self) -> Edges:
         """Every aligned word in the program's writable memory that points into
-        a tagged block; cached beside the core like the heap index."""
+        a block (``targets``); cached beside the core like the heap index."""
 
         path = f"{self.cache_base}.fxptr" if self.cache_base else None
         key = getattr(self.mem, "cache_key", None)
+        starts, sizes, _, _ = self.targets
         if path and key:
-            key = (*key, self.control.addr, self.control.secret, len(self.heap))
+            key = (*key, self.control.addr, self.control.secret, len(self.heap), len(starts))
             cached = _load_edges(path, key) if self.heap.from_cache else None
             if cached is not None:
                 return cached
-        idx = self.heap.index
         regions = clip_regions([r for r in self.mem.regions() if r.writable],
                                self.control.own_ranges())
-        edges = build_edges(regions, idx["start"], idx["size"], progress=self._progress)
+        edges = build_edges(regions, starts, sizes, progress=self._progress)
         if path and key:
             _save_edges(path, key, edges)
         return edges
@@ -470,13 +527,8 @@ class PlainDump(Dump):
     def glibc(self):
         """glibc's heap (reader/glibc_walk.py); a GlibcError that says both
         why libtag's reader and glibc's cannot answer."""
-        opts = self.symbol_options
-        fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
-        stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
-                  if t.stack_region is not None]
         try:
-            layout = find_layout(self.symbolizer.modules, debug_dirs=opts.debug_dirs if opts else ())
-            return GlibcHeap(self.mem, layout, threads=fs, stacks=stacks)
+            return self._walk_glibc()
         except GlibcError as exc:
             raise GlibcError(f"{self.no_libtag}; glibc's heap cannot be read either: {exc.message}"
                              ) from None
@@ -509,19 +561,17 @@ class PlainDump(Dump):
         return out
 
     @cached_property
-    def blocks(self):
-        """(user pointers, usable sizes) of the chunks the program holds -
-        in use in an arena, or mmapped - sorted: the blocks of this dump
-        for the pointer edges and the leak scan."""
-        heap = self.glibc
-        sel = np.isin(heap.state, [S["inuse"], S["mmapped"]])
-        return heap.start[sel] + np.uint64(CHUNK_HDR), heap.usable(sel).astype(np.uint64)
+    def targets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, sizes, live, tagged) of the chunks the program holds
+        (``glibc_blocks``): every one live, none tagged."""
+        starts, sizes = self.glibc_blocks
+        return starts, sizes, np.ones(len(starts), bool), np.zeros(len(starts), bool)
 
     @cached_property
     def edges(self) -> Edges:
         """Every aligned word of writable memory that points into a block
-        (``blocks``: targets are its indexes)."""
-        starts, sizes = self.blocks
+        (``glibc_blocks``: targets are its indexes)."""
+        starts, sizes = self.glibc_blocks
         regions = [r for r in self.mem.regions() if r.writable]
         return build_edges(regions, starts, sizes, progress=self._progress)
 

@@ -155,6 +155,46 @@ def _version_tuple(version: str | None) -> tuple[int, int] | None:
         return None
 
 
+_LAYOUT_CACHE_VERSION = 1
+
+
+def _cached_layout(debug: str, libc_path: str | None, version: str | None, hexid: str,
+                   cache_dir) -> Layout:
+    """layout_from_debug, kept in cache_dir as JSON (a private file; one
+    that cannot be read or written is only a cache miss)."""
+    import json
+    from dataclasses import asdict, fields
+
+    from forensics.files import ensure_private_dir, open_own_file, write_private
+
+    if cache_dir is None:
+        return layout_from_debug(debug, libc_path, version)
+    try:
+        st = os.stat(debug)
+    except OSError:
+        return layout_from_debug(debug, libc_path, version)
+    key = [_LAYOUT_CACHE_VERSION, hexid, debug, st.st_size, st.st_mtime_ns, libc_path, version]
+    path = os.path.join(os.fspath(cache_dir), f"{hexid}.json")
+    names = {f.name for f in fields(Layout)}
+    opened = open_own_file(path, os.O_RDONLY)
+    if opened is not None:
+        try:
+            with os.fdopen(opened[0], "rb") as f:
+                doc = json.loads(f.read(1 << 20))
+            if doc.get("key") == key and set(doc["layout"]) == names:
+                return Layout(**doc["layout"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass  # a damaged cache file: read the debug file again
+    layout = layout_from_debug(debug, libc_path, version)
+    data = json.dumps({"key": key, "layout": asdict(layout)}).encode()
+    try:
+        ensure_private_dir(cache_dir)
+        write_private(path, lambda f: f.write(data))
+    except (OSError, InputError):
+        pass
+    return layout
+
+
 def layout_from_debug(debug_path: str, libc_path: str | None, version: str | None) -> Layout:
     """The Layout of a libc build from its debug file: the variables from its
     .symtab, the structs from the DWARF of malloc.c, and the GOT slots of
@@ -271,10 +311,14 @@ def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, int]
     return out
 
 
-def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = ()) -> Layout:
+def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = (),
+                cache_dir: str | os.PathLike[str] | None = None) -> Layout:
     """The Layout of the core's libc: from its debug file (by build-id in
     debug_dirs, then /usr/lib/debug), else from KNOWN_BUILDS; GlibcError
-    (one line) for a build that is in neither."""
+    (one line) for a build that is in neither.  cache_dir: where a layout
+    read from a debug file is kept (reading one takes a second: its
+    .symtab and DWARF), keyed by the build-id and the debug file's size
+    and time."""
     libc = find_libc(modules)
     bid = libc.build_id
     if bid is None:
@@ -285,7 +329,8 @@ def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = ()) -> Layout:
     debug = _debug_file(bid, debug_dirs) if bid else None
     if debug is not None:
         on_disk = libc.path if version is not None else None
-        return layout_from_debug(debug, on_disk, version).at(libc.load_bias, libc.path, hexid)
+        return _cached_layout(debug, on_disk, version, hexid, cache_dir).at(
+            libc.load_bias, libc.path, hexid)
     if hexid in KNOWN_BUILDS:
         return KNOWN_BUILDS[hexid].at(libc.load_bias, libc.path, hexid)
     what = f"glibc {version} ({distro})" if version else "this libc"

@@ -251,7 +251,7 @@ class GlibcHeap:
     which are never taken for mmapped chunks."""
 
     def __init__(self, mem: Memory, layout: Layout, *, threads: dict[int, int] | None = None,
-                 stacks: Iterable[tuple[int, int]] = ()) -> None:
+                 stacks: Iterable[tuple[int, int]] = (), counted_mmaps: bool = False) -> None:
         self.mem = mem
         self.layout = layout
         self.words = _Words(mem)
@@ -259,6 +259,9 @@ class GlibcHeap:
         self.findings: list[Finding] = []
         self._threads = dict(threads or {})
         self._stacks = list(stacks)
+        # look for chunks of their own mmap only when mp_ counts some (a
+        # process whose blocks are another allocator's: libtag's)
+        self._counted_mmaps = counted_mmaps
         base = layout.libc_base
         self.main_arena = base + layout.main_arena
         self.mp = base + layout.mp
@@ -477,6 +480,12 @@ class GlibcHeap:
         writable mapping that is no arena's heap and no thread's stack,
         prev_size 0 and a size with IS_MMAPPED, a whole number of pages
         that fits the mapping (adjacent ones are one mapping in a core)."""
+        if self._counted_mmaps:
+            try:
+                if not self._par("n_mmaps", 4):
+                    return
+            except GlibcError:
+                return
         heaps = [(s & ~(PAGE - 1), e) for a in self.arenas for s, e in a.heaps]
         heaps += [(a.address & ~(self.heap_max - 1), a.address) for a in self.arenas if not a.main]
         skip = heaps + self._stacks
@@ -840,6 +849,10 @@ class GlibcHeap:
             if n:
                 out[name] = {"chunks": n, "bytes": int(self.size[sel].sum())}
         return out
+
+    def in_use(self) -> np.ndarray:
+        """The chunks the program holds: in use in an arena, or mmapped."""
+        return np.isin(self.state, [S["inuse"], S["mmapped"]])
 
     def usable(self, sel: np.ndarray) -> np.ndarray:
         """malloc_usable_size of the chunks selected."""

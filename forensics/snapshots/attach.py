@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -87,7 +88,8 @@ def _module(pid: int, pattern) -> tuple[str, int] | None:
 
 def _idle_wait(pid: int, tid: int) -> int | None:
     """The idle wait *tid* sleeps in (interruptibly: state S): a system
-    call of _IDLE_WAITS, or of _IDLE_READS on a pipe, socket or terminal;
+    call of _IDLE_WAITS, or of _IDLE_READS on a pipe (named or not), socket
+    or terminal;
     None otherwise."""
     if ptrace.task_state(pid, tid) != "S":
         return None
@@ -103,10 +105,12 @@ def _idle_wait(pid: int, tid: int) -> int | None:
         return nr
     if nr in _IDLE_READS and len(words) > 1:
         try:
-            target = os.readlink(f"/proc/{pid}/fd/{int(words[1], 16)}")
+            fd = f"/proc/{pid}/fd/{int(words[1], 16)}"
+            target = os.readlink(fd)
+            mode = os.stat(fd).st_mode  # a pipe's, a named FIFO's, a socket's: never opened
         except (OSError, ValueError):
             return None
-        if target.startswith(("pipe:", "socket:", "/dev/pts/", "/dev/tty")):
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or target.startswith(("/dev/pts/", "/dev/tty")):
             return nr
     return None
 

@@ -34,6 +34,8 @@ class Victim:
                 self.old.append(int(words[1], 16))
             elif words[0] == "usable":
                 self.usable = int(words[1])
+            elif words[0] == "lost":
+                self.lost = int(words[1], 16)
             elif words[0] == "ready":
                 break
         self.pid = self.proc.pid
@@ -78,11 +80,14 @@ def test_attach_then_both_kinds_of_block(victim, cli, tmp_path):
     assert victim.ask("free_old") == ["freed"]
     words = victim.ask("realloc_old")
     assert words[0] == "realloc" and words[2] == "b", words
+    grown = int(words[1], 16)
     assert victim.ask("usable_old") == ["usable", str(victim.usable)]
     # a new block comes from libtag's heap
     new = int(victim.ask("new")[1], 16)
     churn = int(victim.ask("report")[1].split("=")[1])
     assert churn > churn_before  # the churning thread ran on through the attach
+
+    assert victim.ask("lose") == ["lost_after"]  # a libtag block lost
 
     snap = cli_json(cli, "snapshot", str(victim.pid))
     assert snap["method"] == "libtag", snap
@@ -91,6 +96,33 @@ def test_attach_then_both_kinds_of_block(victim, cli, tmp_path):
     assert who["block"]["size"] == 400
     functions = [f["function"] for f in who["block"]["alloc_stack"]]
     assert functions[:2] == ["make_after", "main"], functions
+
+    # in the same core, the blocks from before are glibc's chunks: one in
+    # use (its usable size as the program measured it), one grown by
+    # glibc's realloc after the attach (5000 bytes: a chunk of 5008), one
+    # freed by glibc's free after the attach (in the freeing thread's tcache)
+    kept = cli_json(cli, "whoowns", hex(victim.old[2]), "--core", snap["core"])
+    assert kept["owner"] == "heap" and kept["block"] is None and kept["libtag"] is True, kept
+    assert (kept["chunk"]["state"], kept["chunk"]["usable"]) == ("inuse", victim.usable), kept
+    assert kept["without_libtag"]["summary"].startswith("a block from before libtag was attached")
+    big = cli_json(cli, "whoowns", hex(grown), "--core", snap["core"])
+    assert (big["chunk"]["state"], big["chunk"]["size"], big["chunk"]["usable"]) == ("inuse", 5008, 5000)
+    freed = cli_json(cli, "whoowns", hex(victim.old[0]), "--core", snap["core"])
+    assert freed["chunk"]["state"] == "tcache" and freed["chunk"]["tcache_thread"] == victim.pid, freed
+    # one answer over both kinds: libtag's blocks and glibc's map, and the
+    # leaks of both - glibc's lost block by its usable size (1234 bytes: a
+    # chunk of 1248), libtag's by their allocation stacks (the victim does
+    # not keep the "new" block either)
+    ins = cli_json(cli, "inspect", snap["core"], "--leaks")
+    assert ins["libtag"] is True and ins["glibc"]["chunks"]["inuse"]["chunks"] >= 3, ins["glibc"]
+    assert "without_libtag" not in ins
+    definite = [g for g in ins["leaks"] if g["kind"] == "definite"]
+    by_size = [(g["usable_size"], g["blocks"], g["examples"], g["stack_id"]) for g in definite
+               if g["usable_size"] is not None]
+    assert by_size == [(1240, 1, [hex(victim.lost)], None)], definite
+    by_stack = [(g["bytes"], g["blocks"], [f["function"] for f in g["stack"]][:2]) for g in definite
+                if g["usable_size"] is None]
+    assert by_stack == [(400, 1, ["make_after", "main"]), (333, 1, ["lose_after", "main"])], definite
 
     # a double free after the attach is caught, with both stacks
     words = victim.ask("double")

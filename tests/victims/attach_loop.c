@@ -5,13 +5,18 @@
  *   attach_loop
  *
  * Prints "old ADDR" for three blocks made before any attach (make_before)
- * and "usable N" (malloc_usable_size of the third), then "ready".  On stdin:
- *   new          prints "new ADDR": a block of 400 bytes from make_after
+ * and "usable N" (malloc_usable_size of the third), "lost ADDR" for a
+ * block of 1234 bytes made before it whose only pointer is dropped, then
+ * "ready".  On stdin:
+ *   new          prints "new ADDR": a block of 400 bytes from make_after,
+ *                which the program does not keep
  *   free_old     frees the first old block; prints "freed"
  *   realloc_old  reallocates the second old block to 5000 bytes; prints
  *                "realloc ADDR" (its first byte checked: 'b')
  *   usable_old   prints "usable N" for the third old block
  *   double       frees a block of make_double twice; prints "double ADDR"
+ *   lose         a block of 333 bytes from lose_after, its pointer dropped;
+ *                prints "lost_after"
  *   report       prints "report churn=N": rounds of the churning thread
  *   quit         exits 0
  */
@@ -37,6 +42,29 @@ __attribute__((noinline)) void *make_after(size_t n)
     void *p = malloc(n);
     memset(p, 'n', n);
     return p;
+}
+
+/* Zeroes the stack below the caller: copies of a lost block's address left
+ * in dead frames (printf's, malloc's) would otherwise be words of the live
+ * frames the next calls make, and keep the block "reachable". */
+__attribute__((noinline)) void scrub_stack(void)
+{
+    char pad[16384];
+    explicit_bzero(pad, sizeof pad);
+    __asm__ volatile("" : : "r"(pad) : "memory");
+}
+
+__attribute__((noinline)) void lose_before(size_t n)
+{
+    char *p = make_before(n, 'l');
+    printf("lost %p\n", (void *)p);
+}
+
+__attribute__((noinline)) void lose_after(size_t n)
+{
+    char *p = malloc(n);
+    memset(p, 'z', n);
+    __asm__ volatile("" : : "r"(p) : "memory");  /* the block is made, then lost */
 }
 
 __attribute__((noinline)) void *make_double(size_t n)
@@ -71,6 +99,8 @@ int main(void)
     for (int i = 0; i < 3; i++)
         printf("old %p\n", (void *)old[i]);
     printf("usable %zu\n", malloc_usable_size(old[2]));
+    lose_before(1234);
+    scrub_stack();
     pthread_t t;
     pthread_create(&t, NULL, churn_main, NULL);
     printf("ready\n");
@@ -92,12 +122,16 @@ int main(void)
             free(q);
             free(q);
             printf("double %p\n", q);
+        } else if (strncmp(line, "lose", 4) == 0) {
+            lose_after(333);
+            printf("lost_after\n");
         } else if (strncmp(line, "report", 6) == 0) {
             printf("report churn=%ld\n", atomic_load(&rounds));
         } else if (strncmp(line, "quit", 4) == 0) {
             return 0;
         }
         fflush(stdout);
+        scrub_stack();
     }
     return 0;
 }

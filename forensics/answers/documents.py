@@ -341,3 +341,20 @@ class AttachDoc:
     library: str
     rebound: int
     held_ms: float
+
+
+@_frozen
+class CatalogEntryDoc:
+    """docs/json.md, "forensics list": one snapshot of the catalog."""
+    id: int
+    core: str
+    dir: str
+    pid: int
+    exe: str | None
+    time: float | None
+    reason: str
+    pause_ms: float | None
+    core_bytes: int
+    summary: dict[str, Any]  # as libtag's snapshot info said it: keys sorted
+    exists: bool
+    disk_bytes: int | None

@@ -21,6 +21,8 @@ import datetime as _dt
 import os
 
 from forensics.cli import _args
+from forensics.errors import InputError
+from forensics.files import default_snapshot_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _live_roots() -> set[str]:
     """The snapshot folders of the running processes under libtag whose
     memory we may read (from libtag's control block in each)."""
-    import psutil
+    import psutil  # deferred, start-up time: psutil
 
-    from forensics.snapshots.handoff import read_control
-    from forensics.snapshots.take import libtag_loaded
+    from forensics.snapshots.handoff import read_control  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import libtag_loaded  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     out: set[str] = set()
     for p in psutil.process_iter():
@@ -57,16 +59,13 @@ def _live_roots() -> set[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.files import default_snapshot_dir
-    from forensics.output import text
-    from forensics.snapshots import snapdir
-    from forensics.snapshots.catalog import Catalog
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.catalog import Catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     with Catalog() as cat:
         for d in args.dir:
             if not os.path.isdir(d):
-                from forensics.errors import InputError
-
                 raise InputError(f"{d} is not a directory")
             cat.add_root(d)
         roots = {str(default_snapshot_dir()), *cat.roots(), *_live_roots()}
@@ -78,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         entries = cat.entries()
 
     if args.json:
-        text.print_json([e.to_json() for e in entries])
+        text.print_json([e.doc() for e in entries])
         return 0
     out = text.out_console()
     if not entries:
@@ -88,10 +87,10 @@ def main(args: argparse.Namespace) -> int:
                   "path): `forensics list --dir DIR`", markup=False, soft_wrap=True)
         return 0
     for e in entries:
-        doc = e.to_json()
+        doc = e.doc()
         when = _dt.datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S") if e.time else "?"
         pause = f"paused {e.pause_ms:.2f} ms" if e.pause_ms is not None else "not paused"
-        size = (text.core_size_text(e.core_bytes, doc["disk_bytes"]) if doc["exists"]
+        size = (text.core_size_text(e.core_bytes, doc.disk_bytes) if doc.exists
                 else "deleted")
         exe = os.path.basename(e.exe) if e.exe else "?"
         # two lines: the facts, then the core's path alone, never broken

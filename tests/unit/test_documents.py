@@ -142,6 +142,7 @@ DOCUMENTED = {
     D.Suppressed: lambda: cell_fields(RUN_LEAKS, "A process:", "suppressed"),
     D.SnapshotDoc: lambda: table_fields("`forensics snapshot PID --json`"),
     D.AttachDoc: lambda: table_fields("`forensics attach PID --json`"),
+    D.CatalogEntryDoc: lambda: table_fields("`forensics list --json`"),
     D.SuppressedPattern: lambda: cell_fields(RUN_LEAKS, "A process:", "suppressed", start="`patterns`: [{",
                                              end="}]"),
 }

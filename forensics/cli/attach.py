@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 
 from forensics.cli import _args
+from forensics.libpath import lib_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.libpath import lib_path
-    from forensics.output import text
-    from forensics.snapshots.attach import attach
-    from forensics.snapshots.take import open_process
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots.attach import attach  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import open_process  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     open_process(args.pid)
     err = text.err_console()

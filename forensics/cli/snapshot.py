@@ -36,13 +36,13 @@ the catalog (forensics list).
 from __future__ import annotations
 
 import argparse
+import signal
 
 from forensics.cli import _args
+from forensics.errors import ForensicsError, InputError
 
 
 def _signal(value: str) -> int:
-    import signal
-
     v = value.upper()
     if v.isdigit():
         n = int(v)
@@ -89,10 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _targets(pid: int, children: bool, note) -> list[int]:
     if not children:
         return [pid]
-    import psutil
+    import psutil  # deferred, start-up time: psutil
 
-    from forensics.errors import InputError
-    from forensics.snapshots.take import libtag_loaded, open_process
+    # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import libtag_loaded, open_process  # deferred, start-up time: psutil, pyelftools
 
     proc = open_process(pid)
     out = [pid]
@@ -115,9 +115,8 @@ def _targets(pid: int, children: bool, note) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.errors import ForensicsError
-    from forensics.output import text
-    from forensics.snapshots.take import take
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots.take import take  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     err = text.err_console()
 

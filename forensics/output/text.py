@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.answers.documents import (DiffDoc, FrameDoc, LeakCheckDoc, LeakGroupDoc, SizeDiffDoc, TrendDoc,
-                                         to_json)
+from forensics.answers.documents import DiffDoc, FrameDoc, LeakCheckDoc, LeakGroupDoc, SizeDiffDoc, TrendDoc, to_json
 from forensics.answers.shapes import as_frame, frame_label
 
 __all__ = [
@@ -82,8 +82,8 @@ def progress(description: str):
         with progress("scanning core") as (bar, task):
             bar.update(task, total=n); ...; bar.advance(task, k)
     """
-    from contextlib import contextmanager
 
+    # deferred, start-up time: rich.progress, only the progress bars need it
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextmanager

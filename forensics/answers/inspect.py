@@ -11,6 +11,7 @@ import numpy as np
 from forensics.answers.crash import crash_doc
 from forensics.answers.runtime import split_stacks
 from forensics.answers.shapes import block_json, finding_json, frames_json, hexaddr, iso_time
+from forensics.answers.signature import signature
 from forensics.errors import InputError
 from forensics.heaps import BothSource, heap_of
 from forensics.heaps.glibc import GlibcSource
@@ -109,6 +110,7 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
     doc["types"] = live_types(dump, heap, top=top)
     if heap.without is not None:
         doc["without_libtag"] = heap.without
+    doc["signature"] = signature(doc)
     doc["warnings"] = dump.warnings
     return doc
 

@@ -29,6 +29,7 @@ _MODULES = {
     "whoowns": "whoowns",
     "diff": "diff",
     "trend": "trend",
+    "triage": "triage",
     "list": "list",
     "report": "report",
     "lib-path": "lib_path",

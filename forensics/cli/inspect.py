@@ -15,6 +15,9 @@ without libtag").  The first run indexes the heap (a progress bar for big cores)
 and caches the index beside the core; later runs start at once.
 Frames are named only from a file with the build-id the process had
 (--debug-dir, --sysroot: where to find it; docs/guide.md).
+Every document carries the crash signature (docs/json.md, "signature"), the
+key by which `forensics triage` groups cores; --sentry prints the core as
+one Sentry event instead (docs/json.md, "Sentry event").
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
                         help="also list the live blocks of allocation stack #N (as numbered "
                              "in the top stacks): address, size, thread, age; for whoowns")
     _args.runtime_flags(parser)
+    if not gdb:
+        parser.add_argument("--sentry", action="store_true",
+                            help="print the core as one Sentry event (JSON, platform native: the "
+                                 "exception and its stack, every thread, the modules with their "
+                                 "build-ids, the signature as fingerprint) for a crash pipeline")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,7 +69,11 @@ def answer(dump, args: argparse.Namespace) -> int:
     if getattr(args, "blocks", None):
         doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
                                            runtime_functions=args.runtime_functions)
-    if args.json:
+    if getattr(args, "sentry", False):
+        from forensics.answers.sentry import sentry_event
+
+        text.print_json(sentry_event(dump, doc))
+    elif args.json:
         text.print_json(doc)
     else:
         text.show_inspect(doc)

@@ -422,6 +422,8 @@ def show_inspect(doc: dict) -> None:
     con.print(f"[bold]core[/bold] {_e(doc['core'])}")
     con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
     con.print(f"[bold]reason[/bold] {doc['reason']}")
+    if doc.get("signature"):
+        con.print(f"[bold]signature[/bold] {_e(doc['signature']['text'])} [dim]({doc['signature']['id']})[/dim]")
     if doc.get("without_libtag"):
         con.print(f"[yellow]{_e(doc['without_libtag']['summary'])}[/yellow]")
     if g:
@@ -696,3 +698,37 @@ def show_trend(doc: TrendDoc) -> None:
     if hidden > 0:
         con.print(f"[dim]... {plural(hidden, 'more stack')} not shown (--top N shows more; "
                   f"--json has them all)[/dim]")
+
+
+def show_triage(doc: dict) -> None:
+    """triage's groups, most cores first: the signature, the count and
+    times, the programs, the example core and what it says."""
+    con = out_console()
+    groups = doc["groups"]
+    con.print(f"[bold]{plural(doc['cores'], 'core')}[/bold], {plural(len(groups), 'group')}"
+              + (f", {len(doc['unsigned'])} without an anomaly or a crash" if doc["unsigned"] else ""))
+    for i, g in enumerate(groups, 1):
+        sig = g["signature"]
+        con.print(f"\n[bold]#{i}: {plural(g['count'], 'core')}[/bold]  {_e(sig['text'])}  "
+                  f"[dim]({sig['id']})[/dim]")
+        con.print(f"  first {g['first_time']}, last {g['last_time']}")
+        for p in g["processes"]:
+            pids = ", ".join(map(str, p["pids"][:8])) + (" ..." if len(p["pids"]) > 8 else "")
+            con.print(f"  {_e(p['exe'] or '?')} (pid {pids})")
+        if g["hosts"]:
+            con.print(f"  hosts: {_e(', '.join(g['hosts']))}")
+        con.print(f"  newest: {_e(g['example'])}")
+        a = g["answer"]
+        if a["summary"]:
+            con.print(f"  {_e(a['summary'])}")
+        else:
+            con.print(f"  {a['kind']} at {a['address']}")
+        owner = a["address_owner"]
+        if owner is not None and a["block"] is None and owner.get("note"):
+            con.print(f"  the address: {_e(owner['region'] or owner['owner'])}, {_e(owner['note'])}")
+        b = a["block"]
+        if b is not None:
+            for line in _block_lines(b):
+                con.print(line)
+    for s in doc["skipped"]:
+        err_console().print(f"[yellow]skipped:[/yellow] {_e(s['error'])}")

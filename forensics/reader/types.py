@@ -11,6 +11,17 @@ class, since a constructor stores its own vtable last).  The name is the
 symbol demangled (``c++filt``, once for all the names a question needs);
 anything else is "unknown" (None).
 
+A block without a vtable can still be told when it is the characters of a
+``std::string`` (libstdc++'s layout since GCC 5: a pointer to the
+characters, the length, then the capacity or the short string itself):
+some word points at the block's start and the two words after it read as
+a length and a capacity that fit it - a capacity of 16 or more (shorter
+strings live inside the object), the length no more than the capacity, a
+NUL at [length], and the block capacity + 1 bytes (libtag's exact size;
+glibc's chunk, whose usable size is rounded up, capacity + 1 to capacity +
+16).  Such a block is "std::string buffer"; a string whose object is gone
+(a leaked buffer) cannot be told.
+
     types = BlockTypes(dump)
     types.of(block_start)           # "Session", "std::runtime_error", None
 """
@@ -24,6 +35,7 @@ from typing import Iterable
 import numpy as np
 
 _VTABLE = "_ZTV"
+STRING_BUFFER = "std::string buffer"
 
 
 class BlockTypes:
@@ -34,14 +46,29 @@ class BlockTypes:
         self.dump = dump
         self._by_vtable: dict[int, str | None] = {}
         self._names: dict[str, str] = {}
+        self._strings: np.ndarray | None = None  # block starts holding a string's characters
 
     def of(self, start: int) -> str | None:
-        """The class of the object at block start *start*, or None."""
+        """The class of the object at block start *start* (or a string's
+        characters), or None."""
         try:
             word = int.from_bytes(self.dump.mem.read(start, 8), "little")
         except Exception:  # an address the core does not hold
             return None
-        return self._vtable_class(word)
+        cls = self._vtable_class(word)
+        if cls is None and self._is_string(np.array([start], np.uint64))[0]:
+            return STRING_BUFFER
+        return cls
+
+    def _is_string(self, starts: np.ndarray) -> np.ndarray:
+        """Which of *starts* (block starts) hold a std::string's characters."""
+        if self._strings is None:
+            self._strings = string_buffers(self.dump)
+        found = self._strings
+        if not len(found):
+            return np.zeros(len(starts), bool)
+        i = np.minimum(np.searchsorted(found, starts), len(found) - 1)
+        return found[i] == starts
 
     def of_many(self, starts: Iterable[int]) -> dict[int, str | None]:
         """{start: class or None} for many blocks, demangling in one batch."""
@@ -77,13 +104,19 @@ class BlockTypes:
         classes = [self._vtable_class(int(w)) for w in uniq]
         out: dict[str, list[int]] = {}
         cand_sizes = sizes[cand]
+        told = np.zeros(len(words), bool)
+        cand_at = np.flatnonzero(cand)
         for u, cls in enumerate(classes):
             if cls is None:
                 continue
             sel = inverse == u
+            told[cand_at[sel]] = True
             row = out.setdefault(cls, [0, 0])
             row[0] += int(sel.sum())
             row[1] += int(cand_sizes[sel].sum())
+        strings = ~told & self._is_string(np.asarray(starts, dtype=np.uint64))
+        if strings.any():
+            out[STRING_BUFFER] = [int(strings.sum()), int(sizes[strings].sum())]
         return sorted(((c, n, b) for c, (n, b) in out.items()), key=lambda r: (-r[2], r[0]))
 
     def _vtable_symbol(self, word: int) -> str | None:
@@ -126,6 +159,38 @@ class BlockTypes:
             text = out[i] if out is not None and i < len(out) else name
             self._names[name] = text[len("vtable for "):] if text.startswith("vtable for ") \
                 else name[len(_VTABLE):]
+
+
+def string_buffers(dump) -> np.ndarray:
+    """The starts (sorted) of the blocks that hold a std::string's
+    characters (the module's docstring says how they are told), from the
+    pointer edges: each word that points at a block's start is read as a
+    string object's first word."""
+    starts, sizes, live, tagged = dump.targets
+    edges = dump.edges
+    at_start = ~edges.interior
+    src = edges.source[at_start].astype(np.uint64)
+    dst = edges.target[at_start].astype(np.int64)
+    keep = live[dst]
+    src, dst = src[keep], dst[keep]
+    if not len(src):
+        return np.zeros(0, np.uint64)
+    mem = dump.mem
+    length = first_words(mem, src + np.uint64(8))
+    cap = first_words(mem, src + np.uint64(16))
+    size = sizes[dst].astype(np.uint64)
+    need = cap + np.uint64(1)
+    fits = np.where(tagged[dst], size == need, (size >= need) & (size <= cap + np.uint64(16)))
+    ok = (cap >= np.uint64(16)) & (cap < np.uint64(1 << 40)) & (length <= cap) & fits
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return np.zeros(0, np.uint64)
+    # the NUL after the characters
+    end = starts[dst[idx]].astype(np.uint64) + length[idx]
+    word = first_words(mem, end & ~np.uint64(7))
+    byte = (word >> ((end & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
+    found = starts[dst[idx[byte == 0]]].astype(np.uint64)
+    return np.unique(found)
 
 
 def first_words(mem, starts: np.ndarray) -> np.ndarray:

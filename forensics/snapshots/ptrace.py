@@ -596,6 +596,16 @@ def _has_cap(bit: int) -> bool:
         return False
 
 
+def _in_child_userns() -> bool:
+    """Whether this process runs in a user namespace other than the
+    initial one (whose uid map is the identity over every uid)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split()[:3] != ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
 def why_not_traceable(pid: int, err: OSError) -> str:
     """One line for a PTRACE_SEIZE that the kernel refused."""
     if err.errno == _errno.ESRCH:
@@ -609,8 +619,8 @@ def why_not_traceable(pid: int, err: OSError) -> str:
         scope = None
     try:
         same_userns = os.stat("/proc/self/ns/user").st_ino == os.stat(f"/proc/{pid}/ns/user").st_ino
-    except OSError:
-        same_userns = True
+    except OSError:  # its namespace is hidden from us: ours is not the first one
+        same_userns = not _in_child_userns()
     st = {}
     try:
         st = status_fields(pid)
@@ -621,6 +631,10 @@ def why_not_traceable(pid: int, err: OSError) -> str:
     if uid and int(uid[0]) != me and me != 0:
         return (f"no permission to trace pid {pid}: it runs as uid {uid[0]} and you are uid "
                 f"{me}; run forensics as that user or as root")
+    if uid and int(uid[0]) != me and not _has_cap(19):  # CAP_SYS_PTRACE
+        return (f"no permission to trace pid {pid}: it runs as uid {uid[0]} and you are root "
+                f"without CAP_SYS_PTRACE (a container's or a capability bounding set's rule); "
+                f"run forensics as uid {uid[0]}, or with CAP_SYS_PTRACE")
     if scope in ("1", "2", "3"):
         what = {"1": "only a process's ancestors may trace it",
                 "2": "only CAP_SYS_PTRACE may trace",

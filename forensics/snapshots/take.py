@@ -45,6 +45,10 @@ class PermissionDenied(InputError):
 
 def _no_permission(pid: int, uid: int | None = None) -> PermissionDenied:
     me = os.geteuid()
+    if me == 0:  # root refused: a capability is missing (ptrace's reasons)
+        from forensics.snapshots import ptrace  # as take_by_ptrace: ctypes only when needed
+
+        return PermissionDenied(ptrace.why_not_traceable(pid, PermissionError(1, "EPERM")))
     who = f"it runs as uid {uid} and you are uid {me}" if uid is not None else \
         f"access to its /proc entries was refused to uid {me}"
     return PermissionDenied(

@@ -220,6 +220,93 @@ def test_a_stopped_process_is_refused(victim, cli, tmp_path):
     _untouched(victim)
 
 
+def test_a_zombie_is_refused(cli, tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", "import os, sys\npid = os.fork()\n"
+                               "if pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\n"
+                               "sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/stat").read_text().split(")")[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        line = _refused(cli, child, tmp_path)
+        assert line == f"forensics: error: no process with pid {child} (it has exited and is a zombie)"
+    finally:
+        parent.communicate("", timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another uid")
+def test_another_users_process_without_cap_sys_ptrace_is_refused(run_cli, tmp_path):
+    # root whose bounding set lacks CAP_SYS_PTRACE (as in a container) may
+    # not trace a process of another uid: the kernel refuses PTRACE_SEIZE
+    sleeper = subprocess.Popen(["sleep", "120"], user=65534, group=65534)
+    try:
+        done = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", "--",
+                               sys.executable, "-m", "forensics", "snapshot", str(sleeper.pid),
+                               "--dir", str(tmp_path / "snaps")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stderr == (f"forensics: error: no permission to trace pid {sleeper.pid}: it runs as "
+                               f"uid 65534 and you are root without CAP_SYS_PTRACE (a container's or "
+                               f"a capability bounding set's rule); run forensics as uid 65534, or "
+                               f"with CAP_SYS_PTRACE\n"), done.stderr
+        state = Path(f"/proc/{sleeper.pid}/stat").read_text().split(")")[1].split()[0]
+        assert state == "S" and sleeper.poll() is None  # untouched, still asleep
+        assert not (tmp_path / "snaps").exists() or not any((tmp_path / "snaps").glob("*/core"))
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
+
+
+def test_a_process_outside_the_callers_user_namespace_is_refused(tmp_path):
+    # forensics run from a user namespace of its own (root there) may not
+    # trace a process of the namespace above it
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True,
+                               text=True, timeout=30)
+        if probe.returncode != 0:
+            pytest.skip(f"this machine does not let an unprivileged user namespace be made: "
+                        f"{probe.stderr.strip()}")
+        done = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-m", "forensics",
+                               "snapshot", str(sleeper.pid), "--dir", str(tmp_path / "snaps")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+        assert done.returncode == 2, (done.stdout, done.stderr)
+        assert done.stderr == (f"forensics: error: no permission to trace pid {sleeper.pid}: it runs in "
+                               f"another user namespace; run forensics inside its namespace (nsenter -t "
+                               f"{sleeper.pid} -U -m -p) or from the one that owns it\n"), done.stderr
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
+
+
+def test_yamas_ptrace_scope_is_named(run_cli, tmp_path):
+    path = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if not path.exists():
+        pytest.skip("this kernel has no Yama LSM (/proc/sys/kernel/yama is absent), and "
+                    "ptrace_scope is a machine-wide setting the tests never change")
+    scope = path.read_text().strip()
+    if scope == "0" or os.geteuid() == 0:
+        pytest.skip(f"Yama's ptrace_scope is {scope} and the tests run as uid {os.geteuid()}: "
+                    f"nothing refuses a trace here, and the tests never change the setting")
+    # an unprivileged caller and a process that is not its child: refused by Yama
+    sleeper = subprocess.Popen(["setsid", "sleep", "120"])
+    try:
+        done = run_cli("snapshot", str(sleeper.pid), "--dir", str(tmp_path / "snaps"))
+        assert done.returncode == 2, done.stderr
+        assert f"no permission to trace pid {sleeper.pid}: Yama's ptrace_scope is {scope}" \
+            in done.stderr, done.stderr
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
+
+
 _PY_LOOP = """
 import ctypes, sys, threading, time
 buf = bytearray(b"p" * 100000)

@@ -4,8 +4,9 @@ by ptrace) and in one under libtag.
 
 tests/victims/plain_objects.cc holds a Session (kept in a global), a
 Connection (derived from Session; its only pointer dropped: a leak), a
-net::Packet and a struct without virtual functions, and prints their
-addresses.
+net::Packet, a struct without virtual functions, and the characters of
+two std::strings (40 and 100 long: blocks of 41 and 101 bytes, one held by
+a string object in a block, one by a global), and prints their addresses.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_blocks_are_named_by_their_class(preload, build_victim, cli, libtag_so, 
     core = snap["core"]
 
     expected = {"session": "Session", "connection": "Connection", "packet": "net::Packet",
-                "plain": None}
+                "plain": None, "string": "std::string buffer", "motd": "std::string buffer"}
     for name, cls in expected.items():
         who = cli("whoowns", hex(addrs[name] + 8), "--core", core)  # inside the object
         assert who["owner"] == "heap", who
@@ -67,6 +68,9 @@ def test_blocks_are_named_by_their_class(preload, build_victim, cli, libtag_so, 
     # each class one live block (the leaked Connection is still live)
     for cls in ("Session", "Connection", "net::Packet"):
         assert cls in types and types[cls][0] == 1, (cls, doc["types"])
+    # the two strings' characters: 41 and 101 bytes under libtag; without
+    # it glibc's usable sizes (chunks of 64 and 112: 56 and 104 usable)
+    assert types["std::string buffer"] == (2, 142 if preload else 160), doc["types"]
     leaked = [g for g in doc["leaks"] if hex(addrs["connection"]) in g["examples"]]
     assert len(leaked) == 1 and leaked[0]["kind"] == "definite", doc["leaks"]
     assert leaked[0]["type"] == "Connection"

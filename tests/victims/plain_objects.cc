@@ -5,9 +5,12 @@
 //
 // Prints "session ADDR", "connection ADDR" (leaked: its only pointer
 // dropped), "packet ADDR" and "plain ADDR" (a struct without virtual
-// functions: no type can be told), then "ready", and waits for stdin to end.
+// functions: no type can be told), "string ADDR" and "motd ADDR" (the
+// characters of a std::string of 40 held in a block, and of one of 100 held
+// in a global), then "ready", and waits for stdin to end.
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <unistd.h>
 
 struct Session {
@@ -36,6 +39,8 @@ struct Plain {
 Session *volatile kept_session;
 net::Packet *volatile kept_packet;
 Plain *volatile kept_plain;
+std::string *volatile kept_string;
+std::string motd;
 
 // The leak: its only pointer dies with this frame (no register or live
 // stack slot of main's keeps it)
@@ -51,8 +56,11 @@ int main()
     leak_connection();
     kept_packet = new net::Packet;
     kept_plain = new Plain;
+    kept_string = new std::string(40, 's');
+    motd.assign(100, 'm');
     std::printf("session %p\npacket %p\nplain %p\n", (void *)kept_session,
                 (void *)kept_packet, (void *)kept_plain);
+    std::printf("string %p\nmotd %p\n", (void *)kept_string->data(), (void *)motd.data());
     std::printf("ready\n");
     std::fflush(stdout);
     char buf[64];

@@ -1,0 +1,148 @@
+"""A crash signature: one stable key per bug, so that a fleet's cores of
+the same bug group together (``forensics triage``, the fingerprint of a
+Sentry event) while another bug keeps its own.
+
+The signature of an inspect document (docs/json.md, "signature", version
+SIGNATURE_VERSION) is made of:
+
+- the kind: the anomaly libtag detected (``double-free``...), else the
+  crash's signal (``SIGSEGV``), else a use-after-free the reader found in
+  a freed block; a core with none of them (a snapshot taken on demand)
+  has no signature;
+- the first FRAMES meaningful frames of the stack that detected or took
+  it (the anomaly's, the crash's): frames of the allocator, of libtag, of
+  the abort machinery and of the C runtime's start are folded away, as
+  Socorro's sentinel and irrelevant-frame lists do, since the same bug
+  reaches them by the same path whatever the allocator or libc;
+- for a heap anomaly, the first ALLOC_FRAMES meaningful frames of the
+  block's allocation stack (its allocation site): the same wrong free of
+  two different objects is two bugs.
+
+A frame is named by its function without its parameter list (overloads
+and ABI tags vary less than the rest of a name); a frame with no
+function by its module's file name and module offset (``server+0x1a2b``:
+the same in every process of one build, unlike an address).  The text of
+the signature joins them (``double-free | release | main | alloc:
+make_node | main``) and its id is the first 16 hex digits of its SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from typing import Any
+
+SIGNATURE_VERSION = 1
+FRAMES = 3
+ALLOC_FRAMES = 2
+
+# Anomalies whose block's allocation site is part of the signature.
+HEAP_ANOMALIES = frozenset({"double-free", "use-after-free", "heap-overflow", "heap-underflow",
+                            "alloc-dealloc-mismatch", "invalid-free"})
+
+# Functions folded away wherever they are: the allocator's entry points and
+# internals, the abort and signal machinery, C++'s allocation operators and
+# terminate handlers, and the C runtime's start and thread start.
+_FOLDED = re.compile(r"""^(?:
+    (?:__GI_|__libc_)?(?:malloc|free|calloc|realloc|reallocarray|memalign|aligned_alloc
+        |posix_memalign|valloc|pvalloc|cfree|malloc_usable_size)
+  | _int_(?:malloc|free|realloc|memalign)(?:_.*)?
+  | malloc_printerr|malloc_consolidate|unlink_chunk|tcache_\w+|arena_get\w*|sysmalloc\w*
+  | (?:__GI_)?(?:raise|abort|gsignal|__pthread_kill\w*|pthread_kill|__assert_fail\w*
+        |__libc_message\w*|__fortify_fail|__stack_chk_fail|__chk_fail)
+  | operator\s(?:new|delete)(?:\[\])?
+  | __cxa_\w+|__cxxabiv1::\w+|std::terminate|__gnu_cxx::__verbose_terminate_handler
+  | _Zn[wa]\w*|_Zd[la]\w*
+  | _start|__libc_start_main\w*|__libc_start_call_main|start_thread|clone3?|__clone\w*
+)$""", re.X)
+
+# Modules whose every frame is folded: libtag's own.
+_FOLDED_MODULE = re.compile(r"^libtag(?:[.-].*)?\.so")
+
+
+def frame_name(frame: dict[str, Any]) -> str | None:
+    """A frame as the signature names it (see the module's docstring); None
+    for a frame without function or module."""
+    fn = frame.get("function")
+    if fn:
+        return _without_parameters(fn)
+    if frame.get("module") and frame.get("module_offset"):
+        return f"{os.path.basename(frame['module'])}+{frame['module_offset']}"
+    return None
+
+
+def _without_parameters(fn: str) -> str:
+    """"ns::Type::method(int) const" -> "ns::Type::method"; an operator's
+    own parentheses ("operator()") stay."""
+    depth = 0
+    for i, ch in enumerate(fn):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and not fn[:i].endswith("operator"):
+            return fn[:i]
+    return fn
+
+
+def folded(frame: dict[str, Any]) -> bool:
+    """Whether a frame is folded away (see the module's docstring)."""
+    if frame.get("libtag"):
+        return True
+    module = frame.get("module")
+    if module and _FOLDED_MODULE.match(os.path.basename(module)):
+        return True
+    name = frame_name(frame)
+    return name is None or bool(_FOLDED.match(name))
+
+
+def meaningful(frames: list[dict[str, Any]], limit: int) -> list[str]:
+    """The names of the first *limit* frames that are not folded."""
+    out = []
+    for f in frames or ():
+        if not folded(f):
+            out.append(frame_name(f))
+            if len(out) == limit:
+                break
+    return out
+
+
+def signature(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The signature of an inspect document (docs/json.md, "signature");
+    None when the core has no anomaly and no crash."""
+    anomalies = doc.get("anomalies") or []
+    recorded = [a for a in anomalies if a.get("detected_by") == "libtag"]
+    crash = doc.get("crash")
+    alloc: list[str] = []
+    if recorded:
+        a = recorded[0]
+        kind, stack = a["kind"], a.get("stack") or []
+        if kind in HEAP_ANOMALIES and a.get("block"):
+            alloc = meaningful(a["block"].get("alloc_stack") or [], ALLOC_FRAMES)
+    elif crash is not None:
+        kind, stack = crash["signal"], crash.get("stack") or []
+    elif anomalies:
+        # found by the reader in a freed block: no detecting stack; the
+        # block's free and allocation sites say where
+        a = anomalies[0]
+        kind = a["kind"]
+        block = a.get("block") or {}
+        stack = block.get("free_stack") or []
+        alloc = meaningful(block.get("alloc_stack") or [], ALLOC_FRAMES)
+    else:
+        return None
+    frames = meaningful(stack, FRAMES)
+    text = " | ".join([kind, *frames] + ([f"alloc: {alloc[0]}", *alloc[1:]] if alloc else []))
+    return {
+        "version": SIGNATURE_VERSION,
+        "kind": kind,
+        "frames": frames,
+        "alloc_frames": alloc,
+        "text": text,
+        "id": hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
+
+
+__all__ = ["ALLOC_FRAMES", "FRAMES", "SIGNATURE_VERSION", "folded", "frame_name", "meaningful",
+           "signature"]

@@ -1,0 +1,187 @@
+"""``forensics triage``: many cores grouped by crash signature
+(forensics/answers/signature.py), one group per bug - how many cores, when
+the first and the last were taken, which programs and hosts, the newest
+example core and what it says about the block (docs/json.md, "triage").
+
+Each core is read as ``inspect`` reads it (its anomalies and crash; no top
+stacks, no leak scan), so a group's answer is inspect's: the anomaly's
+block with its allocation and free stacks, or the crash's address and what
+holds it.  A core that cannot be read is listed with its one-line reason
+and the others go on; one without an anomaly or a crash (a snapshot taken
+on demand) has no signature and is counted apart.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from forensics.answers.signature import signature
+
+TRIAGE_VERSION = 1
+
+# What a file that holds a core starts with: an ELF header, or a stream
+# of one of the compressors systemd-coredump uses.
+_MAGICS = (b"\x7fELF", b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18", b"\xfd7zXZ\x00")
+
+
+def core_files(paths: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """(the cores named by *paths*, in order: a file as given, a directory's
+    files that start as a core does, by path; [{path, error}] for a path
+    that is neither).  Symbolic links are not followed (a core holds the
+    memory of a process: no link planted in a shared folder leads here)."""
+    found: list[str] = []
+    bad: list[dict[str, str]] = []
+    for p in paths:
+        try:
+            st = os.lstat(p)
+        except OSError as e:
+            bad.append({"path": p, "error": f"cannot read {p}: {e.strerror}"})
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            bad.append({"path": p, "error": f"{p} is a symbolic link: not followed"})
+        elif stat.S_ISDIR(st.st_mode):
+            found.extend(sorted(_walk(p)))
+        elif stat.S_ISREG(st.st_mode):
+            found.append(p)
+        else:
+            bad.append({"path": p, "error": f"{p} is not a file or a directory"})
+    return found, bad
+
+
+def _walk(top: str) -> Iterator[str]:
+    for root, dirs, files in os.walk(top, followlinks=False):
+        dirs.sort()
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                with open(path, "rb") as f:
+                    head = f.read(6)
+            except OSError:
+                continue
+            if head.startswith(_MAGICS):
+                yield path
+
+
+@dataclass
+class _Core:
+    path: str
+    time: float  # seconds since the epoch: the anomaly's or crash's, else the file's
+    pid: int
+    exe: str | None
+    host: str | None
+    doc: dict[str, Any]
+
+
+@dataclass
+class _Group:
+    signature: dict[str, Any]
+    cores: list[_Core] = field(default_factory=list)
+
+
+def _time_of(doc: dict[str, Any], path: str) -> float:
+    """When the core's event happened: the anomaly's or the crash's time as
+    libtag recorded it, else the core file's modification time (the
+    kernel writes a crash core as the process dies)."""
+    for when in [a.get("time") for a in doc.get("anomalies") or []] + [
+            (doc.get("crash") or {}).get("time")]:
+        if when:
+            try:
+                return _dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                pass
+    return os.stat(path).st_mtime
+
+
+def _host_of(path: str) -> str | None:
+    """The host a core came from, where the file says it: the extended
+    attribute systemd-coredump sets on the cores it stores; else None."""
+    try:
+        return os.getxattr(path, "user.coredump.hostname", follow_symlinks=False).decode(
+            errors="replace") or None
+    except (OSError, AttributeError):
+        return None
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
+def _answer(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the newest core of a group says about the bug: the anomaly
+    (kind, address, its block with the three stacks) or the crash (signal,
+    address, summary, what holds the address)."""
+    recorded = [a for a in doc.get("anomalies") or [] if a.get("detected_by") == "libtag"]
+    crash = doc.get("crash")
+    if recorded or (crash is None and doc.get("anomalies")):
+        a = (recorded or doc["anomalies"])[0]
+        return {"kind": a["kind"], "address": a["address"], "summary": None,
+                "stack": a.get("stack") or [], "block": a.get("block"), "address_owner": None}
+    return {"kind": crash["signal"], "address": crash["address"], "summary": crash["summary"],
+            "stack": crash.get("stack") or [], "block": (crash.get("address_owner") or {}).get("block"),
+            "address_owner": crash.get("address_owner")}
+
+
+def triage(paths: Iterable[str], inspect: Callable[[str], dict[str, Any]],
+           progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+    """The triage document of the cores *paths* names (files, directories):
+    inspect(path) gives a core's inspect document (or raises a
+    ForensicsError, whose message is kept as that core's reason)."""
+    from forensics.errors import ForensicsError
+
+    cores, skipped = core_files(paths)
+    groups: dict[str, _Group] = {}
+    unsigned: list[str] = []
+    for i, path in enumerate(cores):
+        if progress is not None:
+            progress(i, len(cores), path)
+        try:
+            doc = inspect(path)
+        except ForensicsError as e:
+            skipped.append({"path": path, "error": e.message})
+            continue
+        sig = signature(doc)
+        if sig is None:
+            unsigned.append(path)
+            continue
+        g = groups.setdefault(sig["id"], _Group(sig))
+        proc = doc.get("process") or {}
+        g.cores.append(_Core(path, _time_of(doc, path), int(proc.get("pid") or 0), proc.get("exe"),
+                             _host_of(path), doc))
+    if progress is not None:
+        progress(len(cores), len(cores), "")
+    out = []
+    for g in groups.values():
+        g.cores.sort(key=lambda c: (c.time, c.path))
+        newest = g.cores[-1]
+        programs: dict[str | None, list[int]] = {}
+        for c in g.cores:
+            programs.setdefault(c.exe, []).append(c.pid)
+        out.append({
+            "id": g.signature["id"],
+            "signature": g.signature,
+            "count": len(g.cores),
+            "first_time": _iso(g.cores[0].time),
+            "last_time": _iso(newest.time),
+            "processes": [{"exe": exe, "pids": sorted(set(pids))} for exe, pids in sorted(
+                programs.items(), key=lambda kv: kv[0] or "")],
+            "hosts": sorted({c.host for c in g.cores if c.host}),
+            "example": newest.path,
+            "cores": [c.path for c in g.cores],
+            "answer": _answer(newest.doc),
+        })
+    # the most cores first; among equals the most recent, then by id
+    out.sort(key=lambda g: g["id"])
+    out.sort(key=lambda g: g["last_time"], reverse=True)
+    out.sort(key=lambda g: -g["count"])
+    return {"version": TRIAGE_VERSION, "cores": len(cores), "groups": out, "unsigned": unsigned,
+            "skipped": skipped}
+
+
+__all__ = ["TRIAGE_VERSION", "core_files", "triage"]

@@ -70,7 +70,7 @@ def answer(dump, args: argparse.Namespace) -> int:
         doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
                                            runtime_functions=args.runtime_functions)
     if getattr(args, "sentry", False):
-        from forensics.answers.sentry import sentry_event
+        from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 
         text.print_json(sentry_event(dump, doc))
     elif args.json:

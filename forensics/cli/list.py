@@ -30,6 +30,8 @@ import datetime as _dt
 import os
 
 from forensics.cli import _args
+from forensics.errors import InputError
+from forensics.files import default_snapshot_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _live_roots() -> set[str]:
     """The snapshot folders of the running processes under libtag whose
     memory we may read (from libtag's control block in each)."""
-    import psutil
+    import psutil  # deferred, start-up time: psutil
 
-    from forensics.snapshots.handoff import read_control
-    from forensics.snapshots.take import libtag_loaded
+    from forensics.snapshots.handoff import read_control  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import libtag_loaded  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     out: set[str] = set()
     for p in psutil.process_iter():
@@ -91,7 +93,9 @@ def _what(path: str | None, catalog: bool) -> dict:
 
 
 def _catalog_doc(e) -> dict:
-    doc = e.to_json()
+    from forensics.answers.documents import to_json
+
+    doc = to_json(e.doc())
     doc.update(source="catalog", kind="crash" if e.reason == "crash" else "snapshot",
                signal=None, corefile=None, **_what(e.core if doc["exists"] else None, True))
     return doc
@@ -118,16 +122,13 @@ def _coredump_doc(c) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.files import default_snapshot_dir
-    from forensics.output import text
-    from forensics.snapshots import snapdir
-    from forensics.snapshots.catalog import Catalog
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.catalog import Catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     with Catalog() as cat:
         for d in args.dir:
             if not os.path.isdir(d):
-                from forensics.errors import InputError
-
                 raise InputError(f"{d} is not a directory")
             cat.add_root(d)
         roots = {str(default_snapshot_dir()), *cat.roots(), *_live_roots()}

@@ -345,16 +345,23 @@ class AttachDoc:
 
 @_frozen
 class CatalogEntryDoc:
-    """docs/json.md, "forensics list": one snapshot of the catalog."""
-    id: int
-    core: str
-    dir: str
+    """docs/json.md, "forensics list": one snapshot of the catalog, or one
+    core systemd-coredump holds (``source``)."""
+    id: int | None  # the catalog row; None for a coredump
+    core: str | None  # None: systemd-coredump kept no file
+    dir: str | None
     pid: int
     exe: str | None
     time: float | None
     reason: str
     pause_ms: float | None
-    core_bytes: int
+    core_bytes: int | None
     summary: dict[str, Any]  # as libtag's snapshot info said it: keys sorted
     exists: bool
     disk_bytes: int | None
+    source: str = "catalog"  # "catalog" | "systemd-coredump"
+    kind: str = "snapshot"  # "snapshot" | "crash"
+    signal: str | None = None  # a coredump's signal
+    corefile: str | None = None  # coredumpctl's COREFILE ("present", "missing", ...)
+    libtag: bool | None = None  # from the core's notes; None when they cannot be read
+    compression: str | None = None  # "zstd" | "lz4" | "xz" | None

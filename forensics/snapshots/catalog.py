@@ -56,7 +56,8 @@ class Entry:
         """The entry as ``forensics list --json`` gives it (docs/json.md):
         whether its core is still there, and its size on disk now."""
         return CatalogEntryDoc(**asdict(self), exists=os.path.exists(self.core),
-                               disk_bytes=disk_bytes(self.core))
+                               disk_bytes=disk_bytes(self.core),
+                               kind="crash" if self.reason == "crash" else "snapshot")
 
 
 def catalog_path() -> Path:

@@ -77,7 +77,7 @@ class Dump:
         skip: [start, end) ranges that hold no chunk of glibc's own mmap;
         counted_mmaps: look for those only when glibc counts some."""
         opts = self.symbol_options
-        fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
+        fs = {t.tid: (t.regs or {}).get(self.arch.tp, 0) for t in self.threads}
         stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
                   if t.stack_region is not None]
         layout = find_layout(self.symbolizer.modules, debug_dirs=opts.debug_dirs if opts else (),
@@ -124,6 +124,8 @@ class Dump:
 
         core = Core(path)
         try:
+            if not core.mappings:
+                _adopt_link_map(core, symbols)
             mem = CoreMemory(core)
             try:
                 found = abi.find_control(mem)
@@ -204,6 +206,9 @@ class Dump:
         opts = self.symbol_options or SymbolOptions()
         # the build-ids and headers the process had come from its own memory
         modules = modules_from_mappings(mappings, read=self.mem.read, sysroot=opts.sysroot)
+        here = self.core.files_here if self.core is not None else {}
+        if here:
+            modules = [_found_file(m, here.get(m.path)) for m in modules]
         kw = {"debug_dirs": opts.debug_dirs, "sysroot": opts.sysroot}
         try:
             return Symbolizer(modules, cache_dir=state_dir() / "symbols", **kw)
@@ -317,12 +322,12 @@ class Dump:
             saved = t.saved_regs
             regs = saved if self.saved_registers_first and saved else core.get(t.tid, saved)
             regs = live.get(t.tid, regs)
-            sp = regs.get("rsp") if regs else None
+            sp = regs.get(self.arch.sp) if regs else None
             out.append(replace(t, regs=regs, sp=sp or None, stack_region=self._stack_region(t, sp)))
         known = {t.tid for t in self.control.threads}
         for tid, regs in {**core, **live}.items():
             if tid not in known:
-                sp = regs.get("rsp")
+                sp = regs.get(self.arch.sp)
                 out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
@@ -341,7 +346,7 @@ class Dump:
         them from the signal context into its record; else the core's own
         note for the thread."""
         t = self.control.thread(tid)
-        if t is not None and t.saved_regs and t.saved_regs.get("rip"):
+        if t is not None and t.saved_regs and t.saved_regs.get(self.arch.pc):
             return t.saved_regs
         return self.core_registers.get(tid)
 
@@ -355,7 +360,18 @@ class Dump:
     def unwinder(self):
         from forensics.reader.unwind import Unwinder
 
-        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base)
+        arch = self.arch
+        regions = self.mem.regions()
+        mask = arch.pointer_mask(regions[-1].end - 1) if regions else arch.pointer_mask(0)
+        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base, arch=arch, ptr_mask=mask)
+
+    @property
+    def arch(self):
+        """The machine (forensics.arch): a core's, else this host's (a live
+        process is read here)."""
+        from forensics.arch import HOST
+
+        return self.core.arch if self.core is not None else HOST
 
     @cached_property
     def vdso_base(self) -> int | None:
@@ -405,7 +421,7 @@ class Dump:
         come from this one walk."""
         if t.tid not in self._thread_steps:
             steps = []
-            if t.regs and t.regs.get("rip"):
+            if t.regs and t.regs.get(self.arch.pc):
                 bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
                 steps = self.unwinder.unwind(t.regs, stack=bounds)
             self._thread_steps[t.tid] = steps
@@ -549,7 +565,7 @@ class PlainDump(Dump):
         """Every thread in the core's notes, the one that took the signal first."""
         out = []
         for tid, regs in self.core_registers.items():
-            sp = regs.get("rsp")
+            sp = regs.get(self.arch.sp)
             out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
@@ -601,6 +617,34 @@ def _save_edges(path: str, key, edges: Edges) -> None:
     from forensics.reader import cachefile
 
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
+
+
+def _adopt_link_map(core, symbols) -> None:
+    """A core without NT_FILE (qemu-user's): its modules from the loader's
+    list (reader/linkmap.py), files looked for under --sysroot."""
+    from forensics.reader.linkmap import link_map_mappings
+
+    found = link_map_mappings(core, getattr(symbols, "sysroot", None))
+    if found is not None and found.mappings:
+        core.adopt_mappings(found.mappings, found.files)
+
+
+def _found_file(module, local: str | None):
+    """A module found through the loader's list, with the file found for
+    it; the build-id is the file's when the memory does not show it (the
+    core has no first page of the file)."""
+    if local is None:
+        return module
+    bid = module.build_id
+    if bid is None:
+        from forensics.core import elf
+        from forensics.reader.symbols import open_regular
+
+        f = open_regular(local)
+        if f is not None:
+            with f:
+                bid = elf.file_build_id(f)
+    return replace(module, file=local, build_id=bid)
 
 
 def _named_libtag(path: str) -> bool:

@@ -280,11 +280,14 @@ class _NoName:
 
 
 R_X86_64_TPOFF64 = 18
+R_AARCH64_TLS_TPREL64 = 1030
+# the relocation of an initial-exec TLS variable's GOT slot, by e_machine
+_TPOFF_RELOC = {62: R_X86_64_TPOFF64, 183: R_AARCH64_TLS_TPREL64}
 
 
 def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, int]:
     """{variable: GOT slot} for libc's initial-exec TLS variables: the slot of
-    the R_X86_64_TPOFF64 relocation whose addend is the variable's offset in
+    the R_X86_64_TPOFF64 (aarch64: R_AARCH64_TLS_TPREL64) relocation whose addend is the variable's offset in
     libc's TLS block (the loader writes its TP offset there)."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
@@ -299,16 +302,23 @@ def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, int]
     out: dict[str, int] = {}
     with f:
         try:
-            for sec in ELFFile(f).iter_sections():
+            ef = ELFFile(f)
+            tpoff = _TPOFF_RELOC.get(_machine_number(ef), R_X86_64_TPOFF64)
+            for sec in ef.iter_sections():
                 if not isinstance(sec, RelocationSection) or not sec.is_RELA():
                     continue
                 for rel in sec.iter_relocations():
-                    if rel["r_info_type"] == R_X86_64_TPOFF64 and rel["r_info_sym"] == 0 \
+                    if rel["r_info_type"] == tpoff and rel["r_info_sym"] == 0 \
                             and rel["r_addend"] in want:
                         out.setdefault(want[rel["r_addend"]], int(rel["r_offset"]))
         except (OSError, ELFError):
             return {}
     return out
+
+
+def _machine_number(ef) -> int:
+    """The e_machine number of a pyelftools ELFFile (which gives its name)."""
+    return {"EM_X86_64": 62, "EM_AARCH64": 183}.get(ef.header["e_machine"], 0)
 
 
 def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = (),
@@ -324,11 +334,12 @@ def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = (),
     if bid is None:
         raise GlibcError(f"the build-id of {libc.path} is not in the core (its first page is "
                          f"missing): which glibc the process ran is unknown")
-    version, distro = _libc_file_facts(libc.path, bid)
+    local = getattr(libc, "file", None) or libc.path
+    version, distro = _libc_file_facts(local, bid)
     hexid = bid.hex() if bid else None
     debug = _debug_file(bid, debug_dirs) if bid else None
     if debug is not None:
-        on_disk = libc.path if version is not None else None
+        on_disk = local if version is not None else None
         return _cached_layout(debug, on_disk, version, hexid, cache_dir).at(
             libc.load_bias, libc.path, hexid)
     if hexid in KNOWN_BUILDS:

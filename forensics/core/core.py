@@ -163,6 +163,7 @@ class Core:
                 )
             raw.extend(iter_notes(mm, ph.p_offset, ph.p_filesz))
         self.files_here: dict[str, str] = {}  # adopt_mappings' files
+        self.biases_here: dict[str, int] = {}  # ... and load biases
         self.raw_notes: list[RawNote] = raw
         self.notes: Notes = decode_notes(raw, self.arch)
         self._map_starts = [m.start for m in self.notes.mappings]
@@ -275,12 +276,15 @@ class Core:
             return self.execfn
         return self.prpsinfo.fname if self.prpsinfo and self.prpsinfo.fname else None
 
-    def adopt_mappings(self, mappings: list[Mapping], files: dict[str, str] | None = None) -> None:
+    def adopt_mappings(self, mappings: list[Mapping], files: dict[str, str] | None = None,
+                       biases: dict[str, int] | None = None) -> None:
         """Take mappings found elsewhere (forensics.reader.linkmap: the
         loader's list) as the NT_FILE note a core without one lacks: the
         segments they cover are named by their paths.  files: {path: the
-        file found here for it} (``files_here``)."""
+        file found here for it} (``files_here``); biases: {path: its load
+        bias, as the loader had it} (``biases_here``)."""
         self.files_here = dict(files or {})
+        self.biases_here = dict(biases or {})
         self.notes.mappings = sorted(mappings, key=lambda m: m.start)
         self._map_starts = [m.start for m in self.notes.mappings]
         self.segments = [replace(s, path=m.path if (m := self.mapping_at(s.vaddr)) else None)

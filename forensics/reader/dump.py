@@ -208,7 +208,8 @@ class Dump:
         modules = modules_from_mappings(mappings, read=self.mem.read, sysroot=opts.sysroot)
         here = self.core.files_here if self.core is not None else {}
         if here:
-            modules = [_found_file(m, here.get(m.path)) for m in modules]
+            biases = self.core.biases_here
+            modules = [_found_file(m, here.get(m.path), biases.get(m.path)) for m in modules]
         kw = {"debug_dirs": opts.debug_dirs, "sysroot": opts.sysroot}
         try:
             return Symbolizer(modules, cache_dir=state_dir() / "symbols", **kw)
@@ -446,7 +447,7 @@ class Dump:
                 if tid == self.core.pid and snap_tid and not self.control.thread(tid):
                     tid = snap_tid
                 out.setdefault(tid, dict(t.regs))
-        return out
+        return _with_thread_pointers(self, out)
 
     def _stack_region(self, t: Thread, sp: int | None) -> Region | None:
         """The mapping that holds thread t's stack: the one sp is in, else
@@ -574,7 +575,7 @@ class PlainDump(Dump):
         out: dict[int, dict[str, int]] = {}
         for t in self.core.threads if self.core is not None else ():
             out.setdefault(t.tid, dict(t.regs))
-        return out
+        return _with_thread_pointers(self, out)
 
     @cached_property
     def targets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -619,6 +620,22 @@ def _save_edges(path: str, key, edges: Edges) -> None:
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
 
 
+def _with_thread_pointers(dump: Dump, regs: dict[int, dict[str, int]]) -> dict[int, dict[str, int]]:
+    """An aarch64 core's registers with the thread pointers a core without
+    NT_ARM_TLS (qemu-user's) lacks, found from glibc's thread descriptors
+    (reader/threadptr.py)."""
+    from forensics.arch import AARCH64
+
+    if dump.core is None or dump.arch is not AARCH64 or not regs \
+            or any(AARCH64.tp in r for r in regs.values()):
+        return regs
+    from forensics.reader.threadptr import thread_pointers
+
+    for tid, tp in thread_pointers(dump.mem, list(regs)).items():
+        regs[tid][AARCH64.tp] = tp
+    return regs
+
+
 def _adopt_link_map(core, symbols) -> None:
     """A core without NT_FILE (qemu-user's): its modules from the loader's
     list (reader/linkmap.py), files looked for under --sysroot."""
@@ -626,13 +643,15 @@ def _adopt_link_map(core, symbols) -> None:
 
     found = link_map_mappings(core, getattr(symbols, "sysroot", None))
     if found is not None and found.mappings:
-        core.adopt_mappings(found.mappings, found.files)
+        core.adopt_mappings(found.mappings, found.files, found.biases)
 
 
-def _found_file(module, local: str | None):
+def _found_file(module, local: str | None, bias: int | None):
     """A module found through the loader's list, with the file found for
-    it; the build-id is the file's when the memory does not show it (the
-    core has no first page of the file)."""
+    it and the loader's load bias; the build-id is the file's when the
+    memory does not show it (the core has no first page of the file)."""
+    if bias is not None:
+        module = replace(module, load_bias=bias)
     if local is None:
         return module
     bid = module.build_id

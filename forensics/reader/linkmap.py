@@ -43,6 +43,7 @@ class LinkMap:
 
     mappings: list[Mapping] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # path as the process had it -> file here
+    biases: dict[str, int] = field(default_factory=dict)  # path -> load bias (l_addr; the executable's)
 
 
 def _file_facts(path: str, machine: int):
@@ -97,6 +98,33 @@ def _segment_maps(path: str, bias: int, loads, page: int) -> list[Mapping]:
     return out
 
 
+def _cstring(core, found: LinkMap, addr: int) -> str:
+    """The C string at addr: from the core, else from the file of a module
+    found so far that maps it (the loader's own l_name is the executable's
+    PT_INTERP string, in code qemu-user does not dump)."""
+    try:
+        return core.read_cstring(addr, 4096).decode("utf-8", "surrogateescape")
+    except (ForensicsError, ValueError):
+        pass
+    from forensics.reader.symbols import open_regular
+
+    for m in found.mappings:
+        local = found.files.get(m.path)
+        if local is None or not m.start <= addr < m.end:
+            continue
+        f = open_regular(local)
+        if f is None:
+            return ""
+        with f:
+            try:
+                f.seek(m.offset + addr - m.start)
+                raw = f.read(4096)
+            except (OSError, ValueError):
+                return ""
+        return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    return ""
+
+
 def link_map_mappings(core, sysroot: str | None = None) -> LinkMap | None:
     """The modules of core (see the module docstring), or None when the
     executable or the loader's list cannot be found."""
@@ -115,6 +143,7 @@ def link_map_mappings(core, sysroot: str | None = None) -> LinkMap | None:
     exe_path = exe if not os.path.isabs(execfn) else execfn
     out.mappings += _segment_maps(exe_path, bias, loads, page)
     out.files[exe_path] = exe
+    out.biases[exe_path] = bias
 
     def u64(addr: int) -> int | None:
         try:
@@ -138,15 +167,13 @@ def link_map_mappings(core, sysroot: str | None = None) -> LinkMap | None:
     while lm and lm not in seen and len(seen) < MAX_OBJECTS:
         seen.add(lm)
         l_addr, l_name, l_ld, l_next = u64(lm), u64(lm + 8), u64(lm + 16), u64(lm + 24)
-        try:
-            name = core.read_cstring(l_name, 4096).decode("utf-8", "surrogateescape") if l_name else ""
-        except (ForensicsError, ValueError):
-            name = ""
+        name = _cstring(core, out, l_name) if l_name else ""
         if name.startswith("/") and l_addr is not None:
             local, facts = _local(name, sysroot, machine)
             if local is not None:
                 out.mappings += _segment_maps(name, l_addr, facts[1], page)
                 out.files[name] = local
+                out.biases[name] = l_addr
             else:
                 seg = core.find_segment(l_ld) if l_ld else None
                 start = core.find_segment(l_addr)

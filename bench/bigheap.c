@@ -1,7 +1,12 @@
 /* bigheap.c - a process with a big live heap that snapshots itself.
  *
- *   bigheap [MIB [MEAN_BLOCK]]     default 1024 MiB in blocks of 1024 bytes
- *                                  on average (~1M blocks)
+ *   bigheap [MIB [MEAN_BLOCK [ZERO_MIB]]]
+ *                                  default 1024 MiB in blocks of 1024 bytes
+ *                                  on average (~1M blocks); ZERO_MIB (default
+ *                                  0): also that many MiB of 1 MiB buffers
+ *                                  memset to zero - touched pages that hold
+ *                                  only zeros, which a core holds as data
+ *                                  (bench/compressed_bench.py)
  *
  * Allocates MIB MiB of live blocks of 512..1535 bytes (mean MEAN_BLOCK),
  * from four allocation stacks (make_session / make_buffer / make_row /
@@ -27,6 +32,8 @@ __attribute__((noinline)) static void *make_session(size_t n) { return malloc(n)
 __attribute__((noinline)) static void *make_buffer(size_t n) { return malloc(n); }
 __attribute__((noinline)) static void *make_row(size_t n) { return malloc(n); }
 __attribute__((noinline)) static void *make_node(size_t n) { return malloc(n); }
+
+static void *volatile zero_keep;
 
 int main(int argc, char **argv)
 {
@@ -60,6 +67,16 @@ int main(int argc, char **argv)
         ((char *)p)[n - 1] = 1;
         all[i] = p;
         bytes += n;
+    }
+    size_t zero_mib = argc > 3 ? strtoull(argv[3], NULL, 10) : 0;
+    for (size_t i = 0; i < zero_mib; i++) {
+        void *z = malloc(1 << 20);
+        if (z == NULL) {
+            perror("malloc");
+            return 1;
+        }
+        memset(z, 0, 1 << 20);
+        zero_keep = z;  /* escapes: the stores stay; never freed, so live in the core */
     }
     printf("pid %d\nblocks %zu bytes %llu\nprobe %p\n", (int)getpid(), count,
            (unsigned long long)bytes, all[count / 2]);

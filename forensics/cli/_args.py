@@ -86,3 +86,53 @@ def runtime_flags(parser: argparse.ArgumentParser) -> None:
         dest="runtime_functions",
         help="also count a stack whose runtime frames include a function matching PATTERN "
              "(shell-style) as the runtime's; repeatable")
+
+
+def coredump_flag(parser: argparse.ArgumentParser, *, many: bool = False, group=None) -> None:
+    """--coredump MATCH: a core systemd-coredump holds, in place of a CORE
+    argument (forensics.snapshots.coredumps; take_coredumps resolves it)."""
+    (group or parser).add_argument(
+        "--coredump", metavar="MATCH", action="append", default=[], dest="coredumps",
+        help="a core systemd-coredump holds (`forensics list` shows them): the newest of "
+             "pid MATCH, or of the program MATCH (its name or path)"
+             + ("; repeatable, after the CORE arguments" if many else ""))
+
+
+# the core arguments of each verb: (attribute, how many: 1, 2 or "+")
+_CORE_ARGS = {"inspect": ("core", 1), "whoowns": ("core", 1), "diff": (("old", "new"), 2),
+              "trend": ("cores", "+"), "report": ("cores", "+")}
+
+
+def take_coredumps(args: argparse.Namespace) -> None:
+    """Put the cores --coredump MATCH names where the verb reads its core
+    arguments, and refuse a verb left without its cores."""
+    if args.verb not in _CORE_ARGS:
+        return
+    from forensics.errors import UsageError
+
+    matches = getattr(args, "coredumps", None) or []
+    paths = []
+    if matches:
+        from forensics.snapshots.coredumps import match
+
+        paths = [match(m).path for m in matches]
+    attr, count = _CORE_ARGS[args.verb]
+    if count == 1:
+        if getattr(args, attr) is not None and paths:
+            raise UsageError(f"{args.verb}: give a CORE or --coredump MATCH, not both")
+        if paths:
+            if len(paths) > 1:
+                raise UsageError(f"{args.verb}: --coredump takes one MATCH here")
+            setattr(args, attr, paths[0])
+        elif getattr(args, attr) is None and args.verb == "inspect":
+            raise UsageError("inspect: give a CORE or --coredump MATCH")
+    elif count == 2:
+        given = [getattr(args, a) for a in attr if getattr(args, a) is not None] + paths
+        if len(given) != 2:
+            raise UsageError(f"diff: give two cores (OLD NEW, or --coredump MATCH for either), "
+                             f"not {len(given)}")
+        args.old, args.new = given
+    else:
+        args.cores = list(getattr(args, attr) or []) + paths
+        if not args.cores:
+            raise UsageError(f"{args.verb}: give at least one CORE or --coredump MATCH")

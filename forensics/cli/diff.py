@@ -27,8 +27,9 @@ from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("old", metavar="OLD", help="the earlier core")
-    parser.add_argument("new", metavar="NEW", help="the later core")
+    parser.add_argument("old", metavar="OLD", nargs="?", help="the earlier core")
+    parser.add_argument("new", metavar="NEW", nargs="?", help="the later core")
+    _args.coredump_flag(parser, many=True)
     _args.json_flag(parser)
     _args.symbol_flags(parser)
     parser.add_argument("--filter", metavar="PATTERN", action="append", default=[],

@@ -31,8 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
     """The verb's arguments; gdb: the ``tag inspect`` form, which reads the
     core or process gdb has open instead of a CORE argument."""
     if not gdb:
-        parser.add_argument("core", metavar="CORE",
-                            help="a core taken under libtag, or any core of a glibc program")
+        parser.add_argument("core", metavar="CORE", nargs="?",
+                            help="a core taken under libtag, or any core of a glibc program "
+                                 "(plain, or compressed: zstd, lz4, xz)")
+        _args.coredump_flag(parser)
     _args.json_flag(parser)
     _args.symbol_flags(parser)
     parser.add_argument("--leaks", action="store_true",

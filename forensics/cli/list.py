@@ -1,4 +1,4 @@
-"""List the snapshots in the catalog.
+"""List the snapshots in the catalog and the cores systemd-coredump holds.
 
     forensics list [--dir DIR]... [--json]
 
@@ -11,7 +11,16 @@ can read (a process preloaded by hand, a daemon), and each --dir given here
 time, pid, executable, reason, pause and size on disk (and the apparent size
 of a sparse core), then its core's path.  --json prints an array, oldest
 first, of {"core", "pid", "exe", "time", "reason", "pause_ms", "core_bytes",
-"disk_bytes", "dir", "exists", "summary", "id"}.
+"disk_bytes", "dir", "exists", "summary", "id", "source", "libtag", "kind",
+"compression", "signal", "corefile"}.
+
+Beside them, the cores systemd-coredump holds (where core_pattern pipes
+crashes to it): its folder (FORENSICS_COREDUMP_DIR, default
+/var/lib/systemd/coredump, each file's user.coredump.* attributes) and
+coredumpctl's records (FORENSICS_COREDUMPCTL, default coredumpctl on PATH;
+empty: not run).  Each line says what the core is: libtag's or a plain
+program's, a crash or a snapshot, and its compression; `--coredump PID` or
+`--coredump PROGRAM` opens the newest of them in any verb.
 """
 
 from __future__ import annotations
@@ -56,6 +65,58 @@ def _live_roots() -> set[str]:
     return out
 
 
+def _what(path: str | None, catalog: bool) -> dict:
+    """What the core at path is, from its notes alone (a compressed core is
+    decompressed only as far as its notes): "libtag" - the process had
+    libtag's shared object mapped, or (a catalog snapshot) libtag took the
+    core itself; false for a core forensics took from outside a process
+    without it, or a crash of one (a program linked with libtag.a crashing
+    under systemd-coredump reads false here: inspect tells) - and
+    "compression"; nulls when the core cannot be read."""
+    from forensics.core.core import read_notes
+    from forensics.errors import ForensicsError
+
+    if path is None:
+        return {"libtag": None, "compression": None}
+    try:
+        notes, raw, packed = read_notes(path)
+    except (ForensicsError, OSError, ValueError):
+        return {"libtag": None, "compression": None}
+    mapped = any(m.path and os.path.basename(m.path).split(".")[0] == "libtag"
+                 for m in notes.mappings)
+    from forensics.core.notes import FORENSICS_NOTE
+
+    taken_by_forensics = any(n.name == FORENSICS_NOTE for n in raw)
+    return {"libtag": mapped or (catalog and not taken_by_forensics), "compression": packed}
+
+
+def _catalog_doc(e) -> dict:
+    doc = e.to_json()
+    doc.update(source="catalog", kind="crash" if e.reason == "crash" else "snapshot",
+               signal=None, corefile=None, **_what(e.core if doc["exists"] else None, True))
+    return doc
+
+
+def _coredump_doc(c) -> dict:
+    from forensics.core.notes import signal_name
+    from forensics.files import disk_bytes
+
+    try:
+        size = os.stat(c.path).st_size if c.path else None
+    except OSError:
+        size = None
+    return {
+        "id": None, "core": c.path, "dir": os.path.dirname(c.path) if c.path else None,
+        "pid": c.pid, "exe": c.exe or c.comm, "time": c.time, "reason": "crash",
+        "pause_ms": None, "core_bytes": size,
+        "disk_bytes": disk_bytes(c.path) if c.path else None, "exists": size is not None,
+        "summary": {"comm": c.comm, "uid": c.uid, "boot_id": c.boot_id, "from": c.source},
+        "source": "systemd-coredump", "kind": "crash",
+        "signal": signal_name(c.signal) if c.signal else None, "corefile": c.corefile,
+        **_what(c.path, False),
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     from forensics.files import default_snapshot_dir
     from forensics.output import text
@@ -76,25 +137,38 @@ def main(args: argparse.Namespace) -> int:
             except Exception:  # an unreadable folder must not hide the catalog
                 continue
         entries = cat.entries()
+    from forensics.snapshots.coredumps import coredumps
+
+    docs = [_catalog_doc(e) for e in entries] + [_coredump_doc(c) for c in coredumps()]
+    docs.sort(key=lambda d: d["time"] or 0.0)  # oldest first, both kinds together
 
     if args.json:
-        text.print_json([e.to_json() for e in entries])
+        text.print_json(docs)
         return 0
     out = text.out_console()
-    if not entries:
+    if not docs:
         out.print("no snapshots in the catalog yet: take one with "
                   "`forensics snapshot PID` or `forensics run -- CMD`; a process you "
                   "preloaded by hand writes to its LIBTAG_DIR (libtag logs each snapshot's "
                   "path): `forensics list --dir DIR`", markup=False, soft_wrap=True)
         return 0
-    for e in entries:
-        doc = e.to_json()
-        when = _dt.datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S") if e.time else "?"
-        pause = f"paused {e.pause_ms:.2f} ms" if e.pause_ms is not None else "not paused"
-        size = (text.core_size_text(e.core_bytes, doc["disk_bytes"]) if doc["exists"]
-                else "deleted")
-        exe = os.path.basename(e.exe) if e.exe else "?"
+    for doc in docs:
+        when = (_dt.datetime.fromtimestamp(doc["time"]).strftime("%Y-%m-%d %H:%M:%S")
+                if doc["time"] else "?")
+        size = (text.core_size_text(doc["core_bytes"], doc["disk_bytes"]) if doc["exists"]
+                else "deleted" if doc["core"] else f"no core file ({doc['corefile']})")
+        exe = os.path.basename(doc["exe"]) if doc["exe"] else "?"
+        what = {True: "libtag", False: "plain", None: "unreadable"}[doc["libtag"]]
+        if doc["compression"]:
+            size += f", {doc['compression']}"
+        if doc["source"] == "catalog":
+            pause = f"paused {doc['pause_ms']:.2f} ms" if doc["pause_ms"] is not None else "not paused"
+            head = f"#{doc['id']}  {when}  pid {doc['pid']} {exe}  {what} {doc['reason']}  {pause}"
+        else:
+            head = (f"coredump  {when}  pid {doc['pid']} {exe}  {what} crash "
+                    f"{doc['signal'] or ''}".rstrip())
         # two lines: the facts, then the core's path alone, never broken
-        text.say(f"#{e.id}  {when}  pid {e.pid} {exe}  {e.reason}  {pause}  {size}")
-        text.say(f"    {e.core}")
+        text.say(f"{head}  {size}")
+        if doc["core"]:
+            text.say(f"    {doc['core']}")
     return 0

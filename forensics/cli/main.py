@@ -87,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     verbose = getattr(args, "verbose", False)
     try:
+        from forensics.cli._args import take_coredumps
+
+        take_coredumps(args)  # --coredump MATCH: the core it names, as CORE
         return int(args._main(args) or 0)
     except BrokenPipeError:
         # stdout closed early (| head): not an error worth a message.

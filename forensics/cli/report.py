@@ -37,7 +37,8 @@ from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cores", metavar="CORE", nargs="+", help="cores taken under libtag, or cores of a glibc program without it")
+    parser.add_argument("cores", metavar="CORE", nargs="*", help="cores taken under libtag, or cores of a glibc program without it")
+    _args.coredump_flag(parser, many=True)
     parser.add_argument("-o", "--output", metavar="FILE.html", required=True,
                         help="the HTML file to write")
     parser.add_argument("--wrapper", metavar="PATTERN", action="append", default=[],

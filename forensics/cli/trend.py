@@ -20,8 +20,9 @@ from forensics.cli import _args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cores", metavar="CORE", nargs="+",
+    parser.add_argument("cores", metavar="CORE", nargs="*",
                         help="snapshots of one process (or of runs of one program)")
+    _args.coredump_flag(parser, many=True)
     _args.json_flag(parser)
     _args.symbol_flags(parser)
     parser.add_argument("--growing", action="store_true",

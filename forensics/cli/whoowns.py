@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
                             help="a core taken under libtag, or any core of a glibc program")
         source.add_argument("--pid", metavar="PID", type=_args.pid,
                             help="snapshot this running libtag process and look there")
+        _args.coredump_flag(parser, group=source)
     _args.json_flag(parser)
     _args.symbol_flags(parser)
 

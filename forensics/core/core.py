@@ -18,7 +18,7 @@ import numpy as np
 
 from forensics.arch import for_machine
 
-from . import elf
+from . import compressed, elf
 from .errors import CoreParseError, NotDumpedError, TruncatedError, UnmappedError
 from .notes import (
     FORENSICS_NOTE,
@@ -82,8 +82,13 @@ _FILE_KINDS = (
 )
 
 
-def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
-    """Open and mmap a regular, non-empty file read-only, or say why not."""
+def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result, str | None, int, int | None]:
+    """Open and mmap a regular, non-empty file read-only, or say why not:
+    (the map, the file's stat, the compression it had - "zstd", "lz4", "xz"
+    or None - the bytes of the core mapped, and the bytes its decompressed
+    copy takes on disk - None for a plain core).  A compressed core is
+    recognised by its magic, not its name, and mapped from a private sparse
+    copy that goes with the map (forensics.core.compressed)."""
     try:
         # O_NONBLOCK: opening a FIFO must not hang; fstat below refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -101,9 +106,67 @@ def _map_file(path: str) -> tuple[mmap.mmap, os.stat_result]:
         if st.st_size == 0:
             raise CoreParseError(f"empty file: {path} is 0 bytes")
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st
+            packed = compressed.detect(os.pread(fd, compressed.MAGIC_LEN, 0))
+        except OSError as exc:
+            raise CoreParseError(f"cannot read core: {path}: {exc.strerror or exc}") from None
+        if packed is not None:
+            mm, size, disk = compressed.decompress(fd, packed, path)
+            return mm, st, packed, size, disk
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st, None, st.st_size, None
         except (OSError, ValueError) as exc:
             raise CoreParseError(f"cannot map core: {path}: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+_HEAD = 1 << 16
+_NOTES_MAX = 64 << 20
+
+
+def read_notes(path: str | os.PathLike[str]) -> tuple[Notes, list[RawNote], str | None]:
+    """(the decoded notes, the raw notes, the compression) of the core at
+    path, reading only its head: its notes are there in a kernel's core (and
+    libtag's), so a compressed core is decompressed only that far - what
+    ``forensics list`` needs to say what each core is.  Raises
+    CoreParseError as Core.open does."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise CoreParseError(f"cannot open core: {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            raise CoreParseError(f"not a core: {path} is no regular non-empty file")
+        packed = compressed.detect(os.pread(fd, compressed.MAGIC_LEN, 0))
+
+        def first(n: int) -> bytes:
+            if packed is None:
+                return os.pread(fd, n, 0)
+            return compressed.head(fd, packed, path, n)
+
+        buf = first(_HEAD)
+        size = len(buf) if packed else st.st_size
+        ehdr = elf.read_ehdr(buf, path, size)
+        need = ehdr.e_phoff + max(ehdr.e_phnum, 1) * elf.PHDR_SIZE
+        if need > len(buf) and need <= _NOTES_MAX:
+            buf = first(need)
+        phdrs = elf.read_phdrs(buf, ehdr, path, len(buf) if packed else min(size, len(buf)))
+        notes = [ph for ph in phdrs if ph.p_type == elf.PT_NOTE]
+        need = max((ph.p_offset + ph.p_filesz for ph in notes), default=0)
+        if need > _NOTES_MAX:
+            raise CoreParseError(f"bad core: {path} has {need} bytes of notes")
+        if need > len(buf):
+            buf = first(need)
+        raw: list[RawNote] = []
+        for ph in notes:
+            if ph.p_offset + ph.p_filesz > len(buf):
+                raise CoreParseError(f"truncated core: {path} ends inside its notes")
+            raw.extend(iter_notes(buf, ph.p_offset, ph.p_filesz))
+        return decode_notes(raw), raw, packed
+    except OSError as exc:
+        raise CoreParseError(f"cannot read core: {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
 
@@ -120,13 +183,21 @@ class Core:
         self._load()
 
     def _load(self) -> None:
-        self._mm, st = _map_file(self.path)
-        self.file_size = st.st_size
+        # compressed: "zstd", "lz4", "xz" or None; copy_disk_bytes: what the
+        # decompressed copy of a compressed core takes on disk (None: plain)
+        self._mm, st, self.compressed, self.file_size, self.copy_disk_bytes = _map_file(self.path)
         # which file was parsed: a writer (forensics.reader.complete) checks
-        # that the file it opened to write is this one
+        # that the file it opened to write is this one (never a compressed
+        # one: what was parsed is its decompressed copy)
         self.identity = (st.st_dev, st.st_ino)
         try:
             self._parse()
+        except CoreParseError as exc:
+            self.close()
+            if self.compressed is None:
+                raise
+            raise CoreParseError(f"{exc.message} (what its {self.compressed} stream "
+                                 f"decompresses to)") from None
         except BaseException:
             self.close()
             raise

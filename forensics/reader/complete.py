@@ -104,7 +104,11 @@ def complete(core: Core, found: tuple[int, object] | None = None, *, note=None) 
     or need not complete.
 
     A core of another user's (a server's snapshot read by root) is completed
-    when we are root; otherwise, when it needs it, note() is told why not."""
+    when we are root; otherwise, when it needs it, note() is told why not.
+    A compressed core is left as it is: what was parsed is its private
+    decompressed copy, which goes when the core is closed."""
+    if core.compressed is not None:
+        return False
     try:
         if found is None:
             found = abi.find_control(CoreMemory(core))

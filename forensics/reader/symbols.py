@@ -632,7 +632,10 @@ class Symbolizer:
     (``.build-id/xx/rest.debug``: Debian's -dbgsym layout), else the file
     its ``.gnu_debuglink`` names, beside it, in ``.debug/`` beside it, or
     under a debug directory at the module's directory, with the CRC-32 the
-    link records.  The debug file has the same addresses; the code is still
+    link records, else - with DEBUGINFOD_URLS set - the one a debuginfod
+    server has for its build-id (forensics.reader.debuginfod: cached as
+    elfutils caches, one warning when a server does not answer).  The
+    debug file has the same addresses; the code is still
     read from the module's file (``_Source.code``), and llvm-symbolizer is
     asked about the module's file first, so that functions keep the names
     the file exports (see _lookup).  Without one, the
@@ -662,6 +665,10 @@ class Symbolizer:
         if sysroot:
             self.debug_dirs.append(DEFAULT_DEBUG_DIR)
         self.warnings: list[str] = []
+        from forensics.reader.debuginfod import Client, urls
+
+        # debuginfod servers (DEBUGINFOD_URLS): after every local place
+        self._debuginfod = Client(self.warnings) if urls() else None
         self._memo: dict[tuple[str, int], _Sym] = {}
         self._sources: dict[Module, _Source | None] = {}
         self._symtabs: dict[str, _SymbolTable] = {}
@@ -791,6 +798,12 @@ class Symbolizer:
                 other = usable(candidate)
                 if other is not None and _file_crc32(candidate) == crc:
                     return candidate, other
+        if ident.build_id is not None and self._debuginfod is not None:
+            # last: a debuginfod server (DEBUGINFOD_URLS), by build-id
+            fetched = self._debuginfod.debuginfo(ident.build_id, usable)
+            other = usable(fetched) if fetched is not None else None
+            if other is not None and other.build_id == ident.build_id:
+                return fetched, other
         return None
 
     def _source(self, path: str, ident: _Identity, image: str = "") -> _Source:

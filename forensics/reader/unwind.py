@@ -263,7 +263,11 @@ class Unwinder:
             if nr is None:
                 break
             ra = nr.get(PC)
-            if not ra or cfa is None or sp is None or cfa <= sp:
+            if not ra or cfa is None or sp is None or cfa < sp:
+                break
+            # a CFA equal to the stack pointer: aarch64's leaf at frame 0,
+            # whose return address is still in x30 (x86_64's call pushed one)
+            if cfa == sp and (A.ra_slot is not None or len(out) > 1):
                 break
             if stack is not None and not stack[0] <= cfa <= stack[1]:
                 break

@@ -18,7 +18,7 @@
  * build), the walk stops at the first frame that does not chain upwards
  * on the stack.
  *
- * The heap is libtag's (its seam, libtag/src/heap.h and CMake's
+ * The heap is libtag's (its seam, libtag/src/heap/heap.h and CMake's
  * libtag_heap, as heap_shim.c), or Debian's mimalloc with -DON_MIMALLOC
  * (whose frees cannot be checked by slot: it exports no such answer).
  * bench/CMakeLists.txt builds both (contract_floor_mi.so where
@@ -48,7 +48,7 @@
 #define H_FREE(p) mi_free(p)
 #define H_USABLE(p) mi_usable_size(p)
 #else
-#include "heap.h"
+#include "heap/heap.h"
 static __thread struct tag_heap_cache cache[TAG_HEAP_CLASSES] __attribute__((tls_model("initial-exec")));
 #define H_ALLOC(n) _tag_heap_alloc(cache, (n), 0)
 #define H_FREE(p) _tag_heap_free(cache, (p))

@@ -3,7 +3,7 @@
  * column of bench/run_real.py and bench/parts.py: what the heap itself
  * costs or saves against glibc, before libtag's own work.
  *
- * The heap is libtag's own heap.c, through its seam (libtag/src/heap.h,
+ * The heap is libtag's own heap.c, through its seam (libtag/src/heap/heap.h,
  * CMake's libtag_heap): bench/CMakeLists.txt builds heap_shim.so, and
  * bench/benchlib.py heap_shim() asks CMake for it:
  *   cmake -S . -B build/bench -DFORENSICS_BENCH=ON
@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "heap.h"
+#include "heap/heap.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

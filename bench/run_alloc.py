@@ -74,7 +74,7 @@ def chunk(n: int) -> int:
 
 
 def slot(n: int) -> int:
-    """libtag's heap slot for n bytes (libtag_internal.h, _tag_heap_class):
+    """libtag's heap slot for n bytes (libtag/src/heap/heap.h, _tag_heap_class):
     16-byte steps to 128, then four classes a doubling."""
     if n <= 128:
         return (n + 15) & ~15

@@ -22,7 +22,7 @@ of the new blocks that have the most common size (a leak repeats one
 allocation; churn varies).
 
 A heap whose blocks have no allocation stacks (glibc's, without libtag) is
-compared by size class instead (``size_diff_json``).
+compared by size class instead (``size_diff_doc``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from forensics.answers.shapes import frames_json, hexaddr
+from forensics.answers.documents import (Counts, DiffDoc, DiffEntry, SizeClassChange, SizeDiffDoc,
+                                         SizeDiffSide, SnapshotRef, WithoutLibtag)
+from forensics.answers.shapes import frames_doc, hexaddr
 from forensics.errors import InputError
 from forensics.heaps import heap_of
 from forensics.reader import abi
@@ -244,36 +246,37 @@ def diff(old: Dump, new: Dump, *, filters: Sequence[str] = (),
     )
 
 
-def snapshot_json(dump: Dump) -> dict:
+def snapshot_ref(dump: Dump) -> SnapshotRef:
+    """A core as diff and trend list it (docs/json.md, "snapshot")."""
     c = dump.control.fields
     t = dump.heap.totals
-    return {"core": dump.core.path if dump.core is not None else dump.mem.name,
-            "pid": dump.pid, "snapshot_seq": int(c.snapshot_seq),
-            "time_ms": int(c.snapshot_time_ms), "reason": dump.control.reason,
-            "live_blocks": t.live_blocks, "live_bytes": t.live_bytes}
+    return SnapshotRef(core=dump.core.path if dump.core is not None else dump.mem.name,
+                       pid=dump.pid, snapshot_seq=int(c.snapshot_seq),
+                       time_ms=int(c.snapshot_time_ms), reason=dump.control.reason,
+                       live_blocks=t.live_blocks, live_bytes=t.live_bytes)
 
 
-def _entry(old: Dump, new: Dump, g: StackGrowth) -> dict:
+def _entry(old: Dump, new: Dump, g: StackGrowth) -> DiffEntry:
     frames = new.stack(g.new_stack) if g.new_stack else old.stack(g.old_stack)
-    return {
-        "stack": frames_json(frames),
-        "blocks": g.blocks,
-        "bytes": g.bytes,
-        "stack_id": g.new_stack or g.old_stack,
-        "old": {"blocks": g.old_blocks, "bytes": g.old_bytes},
-        "new": {"blocks": g.new_blocks, "bytes": g.new_bytes},
-        "survived": g.survived,
-        "added": g.added,
-        "added_bytes": g.added_bytes,
-        "gone": g.gone,
-        "gone_bytes": g.gone_bytes,
-        "same_size_share": round(g.same_size_share, 4),
-        "common_size": g.common_size,
-        "addresses": [hexaddr(a) for a in g.addresses],
-    }
+    return DiffEntry(
+        stack=frames_doc(frames),
+        blocks=g.blocks,
+        bytes=g.bytes,
+        stack_id=g.new_stack or g.old_stack,
+        old=Counts(blocks=g.old_blocks, bytes=g.old_bytes),
+        new=Counts(blocks=g.new_blocks, bytes=g.new_bytes),
+        survived=g.survived,
+        added=g.added,
+        added_bytes=g.added_bytes,
+        gone=g.gone,
+        gone_bytes=g.gone_bytes,
+        same_size_share=round(g.same_size_share, 4),
+        common_size=g.common_size,
+        addresses=[hexaddr(a) for a in g.addresses],
+    )
 
 
-def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
+def stack_diff_doc(old: Dump, new: Dump, d: Diff) -> DiffDoc:
     """The diff document (docs/json.md, "diff"): "growth" (stacks that grew, most severe first),
     "new_blocks", "gone_blocks"; plus "no_growth" (stacks that changed without
     growing: churn, or shrinking), "survived_blocks" and both snapshots."""
@@ -282,19 +285,19 @@ def diff_json(old: Dump, new: Dump, d: Diff) -> dict:
     grew = [g for g in d.stacks if g.bytes > 0 or g.blocks > 0]
     rest = [g for g in d.stacks if not (g.bytes > 0 or g.blocks > 0)]
     rest.sort(key=lambda g: (g.bytes, g.blocks))
-    return {
-        "old": snapshot_json(old),
-        "new": snapshot_json(new),
-        "same_process": d.same_process,
-        "growth": [_entry(old, new, g) for g in grew],
-        "no_growth": [_entry(old, new, g) for g in rest],
-        "new_blocks": d.new_blocks,
-        "gone_blocks": d.gone_blocks,
-        "survived_blocks": d.survived_blocks,
-        "new_bytes": d.new_bytes,
-        "gone_bytes": d.gone_bytes,
-        "warnings": _order_warnings(old, new, d.same_process),
-    }
+    return DiffDoc(
+        old=snapshot_ref(old),
+        new=snapshot_ref(new),
+        same_process=d.same_process,
+        growth=[_entry(old, new, g) for g in grew],
+        no_growth=[_entry(old, new, g) for g in rest],
+        new_blocks=d.new_blocks,
+        gone_blocks=d.gone_blocks,
+        survived_blocks=d.survived_blocks,
+        new_bytes=d.new_bytes,
+        gone_bytes=d.gone_bytes,
+        warnings=_order_warnings(old, new, d.same_process),
+    )
 
 
 def _taken_ms(dump: Dump) -> int | None:
@@ -324,7 +327,7 @@ def _order_warnings(old: Dump, new: Dump, same_process: bool) -> list[str]:
 
 
 def diff_doc(old: Dump, new: Dump, *, filters: Sequence[str] = (), excludes: Sequence[str] = (),
-             min_bytes: int = 0, names: tuple[str, str] = ("OLD", "NEW")) -> dict:
+             min_bytes: int = 0, names: tuple[str, str] = ("OLD", "NEW")) -> DiffDoc | SizeDiffDoc:
     """diff's document (docs/json.md, "diff"): by allocation stack when the
     heaps have stacks, by size class when they have none.  names: what the
     user called the two cores, for the errors (two heaps of different kinds,
@@ -335,15 +338,15 @@ def diff_doc(old: Dump, new: Dump, *, filters: Sequence[str] = (), excludes: Seq
         raise InputError(f"diff: {plain} is a core without libtag and the other is not: "
                          f"give two of one kind")
     if oh.tagged:
-        return diff_json(old, new, diff(old, new, filters=filters, excludes=excludes,
+        return stack_diff_doc(old, new, diff(old, new, filters=filters, excludes=excludes,
                                         min_bytes=min_bytes))
     if filters or excludes:
         raise InputError("diff: --filter and --exclude match allocation stacks, and cores "
                          "without libtag have none (their diff is by chunk size)")
-    return size_diff_json(old, new, min_bytes=min_bytes)
+    return size_diff_doc(old, new, min_bytes=min_bytes)
 
 
-def size_diff_json(old: Dump, new: Dump, *, min_bytes: int = 0) -> dict:
+def size_diff_doc(old: Dump, new: Dump, *, min_bytes: int = 0) -> SizeDiffDoc:
     """diff's document for two heaps without allocation stacks (docs/json.md,
     "diff" without libtag): growth by size class - the usable size of the
     blocks the program holds (glibc's chunks in use in an arena, or
@@ -371,30 +374,30 @@ def size_diff_json(old: Dump, new: Dump, *, min_bytes: int = 0) -> dict:
     rows = []
     for k, s in enumerate(sizes.tolist()):
         oc, nc = old_n[k], new_n[k]
-        row = {"usable_size": s, "old_chunks": oc, "new_chunks": nc,
-               "old_bytes": oc * s, "new_bytes": nc * s,
-               "chunks": nc - oc, "bytes": (nc - oc) * s,
-               "kept": kept[k], "added": added[k], "gone": gone[k]}
-        if (row["chunks"] or row["added"] or row["gone"]) and abs(row["bytes"]) >= min_bytes:
+        row = SizeClassChange(usable_size=s, old_chunks=oc, new_chunks=nc,
+                              old_bytes=oc * s, new_bytes=nc * s,
+                              chunks=nc - oc, bytes=(nc - oc) * s,
+                              kept=kept[k], added=added[k], gone=gone[k])
+        if (row.chunks or row.added or row.gone) and abs(row.bytes) >= min_bytes:
             rows.append(row)
-    rows.sort(key=lambda r: (r["bytes"], r["chunks"], r["added"]), reverse=True)
+    rows.sort(key=lambda r: (r.bytes, r.chunks, r.added), reverse=True)
 
-    def side(d: Dump, us) -> dict:
-        return {"core": d.mem.name.removeprefix("core "), "pid": d.pid,
-                "chunks": int(len(us)), "bytes": int(us.sum())}
+    def side(d: Dump, us) -> SizeDiffSide:
+        return SizeDiffSide(core=d.mem.name.removeprefix("core "), pid=d.pid,
+                            chunks=int(len(us)), bytes=int(us.sum()))
 
-    return {
-        "libtag": False,
-        "without_libtag": nh.without,
-        "old": side(old, ou),
-        "new": side(new, nu),
-        "same_process": same,
-        "new_chunks": int((~kept_new).sum()),
-        "gone_chunks": int((~kept_old).sum()),
-        "kept_chunks": int(kept_new.sum()),
-        "size_classes": rows,
-        "warnings": old.warnings + [w for w in new.warnings if w not in old.warnings],
-    }
+    return SizeDiffDoc(
+        libtag=False,
+        without_libtag=WithoutLibtag.of(nh.without),
+        old=side(old, ou),
+        new=side(new, nu),
+        same_process=same,
+        new_chunks=int((~kept_new).sum()),
+        gone_chunks=int((~kept_old).sum()),
+        kept_chunks=int(kept_new.sum()),
+        size_classes=rows,
+        warnings=old.warnings + [w for w in new.warnings if w not in old.warnings],
+    )
 
 
 def _kept(starts, sizes, other_starts, other_sizes):
@@ -406,5 +409,5 @@ def _kept(starts, sizes, other_starts, other_sizes):
     return (other_starts[pos] == starts) & (other_sizes[pos] == sizes)
 
 
-__all__ = ["Diff", "StackGrowth", "diff", "diff_doc", "diff_json", "frame_key", "match", "same_process",
-           "size_diff_json"]
+__all__ = ["Diff", "StackGrowth", "diff", "diff_doc", "stack_diff_doc", "frame_key", "match", "same_process",
+           "size_diff_doc", "snapshot_ref"]

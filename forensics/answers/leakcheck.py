@@ -2,7 +2,7 @@
 blocks, LSan-style, with suppressions.
 
     sup = Suppressions.parse(text, "my.supp")   # InputError names the bad line
-    doc = leak_check_doc(dump, sup)             # docs/json.md, "run --leaks"
+    doc = leak_check_doc(dump, sup)             # a LeakCheckDoc: docs/json.md, "run --leaks"
 
 The leaks themselves are leaks.py's (the reachability scan, checked against
 valgrind's memcheck); this module groups them for a report, drops the
@@ -19,11 +19,15 @@ A group is suppressed when any frame of its allocation stack matches.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Sequence
 
+from forensics.answers.documents import (Counts, FrameDoc, LeakAge, LeakCheckDoc, LeakGroupDoc, LeakTotals,
+                                         Suppressed, SuppressedPattern)
 from forensics.answers.inspect import inspect_reason
-from forensics.answers.leaks import LeakScan, leaks_json
+from forensics.answers.leaks import LeakScan, leaks_doc
 from forensics.errors import InputError
 from forensics.reader.dump import Dump
 
@@ -66,11 +70,11 @@ class Suppressions:
             rules.append(Suppression(line, n, _compile(line)))
         return cls(source, rules)
 
-    def match(self, stack: list[dict]) -> Suppression | None:
-        """The first rule that matches a frame of stack (frame JSON), or None."""
+    def match(self, stack: Sequence[FrameDoc]) -> Suppression | None:
+        """The first rule that matches a frame of stack, or None."""
         for rule in self.rules:
             for f in stack:
-                for text in (f.get("function"), f.get("file"), f.get("module")):
+                for text in (f.function, f.file, f.module):
                     if text and rule.regex.search(text):
                         return rule
         return None
@@ -84,70 +88,78 @@ def _compile(pattern: str) -> re.Pattern:
     return re.compile(("^" if head else "") + rx + ("$" if tail else ""))
 
 
-def _frame_key(stack: list[dict]) -> tuple:
-    return tuple((f["function"], f["file"], f["line"], f["module"]) if f["function"]
-                 else (f["address"],) for f in stack)
+def _frame_key(stack: Sequence[FrameDoc]) -> tuple:
+    return tuple((f.function, f.file, f.line, f.module) if f.function
+                 else (f.address,) for f in stack)
 
 
-def _merge(groups: list[dict]) -> list[dict]:
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None else a + b
+
+
+def _merge(groups: list[LeakGroupDoc]) -> list[LeakGroupDoc]:
     """One group per (kind, stack as it reads): counts summed, the first's id."""
-    out: dict[tuple, dict] = {}
+    out: dict[tuple, LeakGroupDoc] = {}
     for g in groups:
-        key = (g["kind"], _frame_key(g["stack"]))
+        key = (g.kind, _frame_key(g.stack))
         have = out.get(key)
         if have is None:
-            out[key] = dict(g, examples=list(g["examples"]))
+            out[key] = g
             continue
-        for k in ("blocks", "bytes", "indirect_blocks", "indirect_bytes", "cycle_leaders"):
-            if k in g:
-                have[k] += g[k]
-        have["oldest_alloc_ms"] = min(have["oldest_alloc_ms"], g["oldest_alloc_ms"])
-        have["newest_alloc_ms"] = max(have["newest_alloc_ms"], g["newest_alloc_ms"])
-        if have["age_ms"] is not None and g["age_ms"] is not None:
-            have["age_ms"] = {"oldest": max(have["age_ms"]["oldest"], g["age_ms"]["oldest"]),
-                              "newest": min(have["age_ms"]["newest"], g["age_ms"]["newest"])}
-        # the lowest of both: each group's own are its lowest, so these are
-        # the merged group's lowest, as many as one group would show
-        have["examples"] = sorted(set(have["examples"]) | set(g["examples"]),
-                                  key=lambda a: int(a, 16))[:LeakScan.MAX_EXAMPLES]
+        age = have.age_ms
+        if age is not None and g.age_ms is not None:
+            age = LeakAge(oldest=max(age.oldest, g.age_ms.oldest), newest=min(age.newest, g.age_ms.newest))
+        out[key] = dataclasses.replace(
+            have,
+            blocks=have.blocks + g.blocks, bytes=have.bytes + g.bytes,
+            indirect_blocks=_add(have.indirect_blocks, g.indirect_blocks),
+            indirect_bytes=_add(have.indirect_bytes, g.indirect_bytes),
+            cycle_leaders=_add(have.cycle_leaders, g.cycle_leaders),
+            oldest_alloc_ms=min(have.oldest_alloc_ms, g.oldest_alloc_ms),
+            newest_alloc_ms=max(have.newest_alloc_ms, g.newest_alloc_ms),
+            age_ms=age,
+            # the lowest of both: each group's own are its lowest, so these are
+            # the merged group's lowest, as many as one group would show
+            examples=sorted(set(have.examples) | set(g.examples),
+                            key=lambda a: int(a, 16))[:LeakScan.MAX_EXAMPLES])
     rank = {k: i for i, k in enumerate(KINDS)}
-    return sorted(out.values(), key=lambda g: (rank[g["kind"]], -g["bytes"], g["stack_id"]))
+    return sorted(out.values(), key=lambda g: (rank[g.kind], -g.bytes, g.stack_id))
 
 
-def leak_check_doc(dump: Dump, suppressions: Suppressions | None = None) -> dict:
+def leak_check_doc(dump: Dump, suppressions: Suppressions | None = None) -> LeakCheckDoc:
     """One process's leak check (docs/json.md, ``forensics run --leaks``)."""
-    groups = _merge(leaks_json(dump))
+    groups = _merge(leaks_doc(dump))
     kept, counts = [], {}
     sup_blocks = sup_bytes = 0
     for g in groups:
-        rule = suppressions.match(g["stack"]) if suppressions is not None else None
+        rule = suppressions.match(g.stack) if suppressions is not None else None
         if rule is not None:
-            sup_blocks += g["blocks"]
-            sup_bytes += g["bytes"]
+            sup_blocks += g.blocks
+            sup_bytes += g.bytes
             c = counts.setdefault(rule.pattern, [0, 0])
-            c[0] += g["blocks"]
-            c[1] += g["bytes"]
+            c[0] += g.blocks
+            c[1] += g.bytes
             continue
         kept.append(g)
-    totals = {k: {"blocks": 0, "bytes": 0} for k in KINDS}
+    totals = {k: [0, 0] for k in KINDS}
     for g in kept:
-        totals[g["kind"]]["blocks"] += g["blocks"]
-        totals[g["kind"]]["bytes"] += g["bytes"]
-    return {
-        "pid": dump.pid,
-        "exe": dump.exe,
-        "core": dump.core.path if dump.core is not None else dump.mem.name,
-        "reason": inspect_reason(dump.control),
-        "leaks": kept,
-        "totals": totals,
-        "suppressed": {
-            "blocks": sup_blocks,
-            "bytes": sup_bytes,
-            "patterns": [{"pattern": p, "blocks": b, "bytes": n} for p, (b, n) in counts.items()],
-        },
-        "leaked": any(totals[k]["blocks"] for k in FAILING_KINDS),
-        "warnings": list(dump.control.warnings),
-    }
+        totals[g.kind][0] += g.blocks
+        totals[g.kind][1] += g.bytes
+    return LeakCheckDoc(
+        pid=dump.pid,
+        exe=dump.exe,
+        core=dump.core.path if dump.core is not None else dump.mem.name,
+        reason=inspect_reason(dump.control),
+        leaks=kept,
+        totals=LeakTotals(**{k: Counts(blocks=n, bytes=b) for k, (n, b) in totals.items()}),
+        suppressed=Suppressed(
+            blocks=sup_blocks,
+            bytes=sup_bytes,
+            patterns=[SuppressedPattern(pattern=p, blocks=b, bytes=n) for p, (b, n) in counts.items()],
+        ),
+        leaked=any(totals[k][0] for k in FAILING_KINDS),
+        warnings=list(dump.control.warnings),
+    )
 
 
 __all__ = ["FAILING_KINDS", "Suppression", "Suppressions", "leak_check_doc"]

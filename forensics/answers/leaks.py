@@ -5,7 +5,7 @@
     scan.how_reached(addr)              # [Step]: the root, then every block on the way
     scan.roots_of(addr)                 # every root word / register pointing straight at it
     scan.groups()                       # [LeakGroup] by (kind, allocation stack)
-    leaks_json(dump)                    # inspect's "leaks" (docs/json.md)
+    leaks_doc(dump)                     # inspect's "leaks": [LeakGroupDoc] (docs/json.md)
 
 Roots (docs/leaks.md says why each, and what is left out):
 
@@ -66,7 +66,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from forensics.answers.shapes import frames_json, hexaddr
+from forensics.answers.documents import LeakAge, LeakGroupDoc
+from forensics.answers.shapes import frames_doc, hexaddr
 from forensics.heaps import heap_of
 from forensics.reader.dump import Dump
 from forensics.reader.memory import module_of_data, name_mapping
@@ -884,7 +885,7 @@ def _common_type(dump: Dump, starts) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def leaks_json(dump: Dump) -> list[dict]:
+def leaks_doc(dump: Dump) -> list[LeakGroupDoc]:
     """inspect's "leaks" (docs/json.md): one entry per (kind, allocation stack), with
     leak age (allocation times, ms since libtag started, and ages at the
     snapshot) and, for definite groups, what is lost through them."""
@@ -897,27 +898,26 @@ def leaks_json(dump: Dump) -> list[dict]:
     out = []
     for g in groups:
         tagged = g.size is None
-        doc = {
-            "kind": g.kind,
-            "blocks": g.blocks,
-            "bytes": g.bytes,
-            "stack": frames_json(dump.stack(g.stack_id)) if tagged else [],
-            "stack_id": g.stack_id if tagged else None,
-            "usable_size": g.size,
-            "oldest_alloc_ms": g.oldest_ms if tagged else None,
-            "newest_alloc_ms": g.newest_ms if tagged else None,
-            "age_ms": {"oldest": max(0, now - g.oldest_ms), "newest": max(0, now - g.newest_ms)}
+        definite = g.kind == "definite"
+        out.append(LeakGroupDoc(
+            kind=g.kind,
+            blocks=g.blocks,
+            bytes=g.bytes,
+            stack=frames_doc(dump.stack(g.stack_id)) if tagged else [],
+            stack_id=g.stack_id if tagged else None,
+            usable_size=g.size,
+            oldest_alloc_ms=g.oldest_ms if tagged else None,
+            newest_alloc_ms=g.newest_ms if tagged else None,
+            age_ms=LeakAge(oldest=max(0, now - g.oldest_ms), newest=max(0, now - g.newest_ms))
             if now and tagged else None,
-            "examples": [hexaddr(a) for a in g.examples],
-            "type": _common_type(dump, g.examples),
-        }
-        if g.kind == "definite":
-            doc["indirect_blocks"] = g.indirect_blocks
-            doc["indirect_bytes"] = g.indirect_bytes
-            doc["cycle_leaders"] = g.cycle_leaders
-        out.append(doc)
+            examples=[hexaddr(a) for a in g.examples],
+            type=_common_type(dump, g.examples),
+            indirect_blocks=g.indirect_blocks if definite else None,
+            indirect_bytes=g.indirect_bytes if definite else None,
+            cycle_leaders=g.cycle_leaders if definite else None,
+        ))
     return out
 
 
 __all__ = ["KINDS", "LeakGroup", "LeakScan", "Link", "Retention", "Root", "RootRange", "Step", "find_leaks",
-           "leaks_json", "retention_scan", "root_ranges", "thread_contexts"]
+           "leaks_doc", "retention_scan", "root_ranges", "thread_contexts"]

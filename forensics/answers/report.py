@@ -48,7 +48,8 @@ import numpy as np
 
 from forensics.answers.crash import crash_doc
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
-from forensics.answers.leaks import leaks_json
+from forensics.answers.documents import to_json
+from forensics.answers.leaks import leaks_doc
 from forensics.answers.runtime import glob_regex
 from forensics.answers.shapes import finding_json, frame_label, frames_json
 from forensics.errors import ForensicsError, InputError
@@ -291,7 +292,7 @@ def events_of(doc: dict, core: str, frames: _Frames, process: tuple = ()) -> lis
 def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) -> list[dict] | None:
     """The leak groups, or None (and a warning) when the leak scan failed."""
     try:
-        groups = leaks_json(dump)
+        groups = [to_json(g) for g in leaks_doc(dump)]
     except ForensicsError as e:
         warnings.append(f"leak scan failed: {e.message}")
         return None

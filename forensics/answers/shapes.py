@@ -12,6 +12,7 @@ import os
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
+from forensics.answers.documents import FrameDoc
 from forensics.reader.glibc_layout import CHUNK_HDR
 from forensics.reader.glibc_walk import Chunk, Finding
 from forensics.reader.model import Block, Frame
@@ -38,16 +39,46 @@ def frame_json(frame: Frame) -> dict[str, Any]:
     }
 
 
-def frame_label(f: dict[str, Any]) -> str:
-    """What a frame (a frame_json dict) is called wherever a person reads it:
+def frame_doc(frame: Frame) -> FrameDoc:
+    """A frame (docs/json.md, "frame")."""
+    return FrameDoc(
+        address=hexaddr(frame.address),
+        function=frame.function,
+        file=frame.file,
+        line=frame.line,
+        module=frame.module,
+        inlined=frame.inlined,
+        libtag=frame.libtag,
+        # the address as the module's own file sees it (nm, addr2line -e):
+        # what a frame that could not be named still says for certain
+        module_offset=hexaddr(getattr(frame, "module_offset", None)),
+    )
+
+
+def frames_doc(frames: Sequence[Frame]) -> list[FrameDoc]:
+    return [frame_doc(f) for f in frames]
+
+
+def as_frame(f: FrameDoc | dict[str, Any]) -> FrameDoc:
+    """A frame document from a frame_json dict (of the answers not typed yet)."""
+    if isinstance(f, FrameDoc):
+        return f
+    return FrameDoc(address=f.get("address"), function=f.get("function"), file=f.get("file"),
+                    line=f.get("line"), module=f.get("module"), inlined=bool(f.get("inlined")),
+                    libtag=bool(f.get("libtag")), module_offset=f.get("module_offset"))
+
+
+def frame_label(f: FrameDoc | dict[str, Any]) -> str:
+    """What a frame is called wherever a person reads it:
     its function; without one, module+0xOFFSET (the module's file name and
     the address as that file sees it, the same in every process of the
     build); in no module, its address."""
-    if f.get("function"):
-        return f["function"]
-    if f.get("module") and f.get("module_offset"):
-        return f"{os.path.basename(f['module'])}+{f['module_offset']}"
-    return f.get("address") or "??"
+    f = as_frame(f)
+    if f.function:
+        return f.function
+    if f.module and f.module_offset:
+        return f"{os.path.basename(f.module)}+{f.module_offset}"
+    return f.address or "??"
 
 
 def frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
@@ -145,4 +176,4 @@ def iso_time(ns: int) -> str:
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-__all__ = ["block_json", "chunk_json", "finding_json", "frame_json", "frames_json", "hexaddr", "iso_time"]
+__all__ = ["as_frame", "block_json", "frame_doc", "frame_label", "frames_doc", "chunk_json", "finding_json", "frame_json", "frames_json", "hexaddr", "iso_time"]

@@ -1,7 +1,7 @@
 """Live heap per allocation stack across a series of snapshots.
 
     t = trend([snap1, snap2, snap3])
-    doc = trend_json(t)
+    doc = trend_doc(t)                  # a TrendDoc (docs/json.md)
 
 Snapshots of one process are put in the order they were taken (libtag's
 snapshot sequence number); snapshots of different processes stay in the order
@@ -18,8 +18,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from forensics.answers.diff import frame_key, same_process, snapshot_json
-from forensics.answers.shapes import frames_json
+from forensics.answers.diff import frame_key, same_process, snapshot_ref
+from forensics.answers.documents import TrendDoc, TrendStack
+from forensics.answers.shapes import frames_doc
 from forensics.reader import abi
 from forensics.reader.dump import Dump
 
@@ -86,31 +87,30 @@ def trend(dumps: Sequence[Dump]) -> Trend:
     return Trend(dumps, one, out)
 
 
-def trend_json(t: Trend, *, top: int | None = None, growing_only: bool = False) -> dict:
-    """{"snapshots": [...], "stacks": [{"stack", "blocks": [..], "bytes": [..],
-    "monotonic", "growth_bytes", "growth_blocks"}], "monotonic_stacks": int,
-    "stacks_total": int (stacks before --top cut them)}."""
+def trend_doc(t: Trend, *, top: int | None = None, growing_only: bool = False) -> TrendDoc:
+    """trend's document (docs/json.md, "trend"); stacks_total counts the
+    stacks before --top cut them."""
     stacks = [s for s in t.stacks if s.monotonic] if growing_only else list(t.stacks)
     total = len(stacks)
     if top is not None:
         stacks = stacks[:top]
     for i, dump in enumerate(t.dumps):
         dump.prefetch([s.stack_id for s in stacks if s.snap_index == i])
-    return {
-        "snapshots": [snapshot_json(s) for s in t.dumps],
-        "same_process": t.same_process,
-        "stacks": [{
-            "stack": frames_json(t.dumps[s.snap_index].stack(s.stack_id)),
-            "stack_id": s.stack_id,
-            "blocks": s.blocks,
-            "bytes": s.bytes,
-            "monotonic": s.monotonic,
-            "growth_bytes": s.growth_bytes,
-            "growth_blocks": s.growth_blocks,
-        } for s in stacks],
-        "monotonic_stacks": sum(1 for s in t.stacks if s.monotonic),
-        "stacks_total": total,
-    }
+    return TrendDoc(
+        snapshots=[snapshot_ref(s) for s in t.dumps],
+        same_process=t.same_process,
+        stacks=[TrendStack(
+            stack=frames_doc(t.dumps[s.snap_index].stack(s.stack_id)),
+            stack_id=s.stack_id,
+            blocks=s.blocks,
+            bytes=s.bytes,
+            monotonic=s.monotonic,
+            growth_bytes=s.growth_bytes,
+            growth_blocks=s.growth_blocks,
+        ) for s in stacks],
+        monotonic_stacks=sum(1 for s in t.stacks if s.monotonic),
+        stacks_total=total,
+    )
 
 
-__all__ = ["StackSeries", "Trend", "order", "trend", "trend_json"]
+__all__ = ["StackSeries", "Trend", "order", "trend", "trend_doc"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from forensics.answers.signature import signature
+from forensics.errors import ForensicsError
 
 TRIAGE_VERSION = 1
 
@@ -133,7 +134,6 @@ def triage(paths: Iterable[str], inspect: Callable[[str], dict[str, Any]],
     """The triage document of the cores *paths* names (files, directories):
     inspect(path) gives a core's inspect document (or raises a
     ForensicsError, whose message is kept as that core's reason)."""
-    from forensics.errors import ForensicsError
 
     cores, skipped = core_files(paths)
     groups: dict[str, _Group] = {}

@@ -69,7 +69,7 @@ def symbol_flags(parser: argparse.ArgumentParser) -> None:
 
 def symbol_options(args: argparse.Namespace):
     """The forensics.reader.symbols.SymbolOptions that args ask for."""
-    from forensics.reader.symbols import SymbolOptions
+    from forensics.reader.symbols import SymbolOptions  # deferred, start-up time: numpy, via the reader
 
     return SymbolOptions(tuple(getattr(args, "debug_dirs", None) or ()), getattr(args, "sysroot", None))
 

@@ -7,6 +7,9 @@ import os
 import sys
 from contextlib import contextmanager
 
+from forensics.cli._args import symbol_options
+from forensics.errors import InputError
+
 
 @contextmanager
 def open_dump(path: str, args=None, *, plain: bool = False):
@@ -14,9 +17,7 @@ def open_dump(path: str, args=None, *, plain: bool = False):
     symbol flags (_args.symbol_flags); plain: a core without libtag opens
     as a PlainDump (glibc's heap) instead of failing (the verbs that can
     answer from glibc's heap)."""
-    from forensics.cli._args import symbol_options
-    from forensics.errors import InputError
-    from forensics.reader.dump import Dump
+    from forensics.reader.dump import Dump  # deferred, start-up time: numpy, via the reader
 
     if not os.path.exists(path):
         raise InputError(f"no such core: {path}")
@@ -28,7 +29,7 @@ def open_dump(path: str, args=None, *, plain: bool = False):
         if root is not None and not os.path.isdir(root):
             raise InputError(f"--sysroot {root}: no such directory")
     def _note(msg: str) -> None:
-        from forensics.output import text
+        from forensics.output import text  # deferred, start-up time: rich
 
         text.err_console().print(f"forensics: note: {msg}", markup=False, highlight=False,
                                  soft_wrap=True)
@@ -36,7 +37,7 @@ def open_dump(path: str, args=None, *, plain: bool = False):
     bar = None
     task = None
     if sys.stderr.isatty():
-        from forensics.output import text
+        from forensics.output import text  # deferred, start-up time: rich
 
         cm = text.progress("indexing the heap")
         bar, task = cm.__enter__()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 
 from forensics.cli import _args
+from forensics.libpath import lib_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.libpath import lib_path
-    from forensics.output import text
-    from forensics.snapshots.attach import attach
-    from forensics.snapshots.take import open_process
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots.attach import attach  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import open_process  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     open_process(args.pid)
     err = text.err_console()
@@ -50,8 +50,8 @@ def main(args: argparse.Namespace) -> int:
         text.print_json(doc)
         return 0
     out = text.out_console()
-    out.print(f"libtag attached to pid {doc['pid']}: {doc['rebound']} calls to the malloc "
-              f"family rebound, thread {doc['tid']} held {doc['held_ms']:.1f} ms",
+    out.print(f"libtag attached to pid {doc.pid}: {doc.rebound} calls to the malloc "
+              f"family rebound, thread {doc.tid} held {doc.held_ms:.1f} ms",
               markup=False, soft_wrap=True)
-    out.print(f"  next: forensics snapshot {doc['pid']}", markup=False, soft_wrap=True)
+    out.print(f"  next: forensics snapshot {doc.pid}", markup=False, soft_wrap=True)
     return 0

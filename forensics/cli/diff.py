@@ -22,8 +22,10 @@ which were kept (same address, same size), new or gone.
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump, warn_symbols
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     # here, not at the top: the answers load numpy and rich, which --help never needs
-    from contextlib import ExitStack
 
-    from forensics.answers.diff import diff_doc
-    from forensics.cli._open import open_dump, warn_symbols
-    from forensics.output import text
+    from forensics.answers.diff import diff_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     with ExitStack() as stack:
         old = stack.enter_context(open_dump(args.old, args, plain=True))
@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         doc = diff_doc(old, new, filters=args.filter, excludes=args.exclude, min_bytes=args.min_bytes,
                        names=(args.old, args.new))
         warn_symbols([old, new])
-    for w in doc["warnings"]:
+    for w in doc.warnings:
         text.warn(w)
     if args.json:
         text.print_json(doc)

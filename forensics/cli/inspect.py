@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
@@ -53,8 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.cli._open import open_dump
-
     with open_dump(args.core, args, plain=True) as dump:
         return answer(dump, args)
 
@@ -62,18 +61,18 @@ def main(args: argparse.Namespace) -> int:
 def answer(dump, args: argparse.Namespace) -> int:
     """Print the inspect document of dump (with its leaks if asked), as text or --json."""
     # here, not at the top: the answers load numpy and rich, which --help never needs
-    from forensics.answers.inspect import inspect_doc, stack_blocks
-    from forensics.answers.leaks import leaks_json
-    from forensics.output import text
+    from forensics.answers.inspect import inspect_doc, stack_blocks  # deferred, start-up time: numpy, via the answers
+    from forensics.answers.leaks import leaks_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
     if args.leaks:
-        doc["leaks"] = leaks_json(dump)
+        doc["leaks"] = leaks_doc(dump)
     if getattr(args, "blocks", None):
         doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
                                            runtime_functions=args.runtime_functions)
     if getattr(args, "sentry", False):
-        from forensics.answers.sentry import sentry_event
+        from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 
         text.print_json(sentry_event(dump, doc))
     elif args.json:

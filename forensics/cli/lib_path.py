@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 
+from forensics.libpath import lib_path
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.libpath import lib_path
-
     print(lib_path())
     return 0

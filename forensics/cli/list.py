@@ -30,6 +30,8 @@ import datetime as _dt
 import os
 
 from forensics.cli import _args
+from forensics.errors import InputError
+from forensics.files import default_snapshot_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _live_roots() -> set[str]:
     """The snapshot folders of the running processes under libtag whose
     memory we may read (from libtag's control block in each)."""
-    import psutil
+    import psutil  # deferred, start-up time: psutil
 
-    from forensics.snapshots.handoff import read_control
-    from forensics.snapshots.take import libtag_loaded
+    from forensics.snapshots.handoff import read_control  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import libtag_loaded  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     out: set[str] = set()
     for p in psutil.process_iter():
@@ -90,14 +92,15 @@ def _what(path: str | None, catalog: bool) -> dict:
     return {"libtag": mapped or (catalog and not taken_by_forensics), "compression": packed}
 
 
-def _catalog_doc(e) -> dict:
-    doc = e.to_json()
-    doc.update(source="catalog", kind="crash" if e.reason == "crash" else "snapshot",
-               signal=None, corefile=None, **_what(e.core if doc["exists"] else None, True))
-    return doc
+def _catalog_doc(e):
+    from dataclasses import replace
+
+    doc = e.doc()
+    return replace(doc, **_what(e.core if doc.exists else None, True))
 
 
-def _coredump_doc(c) -> dict:
+def _coredump_doc(c):
+    from forensics.answers.documents import CatalogEntryDoc
     from forensics.core.notes import signal_name
     from forensics.files import disk_bytes
 
@@ -105,29 +108,25 @@ def _coredump_doc(c) -> dict:
         size = os.stat(c.path).st_size if c.path else None
     except OSError:
         size = None
-    return {
-        "id": None, "core": c.path, "dir": os.path.dirname(c.path) if c.path else None,
-        "pid": c.pid, "exe": c.exe or c.comm, "time": c.time, "reason": "crash",
-        "pause_ms": None, "core_bytes": size,
-        "disk_bytes": disk_bytes(c.path) if c.path else None, "exists": size is not None,
-        "summary": {"comm": c.comm, "uid": c.uid, "boot_id": c.boot_id, "from": c.source},
-        "source": "systemd-coredump", "kind": "crash",
-        "signal": signal_name(c.signal) if c.signal else None, "corefile": c.corefile,
-        **_what(c.path, False),
-    }
+    return CatalogEntryDoc(
+        id=None, core=c.path, dir=os.path.dirname(c.path) if c.path else None,
+        pid=c.pid, exe=c.exe or c.comm, time=c.time, reason="crash",
+        pause_ms=None, core_bytes=size, summary={"comm": c.comm, "uid": c.uid, "boot_id": c.boot_id,
+                                                 "from": c.source},
+        exists=size is not None, disk_bytes=disk_bytes(c.path) if c.path else None,
+        source="systemd-coredump", kind="crash",
+        signal=signal_name(c.signal) if c.signal else None, corefile=c.corefile,
+        **_what(c.path, False))
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.files import default_snapshot_dir
-    from forensics.output import text
-    from forensics.snapshots import snapdir
-    from forensics.snapshots.catalog import Catalog
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.catalog import Catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     with Catalog() as cat:
         for d in args.dir:
             if not os.path.isdir(d):
-                from forensics.errors import InputError
-
                 raise InputError(f"{d} is not a directory")
             cat.add_root(d)
         roots = {str(default_snapshot_dir()), *cat.roots(), *_live_roots()}
@@ -140,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.snapshots.coredumps import coredumps
 
     docs = [_catalog_doc(e) for e in entries] + [_coredump_doc(c) for c in coredumps()]
-    docs.sort(key=lambda d: d["time"] or 0.0)  # oldest first, both kinds together
+    docs.sort(key=lambda d: d.time or 0.0)  # oldest first, both kinds together
 
     if args.json:
         text.print_json(docs)
@@ -153,22 +152,22 @@ def main(args: argparse.Namespace) -> int:
                   "path): `forensics list --dir DIR`", markup=False, soft_wrap=True)
         return 0
     for doc in docs:
-        when = (_dt.datetime.fromtimestamp(doc["time"]).strftime("%Y-%m-%d %H:%M:%S")
-                if doc["time"] else "?")
-        size = (text.core_size_text(doc["core_bytes"], doc["disk_bytes"]) if doc["exists"]
-                else "deleted" if doc["core"] else f"no core file ({doc['corefile']})")
-        exe = os.path.basename(doc["exe"]) if doc["exe"] else "?"
-        what = {True: "libtag", False: "plain", None: "unreadable"}[doc["libtag"]]
-        if doc["compression"]:
-            size += f", {doc['compression']}"
-        if doc["source"] == "catalog":
-            pause = f"paused {doc['pause_ms']:.2f} ms" if doc["pause_ms"] is not None else "not paused"
-            head = f"#{doc['id']}  {when}  pid {doc['pid']} {exe}  {what} {doc['reason']}  {pause}"
+        when = (_dt.datetime.fromtimestamp(doc.time).strftime("%Y-%m-%d %H:%M:%S")
+                if doc.time else "?")
+        size = (text.core_size_text(doc.core_bytes, doc.disk_bytes) if doc.exists
+                else "deleted" if doc.core else f"no core file ({doc.corefile})")
+        exe = os.path.basename(doc.exe) if doc.exe else "?"
+        what = {True: "libtag", False: "plain", None: "unreadable"}[doc.libtag]
+        if doc.compression:
+            size += f", {doc.compression}"
+        if doc.source == "catalog":
+            pause = f"paused {doc.pause_ms:.2f} ms" if doc.pause_ms is not None else "not paused"
+            head = f"#{doc.id}  {when}  pid {doc.pid} {exe}  {what} {doc.reason}  {pause}"
         else:
-            head = (f"coredump  {when}  pid {doc['pid']} {exe}  {what} crash "
-                    f"{doc['signal'] or ''}".rstrip())
+            head = (f"coredump  {when}  pid {doc.pid} {exe}  {what} crash "
+                    f"{doc.signal or ''}".rstrip())
         # two lines: the facts, then the core's path alone, never broken
         text.say(f"{head}  {size}")
-        if doc["core"]:
-            text.say(f"    {doc['core']}")
+        if doc.core:
+            text.say(f"    {doc.core}")
     return 0

@@ -7,6 +7,7 @@ text), ``add_arguments(parser)`` and ``main(args) -> int``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import NoReturn, Sequence
@@ -109,8 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _silence_stdout() -> None:
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -32,8 +32,12 @@ and each inconsistency found in glibc's structures, and the leaks by size.
 from __future__ import annotations
 
 import argparse
+import os
+from contextlib import ExitStack
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump
+from forensics.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,14 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import os
-    from contextlib import ExitStack
-
-    from forensics.answers.report import ReportBuilder
-    from forensics.cli._open import open_dump
-    from forensics.errors import InputError
-    from forensics.output import text
-    from forensics.output.html import render_page, write_page
+    from forensics.answers.report import ReportBuilder  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.html import render_page, write_page  # deferred, start-up time: rich
 
     out = os.path.abspath(args.output)
     if os.path.isdir(out):
@@ -88,7 +87,7 @@ def _catalog_time(core: str) -> float | None:
     """The time the catalog has for a core: the report's fallback for a core
     whose control block has no start time.  An unreadable catalog only loses
     the fallback."""
-    from forensics.snapshots.catalog import Catalog
+    from forensics.snapshots.catalog import Catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     try:
         with Catalog() as cat:

@@ -38,11 +38,16 @@ before a leak's 23; with neither found the status is CMD's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
+import sys
 
-from forensics.errors import ForensicsError, UsageError
+from forensics.cli._open import open_dump
+from forensics.errors import ForensicsError, InputError, UsageError
+from forensics.files import default_snapshot_dir, ensure_private_dir, write_private
+from forensics.libpath import lib_path
 
 ON_ANOMALY = ("snapshot", "abort", "ignore")
 
@@ -62,8 +67,6 @@ _IGNORED = (signal.SIGINT, signal.SIGQUIT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from forensics.files import default_snapshot_dir
-
     parser.add_argument(
         "--dir", metavar="DIR",
         help=f"where snapshots (cores) go; created 0700 (default: {default_snapshot_dir()})",
@@ -120,9 +123,6 @@ def build_env(lib: str, snap_dir: str, on_anomaly: str, base: dict[str, str]) ->
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.files import default_snapshot_dir, ensure_private_dir
-    from forensics.libpath import lib_path
-
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -181,13 +181,11 @@ def main(args: argparse.Namespace) -> int:
     if args.leaks:
         code = _leak_check(results, child.pid, code, cmd, suppressions, args)
     if "anomaly" in args.fail_on:
-        from forensics.reader.abi import ANOMALY_NAMES
+        from forensics.reader.abi import ANOMALY_NAMES  # deferred, start-up time: numpy, via the reader
 
         kinds = set(ANOMALY_NAMES.values())  # an anomaly snapshot is named for its kind
         found = sorted({snap.pid for snap, _, _ in results if snap.reason in kinds})
         if found:
-            import sys
-
             sys.stderr.write(f"forensics: libtag found an anomaly in pid "
                              f"{', '.join(map(str, found))}: exit {ANOMALY_EXIT_STATUS} "
                              f"(--fail-on anomaly)\n")
@@ -201,7 +199,7 @@ SNAPSHOT_WAIT_S = 120.0
 
 
 def _snapshot_names(snap_dir) -> set[str]:
-    from forensics.snapshots import snapdir
+    from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     try:
         return {d.name for d in snapdir.list_dirs(snap_dir)}
@@ -213,9 +211,8 @@ def _report_snapshots(snap_dir, before: set[str], skip_reasons: tuple[str, ...] 
     """Catalog the snapshots CMD made and say where they are (stderr), except
     those of skip_reasons (the leak report names those).  Returns
     snapdir.scan_and_record's (dir, row, error) list."""
-    import sys
 
-    from forensics.snapshots import snapdir
+    from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     try:
         new = _snapshot_names(snap_dir) - before
@@ -235,18 +232,17 @@ def _report_snapshots(snap_dir, before: set[str], skip_reasons: tuple[str, ...] 
             continue
         if snap.reason in skip_reasons:
             continue
-        cores.append(row["core"])
-        pause = f", paused {row['pause_ms']:.2f} ms" if row["pause_ms"] is not None else ""
+        cores.append(row.core)
+        pause = f", paused {row.pause_ms:.2f} ms" if row.pause_ms is not None else ""
         sys.stderr.write(f"forensics: snapshot ({snap.reason}) of pid {snap.pid}{pause}: "
-                         f"{row['core']}\n")
+                         f"{row.core}\n")
     if cores:
         sys.stderr.write(f"forensics: next: forensics inspect {cores[-1]}\n")
     return results
 
 
 def _load_suppressions(path: str):
-    from forensics.answers.leakcheck import Suppressions
-    from forensics.errors import InputError
+    from forensics.answers.leakcheck import Suppressions  # deferred, start-up time: numpy, via the answers
 
     try:
         with open(path, "rb") as f:
@@ -263,8 +259,6 @@ def _load_suppressions(path: str):
 
 
 def _check_output(path: str) -> None:
-    from forensics.errors import InputError
-
     full = os.path.abspath(path)
     if os.path.isdir(full):
         raise InputError(f"run: cannot write the leak report: {path} is a directory")
@@ -275,13 +269,10 @@ def _check_output(path: str) -> None:
 def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions, args) -> int:
     """Check every exit snapshot CMD's processes left; print, write --json,
     and return the exit status."""
-    import json
-    import sys
 
-    from forensics.answers.leakcheck import leak_check_doc
-    from forensics.cli._open import open_dump
-    from forensics.files import write_private
-    from forensics.output import text
+    from forensics.answers.documents import LeakRunDoc, to_json  # deferred, start-up time: numpy, via the answers
+    from forensics.answers.leakcheck import leak_check_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     exits = [(snap, row) for snap, row, _ in results if row is not None and snap.reason == "exit"]
     # CMD first, then its descendants as they exited
@@ -289,12 +280,12 @@ def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions
     processes = []
     for snap, row in exits:
         try:
-            with open_dump(row["core"]) as dump:
+            with open_dump(row.core) as dump:
                 processes.append(leak_check_doc(dump, suppressions))
         except ForensicsError as e:
             sys.stderr.write(f"forensics: warning: cannot check the exit snapshot of pid "
-                             f"{snap.pid} ({row['core']}): {e.message}\n")
-    checked = {p["pid"] for p in processes}
+                             f"{snap.pid} ({row.core}): {e.message}\n")
+    checked = {p.pid for p in processes}
     unchecked = [] if pid in checked else [pid]
     for doc in processes:
         text.show_leak_check(doc, top=args.top)
@@ -302,12 +293,12 @@ def _leak_check(results: list, pid: int, code: int, cmd: list[str], suppressions
         sys.stderr.write(f"forensics: warning: pid {p} took no exit snapshot, so it was not "
                          f"checked for leaks: it ended without exit() (_exit(), a signal, or "
                          f"libtag was not loaded)\n")
-    leaked = any(p["leaked"] for p in processes)
+    leaked = any(p.leaked for p in processes)
     status = LEAK_EXIT_STATUS if leaked else code
     if args.json_file:
-        doc = {"command": cmd, "exit_status": code, "status": status, "leaked": leaked,
-               "processes": processes, "unchecked": unchecked}
-        data = (json.dumps(doc, indent=2) + "\n").encode()
+        doc = LeakRunDoc(command=cmd, exit_status=code, status=status, leaked=leaked,
+                         processes=processes, unchecked=unchecked)
+        data = (json.dumps(to_json(doc), indent=2) + "\n").encode()
         try:
             write_private(os.path.abspath(args.json_file), lambda f: f.write(data))
         except OSError as e:

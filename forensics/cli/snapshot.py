@@ -36,13 +36,13 @@ the catalog (forensics list).
 from __future__ import annotations
 
 import argparse
+import signal
 
 from forensics.cli import _args
+from forensics.errors import ForensicsError, InputError
 
 
 def _signal(value: str) -> int:
-    import signal
-
     v = value.upper()
     if v.isdigit():
         n = int(v)
@@ -89,10 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _targets(pid: int, children: bool, note) -> list[int]:
     if not children:
         return [pid]
-    import psutil
+    import psutil  # deferred, start-up time: psutil
 
-    from forensics.errors import InputError
-    from forensics.snapshots.take import libtag_loaded, open_process
+    # deferred, start-up time: psutil, pyelftools, sqlite3
+    from forensics.snapshots.take import libtag_loaded, open_process  # deferred, start-up time: psutil, pyelftools
 
     proc = open_process(pid)
     out = [pid]
@@ -115,9 +115,8 @@ def _targets(pid: int, children: bool, note) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.errors import ForensicsError
-    from forensics.output import text
-    from forensics.snapshots.take import take
+    from forensics.output import text  # deferred, start-up time: rich
+    from forensics.snapshots.take import take  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     err = text.err_console()
 
@@ -147,15 +146,15 @@ def main(args: argparse.Namespace) -> int:
         return 2 if failed else 0
     out = text.out_console()
     for doc in docs:
-        out.print(doc["core"], markup=False, soft_wrap=True)
-        how = ", handed over" if doc.get("handed_over") else \
-            ", by ptrace" if doc.get("method") == "ptrace" else ""
-        out.print(f"  pid {doc['pid']} ({doc['exe'] or 'unknown executable'}), "
-                  f"reason {doc['reason']}, paused {doc['pause_ms']:.2f} ms, "
-                  f"core {text.core_size_text(doc['core_bytes'], doc['disk_bytes'])}{how}",
+        out.print(doc.core, markup=False, soft_wrap=True)
+        how = ", handed over" if doc.handed_over else \
+            ", by ptrace" if doc.method == "ptrace" else ""
+        out.print(f"  pid {doc.pid} ({doc.exe or 'unknown executable'}), "
+                  f"reason {doc.reason}, paused {doc.pause_ms:.2f} ms, "
+                  f"core {text.core_size_text(doc.core_bytes, doc.disk_bytes)}{how}",
                   markup=False, soft_wrap=True)
     if len(docs) == 1:
-        out.print(f"  next: forensics inspect {docs[0]['core']}", markup=False, soft_wrap=True)
+        out.print(f"  next: forensics inspect {docs[0].core}", markup=False, soft_wrap=True)
     elif docs:
         out.print(f"  {len(docs)} snapshots; next: forensics inspect CORE", markup=False,
                   soft_wrap=True)

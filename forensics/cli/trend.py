@@ -15,8 +15,11 @@ such cores.
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump, warn_symbols
+from forensics.errors import InputError, UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,12 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from contextlib import ExitStack
-
-    from forensics.answers.trend import trend, trend_json
-    from forensics.cli._open import open_dump, warn_symbols
-    from forensics.errors import InputError, UsageError
-    from forensics.output import text
+    from forensics.answers.trend import trend, trend_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     if len(args.cores) < 2:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
@@ -49,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
                 raise InputError(f"trend: {path} is a core without libtag: trend follows allocation "
                                  f"stacks, which only libtag records; diff (by chunk size) and "
                                  f"report take such cores")
-        doc = trend_json(trend(dumps), top=top, growing_only=args.growing)
+        doc = trend_doc(trend(dumps), top=top, growing_only=args.growing)
         warn_symbols(dumps)
     if args.json:
         text.print_json(doc)

@@ -21,8 +21,11 @@ the others go on.  Exit 0, or 2 when no core could be read.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump
+from forensics.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,13 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import sys
-
-    from forensics.answers.inspect import inspect_doc
-    from forensics.answers.triage import triage
-    from forensics.cli._open import open_dump
-    from forensics.errors import InputError
-    from forensics.output import text
+    from forensics.answers.inspect import inspect_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.answers.triage import triage  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     def inspect(path: str) -> dict:
         with open_dump(path, args, plain=True) as dump:

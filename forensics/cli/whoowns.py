@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 
 from forensics.cli import _args
+from forensics.cli._open import open_dump
+from forensics.errors import InputError
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None:
@@ -46,16 +48,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, gdb: bool = False) -> None
 def _core_path(args: argparse.Namespace) -> tuple[str, str | None]:
     """(the core to look in, the line that says where it came from: None when
     the user named it)."""
-    from forensics.errors import InputError
 
     if args.core:
         return args.core, None
     if args.pid is not None:
-        from forensics.snapshots.take import take
+        from forensics.snapshots.take import take  # deferred, start-up time: psutil, pyelftools, sqlite3
 
-        core = take(args.pid, timeout=30.0)["core"]
+        core = take(args.pid, timeout=30.0).core
         return core, f"core {core} (a new snapshot of pid {args.pid})"
-    from forensics.snapshots import catalog
+    from forensics.snapshots import catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     newest = catalog.newest()
     if newest is None:
@@ -67,8 +68,6 @@ def _core_path(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from forensics.cli._open import open_dump
-
     core, source = _core_path(args)
     with open_dump(core, args, plain=True) as dump:
         return answer(dump, args, source=source)
@@ -78,8 +77,8 @@ def answer(dump, args: argparse.Namespace, *, source: str | None = None) -> int:
     """Print who owns args.address in dump, as text or --json; the exit status.
     source: a first line saying which core this is, when the user did not
     name it."""
-    from forensics.answers import owners
-    from forensics.output import text
+    from forensics.answers import owners  # deferred, start-up time: numpy, via the answers
+    from forensics.output import text  # deferred, start-up time: rich
 
     owner = owners.whoowns(dump, args.address)
     doc = {"core": dump.core.path if dump.core is not None else dump.mem.name,

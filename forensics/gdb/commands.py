@@ -46,6 +46,7 @@ import gdb  # gdb's embedded module: this file is only imported inside gdb
 from forensics.cli import _args
 from forensics.cli import inspect as inspect_verb
 from forensics.cli import whoowns as whoowns_verb
+from forensics.cli._args import symbol_options
 from forensics.cli.main import failure, verbose_parent
 from forensics.core.errors import UnmappedError
 from forensics.errors import ForensicsError, UsageError
@@ -175,7 +176,6 @@ def _core_path() -> str:
 def current_dump(args: argparse.Namespace | None = None) -> Dump:
     """The Dump of what gdb is looking at (kept while it cannot change),
     symbolising as args' --debug-dir and --sysroot say."""
-    from forensics.cli._args import symbol_options
 
     dump = _open_dump()
     dump.use_symbols(symbol_options(args) if args is not None else None)
@@ -329,9 +329,9 @@ block holds the address.  --json prints the block as forensics' JSON does."""
         whoowns_verb.add_arguments(parser, gdb=True)
 
     def run(self, args: argparse.Namespace) -> None:
-        from forensics.answers.owners import block_of
-        from forensics.answers.shapes import block_json
-        from forensics.output import text
+        from forensics.answers.owners import block_of  # deferred, start-up time: numpy, via the answers
+        from forensics.answers.shapes import block_json  # deferred, start-up time: numpy, via the answers
+        from forensics.output import text  # deferred, start-up time: rich
 
         addr = _address(args.address)
         dump = current_dump(args)
@@ -369,10 +369,10 @@ The same answer as the leaks of forensics inspect --leaks CORE."""
     add_arguments = staticmethod(_args.json_flag)
 
     def run(self, args: argparse.Namespace) -> None:
-        from forensics.answers.leaks import leaks_json
-        from forensics.output import text
+        from forensics.answers.leaks import leaks_doc  # deferred, start-up time: numpy, via the answers
+        from forensics.output import text  # deferred, start-up time: rich
 
-        leaks = leaks_json(current_dump())
+        leaks = leaks_doc(current_dump())
         if args.json:
             text.print_json({"leaks": leaks})
         else:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.answers.shapes import frame_label
+from forensics.answers.documents import DiffDoc, FrameDoc, LeakCheckDoc, LeakGroupDoc, SizeDiffDoc, TrendDoc, to_json
+from forensics.answers.shapes import as_frame, frame_label
 
 __all__ = [
     "Table",
@@ -57,7 +59,7 @@ def hex_addr(value: int) -> str:
 
 def print_json(document: Any) -> None:
     """Print one JSON document on stdout; nothing else may go to stdout then."""
-    json.dump(document, sys.stdout, indent=2, sort_keys=False)
+    json.dump(to_json(document), sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
     sys.stdout.flush()
 
@@ -80,8 +82,8 @@ def progress(description: str):
         with progress("scanning core") as (bar, task):
             bar.update(task, total=n); ...; bar.advance(task, k)
     """
-    from contextlib import contextmanager
 
+    # deferred, start-up time: rich.progress, only the progress bars need it
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextmanager
@@ -229,30 +231,30 @@ def _print_owner(con, owner: dict) -> None:
                   + (f": {_e(owner['note'])}" if owner.get("note") else ""))
 
 
-def _frame_text(f: dict) -> str:
+def _frame_text(f: FrameDoc) -> str:
     where = ""
-    if f.get("file"):
-        where = f" at {f['file']}:{f['line']}" if f.get("line") else f" at {f['file']}"
-    elif f.get("module"):
-        where = f" in {f['module']}"
-    text = _e(f"{f['address']}  {frame_label(f)}{where}")
-    return f"{text} [dim](inlined)[/dim]" if f.get("inlined") else text
+    if f.file:
+        where = f" at {f.file}:{f.line}" if f.line else f" at {f.file}"
+    elif f.module:
+        where = f" in {f.module}"
+    text = _e(f"{f.address}  {frame_label(f)}{where}")
+    return f"{text} [dim](inlined)[/dim]" if f.inlined else text
 
 
-def _shown(frames: Sequence[dict]) -> list[dict | int]:
+def _shown(frames: Sequence[FrameDoc]) -> list[FrameDoc | int]:
     """The frames a person reads: libtag's own frames (its entry points, its
     handlers, its snapshot code) are left out, and so are the C library
     frames inside the innermost of them (a system call libtag made).  A run
     left out between shown frames becomes its length (an int), so the gap
     is visible.  --json keeps every frame."""
-    first = next((i for i, f in enumerate(frames) if f.get("libtag")), None)
+    first = next((i for i, f in enumerate(frames) if f.libtag), None)
     lead = 0
-    if first is not None and all(_is_system_library(f.get("module")) for f in frames[:first]):
+    if first is not None and all(_is_system_library(f.module) for f in frames[:first]):
         lead = first
-    out: list[dict | int] = []
+    out: list[FrameDoc | int] = []
     hidden = 0
     for i, f in enumerate(frames):
-        if i < lead or f.get("libtag"):
+        if i < lead or f.libtag:
             hidden += 1
             continue
         if hidden and out:
@@ -267,14 +269,15 @@ def _is_system_library(module: str | None) -> bool:
     return base.startswith(("libc.so", "libc-", "libpthread", "ld-linux", "libstdc++", "libgcc_s"))
 
 
-def stack_tree(title: str, frames: Sequence[dict], *, limit: int = 24) -> str:
+def stack_tree(title: str, frames: Sequence[FrameDoc | dict], *, limit: int = 24) -> str:
     """A stack as a tree of lines (title, then one frame per line), as one
     string: printed whole, no frame is ever broken across lines.  libtag's
     own frames are left out (see _shown); --json keeps every frame."""
+    frames = [as_frame(f) for f in frames]
     shown = _shown(frames)
     if not frames:
         items = ["[dim](no stack recorded)[/dim]"]
-    elif not any(isinstance(f, dict) for f in shown):
+    elif not any(isinstance(f, FrameDoc) for f in shown):
         items = [f"[dim](only libtag's own frames: {len(frames)}; --json has them)[/dim]"]
     else:
         items = [f"[dim]({f} frame{'s' if f > 1 else ''} of libtag)[/dim]" if isinstance(f, int)
@@ -545,7 +548,7 @@ def show_stack_blocks(sb: dict) -> None:
 # ------------------------------------------------------- leaks, diff, trend --
 
 
-def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
+def show_leaks(leaks: Sequence[LeakGroupDoc], *, limit: int = 20) -> None:
     """inspect --leaks: the lost blocks by kind and allocation stack."""
     con = out_console()
     if not leaks:
@@ -553,31 +556,31 @@ def show_leaks(leaks: Sequence[dict], *, limit: int = 20) -> None:
         return
     totals: dict[str, list[int]] = {}
     for g in leaks:
-        t = totals.setdefault(g["kind"], [0, 0])
-        t[0] += g["blocks"]
-        t[1] += g["bytes"]
+        t = totals.setdefault(g.kind, [0, 0])
+        t[0] += g.blocks
+        t[1] += g.bytes
     con.print("\n[bold]leaks[/bold] " + "; ".join(
         f"{k}: {plural(b, 'byte')} in {plural(n, 'block')}" for k, (n, b) in totals.items()))
     for i, g in enumerate(leaks[:limit], 1):
         extra = ""
-        if g.get("indirect_bytes"):
-            extra = (f" (+{plural(g['indirect_bytes'], 'byte')} in {plural(g['indirect_blocks'], 'block')}"
-                     f" lost through {'it' if g['blocks'] == 1 else 'them'})")
-        age = g.get("age_ms") or {}
-        when = f", allocated {age['oldest']}-{age['newest']} ms before the snapshot" if age else ""
-        color = {"definite": "red", "indirect": "yellow"}.get(g["kind"], "magenta")
-        title = (f"#{i} [bold {color}]{g['kind']}[/bold {color}]: {plural(g['bytes'], 'byte')} in "
-                 f"{plural(g['blocks'], 'block')}{extra}{when}")
-        if g.get("usable_size") is not None:  # no libtag: no stack, the blocks' size instead
-            examples = ", ".join(g["examples"][:4])
-            con.print(f"{title} of {g['usable_size']} usable bytes: {examples}")
+        if g.indirect_bytes:
+            extra = (f" (+{plural(g.indirect_bytes, 'byte')} in {plural(g.indirect_blocks, 'block')}"
+                     f" lost through {'it' if g.blocks == 1 else 'them'})")
+        age = g.age_ms
+        when = f", allocated {age.oldest}-{age.newest} ms before the snapshot" if age else ""
+        color = {"definite": "red", "indirect": "yellow"}.get(g.kind, "magenta")
+        title = (f"#{i} [bold {color}]{g.kind}[/bold {color}]: {plural(g.bytes, 'byte')} in "
+                 f"{plural(g.blocks, 'block')}{extra}{when}")
+        if g.usable_size is not None:  # no libtag: no stack, the blocks' size instead
+            examples = ", ".join(g.examples[:4])
+            con.print(f"{title} of {g.usable_size} usable bytes: {examples}")
             continue
-        con.print(stack_tree(title, g["stack"], limit=8))
+        con.print(stack_tree(title, g.stack, limit=8))
     if len(leaks) > limit:
         con.print(f"[dim]... {len(leaks) - limit} more groups (--json has them all)[/dim]")
 
 
-def show_leak_check(doc: dict, *, top: int = 10) -> None:
+def show_leak_check(doc: LeakCheckDoc, *, top: int = 10) -> None:
     """forensics run --leaks: one process's report, on stderr (stdout is
     CMD's).  Lines are never wrapped: a path stays on one line."""
     con = err_console()
@@ -585,113 +588,113 @@ def show_leak_check(doc: dict, *, top: int = 10) -> None:
     def say(line: str = "") -> None:
         con.print(line, soft_wrap=True, highlight=False)
 
-    def amount(t: dict) -> str:
-        return f"{plural(t['bytes'], 'byte')} in {plural(t['blocks'], 'block')}"
+    def amount(blocks: int, nbytes: int) -> str:
+        return f"{plural(nbytes, 'byte')} in {plural(blocks, 'block')}"
 
-    tot = doc["totals"]
-    say(f"\n[bold]forensics: leak check of pid {doc['pid']}[/bold] "
-        f"({_e(doc['exe'] or '?')}) at exit")
-    shown = [g for g in doc["leaks"] if g["kind"] != "possible"]
+    tot = doc.totals
+    say(f"\n[bold]forensics: leak check of pid {doc.pid}[/bold] "
+        f"({_e(doc.exe or '?')}) at exit")
+    shown = [g for g in doc.leaks if g.kind != "possible"]
     for g in shown[:top]:
-        color = "red" if g["kind"] == "definite" else "yellow"
+        color = "red" if g.kind == "definite" else "yellow"
         extra = ""
-        if g.get("indirect_blocks"):
-            extra = (f" (+{amount({'bytes': g['indirect_bytes'], 'blocks': g['indirect_blocks']})}"
-                     f" lost through {'it' if g['blocks'] == 1 else 'them'})")
-        say(f"\n[bold {color}]{g['kind']} leak[/bold {color}] of {amount(g)}{extra}, allocated at:")
-        for i, f in enumerate(g["stack"][:24]):
+        if g.indirect_blocks:
+            extra = (f" (+{amount(g.indirect_blocks, g.indirect_bytes)}"
+                     f" lost through {'it' if g.blocks == 1 else 'them'})")
+        say(f"\n[bold {color}]{g.kind} leak[/bold {color}] of {amount(g.blocks, g.bytes)}{extra}, "
+            f"allocated at:")
+        for i, f in enumerate(g.stack[:24]):
             say(f"    #{i} {_frame_text(f)}")
-        if len(g["stack"]) > 24:
-            say(f"    [dim]... {len(g['stack']) - 24} more frames[/dim]")
+        if len(g.stack) > 24:
+            say(f"    [dim]... {len(g.stack) - 24} more frames[/dim]")
     if len(shown) > top:
         rest = shown[top:]
         say(f"\n[dim]... {plural(len(rest), 'more group')}: "
-            f"{amount({'bytes': sum(g['bytes'] for g in rest), 'blocks': sum(g['blocks'] for g in rest)})}"
+            f"{amount(sum(g.blocks for g in rest), sum(g.bytes for g in rest))}"
             f" (--top N shows more, --json FILE has them all)[/dim]")
-    sup = doc["suppressed"]
-    if sup["blocks"]:
-        say(f"\nsuppressed: {amount(sup)} ("
-            + ", ".join(f"{_e(p['pattern'])}: {plural(p['blocks'], 'block')}" for p in sup["patterns"])
+    sup = doc.suppressed
+    if sup.blocks:
+        say(f"\nsuppressed: {amount(sup.blocks, sup.bytes)} ("
+            + ", ".join(f"{_e(p.pattern)}: {plural(p.blocks, 'block')}" for p in sup.patterns)
             + ")")
-    lost = [f"{amount(tot[k])} {how} lost" for k, how in
-            (("definite", "definitely"), ("indirect", "indirectly"), ("possible", "possibly"))
-            if tot[k]["blocks"]]
-    say(f"\n[bold]SUMMARY[/bold]: pid {doc['pid']}: " + (", ".join(lost) if lost else "no leaks"))
-    say(f"core: {_e(doc['core'])}")
-    for w in doc.get("warnings", []):
+    lost = [f"{amount(t.blocks, t.bytes)} {how} lost" for t, how in
+            ((tot.definite, "definitely"), (tot.indirect, "indirectly"), (tot.possible, "possibly"))
+            if t.blocks]
+    say(f"\n[bold]SUMMARY[/bold]: pid {doc.pid}: " + (", ".join(lost) if lost else "no leaks"))
+    say(f"core: {_e(doc.core)}")
+    for w in doc.warnings:
         say(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
-def show_diff(doc: dict, *, top: int = 20) -> None:
+def show_diff(doc: DiffDoc | SizeDiffDoc, *, top: int = 20) -> None:
     """diff's document: growth by allocation stack, or - for heaps without
     stacks - by size class (docs/json.md, "diff")."""
-    if "size_classes" in doc:
+    if isinstance(doc, SizeDiffDoc):
         _show_size_diff(doc, top=top)
         return
     con = out_console()
-    o, n = doc["old"], doc["new"]
-    con.print(f"[bold]old[/bold] {_e(o['core'])}: {plural(o['live_blocks'], 'live block')}, "
-              f"{plural(o['live_bytes'], 'byte')}")
-    con.print(f"[bold]new[/bold] {_e(n['core'])}: {plural(n['live_blocks'], 'live block')}, "
-              f"{plural(n['live_bytes'], 'byte')}")
-    if not doc.get("same_process"):
+    o, n = doc.old, doc.new
+    con.print(f"[bold]old[/bold] {_e(o.core)}: {plural(o.live_blocks, 'live block')}, "
+              f"{plural(o.live_bytes, 'byte')}")
+    con.print(f"[bold]new[/bold] {_e(n.core)}: {plural(n.live_blocks, 'live block')}, "
+              f"{plural(n.live_bytes, 'byte')}")
+    if not doc.same_process:
         con.print("[dim]different processes: stacks matched by their frames, no block survives[/dim]")
-    con.print(f"{plural(doc['new_blocks'], 'new block')} ({plural(doc.get('new_bytes', 0), 'byte')}), "
-              f"{doc['gone_blocks']} gone ({plural(doc.get('gone_bytes', 0), 'byte')}), "
-              f"{doc.get('survived_blocks', 0)} survived")
-    growth = doc["growth"]
+    con.print(f"{plural(doc.new_blocks, 'new block')} ({plural(doc.new_bytes, 'byte')}), "
+              f"{doc.gone_blocks} gone ({plural(doc.gone_bytes, 'byte')}), "
+              f"{doc.survived_blocks} survived")
+    growth = doc.growth
     if not growth:
         con.print("\n[bold]growth[/bold] none")
     for i, g in enumerate(growth[:top], 1):
         con.print(stack_tree(
-            f"#{i}: [bold]{signed(g['bytes'], 'byte')}, {signed(g['blocks'], 'block')}[/bold] "
-            f"({g['old']['blocks']} -> {plural(g['new']['blocks'], 'block')}; {g['survived']} survived, "
-            f"{g['added']} new, {g['gone']} gone; {round(100 * g['same_size_share'])}% of the new "
-            f"are {plural(g['common_size'] or 0, 'byte')})", g["stack"], limit=8))
+            f"#{i}: [bold]{signed(g.bytes, 'byte')}, {signed(g.blocks, 'block')}[/bold] "
+            f"({g.old.blocks} -> {plural(g.new.blocks, 'block')}; {g.survived} survived, "
+            f"{g.added} new, {g.gone} gone; {round(100 * g.same_size_share)}% of the new "
+            f"are {plural(g.common_size or 0, 'byte')})", g.stack, limit=8))
     if len(growth) > top:
         con.print(f"[dim]... {len(growth) - top} more stacks (--json has them all)[/dim]")
 
 
-def _show_size_diff(doc: dict, *, top: int) -> None:
+def _show_size_diff(doc: SizeDiffDoc, *, top: int) -> None:
     """Growth by size class: the blocks in use of each usable size."""
     con = out_console()
-    for key in ("old", "new"):
-        d = doc[key]
-        con.print(f"[bold]{key}[/bold] {_e(d['core'])}: {plural(d['chunks'], 'chunk')} in use, "
-                  f"{plural(d['bytes'], 'byte')}")
-    if doc["same_process"]:
-        con.print(f"{plural(doc['new_chunks'], 'new chunk')}, {doc['gone_chunks']} gone, "
-                  f"{doc['kept_chunks']} kept (same address, same size)")
+    for key, d in (("old", doc.old), ("new", doc.new)):
+        con.print(f"[bold]{key}[/bold] {_e(d.core)}: {plural(d.chunks, 'chunk')} in use, "
+                  f"{plural(d.bytes, 'byte')}")
+    if doc.same_process:
+        con.print(f"{plural(doc.new_chunks, 'new chunk')}, {doc.gone_chunks} gone, "
+                  f"{doc.kept_chunks} kept (same address, same size)")
     else:
         con.print("[dim]different processes: chunks compared by size only[/dim]")
-    rows = doc["size_classes"]
+    rows = doc.size_classes
     if not rows:
         con.print("\n[bold]growth[/bold] none")
     else:
         con.print(table("growth by chunk size (usable bytes)",
                         ["usable size", "chunks", "bytes", "old -> new chunks", "kept", "new", "gone"],
-                        [(r["usable_size"], f"{r['chunks']:+d}", f"{r['bytes']:+d}",
-                          f"{r['old_chunks']} -> {r['new_chunks']}", r["kept"], r["added"], r["gone"])
+                        [(r.usable_size, f"{r.chunks:+d}", f"{r.bytes:+d}",
+                          f"{r.old_chunks} -> {r.new_chunks}", r.kept, r.added, r.gone)
                          for r in rows[:top]]))
     if len(rows) > top:
         con.print(f"[dim]... {len(rows) - top} more sizes (--json has them all)[/dim]")
-    con.print(f"[dim]without libtag: {_e(doc['without_libtag']['summary'])}[/dim]")
+    con.print(f"[dim]without libtag: {_e(doc.without_libtag.summary)}[/dim]")
 
 
-def show_trend(doc: dict) -> None:
+def show_trend(doc: TrendDoc) -> None:
     con = out_console()
     con.print("[bold]snapshots[/bold]")
-    for i, snap in enumerate(doc["snapshots"], 1):
-        con.print(f"#{i} at {snap['time_ms']} ms: {plural(snap['live_blocks'], 'live block')}, "
-                  f"{plural(snap['live_bytes'], 'byte')}: {_e(snap['core'])}")
-    con.print(f"\n[bold]{doc['monotonic_stacks']}[/bold] "
-              f"{'stack grows' if doc['monotonic_stacks'] == 1 else 'stacks grow'} monotonically")
-    for s in doc["stacks"]:
-        flag = "[bold red]grows[/bold red] " if s["monotonic"] else ""
-        series = " -> ".join(str(b) for b in s["bytes"])
-        con.print(stack_tree(f"{flag}bytes {series} (blocks {' -> '.join(map(str, s['blocks']))})",
-                             s["stack"], limit=6))
-    hidden = doc["stacks_total"] - len(doc["stacks"])
+    for i, snap in enumerate(doc.snapshots, 1):
+        con.print(f"#{i} at {snap.time_ms} ms: {plural(snap.live_blocks, 'live block')}, "
+                  f"{plural(snap.live_bytes, 'byte')}: {_e(snap.core)}")
+    con.print(f"\n[bold]{doc.monotonic_stacks}[/bold] "
+              f"{'stack grows' if doc.monotonic_stacks == 1 else 'stacks grow'} monotonically")
+    for s in doc.stacks:
+        flag = "[bold red]grows[/bold red] " if s.monotonic else ""
+        series = " -> ".join(str(b) for b in s.bytes)
+        con.print(stack_tree(f"{flag}bytes {series} (blocks {' -> '.join(map(str, s.blocks))})",
+                             s.stack, limit=6))
+    hidden = doc.stacks_total - len(doc.stacks)
     if hidden > 0:
         con.print(f"[dim]... {plural(hidden, 'more stack')} not shown (--top N shows more; "
                   f"--json has them all)[/dim]")

@@ -4,7 +4,7 @@ block and what hangs off it, its heap index, its threads, pointer edges and
 symbolised stacks, each built once and cached.
 
 "Dump" is the opened memory; a "snapshot" is the core libtag takes of a
-running process (libtag/src/snapshot.c, ``forensics snapshot``), which is
+running process (libtag/src/snapshot/snapshot.c, ``forensics snapshot``), which is
 one of the files a Dump opens.
 
     with Dump.open(path) as dump:

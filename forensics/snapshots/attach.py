@@ -2,7 +2,7 @@
 
 One thread of the process is stopped by ptrace and made to call
 ``dlopen(libtag.so, RTLD_NOW)`` and then ``libtag_attach()``
-(libtag/src/attach.c: every module's GOT and data slots of the malloc
+(libtag/src/life/attach.c: every module's GOT and data slots of the malloc
 family pointed at libtag's), on its own stack, returning to address 0
 (forensics/snapshots/ptrace.py call_function); its cancellation is turned
 off around the calls.  Its registers are put back and it is released: the
@@ -32,6 +32,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from forensics.answers.documents import AttachDoc
 from forensics.errors import InputError
 from forensics.reader.live import read_maps
 from forensics.snapshots import ptrace
@@ -136,7 +137,7 @@ def _read_cstring(pid: int, addr: int, limit: int = 512) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def attach(pid: int, lib: str, note=lambda msg: None) -> dict:
+def attach(pid: int, lib: str, note=lambda msg: None) -> AttachDoc:
     """Load *lib* (libtag.so) into *pid* and rebind its malloc family.
     Returns the `forensics attach --json` document."""
     from forensics.snapshots.take import libtag_loaded
@@ -241,8 +242,7 @@ def _attach_through(pid: int, tid: int, wait: int, lib: str, calls: _Calls,
     if rebound < 0:
         raise InputError(f"libtag is loaded in process {pid} but could not take over its "
                          f"allocations: {os.strerror(-rebound)}")
-    return {"pid": pid, "tid": tid, "library": lib, "rebound": int(rebound),
-            "held_ms": held_ms}
+    return AttachDoc(pid=pid, tid=tid, library=lib, rebound=int(rebound), held_ms=held_ms)
 
 
 def _load(pid: int, tid: int, th, lib: str, calls: _Calls, note) -> int:

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from forensics.answers.documents import CatalogEntryDoc
 from forensics.errors import InputError
-from forensics.files import create_private, ensure_private_dir, state_dir
+from forensics.files import create_private, disk_bytes, ensure_private_dir, state_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -51,13 +52,12 @@ class Entry:
     core_bytes: int
     summary: dict[str, Any]
 
-    def to_json(self) -> dict[str, Any]:
-        from forensics.files import disk_bytes
-
-        d = asdict(self)
-        d["exists"] = os.path.exists(self.core)
-        d["disk_bytes"] = disk_bytes(self.core)
-        return d
+    def doc(self) -> CatalogEntryDoc:
+        """The entry as ``forensics list --json`` gives it (docs/json.md):
+        whether its core is still there, and its size on disk now."""
+        return CatalogEntryDoc(**asdict(self), exists=os.path.exists(self.core),
+                               disk_bytes=disk_bytes(self.core),
+                               kind="crash" if self.reason == "crash" else "snapshot")
 
 
 def catalog_path() -> Path:
@@ -121,7 +121,7 @@ class Catalog:
                 row = db.execute("SELECT * FROM snapshots WHERE core = ?", (core,)).fetchone()
         except sqlite3.Error as e:
             raise InputError(f"cannot write the catalog {self.path}: {e}") from None
-        return _entry(row).to_json()
+        return _entry(row).doc()
 
     def add_root(self, path: str | os.PathLike[str]) -> None:
         """Remember a folder that snapshot directories are made in."""
@@ -175,7 +175,7 @@ def _entry(row: sqlite3.Row) -> Entry | None:
 
 # Module-level conveniences over the default catalog.
 
-def record(**fields: Any) -> dict:
+def record(**fields: Any) -> CatalogEntryDoc:
     with Catalog() as c:
         return c.record(**fields)
 

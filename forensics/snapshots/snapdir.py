@@ -1,6 +1,6 @@
 """Snapshot directories as libtag writes them, and waiting for their cores.
 
-libtag (libtag/src/snapshot.c) makes one directory per snapshot::
+libtag (libtag/src/snapshot/snapshot.c) makes one directory per snapshot::
 
     <dir>/<comm>-<pid>-<seq>-<reason>[-N]/
         core        the core (or core.<pid>, as the kernel's core_pattern says)
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from forensics.answers.documents import CatalogEntryDoc
 from forensics.errors import ForensicsError, InputError
 from forensics.reader.abi import snapshot_dir_reasons
 
@@ -322,8 +323,8 @@ def core_exe(core: Path) -> str | None:
 
 
 def record(snap: SnapshotDir, core: Path, *, exe: str | None = None,
-           catalog=None) -> dict:
-    """Put a complete snapshot in the catalog; returns the catalog row as a dict."""
+           catalog=None) -> CatalogEntryDoc:
+    """Put a complete snapshot in the catalog; returns its catalog entry."""
     from forensics.snapshots import catalog as _catalog
 
     from forensics.reader.complete import complete_core
@@ -357,7 +358,7 @@ def _int(v: str | None) -> int | None:
 
 def scan_and_record(root: str | os.PathLike[str], *, wait: float = 0.0,
                     only: Iterable[str] | None = None, catalog=None,
-                    ) -> list[tuple[SnapshotDir, dict | None, str | None]]:
+                    ) -> list[tuple[SnapshotDir, CatalogEntryDoc | None, str | None]]:
     """Catalog the snapshot directories in *root* that are not in it yet.
 
     With *wait* > 0, waits up to that many seconds for each one still being

@@ -10,7 +10,7 @@ the process could not write that directory (it dropped its privileges, or
 the directory is not its user's), the core is handed over to the caller
 instead.  When its memory cannot be read (another user's process, Yama's
 ptrace_scope), its environment is the fallback: LIBTAG_DIR, else
-$XDG_STATE_HOME/forensics/snapshots (libtag/src/snapshot.c resolve_root).
+$XDG_STATE_HOME/forensics/snapshots (libtag/src/snapshot/snapshot.c resolve_root).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import signal
 import time
 from pathlib import Path
 
+from forensics.answers.documents import SnapshotDoc
 from forensics.core.notes import signal_name
 from forensics.errors import InputError
 from forensics.files import default_snapshot_dir
@@ -29,7 +30,7 @@ from forensics.reader.live import read_maps
 from forensics.snapshots import catalog, snapdir
 
 # LIBTAG_SIGNAL names libtag accepts besides numbers, RTMIN+N and none
-# (libtag/src/options.c signal_number; tests/unit/test_abi_mirror.py compares).
+# (libtag/src/base/options.c signal_number; tests/unit/test_abi_mirror.py compares).
 LIBTAG_SIGNALS = ("USR1", "USR2", "PWR", "URG", "WINCH", "TTIN")
 # " (deleted)": the library file was replaced (an upgrade, a reinstall) while
 # the process runs; the mapped copy is still libtag.
@@ -152,7 +153,7 @@ def parse_signal(value: str | None) -> int | None:
 
 def snapshot_root(environ: dict[str, str]) -> Path:
     """Where libtag in a process with this environment makes its snapshot
-    directories (libtag/src/snapshot.c open_snapshot_root)."""
+    directories (libtag/src/snapshot/snapshot.c open_snapshot_root)."""
     d = environ.get("LIBTAG_DIR")
     if d:
         return Path(d)
@@ -216,7 +217,7 @@ def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
 def unwritable_reason(pid: int, root: Path) -> str | None:
     """Why the process could not make a snapshot directory in *root*, or None.
 
-    Judged as libtag in the process will be (libtag/src/snapshot.c
+    Judged as libtag in the process will be (libtag/src/snapshot/snapshot.c
     open_dir_secure): with the process's user and groups as they are now (a
     daemon that dropped its privileges is judged as the user it became), on
     the file system it sees (looked at through /proc/PID/root, so a process
@@ -462,12 +463,12 @@ def _no_trigger(pid: int) -> str:
 
 def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
          signal_override: int | None = None, use_ptrace: bool = False,
-         note=lambda msg: None, status=None) -> dict:
+         note=lambda msg: None, status=None) -> SnapshotDoc:
     """Snapshot *pid*, wait for its core, record it: a process that runs
     libtag is asked to fork itself; any other (or any, with *use_ptrace*)
     is forked from outside by ptrace (take_by_ptrace).
 
-    Returns the JSON document of `forensics snapshot --json`.
+    Returns the document of `forensics snapshot --json`.
     """
     import psutil
 
@@ -506,22 +507,22 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
         if seen_root == root:
             cat.add_root(root)
         row = snapdir.record(snap, core, exe=exe, catalog=cat)
-    return {
-        "pid": pid,
-        "core": os.path.abspath(core),
-        "reason": snap.reason,
-        "pause_ms": float(snap.pause_ms if snap.pause_ms is not None else 0.0),
-        "core_bytes": int(row["core_bytes"]),
-        "disk_bytes": disk_bytes(core),
-        "dir": os.path.abspath(snap.path),
-        "seq": snap.seq,
-        "exe": row["exe"],
-        "time": snap.time,
-        "threads_stopped": row["summary"].get("threads_stopped"),
-        "handed_over": plan.handoff_ctl is not None,
-        "method": "libtag",
-        "reap_ms": None,
-    }
+    return SnapshotDoc(
+        pid=pid,
+        core=os.path.abspath(core),
+        reason=snap.reason,
+        pause_ms=float(snap.pause_ms if snap.pause_ms is not None else 0.0),
+        core_bytes=int(row.core_bytes),
+        disk_bytes=disk_bytes(core),
+        dir=os.path.abspath(snap.path),
+        seq=snap.seq,
+        exe=row.exe,
+        time=snap.time,
+        threads_stopped=row.summary.get("threads_stopped"),
+        handed_over=plan.handoff_ctl is not None,
+        method="libtag",
+        reap_ms=None,
+    )
 
 
 def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: float, tick):
@@ -588,7 +589,7 @@ def _take_in_place(pid: int, proc, plan: Plan, seen_root: Path, *, timeout: floa
 # ---------------------------------------------------------------- ptrace --
 
 def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
-                   status=None) -> dict:
+                   status=None) -> SnapshotDoc:
     """Snapshot *pid* from outside (forensics/snapshots/ptrace.py): stop its
     threads, make it fork a copy, let it run on, write the copy's core into
     a new snapshot directory of ours (*dest*, else our snapshot directory),
@@ -663,22 +664,22 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
     with catalog.Catalog() as cat:
         cat.add_root(root)
         row = snapdir.record(snap, core, exe=exe, catalog=cat)
-    return {
-        "pid": pid,
-        "core": os.path.abspath(core),
-        "reason": "on-demand",
-        "pause_ms": pause_ns / 1e6,
-        "core_bytes": int(written.core_bytes),
-        "disk_bytes": disk_bytes(core),
-        "dir": os.path.abspath(snap_path),
-        "seq": seq,
-        "exe": row["exe"],
-        "time": time_ms / 1000.0,
-        "threads_stopped": len(threads),
-        "handed_over": False,
-        "method": "ptrace",
-        "reap_ms": reap_ns / 1e6 if reap_ns is not None else None,
-    }
+    return SnapshotDoc(
+        pid=pid,
+        core=os.path.abspath(core),
+        reason="on-demand",
+        pause_ms=pause_ns / 1e6,
+        core_bytes=int(written.core_bytes),
+        disk_bytes=disk_bytes(core),
+        dir=os.path.abspath(snap_path),
+        seq=seq,
+        exe=row.exe,
+        time=time_ms / 1000.0,
+        threads_stopped=len(threads),
+        handed_over=False,
+        method="ptrace",
+        reap_ms=reap_ns / 1e6 if reap_ns is not None else None,
+    )
 
 
 def _fork_by_ptrace(pid: int, at: int, *, seccomp: bool):

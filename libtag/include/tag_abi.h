@@ -284,7 +284,7 @@ struct libtag_shadow {
 #define TAG_THREAD_REGS     2u  /* regs/regs_sp hold its state at the last
                                    snapshot */
 
-/* A thread's quarantine ring (libtag/src/quarantine.c): the blocks it freed
+/* A thread's quarantine ring (libtag/src/alloc/quarantine.c): the blocks it freed
  * that have not been handed back yet, oldest first, and who freed each.
  * Entries e[(head + i) % TAG_QUARANTINE_SLOTS] for i < count are current;
  * libtag updates head and count so that this range never names a block
@@ -326,7 +326,7 @@ struct libtag_thread {
 };
 
 /* ----------------------------------------------------------------- heap --
- * libtag's own heap (libtag/src/heap.c), which a reader walks to find every
+ * libtag's own heap (libtag/src/heap/heap.c), which a reader walks to find every
  * block: no scan of memory.  control.heap is the address of its struct
  * libtag_heap.
  *

@@ -1,4 +1,4 @@
-/* test_heap.c - libtag's heap alone (src/heap.h, CMake's libtag_heap):
+/* test_heap.c - libtag's heap alone (src/heap/heap.h, CMake's libtag_heap):
  * its size classes, a thread cache's LIFO order, blocks that do not
  * overlap and sit at their slots' starts, the arithmetic that answers
  * "a block of ours, which slot" (the free path's and the tag lookup's),
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "heap.h"
+#include "heap/heap.h"
 
 static int checks;
 

@@ -1,5 +1,5 @@
 """`forensics attach PID`: libtag loaded into a process started without it
-(forensics/snapshots/attach.py, libtag/src/attach.c).
+(forensics/snapshots/attach.py, libtag/src/life/attach.c).
 
 tests/victims/attach_loop.c makes three blocks before the attach and keeps
 a thread allocating and freeing the whole time.  After the attach: a new

@@ -1,4 +1,4 @@
-"""The second core path: libtag's own ELF core writer (libtag/src/corewrite.c).
+"""The second core path: libtag's own ELF core writer (libtag/src/snapshot/corewrite.c).
 
 The driver (tests/victims/corewrite_driver.c) links corewrite.c alone (with
 maps.c, the /proc/self/maps reader it uses), records its threads' registers,
@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER_SRC = ROOT / "tests" / "victims" / "corewrite_driver.c"
-WRITER_SRC = ROOT / "libtag" / "src" / "corewrite.c"
-MAPS_SRC = ROOT / "libtag" / "src" / "maps.c"  # the /proc/self/maps reader it uses
+WRITER_SRC = ROOT / "libtag" / "src" / "snapshot" / "corewrite.c"
+MAPS_SRC = ROOT / "libtag" / "src" / "base" / "maps.c"  # the /proc/self/maps reader it uses
 
 GLOBAL_VALUE = "0x1122334455667788"             # driver_global
 HEAP_BYTES = ["0xa0", "0xa1", "0xa2", "0xa3"]   # driver_heap[0..3]

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def default_rate() -> int:
     """TAG_GUARD_DEFAULT_RATE, as libtag is built with it."""
-    src = (REPO / "libtag" / "src" / "tag_types.h").read_text()
+    src = (REPO / "libtag" / "src" / "base" / "options.h").read_text()
     return int(re.search(r"#define TAG_GUARD_DEFAULT_RATE\s+(\d+)u", src).group(1))
 
 

@@ -282,20 +282,20 @@ def _c_table(source: str, array: str, entry: str) -> list[tuple[str, str]]:
 
 
 def test_anomaly_names_are_anomaly_c_kind_names():
-    c = {getattr(abi, k): v for k, v in _c_table("anomaly.c", "kind_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
+    c = {getattr(abi, k): v for k, v in _c_table("alloc/anomaly.c", "kind_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
     assert c.pop(abi.TAG_ANOMALY_NONE) == "none"
     assert c == abi.ANOMALY_NAMES
 
 
 def test_reason_names_are_snapshot_c_reason_names():
-    c = {getattr(abi, k): v for k, v in _c_table("snapshot.c", "reason_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
+    c = {getattr(abi, k): v for k, v in _c_table("snapshot/snapshot.c", "reason_names", r'\[(TAG_\w+)\]\s*=\s*"([^"]*)"')}
     assert c == abi.REASON_NAMES
     # ... and a snapshot directory is named after one of them or an anomaly kind
     assert set(REASONS) == set(c.values()) | set(abi.ANOMALY_NAMES.values())
 
 
 def test_libtag_signal_names_are_options_c_ones():
-    c = _c_table("options.c", "table", r'\{\s*"(\w+)"\s*,\s*(SIG\w+)\s*\}')
+    c = _c_table("base/options.c", "table", r'\{\s*"(\w+)"\s*,\s*(SIG\w+)\s*\}')
     assert tuple(name for name, _ in c) == LIBTAG_SIGNALS
     assert all(macro == f"SIG{name}" and hasattr(signal, macro) for name, macro in c), c
 

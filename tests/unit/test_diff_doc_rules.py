@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import forensics_test_fakes as F
 
-from forensics.answers.diff import diff, diff_json
+from forensics.answers.diff import diff, stack_diff_doc
+from forensics.answers.documents import to_json
 
 LEAK, CHURN, OTHER = F.PROGRAM_TEXT + 0x10, F.PROGRAM_TEXT + 0x20, F.PROGRAM_TEXT + 0x30
 
@@ -40,7 +41,7 @@ def test_the_document_splits_growth_from_the_rest_and_counts_every_block():
     old.control_fields.update(snapshot_seq=1, snapshot_time_ms=100)
     new.control_fields.update(snapshot_seq=2, snapshot_time_ms=200)
     o, n = F.dump(old, symbols()), F.dump(new, symbols())
-    doc = diff_json(o, n, diff(o, n))
+    doc = to_json(stack_diff_doc(o, n, diff(o, n)))
     assert (doc["same_process"], doc["new_blocks"], doc["gone_blocks"], doc["survived_blocks"],
             doc["new_bytes"], doc["gone_bytes"], doc["warnings"]) == (True, 4, 1, 1, 104, 64, [])
     (g,) = doc["growth"]
@@ -63,7 +64,7 @@ def test_old_taken_after_new_is_a_warning():
     old.control_fields["snapshot_seq"] = 5
     new.control_fields["snapshot_seq"] = 3
     o, n = F.dump(old), F.dump(new)
-    assert diff_json(o, n, diff(o, n))["warnings"] == [
+    assert to_json(stack_diff_doc(o, n, diff(o, n)))["warnings"] == [
         f"OLD was taken after NEW (snapshot 5 of pid {F.PID} after snapshot 3): diff takes the earlier core "
         f"first (forensics diff OLD NEW), so here growth and shrinkage are swapped"]
 
@@ -77,7 +78,7 @@ def test_two_runs_are_ordered_by_wall_clock_and_share_no_block():
     old.block(0x40, size=16, stack=s, time=5)
     new.block(0x40, size=16, stack=s, time=5)  # the same identity, but another process
     o, n = F.dump(old, symbols()), F.dump(new, symbols())
-    doc = diff_json(o, n, diff(o, n))
+    doc = to_json(stack_diff_doc(o, n, diff(o, n)))
     assert (doc["same_process"], doc["survived_blocks"], doc["new_blocks"], doc["gone_blocks"]) == (False, 0, 1, 1)
     assert doc["warnings"] == ["OLD was taken after NEW (8.0 s after): diff takes the earlier core first "
                                "(forensics diff OLD NEW), so here growth and shrinkage are swapped"]

@@ -15,8 +15,9 @@ import forensics_test_fakes as F
 import pytest
 
 from forensics.answers.leakcheck import Suppressions, leak_check_doc
-from forensics.answers.leaks import leaks_json
-from forensics.answers.trend import trend, trend_json
+from forensics.answers.leaks import leaks_doc
+from forensics.answers.documents import FrameDoc, to_json
+from forensics.answers.trend import trend, trend_doc
 from forensics.errors import InputError
 
 LOSE, KEEP, CHILD = F.PROGRAM_TEXT + 0x10, F.PROGRAM_TEXT + 0x20, F.PROGRAM_TEXT + 0x30
@@ -43,7 +44,7 @@ def leaky() -> tuple[F.FakeProcess, dict]:
 
 def test_leak_groups_with_their_ages_examples_and_what_is_lost_through_them():
     proc, x = leaky()
-    groups = leaks_json(F.dump(proc, symbols()))
+    groups = to_json(leaks_doc(F.dump(proc, symbols())))
     assert [(g["kind"], g["stack_id"], g["blocks"], g["bytes"]) for g in groups] == [
         ("definite", x["lose"], 2, 32), ("indirect", x["child"], 1, 40)]
     d = groups[0]
@@ -57,12 +58,12 @@ def test_leak_groups_with_their_ages_examples_and_what_is_lost_through_them():
 def test_a_core_without_a_snapshot_time_has_no_ages():
     proc, _ = leaky()
     proc.control_fields["snapshot_time_ms"] = 0
-    assert [g["age_ms"] for g in leaks_json(F.dump(proc, symbols()))] == [None, None]
+    assert [g["age_ms"] for g in to_json(leaks_doc(F.dump(proc, symbols())))] == [None, None]
 
 
 def test_the_leak_check_counts_what_is_left_and_fails_on_definite_or_indirect():
     proc, x = leaky()
-    doc = leak_check_doc(F.dump(proc, symbols()))
+    doc = to_json(leak_check_doc(F.dump(proc, symbols())))
     assert (doc["pid"], doc["core"], doc["reason"], doc["leaked"], doc["warnings"]) == (
         F.PID, "fake memory", "on-demand", True, [])
     assert doc["totals"] == {"definite": {"blocks": 2, "bytes": 32}, "indirect": {"blocks": 1, "bytes": 40},
@@ -74,7 +75,7 @@ def test_a_suppression_removes_the_groups_it_matches_and_counts_them():
     proc, x = leaky()
     sup = Suppressions.parse("# ours\nleak:make_sess*\n\nmake_buffer$  # trailing comment\n", "my.supp")
     assert [(r.pattern, r.line) for r in sup.rules] == [("make_sess*", 2), ("make_buffer$", 4)]
-    doc = leak_check_doc(F.dump(proc, symbols()), sup)
+    doc = to_json(leak_check_doc(F.dump(proc, symbols()), sup))
     assert (doc["leaks"], doc["leaked"]) == ([], False)
     assert doc["suppressed"] == {"blocks": 3, "bytes": 72, "patterns": [
         {"pattern": "make_sess*", "blocks": 2, "bytes": 32}, {"pattern": "make_buffer$", "blocks": 1, "bytes": 40}]}
@@ -85,7 +86,8 @@ def test_a_suppression_removes_the_groups_it_matches_and_counts_them():
     ("^make_session$", True), ("m*n", True), ("/fake/prog", True), ("fake*gram$", True), ("cache", False),
 ])
 def test_a_pattern_matches_anywhere_in_a_function_file_or_module(pattern, matches):
-    frame = {"function": "make_session", "file": None, "module": F.PROGRAM}
+    frame = FrameDoc(address="0x401000", function="make_session", file=None, line=None, module=F.PROGRAM,
+                     inlined=False, libtag=False, module_offset="0x1000")
     assert (Suppressions.parse(pattern, "s").match([frame]) is not None) is matches
 
 
@@ -111,7 +113,7 @@ def test_groups_whose_stacks_read_the_same_are_one():
     a, b = proc.stack_id(LOSE), proc.stack_id(LOSE)
     x = proc.block(0x40, size=16, stack=a, time=10)
     y = proc.block(0x80, size=32, stack=b, time=20)
-    doc = leak_check_doc(F.dump(proc, symbols()))
+    doc = to_json(leak_check_doc(F.dump(proc, symbols())))
     (g,) = doc["leaks"]
     assert (g["kind"], g["blocks"], g["bytes"], g["stack_id"], g["oldest_alloc_ms"], g["newest_alloc_ms"],
             g["examples"]) == ("definite", 2, 48, b, 10, 20, [hex(x), hex(y)])
@@ -132,14 +134,14 @@ def test_trend_follows_each_stack_over_the_snapshots_in_their_order():
         p.block(0x400, size=100, stack=flat, time=0)
         snaps.append(p)
     dumps = [F.dump(snaps[i], symbols()) for i in (2, 0, 1)]
-    doc = trend_json(trend(dumps))
+    doc = to_json(trend_doc(trend(dumps)))
     assert [s["snapshot_seq"] for s in doc["snapshots"]] == [1, 2, 3]
     assert (doc["same_process"], doc["monotonic_stacks"], doc["stacks_total"]) == (True, 1, 2)
     assert [(s["stack_id"], s["blocks"], s["bytes"], s["monotonic"], s["growth_bytes"], s["growth_blocks"])
             for s in doc["stacks"]] == [(1, [1, 2, 4], [16, 32, 64], True, 48, 3),
                                         (2, [1, 1, 1], [100, 100, 100], False, 0, 0)]
     assert [f["function"] for f in doc["stacks"][0]["stack"]] == ["make_session"]
-    growing = trend_json(trend(dumps), growing_only=True)
+    growing = to_json(trend_doc(trend(dumps), growing_only=True))
     assert ([s["stack_id"] for s in growing["stacks"]], growing["stacks_total"]) == ([1], 1)
 
 
@@ -153,7 +155,7 @@ def test_trend_top_cuts_the_list_and_says_how_many_there_were():
             for k in range(1 + (i + 1) * (seq - 1)):
                 p.block(0x40 + 0x200 * i + 0x40 * k, size=16, stack=s)
         snaps.append(p)
-    doc = trend_json(trend([F.dump(p, symbols()) for p in snaps]), top=2)
+    doc = to_json(trend_doc(trend([F.dump(p, symbols()) for p in snaps]), top=2))
     assert [(s["stack_id"], s["blocks"], s["growth_bytes"]) for s in doc["stacks"]] == [
         (3, [1, 4], 48), (2, [1, 3], 32)]
     assert (doc["stacks_total"], doc["monotonic_stacks"]) == (3, 3)

@@ -14,6 +14,7 @@ import io
 
 from rich.console import Console
 
+from forensics.answers.documents import FrameDoc
 from forensics.output import text
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -21,12 +22,12 @@ LIBTAG = "/opt/forensics/_lib/libtag.so"
 EXE = "/srv/victim"
 
 
-def F(function: str, module: str, *, libtag: bool = False, inlined: bool = False) -> dict:
-    return {"address": "0x1000", "function": function, "file": None, "line": None, "module": module,
-            "inlined": inlined, "libtag": libtag}
+def F(function: str, module: str, *, libtag: bool = False, inlined: bool = False) -> FrameDoc:
+    return FrameDoc(address="0x1000", function=function, file=None, line=None, module=module,
+                    inlined=inlined, libtag=libtag, module_offset=None)
 
 
-def drawn(frames: list[dict]) -> list[str]:
+def drawn(frames: list[FrameDoc]) -> list[str]:
     buf = io.StringIO()
     Console(file=buf, width=300, color_system=None).print(text.stack_tree("stack", frames))
     return [line.split("── ", 1)[1] for line in buf.getvalue().splitlines() if "── " in line]

@@ -4,8 +4,8 @@
  * child open the core file 0600 and call _tag_write_core().
  *
  * Build: gcc -g -O1 -pthread -Ilibtag/include -Ilibtag/src \
- *            tests/victims/corewrite_driver.c libtag/src/corewrite.c \
- *            libtag/src/maps.c
+ *            tests/victims/corewrite_driver.c libtag/src/snapshot/corewrite.c \
+ *            libtag/src/base/maps.c
  * Usage: corewrite_driver OUT [regs|noregs] [NMAPS]
  *   OUT      the core file to create (O_EXCL, 0600); /dev/full is opened
  *            as it is, to test a full disk
@@ -32,7 +32,7 @@
 #include <asm/prctl.h>
 
 #include "tag_abi.h"
-#include "corewrite.h"
+#include "snapshot/corewrite.h"
 
 #define NWORKERS 2
 #define HEAP_LEN 4096

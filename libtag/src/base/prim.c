@@ -1,0 +1,183 @@
+/* prim.c - libtag's primitives: the low-level operations its feature
+ * files share, each a thin layer over the kernel or the CPU.  Nothing here
+ * calls a feature file (tag, heap, quarantine, sweep, snapshot, ...): the
+ * arrows point one way, from the features down to these (and to log.c).
+ *
+ *   _tag_map, _tag_unmap      libtag's own memory, fenced by guard pages
+ *   _tag_copy_own             a copy of our own memory that cannot fault
+ *   _tag_probe_*              a load that may fault, recovered by the crash
+ *                             hook (the sweep's reads outside the heap)
+ *   _tag_save_regs            a signal context's registers into a record
+ *   _tag_die                  die of a signal's default action, now
+ *
+ * /proc/self/maps is read by maps.c.  All of it is async-signal-safe but
+ * _tag_map (mmap and prctl are, but it is not called from a handler).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "base/prim.h"
+
+/* ------------------------------------------------------------- memory */
+/* libtag's own memory: never the heap it tags.  A PROT_NONE page on each
+ * side keeps the kernel from merging the mapping with a neighbour (a glibc
+ * mmap'ed chunk, a thread stack), so a reader can tell libtag's tables from
+ * the program's memory by address range, and a scan that skips them skips
+ * nothing else.  The name shows in /proc/PID/maps where the kernel has
+ * CONFIG_ANON_VMA_NAME. */
+void *_tag_map(size_t bytes, int noreserve)
+{
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
+    char *p = mmap(NULL, len + 2 * page, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (mmap(p + page, len, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (noreserve ? MAP_NORESERVE : 0),
+             -1, 0) == MAP_FAILED) {
+        munmap(p, len + 2 * page);
+        return NULL;
+    }
+    prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, (unsigned long)(p + page), len,
+          (unsigned long)"libtag");
+    return p + page;
+}
+
+void _tag_unmap(void *addr, size_t bytes)
+{
+    size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
+    munmap((char *)addr - page, len + 2 * page);
+}
+
+/* ------------------------------------------------------ own-memory copy */
+int _tag_copy_own_refused;
+
+unsigned _tag_copy_own(struct iovec *local, struct iovec *remote, unsigned n)
+{
+    unsigned done = 0;
+    pid_t pid = getpid();
+    while (done < n) {
+        ssize_t got = process_vm_readv(pid, local + done, n - done, remote + done, n - done, 0);
+        if (got < 0) {
+            if (errno == EPERM || errno == ENOSYS)
+                _tag_copy_own_refused = 1;
+            return done;
+        }
+        /* whole iovecs copied; the next one faulted (or all are done) */
+        while (done < n && (size_t)got >= remote[done].iov_len) {
+            got -= (ssize_t)remote[done].iov_len;
+            done++;
+        }
+        if (done < n) {
+            /* mark the faulting one as unreadable and go on after it */
+            local[done].iov_len = 0;
+            done++;
+        }
+    }
+    return done;
+}
+
+/* --------------------------------------------------------------- probe */
+/* A remembered block outside the heap may be unmapped: it is read with a
+ * probe, one 8-byte load at a known instruction (_tag_probe_insn) that may
+ * fault.  While the thread is probing (tag_thread_state.probing), libtag's
+ * SIGSEGV/SIGBUS handler, which runs first for every such signal
+ * (crash.c), recognises a fault at that instruction and resumes at the
+ * probe's failure exit (_tag_probe_fixup), the way the kernel's exception
+ * tables work.  That is only safe where libtag's handler is installed for
+ * both signals (_tag_probe_armed) and neither is blocked in this thread
+ * (_tag_probe_safe). */
+int _tag_probe_armed;
+
+/* int _tag_probe_word(const void *src, uint64_t *dst): copy 8 bytes from
+ * src; 0, or 1 when the load faulted (then dst is left alone).  The load
+ * is the one instruction the crash hook recovers from. */
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".globl _tag_probe_word\n"
+        ".hidden _tag_probe_word\n"
+        ".type _tag_probe_word, @function\n"
+        "_tag_probe_word:\n"
+        ".cfi_startproc\n"
+        ".globl _tag_probe_insn\n"
+        ".hidden _tag_probe_insn\n"
+        "_tag_probe_insn:\n"
+        "    movq (%rdi), %rax\n"
+        "    movq %rax, (%rsi)\n"
+        "    xorl %eax, %eax\n"
+        "    ret\n"
+        ".globl _tag_probe_fixup\n"
+        ".hidden _tag_probe_fixup\n"
+        "_tag_probe_fixup:\n"
+        "    movl $1, %eax\n"
+        "    ret\n"
+        ".cfi_endproc\n"
+        ".size _tag_probe_word, .-_tag_probe_word\n");
+extern const char _tag_probe_insn[], _tag_probe_fixup[];
+
+int _tag_probe_fault(int sig, void *ucv)
+{
+    ucontext_t *uc = ucv;
+    if ((sig != SIGSEGV && sig != SIGBUS) ||
+        uc->uc_mcontext.gregs[REG_RIP] != (greg_t)(uintptr_t)_tag_probe_insn)
+        return 0;
+    uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)_tag_probe_fixup;
+    return 1;
+}
+
+/* May this thread probe now?  libtag's handler installed, and SIGSEGV and
+ * SIGBUS not blocked (one rt_sigprocmask, which only reads the mask). */
+int _tag_probe_safe(void)
+{
+    if (!__atomic_load_n(&_tag_probe_armed, __ATOMIC_RELAXED))
+        return 0;
+    sigset_t cur;
+    if (pthread_sigmask(SIG_BLOCK, NULL, &cur) != 0)
+        return 0;
+    return !sigismember(&cur, SIGSEGV) && !sigismember(&cur, SIGBUS);
+}
+
+/* ---------------------------------------------------------- registers */
+/* The order is struct user_regs_struct, as in a core's NT_PRSTATUS note. */
+void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
+{
+    const greg_t *g = uc->uc_mcontext.gregs;
+    if (!r)
+        return;  /* a thread without a record (its state could not be mapped) */
+    uint64_t *o = r->regs;
+    o[0] = g[REG_R15];  o[1] = g[REG_R14];  o[2] = g[REG_R13];  o[3] = g[REG_R12];
+    o[4] = g[REG_RBP];  o[5] = g[REG_RBX];  o[6] = g[REG_R11];  o[7] = g[REG_R10];
+    o[8] = g[REG_R9];   o[9] = g[REG_R8];   o[10] = g[REG_RAX]; o[11] = g[REG_RCX];
+    o[12] = g[REG_RDX]; o[13] = g[REG_RSI]; o[14] = g[REG_RDI]; o[15] = (uint64_t)-1;
+    o[16] = g[REG_RIP]; o[17] = g[REG_CSGSFS] & 0xffff;       o[18] = g[REG_EFL];
+    o[19] = g[REG_RSP]; o[20] = 0x2b;
+    o[21] = (uint64_t)(uintptr_t)__builtin_thread_pointer();  o[22] = 0;
+    o[23] = o[24] = o[25] = o[26] = 0;
+    __atomic_or_fetch(&r->flags, TAG_THREAD_REGS, __ATOMIC_RELEASE);
+}
+
+/* --------------------------------------------------------------- death */
+/* Die of sig with its default action, whatever handler is installed.
+ * Raw system calls: in a raw-clone child glibc's raise() would signal the
+ * parent's thread id cached in the thread descriptor. */
+void _tag_die(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(sigset_t) / 16);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    syscall(SYS_rt_sigprocmask, SIG_UNBLOCK, &set, NULL, 8);
+    syscall(SYS_tgkill, syscall(SYS_getpid), syscall(SYS_gettid), sig);
+}

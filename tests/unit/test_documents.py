@@ -1,0 +1,187 @@
+"""docs/json.md and the document types say the same fields.
+
+GIVEN docs/json.md (the contract for scripts) and forensics.answers.documents
+(the types the answers build and ``--json`` prints through ``to_json``)
+WHEN each type's fields (their JSON keys) are compared with the fields
+docs/json.md lists for that document - a table's rows, or the fields an
+object's description names in one cell or paragraph
+THEN they are the same set: a documented field missing from the type fails,
+and a field of the type that is not documented fails.
+AND to_json keeps the fields' order and spellings, turns None into null,
+and leaves out only the fields docs/json.md says are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from forensics.answers import documents as D
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON_MD = ROOT / "docs" / "json.md"
+
+_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _doc() -> str:
+    if not JSON_MD.is_file():
+        pytest.skip(f"no source checkout at {ROOT}")
+    return JSON_MD.read_text()
+
+
+def _tables(md: str) -> list[tuple[str, str, list[list[str]]]]:
+    """(heading, caption: the paragraph just before it, rows) of every
+    field table, rows as their cells."""
+    out, heading, caption, rows, para = [], "", "", None, False
+    for line in md.splitlines():
+        if line.startswith("| field |"):
+            rows = []
+            out.append((heading, caption, rows))
+            continue
+        if line.startswith("|") and rows is not None:
+            if not line.startswith("|---"):
+                rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+            continue
+        if line.startswith("#"):
+            heading = caption = line.lstrip("#").strip()
+        elif line.strip():
+            caption = line.strip() if rows is not None or not para else f"{caption} {line.strip()}"
+        para = bool(line.strip()) and not line.startswith("#")
+        rows = None
+    return out
+
+
+def _table(heading: str, caption: str | None = None) -> list[list[str]]:
+    """The rows of the first table under the heading that starts so (whose
+    caption starts with caption, when given)."""
+    for h, c, rows in _tables(_doc()):
+        if h.startswith(heading) and (caption is None or c.startswith(caption)):
+            return rows
+    raise AssertionError(f"docs/json.md has no field table under {heading!r} {caption or ''}")
+
+
+def _names(text: str) -> list[str]:
+    """The field names (backticked) of a description at its top level: not
+    inside (), [] or {} - those describe the fields."""
+    depth, out, i = 0, [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "`":
+            end = text.index("`", i + 1)
+            word = text[i + 1:end]
+            if depth == 0 and _NAME.fullmatch(word):
+                out.append(word)
+            i = end
+        i += 1
+    return out
+
+
+def _between(text: str, start: str | None, end: str | None) -> str:
+    if start is not None:
+        assert start in text, f"{start!r} is not in {text!r}"
+        text = text[text.index(start) + len(start):]
+    if end is not None:
+        assert end in text, f"{end!r} is not in {text!r}"
+        text = text[:text.index(end)]
+    return text
+
+
+def table_fields(heading: str, caption: str | None = None) -> set[str]:
+    return {n for row in _table(heading, caption) for n in _names(row[0])}
+
+
+def cell_fields(heading: str, caption: str | None, row: str, start: str | None = None,
+                end: str | None = None) -> set[str]:
+    """The fields named in the meaning of ROW of a table (between start and end)."""
+    for cells in _table(heading, caption):
+        if row in _names(cells[0]):
+            return set(_names(_between(cells[-1], start, end)))
+    raise AssertionError(f"no row {row!r} in the table under {heading!r}")
+
+
+def paragraph_fields(first: str, start: str | None = None, end: str | None = None) -> set[str]:
+    """The fields a paragraph that starts with FIRST names."""
+    for para in re.split(r"\n\s*\n", _doc()):
+        if para.lstrip().startswith(first):
+            return set(_names(_between(" ".join(para.split()), start, end)))
+    raise AssertionError(f"docs/json.md has no paragraph starting {first!r}")
+
+
+TREND = "`forensics trend"
+DIFF = "`forensics diff"
+RUN_LEAKS = "`forensics run --leaks"
+INSPECT = "`forensics inspect"
+
+# Each document type, and where docs/json.md lists its fields.
+DOCUMENTED = {
+    D.FrameDoc: lambda: table_fields("frame"),
+    D.SnapshotRef: lambda: table_fields("snapshot (in diff and trend)"),
+    D.WithoutLibtag: lambda: paragraph_fields("`without_libtag`:", start=":"),
+    D.TrendDoc: lambda: table_fields(TREND),
+    D.TrendStack: lambda: cell_fields(TREND, None, "stacks", start="grown:"),
+    D.DiffDoc: lambda: table_fields(DIFF),
+    D.DiffEntry: lambda: table_fields(DIFF, "An entry:"),
+    D.Counts: lambda: cell_fields(DIFF, "An entry:", "old"),
+    D.SizeDiffDoc: lambda: table_fields("Without libtag", "The diff of two cores without libtag"),
+    D.SizeDiffSide: lambda: cell_fields("Without libtag", "The diff of two cores without libtag", "old"),
+    D.SizeClassChange: lambda: cell_fields("Without libtag", "The diff of two cores without libtag",
+                                           "size_classes", start="changed:", end="(in one process"),
+    D.LeakGroupDoc: lambda: table_fields(INSPECT, "A leak group"),
+    D.LeakAge: lambda: cell_fields(INSPECT, "A leak group", "age_ms", end=":"),
+    D.LeakRunDoc: lambda: table_fields(RUN_LEAKS),
+    D.LeakCheckDoc: lambda: table_fields(RUN_LEAKS, "A process:"),
+    D.LeakTotals: lambda: cell_fields(RUN_LEAKS, "A process:", "totals", end=":"),
+    D.Suppressed: lambda: cell_fields(RUN_LEAKS, "A process:", "suppressed"),
+    D.SnapshotDoc: lambda: table_fields("`forensics snapshot PID --json`"),
+    D.AttachDoc: lambda: table_fields("`forensics attach PID --json`"),
+    D.CatalogEntryDoc: lambda: table_fields("`forensics list --json`"),
+    D.SuppressedPattern: lambda: cell_fields(RUN_LEAKS, "A process:", "suppressed", start="`patterns`: [{",
+                                             end="}]"),
+}
+
+
+def _keys(cls: type) -> set[str]:
+    return {key for _, key, _ in D._plan(cls)}
+
+
+def test_every_document_type_is_held_against_json_md():
+    assert set(D.document_types()) == set(DOCUMENTED), (
+        "a document type docs/json.md is not compared with (add it to DOCUMENTED), or one that is gone")
+
+
+@pytest.mark.parametrize("cls", list(DOCUMENTED), ids=lambda c: c.__name__)
+def test_the_type_has_exactly_the_documented_fields(cls):
+    documented = DOCUMENTED[cls]()
+    have = _keys(cls)
+    assert not documented - have, f"{cls.__name__} lacks fields docs/json.md lists: {sorted(documented - have)}"
+    assert not have - documented, f"{cls.__name__} has fields docs/json.md does not list: {sorted(have - documented)}"
+
+
+def test_to_json_keeps_order_spelling_and_nulls_and_leaves_out_only_the_omitted():
+    frame = D.FrameDoc(address="0x401000", function=None, file=None, line=None, module="/bin/x",
+                       inlined=False, libtag=False, module_offset="0x1000")
+    group = D.LeakGroupDoc(kind="indirect", blocks=1, bytes=8, stack=[frame], stack_id=3, usable_size=None,
+                           oldest_alloc_ms=1, newest_alloc_ms=2, age_ms=None, examples=["0x10"], type=None)
+    out = D.to_json(group)
+    assert list(out) == ["kind", "blocks", "bytes", "stack", "stack_id", "usable_size", "oldest_alloc_ms",
+                         "newest_alloc_ms", "age_ms", "examples", "type"]
+    assert out["stack"] == [{"address": "0x401000", "function": None, "file": None, "line": None,
+                             "module": "/bin/x", "inlined": False, "libtag": False, "module_offset": "0x1000"}]
+    assert (out["age_ms"], out["type"]) == (None, None)
+    definite = D.to_json(dataclasses.replace(group, kind="definite", indirect_blocks=0, indirect_bytes=0,
+                                             cycle_leaders=0))
+    assert list(definite)[-3:] == ["indirect_blocks", "indirect_bytes", "cycle_leaders"]
+
+
+def test_documents_are_frozen():
+    c = D.Counts(blocks=1, bytes=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.blocks = 3

@@ -18,6 +18,9 @@
 #define TAG_ARCH_SHADOW 1
 
 /* ------------------------------------------------------------ registers */
+/* (the REG_* names are glibc's under _GNU_SOURCE, which libtag's sources
+ * have: a program that includes libtag's headers without it gets none) */
+#ifdef _GNU_SOURCE
 TAG_INLINE uint64_t tag_uc_pc(const ucontext_t *uc) { return (uint64_t)uc->uc_mcontext.gregs[REG_RIP]; }
 TAG_INLINE uint64_t tag_uc_sp(const ucontext_t *uc) { return (uint64_t)uc->uc_mcontext.gregs[REG_RSP]; }
 TAG_INLINE uint64_t tag_uc_fp(const ucontext_t *uc) { return (uint64_t)uc->uc_mcontext.gregs[REG_RBP]; }
@@ -41,6 +44,7 @@ __attribute__((unused)) static void tag_arch_save_regs(uint64_t *o, const uconte
     o[21] = (uint64_t)(uintptr_t)__builtin_thread_pointer();  o[22] = 0;
     o[23] = o[24] = o[25] = o[26] = 0;
 }
+#endif /* _GNU_SOURCE */
 
 /* NT_PRSTATUS's pr_reg is the record's registers as they are. */
 #define TAG_ARCH_PRSTATUS_NREGS 27
@@ -122,7 +126,7 @@ __attribute__((unused)) static int tag_arch_is_sigreturn(uintptr_t pc, uintptr_t
  * its general registers. */
 TAG_INLINE uint64_t tag_arch_sigframe_regs(uint64_t sp) { return sp + offsetof(ucontext_t, uc_mcontext.gregs); }
 #define TAG_ARCH_SIGFRAME_REGS_BYTES sizeof(gregset_t)
-#define TAG_ARCH_SIGFRAME_PC(g) ((uint64_t)((const greg_t *)(g))[REG_RIP])
+#define TAG_ARCH_SIGFRAME_PC(g) ((uint64_t)((const greg_t *)(g))[REG_RIP])  /* _GNU_SOURCE */
 #define TAG_ARCH_SIGFRAME_SP(g) ((uint64_t)((const greg_t *)(g))[REG_RSP])
 #define TAG_ARCH_SIGFRAME_FP(g) ((uint64_t)((const greg_t *)(g))[REG_RBP])
 

@@ -213,11 +213,58 @@ def test_no_such_coredump_is_one_error_line(cli, crashes):
                                         "MATCH, not both"]
 
 
-@pytest.fixture
-def coredumpctl(tmp_path, crashes) -> str:
-    """A coredumpctl that prints the journal's records as `coredumpctl
-    --json=short list` does: the three stored crashes (logged a moment
-    after each) and one whose core systemd no longer holds."""
+def _systemd_tool(name: str, sub: str) -> str | None:
+    """systemd's own program *name*: on PATH, else unpacked by .ci/run from
+    Debian's packages (not installed: systemd-coredump's postinst would set
+    core_pattern) under $XDG_CACHE_HOME/forensics/systemd."""
+    found = shutil.which(name)
+    if found:
+        return found
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = cache / "forensics" / "systemd" / sub / name
+    return str(path) if os.access(path, os.X_OK) else None
+
+
+def _journal_coredumpctl(tmp_path, crashes) -> str:
+    """The real coredumpctl reading a real journal file of the crashes,
+    written by systemd-journal-remote from journal export entries as
+    systemd-coredump logs them (MESSAGE_ID fc2e22bc...: a core dumped)."""
+    ctl = _systemd_tool("coredumpctl", "usr/bin")
+    remote = _systemd_tool("systemd-journal-remote", "lib/systemd")
+    if ctl is None or remote is None:
+        pytest.skip("coredumpctl and systemd-journal-remote are not here (.ci/run unpacks them "
+                    "from Debian's packages); the same records are tested as coredumpctl's JSON")
+    entries = []
+    records = [(c.time_us, c.pid, signal.SIGABRT, os.path.realpath(SLEEP), str(c.stored))
+               for c in crashes.values()]
+    records.append((crashes["new"].time_us + 50_000_000 - 40_000, 4242, signal.SIGSEGV,
+                    "/usr/bin/gone", str(tmp_path / "core.gone.0.x.4242.1.zst")))
+    for t, pid, sig, exe, core in records:
+        fields = {"__REALTIME_TIMESTAMP": t + 40_000, "_BOOT_ID": BOOT, "_HOSTNAME": "testhost",
+                  "MESSAGE_ID": "fc2e22bc6ee647b6b90729ab34a250b1",
+                  "MESSAGE": f"Process {pid} ({os.path.basename(exe)}) of user {os.getuid()} dumped core.",
+                  "COREDUMP_PID": pid, "COREDUMP_UID": os.getuid(), "COREDUMP_GID": os.getgid(),
+                  "COREDUMP_SIGNAL": int(sig), "COREDUMP_SIGNAL_NAME": signal.Signals(sig).name,
+                  "COREDUMP_EXE": exe, "COREDUMP_COMM": os.path.basename(exe)[:15],
+                  "COREDUMP_TIMESTAMP": t, "COREDUMP_FILENAME": core}
+        entries.append("".join(f"{k}={v}\n" for k, v in fields.items()))
+    journal = tmp_path / "coredumps.journal"
+    subprocess.run([remote, "-o", str(journal), "-"], input="\n".join(entries) + "\n", text=True,
+                   check=True, capture_output=True, timeout=60)
+    script = tmp_path / "coredumpctl"
+    script.write_text(f"#!/bin/sh\nexec '{ctl}' --file '{journal}' \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.fixture(params=["journal", "json"])
+def coredumpctl(request, tmp_path, crashes) -> str:
+    """A coredumpctl for the three stored crashes (logged a moment after
+    each) and one whose core systemd no longer holds: the real one over a
+    real journal ("journal"), or a script that prints what its `--json=short
+    list` prints ("json"), for a machine without it."""
+    if request.param == "journal":
+        return _journal_coredumpctl(tmp_path, crashes)
     rows = [{"time": c.time_us + 40_000, "pid": c.pid, "uid": os.getuid(), "gid": os.getgid(),
              "sig": int(signal.SIGABRT), "corefile": "present", "exe": os.path.realpath(SLEEP),
              "size": c.stored.stat().st_size} for c in crashes.values()]

@@ -23,6 +23,7 @@ one Sentry event instead (docs/json.md, "Sentry event").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from forensics.cli import _args
 from forensics.cli._open import open_dump
@@ -67,10 +68,10 @@ def answer(dump, args: argparse.Namespace) -> int:
 
     doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
     if args.leaks:
-        doc["leaks"] = leaks_doc(dump)
+        doc = dataclasses.replace(doc, leaks=leaks_doc(dump))
     if getattr(args, "blocks", None):
-        doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
-                                           runtime_functions=args.runtime_functions)
+        doc = dataclasses.replace(doc, stack_blocks=stack_blocks(dump, args.blocks, runtime=args.runtime,
+                                                                 runtime_functions=args.runtime_functions))
     if getattr(args, "sentry", False):
         from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 
@@ -79,8 +80,8 @@ def answer(dump, args: argparse.Namespace) -> int:
         text.print_json(doc)
     else:
         text.show_inspect(doc)
-        if args.leaks:
-            text.show_leaks(doc["leaks"])
-        if doc.get("stack_blocks"):
-            text.show_stack_blocks(doc["stack_blocks"])
+        if doc.leaks is not None:
+            text.show_leaks(doc.leaks)
+        if doc.stack_blocks is not None:
+            text.show_stack_blocks(doc.stack_blocks)
     return 0

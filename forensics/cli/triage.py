@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from forensics.answers.documents import InspectDoc
 from forensics.cli import _args
 from forensics.cli._open import open_dump
 from forensics.errors import InputError
@@ -40,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.answers.triage import triage  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
 
-    def inspect(path: str) -> dict:
+    def inspect(path: str) -> InspectDoc:
         with open_dump(path, args, plain=True) as dump:
             return inspect_doc(dump, top=0)
 

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from forensics.answers.documents import InspectDoc
 from forensics.cli import _args
 from forensics.cli._open import open_dump
 from forensics.errors import InputError
+
+if TYPE_CHECKING:  # an annotation only: --help never loads the answers
+    from forensics.answers.documents import InspectDoc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ What the page shows, and where each part comes from:
 - cores of more than one process: a warning naming each process, and one
   curve per process;
 - the leak groups of the newest snapshot;
+- the newest snapshot's live blocks by C++ class (inspect's ``types``: by
+  the vtable pointer in a block's first word), with libtag and without;
 - the C and C++ runtimes' own blocks (stdio buffers, libstdc++'s emergency
   pool, the loader's TLS: forensics.answers.runtime) folded into one node of
   the hierarchy and one line above the table, unless --runtime;
@@ -47,7 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from forensics.answers.crash import crash_doc
-from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
+from forensics.answers.inspect import blocks_of_stacks, inspect_doc, live_types, top_stacks
 from forensics.answers.documents import (BlockDoc, CrashDoc, FrameDoc, InspectDoc, RuntimeSummary, TopStack,
                                          to_json)
 from forensics.answers.leaks import leaks_doc
@@ -63,6 +65,7 @@ REPORT_STACK_BLOCKS = 10  # blocks listed under each stack of the table (for who
 STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
 SIZE_LIMIT = 2000  # without libtag: size classes listed (most bytes first)
 CORRUPTION_LIMIT = 50  # without libtag: heap inconsistencies of one core shown as events
+TYPES_LIMIT = 200  # C++ classes listed (most bytes first)
 
 # Allocation wrappers: functions that allocate for their caller, so "allocated
 # at" is the first frame of a stack that is none of these (docs/guide.md,
@@ -488,6 +491,7 @@ class ReportBuilder:
             for row in table:
                 row["block_list"] = to_json(firsts[row.pop("stack_id")])
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
             self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:
             self._newest = None
@@ -507,6 +511,7 @@ class ReportBuilder:
             "tree": tree,
             "stacks": table,
             "distinct_stacks": distinct,
+            "types": to_json(types),
             "events": self.events,
             "leaks": leaks,
             "warnings": self.warnings,
@@ -531,6 +536,7 @@ class ReportBuilder:
         try:
             sizes, distinct = size_classes(dump)
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
             self._warn(self.points[primary]["core"], dump)
         finally:
             self._newest = None
@@ -553,6 +559,7 @@ class ReportBuilder:
             "distinct_stacks": 0,
             "size_classes": sizes,
             "distinct_sizes": distinct,
+            "types": to_json(types),
             "events": self.events,
             "leaks": leaks,
             "warnings": self.warnings,

@@ -20,14 +20,17 @@ mapping from a stack id to frames happen in one place.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
+from forensics.core import Core
 from forensics.files import state_dir
-from forensics.reader import abi
+from forensics.reader import abi, cachefile
+from forensics.reader.complete import complete as add_thread_notes
 from forensics.reader.control import Control, truncation
 from forensics.reader.glibc_layout import CHUNK_HDR, GlibcError, find_layout
 from forensics.reader.glibc_walk import GlibcHeap
@@ -35,6 +38,10 @@ from forensics.reader.heap import Heap
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, Thread
 from forensics.reader.pointers import Edges, build_edges
+from forensics.reader.symbols import (SymbolOptions, Symbolizer, expand_inlines, merge_entry_frames,
+                                      modules_from_mappings)
+from forensics.reader.types import BlockTypes
+from forensics.reader.unwind import Unwinder
 
 Progress = Callable[[int, int], None]
 
@@ -66,7 +73,6 @@ class Dump:
     @cached_property
     def types(self):
         """The C++ classes of its blocks, by vtable (reader/types.py)."""
-        from forensics.reader.types import BlockTypes
 
         return BlockTypes(self)
 
@@ -120,7 +126,6 @@ class Dump:
         (forensics.reader.complete, with this parse and this control block;
         note() says why not when it cannot) - the explicit step the command
         line takes; gdb's commands leave the core gdb has open as it is."""
-        from forensics.core import Core
 
         core = Core(path)
         try:
@@ -130,7 +135,6 @@ class Dump:
             except abi.NoLibtagError as exc:
                 found = exc
             if complete and not isinstance(found, abi.NoLibtagError):
-                from forensics.reader.complete import complete as add_thread_notes
 
                 if add_thread_notes(core, found, note=note):
                     core.reparse()  # the new notes: every thread's registers
@@ -181,7 +185,6 @@ class Dump:
         agree); None for a core libtag did not take (gcore)."""
         taken = self.control.taken_ms
         if taken is None and self.core is None:
-            import time
 
             coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
             taken = (time.clock_gettime_ns(coarse) - int(self.control.fields.start_mono_ns)) // 1_000_000
@@ -195,8 +198,6 @@ class Dump:
 
     @cached_property
     def symbolizer(self):
-        from forensics.reader.symbols import SymbolOptions, Symbolizer, modules_from_mappings
-
         if self.core is not None:
             mappings = self.core.mappings
         else:  # a live memory (LiveMemory, the gdb adapter's) offers its maps
@@ -231,7 +232,6 @@ class Dump:
         repeat the CALL frame inside them are merged, each physical frame is
         preceded by the calls inlined there (``inlined``), and libtag's own
         frames are marked (``libtag``); nothing is dropped."""
-        from forensics.reader.symbols import expand_inlines, merge_entry_frames
 
         if not raw:
             return []
@@ -353,8 +353,6 @@ class Dump:
 
     @cached_property
     def unwinder(self):
-        from forensics.reader.unwind import Unwinder
-
         return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base)
 
     @cached_property
@@ -577,8 +575,6 @@ class PlainDump(Dump):
 
 
 def _load_edges(path: str, key) -> Edges | None:
-    from forensics.reader import cachefile
-
     # keyed like the heap index it refers to: block numbers are its indexes
     data = cachefile.load(path, [_EDGES_VERSION, *key])
     if data is None:
@@ -598,8 +594,6 @@ def _load_edges(path: str, key) -> Edges | None:
 
 
 def _save_edges(path: str, key, edges: Edges) -> None:
-    from forensics.reader import cachefile
-
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forensics.errors import ForensicsError
+from forensics.reader.symbols import open_regular
 
 MAX_INSN = 15  # bytes of the longest x86 instruction
 MAX_SCAN = 1 << 16  # bytes of a function scanned back from the fault, at most
@@ -62,7 +63,7 @@ class MemOperand:
 
 
 def _md():
-    import capstone
+    import capstone  # deferred, start-up time: capstone (faults without an address)
 
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.detail = True
@@ -70,7 +71,7 @@ def _md():
 
 
 def _mem_operand(insn, regs: dict[str, int]) -> MemOperand | None:
-    from capstone import x86
+    from capstone import x86  # deferred, start-up time: capstone (faults without an address)
 
     for op in insn.operands:
         if op.type != x86.X86_OP_MEM:
@@ -139,7 +140,7 @@ def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]
     """Where register reg got its value before the instruction at pc:
     (the address it was loaded from, the loading instruction), or None.
     code holds [start, pc) of the function (see the module docstring)."""
-    from capstone import x86
+    from capstone import x86  # deferred, start-up time: capstone (faults without an address)
 
     writer, later = _last_writer(code, start, pc, reg)
     if writer is None or writer.mnemonic not in ("mov", "movabs") or len(writer.operands) != 2:
@@ -166,10 +167,8 @@ def module_code(path: str, vaddr: int, n: int) -> bytes | None:
     """n bytes at file address vaddr of an ELF file, from a section that has
     contents there (never a debug file's empty .text); fewer at a section's
     end; None when no such section holds vaddr."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    from forensics.reader.symbols import open_regular
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     f = open_regular(path)
     if f is None:

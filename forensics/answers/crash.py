@@ -200,10 +200,11 @@ def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | N
     found and the word there still holds it (else that block is null:
     unknown, never a guess); "unknown" otherwise, with where the pointer was
     read from when that is found."""
-    pc = regs.get("rip")
+    arch = dump.arch
+    pc = regs.get(arch.pc)
     sym = dump.symbolizer
-    code = ins.read_code(dump.mem.read, sym, pc, ins.MAX_INSN) if pc else None
-    mem = ins.decode_at(code, pc, regs) if code else None
+    code = ins.read_code(dump.mem.read, sym, pc, arch.max_insn) if pc else None
+    mem = ins.decode_at(code, pc, regs, arch) if code else None
     if mem is None:
         return None, None, None
     base_value = regs.get(mem.base) if mem.base else None
@@ -239,20 +240,21 @@ def _pointer_load(dump: Dump, pc: int, reg: str | None, regs: dict[str, int]
     if body is None:
         return None
     start, code = body
-    found = ins.load_source(code, start, pc, reg, regs)
+    arch = dump.arch
+    found = ins.load_source(code, start, pc, reg, regs, arch)
     if found is not None:
         return (*found, "function")
-    if reg not in ins.ARG_REGS or ins.writes(code, start, pc, reg):
+    if reg not in arch.arg_regs or ins.writes(code, start, pc, reg, arch):
         return None
     caller = dump.unwinder.caller_regs(regs)
-    ra = caller.get("rip") if caller else None
+    ra = caller.get(arch.pc) if caller else None
     body = _function_code(dump, ra) if ra else None
     if body is None:
         return None
     start, code = body
     # the caller's code before its call (ra is the instruction after it)
-    call = ins.start_of_last(code, start)
-    found = ins.load_source(code, start, call, reg, caller) if call is not None else None
+    call = ins.start_of_last(code, start, arch)
+    found = ins.load_source(code, start, call, reg, caller, arch) if call is not None else None
     return (*found, "caller") if found is not None else None
 
 

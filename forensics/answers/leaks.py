@@ -255,11 +255,11 @@ class LeakScan:
 
     def _register_hits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         vals, vias = [], []
+        not_data = self.dump.arch.not_data
         for ctx in self.contexts:
             for name, value in (ctx.regs or {}).items():
-                if name.split(":")[-1] in ("fs_base", "gs_base", "orig_rax", "rip", "cs", "ss", "ds", "es", "fs",
-                            "gs", "eflags"):
-                    continue  # segment state and code: never a data pointer
+                if name.split(":")[-1] in not_data:
+                    continue  # segment/thread state and code: never a data pointer
                 if len(self._reg_names) + 1 >= _REG_VIA_LIMIT:
                     break
                 self._reg_names.append((ctx.tid, name))
@@ -773,6 +773,34 @@ def _tls_ranges(dump: Dump, ctx: Thread, fs: int) -> list[tuple[int, int]]:
     return out
 
 
+def _tls_ranges_above(dump: Dump, tp: int) -> list[tuple[int, int]]:
+    """TLS variant I (aarch64): the thread descriptor below tp (glibc's
+    struct pthread, under _TCB_BYTES), the TCB at tp and the static TLS
+    blocks above it up to the highest static DTV entry's block (its
+    bytes to the end of that page), and the DTV array."""
+    regions = dump.mem.regions()
+    region = next((r for r in regions if tp in r), None)
+    if region is None:
+        return []
+    hi = min(region.end, tp + 16)
+    out = []
+    dtv = _u64(dump.mem, tp)  # tcbhead_t: dtv, private
+    if dtv:
+        length = _u64(dump.mem, dtv - 16)
+        if length is not None and 0 < length < 1 << 16:
+            try:
+                raw = dump.mem.read(dtv, 16 * (int(length) + 1))
+            except Exception:  # noqa: BLE001
+                raw = b""
+            vals = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
+            static = vals[(vals >= tp) & (vals < region.end)]
+            if len(static):
+                hi = min(region.end, (int(static.max()) + 4096) & ~4095)
+            out.append((dtv - 16, dtv + 16 * (int(length) + 1)))
+    out.append((max(region.start, tp - _TCB_BYTES), hi))
+    return out
+
+
 def root_ranges(dump: Dump, contexts: list[Thread] | None = None) -> list[RootRange]:
     """Every memory range whose words are roots: live stack frames, module
     globals, static TLS (see the module docstring)."""
@@ -787,13 +815,15 @@ def root_ranges(dump: Dump, contexts: list[Thread] | None = None) -> list[RootRa
         if live is not None:
             out.append(RootRange(live[0], live[1], "stack", thread=ctx.tid))
             stacks.append(live)
+    arch = dump.arch
     for ctx in contexts:
-        fs = (ctx.regs or {}).get("fs_base")
+        fs = (ctx.regs or {}).get(arch.tp)
         if not fs:
             continue
         if any(a <= fs < b for a, b in stacks):
             continue  # a pthread's TLS and descriptor: at the top of its stack
-        for a, b in _tls_ranges(dump, ctx, fs):
+        ranges = _tls_ranges(dump, ctx, fs) if arch.name == "x86_64" else _tls_ranges_above(dump, fs)
+        for a, b in ranges:
             out.append(RootRange(a, b, "tls", thread=ctx.tid))
     # libtag's data is no root; linked into the program (libtag.a), its data
     # is the program's and stays one (the edges leave the control block out)

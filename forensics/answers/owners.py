@@ -228,7 +228,7 @@ def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:
     stack (unwound from its registers with CFI); None when no unwound frame
     holds it (the walk stopped short, or no registers)."""
     t = dump.thread(tid) if tid is not None else None
-    if t is None or not t.regs or not t.regs.get("rip"):
+    if t is None or not t.regs or not t.regs.get(dump.arch.pc):
         return None
     try:
         steps = dump.thread_steps(t)

@@ -1,4 +1,4 @@
-"""An opened x86_64 ELF core: its segments, threads, mappings, and its memory.
+"""An opened ELF core (x86_64 or AArch64: forensics.arch): its segments, threads, mappings, and its memory.
 
 The file is mmap'ed read-only and never loaded whole: reads slice the map, and
 Core.segment_array hands out zero-copy numpy views for bulk (vectorised) scans.
@@ -10,11 +10,13 @@ import bisect
 import mmap
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
+
+from forensics.arch import for_machine
 
 from . import compressed, elf
 from .errors import CoreParseError, NotDumpedError, TruncatedError, UnmappedError
@@ -170,7 +172,7 @@ def read_notes(path: str | os.PathLike[str]) -> tuple[Notes, list[RawNote], str 
 
 
 class Core:
-    """An x86_64 ELF core file, opened read-only.
+    """An ELF core file, opened read-only; ``arch`` is its machine.
 
     Use as ``with Core.open(path) as core: ...``; the map is closed on exit.
     """
@@ -208,7 +210,7 @@ class Core:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Core:
-        """Open and parse a core; raises CoreParseError if it is not a readable x86_64 core."""
+        """Open and parse a core; raises CoreParseError if it is not a readable core of a machine forensics.arch reads."""
         return cls(path)
 
     # -- parsing -----------------------------------------------------------
@@ -219,6 +221,7 @@ class Core:
         phdrs = elf.read_phdrs(mm, ehdr, path, size)
         # the ELF header, program headers and raw notes as in the file
         self.ehdr, self.phdrs = ehdr, phdrs
+        self.arch = for_machine(ehdr.e_machine)  # read_ehdr refused the others
 
         raw: list[RawNote] = []
         for ph in phdrs:
@@ -230,8 +233,10 @@ class Core:
                     f"{ph.p_offset:#x} need {ph.p_offset:#x} + {ph.p_filesz:#x}"
                 )
             raw.extend(iter_notes(mm, ph.p_offset, ph.p_filesz))
+        self.files_here: dict[str, str] = {}  # adopt_mappings' files
+        self.biases_here: dict[str, int] = {}  # ... and load biases
         self.raw_notes: list[RawNote] = raw
-        self.notes: Notes = decode_notes(raw)
+        self.notes: Notes = decode_notes(raw, self.arch)
         self._map_starts = [m.start for m in self.notes.mappings]
 
         segments = []
@@ -341,6 +346,21 @@ class Core:
         if self.execfn:
             return self.execfn
         return self.prpsinfo.fname if self.prpsinfo and self.prpsinfo.fname else None
+
+    def adopt_mappings(self, mappings: list[Mapping], files: dict[str, str] | None = None,
+                       biases: dict[str, int] | None = None) -> None:
+        """Take mappings found elsewhere (forensics.reader.linkmap: the
+        loader's list) as the NT_FILE note a core without one lacks: the
+        segments they cover are named by their paths.  files: {path: the
+        file found here for it} (``files_here``); biases: {path: its load
+        bias, as the loader had it} (``biases_here``)."""
+        self.files_here = dict(files or {})
+        self.biases_here = dict(biases or {})
+        self.notes.mappings = sorted(mappings, key=lambda m: m.start)
+        self._map_starts = [m.start for m in self.notes.mappings]
+        self.segments = [replace(s, path=m.path if (m := self.mapping_at(s.vaddr)) else None)
+                         for s in self.segments]
+        self.__dict__.pop("exe", None)
 
     def mapping_at(self, addr: int) -> Mapping | None:
         """The NT_FILE mapping containing addr, or None."""

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO, Callable
 
 from construct import Bytes, ConstructError, Int8ul, Int16ul, Int32ul, Int64ul, Struct
 
+from forensics.arch import for_machine, supported
 from forensics.errors import ForensicsError
 
 from .errors import CoreParseError
@@ -34,6 +35,7 @@ ET_DESCRIPTIONS = {
 ET_CORE = 4
 
 EM_X86_64 = 62
+EM_AARCH64 = 183
 EM_NAMES = {
     3: "i386",
     8: "MIPS",
@@ -70,7 +72,7 @@ Elf64_Ident = Struct(
 Elf64_Ehdr = Struct(
     "e_ident" / Elf64_Ident,
     "e_type" / Int16ul,  # ET_CORE for a core
-    "e_machine" / Int16ul,  # EM_X86_64 = 62
+    "e_machine" / Int16ul,  # EM_X86_64 = 62, EM_AARCH64 = 183 (forensics.arch)
     "e_version" / Int32ul,
     "e_entry" / Int64ul,  # 0 in a core
     "e_phoff" / Int64ul,  # file offset of the program header table
@@ -145,11 +147,11 @@ def check_header(ident_bytes: bytes, path: str, file_size: int) -> None:
     if ei_class != ELFCLASS64:
         kind = "32-bit" if ei_class == 1 else "unknown class"
         raise CoreParseError(
-            f"unsupported ELF class {ei_class} ({kind}) in {path}; only 64-bit x86_64 cores are read"
+            f"unsupported ELF class {ei_class} ({kind}) in {path}; only 64-bit {supported()} cores are read"
         )
     if ei_data != ELFDATA2LSB:
         raise CoreParseError(
-            f"unsupported ELF data encoding {ei_data} (big endian) in {path}; only x86_64 cores are read"
+            f"unsupported ELF data encoding {ei_data} (big endian) in {path}; only {supported()} cores are read"
         )
     if file_size < EHDR_SIZE:
         raise CoreParseError(
@@ -158,17 +160,18 @@ def check_header(ident_bytes: bytes, path: str, file_size: int) -> None:
 
 
 def read_ehdr(buf: Any, path: str, file_size: int) -> Any:
-    """Parse and validate the ELF header of a core: ET_CORE, x86_64."""
+    """Parse and validate the ELF header of a core: ET_CORE, a machine
+    forensics.arch reads (x86_64, AArch64)."""
     check_header(bytes(buf[:16]), path, file_size)
     ehdr = parse_at(Elf64_Ehdr, buf, 0, "ELF header")
     if ehdr.e_type != ET_CORE:
         name = ET_NAMES.get(ehdr.e_type, f"type {ehdr.e_type:#x}")
         desc = ET_DESCRIPTIONS.get(ehdr.e_type, "an ELF file")
         raise CoreParseError(f"not a core file: {path} is {desc} (e_type {name})")
-    if ehdr.e_machine != EM_X86_64:
+    if for_machine(ehdr.e_machine) is None:
         name = EM_NAMES.get(ehdr.e_machine, "unknown")
         raise CoreParseError(
-            f"unsupported architecture: e_machine {ehdr.e_machine} ({name}); only x86_64 cores are read"
+            f"unsupported architecture: e_machine {ehdr.e_machine} ({name}); only {supported()} cores are read"
         )
     return ehdr
 

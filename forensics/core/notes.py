@@ -1,8 +1,16 @@
-"""The PT_NOTE notes of an x86_64 Linux core, mirrored from the kernel's structs.
+"""The PT_NOTE notes of an x86_64 or AArch64 Linux core, mirrored from the kernel's structs.
 
 Layouts are those the kernel writes (fs/binfmt_elf.c, include/linux/elfcore.h,
-arch/x86/include/asm/user_64.h) and gdb's gcore copies.  Notes this module does
-not decode are kept as RawNote and otherwise ignored.
+arch/x86/include/asm/user_64.h, arch/arm64/include/uapi/asm/ptrace.h) and
+gdb's gcore and qemu-user copy.  The machine (forensics.arch) says how many
+registers NT_PRSTATUS holds and their names; everything else is the same
+on both.  Notes this module does not decode are kept as RawNote and
+otherwise ignored.
+
+qemu-user's cores of an emulated program hold NT_PRSTATUS, NT_PRPSINFO and
+NT_AUXV only: no NT_SIGINFO (the signal is taken from NT_PRSTATUS's
+pr_info), no NT_FILE (forensics.reader.linkmap finds the modules) and no
+NT_ARM_TLS (forensics.reader.threadptr finds the thread pointers).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from typing import Any
 
 from construct import Array, Bytes, Int8sl, Int8ul, Int16sl, Int32sl, Int32ul, Int64sl, Int64ul, Padding, Struct
 
+from forensics.arch import X86_64, Arch
+
 from .elf import NHDR_SIZE, Elf64_Nhdr, parse_at
 from .errors import CoreParseError
 
@@ -22,6 +32,7 @@ NT_PRPSINFO = 3
 NT_AUXV = 6
 NT_SIGINFO = 0x53494749  # "SIGI"
 NT_FILE = 0x46494C45  # "FILE"
+NT_ARM_TLS = 0x401  # "LINUX": tpidr_el0 (then tpidr2_el0 on SME machines)
 # forensics' own note in a core it wrote from outside the process (the
 # ptrace snapshot): key=value lines saying how it was taken (docs/format.md)
 FORENSICS_NOTE = b"FORENSICS"
@@ -34,39 +45,43 @@ AT_BASE = 7
 AT_EXECFN = 31
 AT_SYSINFO_EHDR = 33
 
-# struct user_regs_struct (arch/x86/include/asm/user_64.h), in order: elf_gregset_t.
-REG_NAMES = (
-    "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
-    "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
-    "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs",
-)  # fmt: skip
+# x86_64's elf_gregset_t (forensics.arch.x86_64): libtag's saved registers
+# and the cores forensics writes are x86_64's
+REG_NAMES = X86_64.reg_names
 
 _timeval = Struct("tv_sec" / Int64sl, "tv_usec" / Int64sl)
 
-# struct elf_prstatus (include/linux/elfcore.h), one per thread.
-elf_prstatus = Struct(
-    "pr_info" / Struct(  # struct elf_siginfo: note the order differs from siginfo_t
-        "si_signo" / Int32sl,
-        "si_code" / Int32sl,
-        "si_errno" / Int32sl,
-    ),
-    "pr_cursig" / Int16sl,  # the signal that killed the process, 0 for gcore
-    Padding(2),
-    "pr_sigpend" / Int64ul,  # pending signal mask
-    "pr_sighold" / Int64ul,  # blocked signal mask
-    "pr_pid" / Int32sl,  # the thread id (what gettid() returned)
-    "pr_ppid" / Int32sl,
-    "pr_pgrp" / Int32sl,
-    "pr_sid" / Int32sl,
-    "pr_utime" / _timeval,
-    "pr_stime" / _timeval,
-    "pr_cutime" / _timeval,
-    "pr_cstime" / _timeval,
-    "pr_reg" / Array(len(REG_NAMES), Int64ul),  # elf_gregset_t, REG_NAMES order
-    "pr_fpvalid" / Int32sl,  # nonzero if an NT_PRFPREG note follows
-    Padding(4),
-)
+
+def _prstatus_struct(nregs: int) -> Struct:
+    """struct elf_prstatus (include/linux/elfcore.h), one per thread, of a
+    machine whose elf_gregset_t has nregs registers."""
+    return Struct(
+        "pr_info" / Struct(  # struct elf_siginfo: note the order differs from siginfo_t
+            "si_signo" / Int32sl,
+            "si_code" / Int32sl,
+            "si_errno" / Int32sl,
+        ),
+        "pr_cursig" / Int16sl,  # the signal that killed the process, 0 for gcore
+        Padding(2),
+        "pr_sigpend" / Int64ul,  # pending signal mask
+        "pr_sighold" / Int64ul,  # blocked signal mask
+        "pr_pid" / Int32sl,  # the thread id (what gettid() returned)
+        "pr_ppid" / Int32sl,
+        "pr_pgrp" / Int32sl,
+        "pr_sid" / Int32sl,
+        "pr_utime" / _timeval,
+        "pr_stime" / _timeval,
+        "pr_cutime" / _timeval,
+        "pr_cstime" / _timeval,
+        "pr_reg" / Array(nregs, Int64ul),  # elf_gregset_t, the machine's reg_names order
+        "pr_fpvalid" / Int32sl,  # nonzero if an NT_PRFPREG note follows
+        Padding(4),
+    )
+
+
+elf_prstatus = _prstatus_struct(len(REG_NAMES))  # x86_64
 assert elf_prstatus.sizeof() == 336
+_PRSTATUS: dict[int, Struct] = {}  # e_machine -> its struct elf_prstatus
 
 # struct elf_prpsinfo (include/linux/elfcore.h), one per process.
 elf_prpsinfo = Struct(
@@ -179,16 +194,18 @@ class PrStatus:
 
     tid: int
     signal: int  # pr_cursig
-    regs: dict[str, int]  # REG_NAMES -> value
+    regs: dict[str, int]  # the machine's reg_names -> value (aarch64: and tpidr_el0 from NT_ARM_TLS)
     siginfo: SigInfo | None = None  # gcore writes one per thread, the kernel one per core
+    arch: Arch = X86_64
+    info: tuple[int, int, int] = (0, 0, 0)  # pr_info: si_signo, si_code, si_errno
 
     @property
     def sp(self) -> int:
-        return self.regs["rsp"]
+        return self.regs[self.arch.sp]
 
     @property
     def pc(self) -> int:
-        return self.regs["rip"]
+        return self.regs[self.arch.pc]
 
 
 @dataclass(frozen=True)
@@ -304,9 +321,15 @@ def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
-def decode_prstatus(note: RawNote) -> PrStatus:
-    st = _parse_desc(elf_prstatus, note, "NT_PRSTATUS")
-    return PrStatus(tid=st.pr_pid, signal=st.pr_cursig, regs=dict(zip(REG_NAMES, st.pr_reg, strict=True)))
+def decode_prstatus(note: RawNote, arch: Arch = X86_64) -> PrStatus:
+    if arch is X86_64:
+        struct = elf_prstatus
+    else:
+        struct = _PRSTATUS.get(arch.e_machine) or _PRSTATUS.setdefault(
+            arch.e_machine, _prstatus_struct(len(arch.reg_names)))
+    st = _parse_desc(struct, note, "NT_PRSTATUS")
+    return PrStatus(tid=st.pr_pid, signal=st.pr_cursig, regs=dict(zip(arch.reg_names, st.pr_reg, strict=True)),
+                    arch=arch, info=(st.pr_info.si_signo, st.pr_info.si_code, st.pr_info.si_errno))
 
 
 def decode_prpsinfo(note: RawNote) -> PrPsInfo:
@@ -371,14 +394,19 @@ def decode_file(note: RawNote) -> list[Mapping]:
     return maps
 
 
-def decode_notes(raw: list[RawNote]) -> Notes:
+def decode_notes(raw: list[RawNote], arch: Arch = X86_64) -> Notes:
     """Decode the notes a core reader needs; keep the rest raw."""
     out = Notes(raw=raw)
     for note in raw:
+        if note.name == b"LINUX" and note.type == NT_ARM_TLS and arch.tp == "tpidr_el0":
+            # the thread pointer of the thread whose NT_PRSTATUS came before
+            if out.threads and len(note.desc) >= 8:
+                out.threads[-1].regs[arch.tp] = int.from_bytes(note.desc[:8], "little")
+            continue
         if note.name != b"CORE":
-            continue  # "LINUX" notes are register sets (xstate, ...) we do not read
+            continue  # other "LINUX" notes are register sets (xstate, ...) we do not read
         if note.type == NT_PRSTATUS:
-            out.threads.append(decode_prstatus(note))
+            out.threads.append(decode_prstatus(note, arch))
         elif note.type == NT_PRPSINFO and out.prpsinfo is None:
             out.prpsinfo = decode_prpsinfo(note)
         elif note.type == NT_AUXV:
@@ -391,4 +419,9 @@ def decode_notes(raw: list[RawNote]) -> Notes:
                 out.siginfo = si
             if out.threads and out.threads[-1].siginfo is None:
                 out.threads[-1].siginfo = si
+    if out.siginfo is None and out.threads and out.threads[0].signal and arch is not X86_64:
+        # qemu-user writes no NT_SIGINFO: the signal is NT_PRSTATUS's
+        # (pr_info, which says no address or sender)
+        signo, code, errno = out.threads[0].info
+        out.siginfo = SigInfo(signo or out.threads[0].signal, code, errno)
     return out

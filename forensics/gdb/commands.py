@@ -112,7 +112,7 @@ class GdbMemory:
                     t.switch()
                     frame = gdb.newest_frame()
                     out[int(lwp)] = {name: int(frame.read_register(name)) & 0xFFFFFFFFFFFFFFFF
-                                     for name in _UNWIND_REGS}
+                                     for name in _unwind_regs(frame)}
                 except gdb.error:
                     continue
         finally:
@@ -125,6 +125,20 @@ class GdbMemory:
 
 
 _UNWIND_REGS = ("rip", "rsp", "rbp", "rbx", "r12", "r13", "r14", "r15")
+
+
+def _unwind_regs(frame) -> tuple[str, ...]:
+    """The registers to read for an unwind, by the machine gdb debugs
+    (gdb-multiarch's aarch64: pc, sp and the callee-saved x19-x30)."""
+    from forensics.arch import AARCH64
+
+    try:
+        name = frame.architecture().name()
+    except (gdb.error, AttributeError):
+        name = ""
+    if name.startswith("aarch64"):
+        return (AARCH64.pc, AARCH64.sp, *(AARCH64.dwarf_names[i] for i in AARCH64.callee_saved), "x30")
+    return _UNWIND_REGS
 
 
 class GdbDump(Dump):

@@ -136,7 +136,7 @@ def _frame_pointers(dump: Dump, heap: GlibcHeap, thread, frames: list[Frame],
     k = sum(1 for f in frames[:outer] if not f.inlined)
     if k >= len(steps) or steps[k].cfa is None:
         return []
-    lo, hi = thread.regs["rsp"], steps[k].cfa
+    lo, hi = thread.regs[dump.arch.sp], steps[k].cfa
     if not 0 < hi - lo <= 1 << 16:
         return []
     raw = dump.mem.read(lo & ~7, (hi - (lo & ~7)) & ~7)

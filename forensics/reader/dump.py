@@ -27,7 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from forensics.core import Core
+from forensics.arch import AARCH64, HOST
+from forensics.core import Core, elf
 from forensics.files import state_dir
 from forensics.reader import abi, cachefile
 from forensics.reader.complete import complete as add_thread_notes
@@ -35,11 +36,13 @@ from forensics.reader.control import Control, truncation
 from forensics.reader.glibc_layout import CHUNK_HDR, GlibcError, find_layout
 from forensics.reader.glibc_walk import GlibcHeap
 from forensics.reader.heap import Heap
+from forensics.reader.linkmap import link_map_mappings
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, Thread
 from forensics.reader.pointers import Edges, build_edges
 from forensics.reader.symbols import (SymbolOptions, Symbolizer, expand_inlines, merge_entry_frames,
-                                      modules_from_mappings)
+                                      modules_from_mappings, open_regular)
+from forensics.reader.threadptr import thread_pointers
 from forensics.reader.types import BlockTypes
 from forensics.reader.unwind import Unwinder
 
@@ -83,7 +86,7 @@ class Dump:
         skip: [start, end) ranges that hold no chunk of glibc's own mmap;
         counted_mmaps: look for those only when glibc counts some."""
         opts = self.symbol_options
-        fs = {t.tid: (t.regs or {}).get("fs_base", 0) for t in self.threads}
+        fs = {t.tid: (t.regs or {}).get(self.arch.tp, 0) for t in self.threads}
         stacks = [(t.stack_region.start, t.stack_region.end) for t in self.threads
                   if t.stack_region is not None]
         layout = find_layout(self.symbolizer.modules, debug_dirs=opts.debug_dirs if opts else (),
@@ -129,6 +132,8 @@ class Dump:
 
         core = Core(path)
         try:
+            if not core.mappings:
+                _adopt_link_map(core, symbols)
             mem = CoreMemory(core)
             try:
                 found = abi.find_control(mem)
@@ -205,6 +210,10 @@ class Dump:
         opts = self.symbol_options or SymbolOptions()
         # the build-ids and headers the process had come from its own memory
         modules = modules_from_mappings(mappings, read=self.mem.read, sysroot=opts.sysroot)
+        here = self.core.files_here if self.core is not None else {}
+        if here:
+            biases = self.core.biases_here
+            modules = [_found_file(m, here.get(m.path), biases.get(m.path)) for m in modules]
         kw = {"debug_dirs": opts.debug_dirs, "sysroot": opts.sysroot}
         try:
             return Symbolizer(modules, cache_dir=state_dir() / "symbols", **kw)
@@ -317,12 +326,12 @@ class Dump:
             saved = t.saved_regs
             regs = saved if self.saved_registers_first and saved else core.get(t.tid, saved)
             regs = live.get(t.tid, regs)
-            sp = regs.get("rsp") if regs else None
+            sp = regs.get(self.arch.sp) if regs else None
             out.append(replace(t, regs=regs, sp=sp or None, stack_region=self._stack_region(t, sp)))
         known = {t.tid for t in self.control.threads}
         for tid, regs in {**core, **live}.items():
             if tid not in known:
-                sp = regs.get("rsp")
+                sp = regs.get(self.arch.sp)
                 out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
@@ -341,7 +350,7 @@ class Dump:
         them from the signal context into its record; else the core's own
         note for the thread."""
         t = self.control.thread(tid)
-        if t is not None and t.saved_regs and t.saved_regs.get("rip"):
+        if t is not None and t.saved_regs and t.saved_regs.get(self.arch.pc):
             return t.saved_regs
         return self.core_registers.get(tid)
 
@@ -353,7 +362,17 @@ class Dump:
 
     @cached_property
     def unwinder(self):
-        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base)
+        arch = self.arch
+        regions = self.mem.regions()
+        mask = arch.pointer_mask(regions[-1].end - 1) if regions else arch.pointer_mask(0)
+        return Unwinder(self.mem, self.symbolizer.modules, vdso=self.vdso_base, arch=arch, ptr_mask=mask)
+
+    @property
+    def arch(self):
+        """The machine (forensics.arch): a core's, else this host's (a live
+        process is read here)."""
+
+        return self.core.arch if self.core is not None else HOST
 
     @cached_property
     def vdso_base(self) -> int | None:
@@ -403,7 +422,7 @@ class Dump:
         come from this one walk."""
         if t.tid not in self._thread_steps:
             steps = []
-            if t.regs and t.regs.get("rip"):
+            if t.regs and t.regs.get(self.arch.pc):
                 bounds = (t.stack_region.start, t.stack_region.end) if t.stack_region is not None else None
                 steps = self.unwinder.unwind(t.regs, stack=bounds)
             self._thread_steps[t.tid] = steps
@@ -428,7 +447,7 @@ class Dump:
                 if tid == self.core.pid and snap_tid and not self.control.thread(tid):
                     tid = snap_tid
                 out.setdefault(tid, dict(t.regs))
-        return out
+        return _with_thread_pointers(self, out)
 
     def _stack_region(self, t: Thread, sp: int | None) -> Region | None:
         """The mapping that holds thread t's stack: the one sp is in, else
@@ -547,7 +566,7 @@ class PlainDump(Dump):
         """Every thread in the core's notes, the one that took the signal first."""
         out = []
         for tid, regs in self.core_registers.items():
-            sp = regs.get("rsp")
+            sp = regs.get(self.arch.sp)
             out.append(Thread(tid, regs=regs, sp=sp or None, stack_region=self._region_at(sp)))
         return out
 
@@ -556,7 +575,7 @@ class PlainDump(Dump):
         out: dict[int, dict[str, int]] = {}
         for t in self.core.threads if self.core is not None else ():
             out.setdefault(t.tid, dict(t.regs))
-        return out
+        return _with_thread_pointers(self, out)
 
     @cached_property
     def targets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -595,6 +614,47 @@ def _load_edges(path: str, key) -> Edges | None:
 
 def _save_edges(path: str, key, edges: Edges) -> None:
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
+
+
+def _with_thread_pointers(dump: Dump, regs: dict[int, dict[str, int]]) -> dict[int, dict[str, int]]:
+    """An aarch64 core's registers with the thread pointers a core without
+    NT_ARM_TLS (qemu-user's) lacks, found from glibc's thread descriptors
+    (reader/threadptr.py)."""
+
+    if dump.core is None or dump.arch is not AARCH64 or not regs \
+            or any(AARCH64.tp in r for r in regs.values()):
+        return regs
+
+    for tid, tp in thread_pointers(dump.mem, list(regs)).items():
+        regs[tid][AARCH64.tp] = tp
+    return regs
+
+
+def _adopt_link_map(core, symbols) -> None:
+    """A core without NT_FILE (qemu-user's): its modules from the loader's
+    list (reader/linkmap.py), files looked for under --sysroot."""
+
+    found = link_map_mappings(core, getattr(symbols, "sysroot", None))
+    if found is not None and found.mappings:
+        core.adopt_mappings(found.mappings, found.files, found.biases)
+
+
+def _found_file(module, local: str | None, bias: int | None):
+    """A module found through the loader's list, with the file found for
+    it and the loader's load bias; the build-id is the file's when the
+    memory does not show it (the core has no first page of the file)."""
+    if bias is not None:
+        module = replace(module, load_bias=bias)
+    if local is None:
+        return module
+    bid = module.build_id
+    if bid is None:
+
+        f = open_regular(local)
+        if f is not None:
+            with f:
+                bid = elf.file_build_id(f)
+    return replace(module, file=local, build_id=bid)
 
 
 def _named_libtag(path: str) -> bool:

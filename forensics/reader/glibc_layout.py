@@ -33,7 +33,7 @@ from forensics.errors import InputError
 from forensics.files import ensure_private_dir, open_own_file, write_private
 from forensics.reader.symbols import open_regular
 
-# malloc's own constants (x86_64)
+# malloc's own constants (x86_64 and aarch64 alike: LP64, 16-byte alignment)
 SIZE_SZ = 8
 CHUNK_HDR = 16  # prev_size and size
 MINSIZE = 32
@@ -75,6 +75,9 @@ class Layout:
     tcache_entries: int  # offset of tcache_perthread_struct.entries
     heap_info_size: int  # sizeof(heap_info)
     safe_linking: bool  # 2.32+: tcache and fastbin next pointers are mangled
+    # added to the TP offset in tcache_got's slot: aarch64's libc reaches
+    # `tcache` through thread_arena's slot (a section anchor) + 8
+    tcache_tls_add: int = 0
     # filled in for a core
     libc_path: str = ""
     libc_base: int = 0
@@ -103,6 +106,22 @@ KNOWN_BUILDS: dict[str, Layout] = {
         main_arena=0x1D3C60, mp=0x1D3340, tcache_key=0x1DA478, tcache_got=0x1D2D78,
         arena_got=0x1D2D70, abort_msg=0x1D4E60, state=_STATE_236, par=_PAR_236,
         tcache_count_size=2, tcache_entries=128, heap_info_size=48, safe_linking=True),
+    # Debian 12's cross libc for arm64 (libc6-arm64-cross 2.36-8cross1, the
+    # one qemu-aarch64 runs with -L /usr/aarch64-linux-gnu).  No debug file
+    # exists for it: derived from the code and checked against its cores
+    # (docs/design.md, "aarch64"): main_arena is the one word of libc's data
+    # whose malloc_state.next points at itself in a one-thread process, mp_
+    # the one holding tcache_bins 64, tcache_max_bytes 1032 and
+    # tcache_count 7 at their offsets, tcache_key the word equal to a freed
+    # tcache entry's key, and __libc_malloc reads thread_arena at
+    # [tp + GOT[0x19fd70]] and tcache at 8 above it.  The structs are
+    # x86_64's: both are LP64 with 16-byte malloc alignment.
+    "67adfea574cc9357d858bf79acc700c660126c81": Layout(
+        version="2.36", source="built-in table (Debian 12, libc6-arm64-cross 2.36-8cross1, arm64)",
+        main_arena=0x1A0B30, mp=0x1A01B0, tcache_key=0x1A6970, tcache_got=0x19FD70,
+        arena_got=0x19FD70, abort_msg=0x1A1C88, state=_STATE_236, par=_PAR_236,
+        tcache_count_size=2, tcache_entries=128, heap_info_size=48, safe_linking=True,
+        tcache_tls_add=8),
 }
 
 _LIBC_NAME = re.compile(r"^libc(\.so\.6|-2\.\d+\.so)$")
@@ -223,16 +242,19 @@ def layout_from_debug(debug_path: str, libc_path: str | None, version: str | Non
         if name not in structs:
             raise GlibcError(f"{debug_path}: the DWARF of malloc.c has no struct {name}")
     got = _tls_got_slots(libc_path, tls) if libc_path else {}
+    tcache_got, tcache_add = got.get("tcache", (None, 0))
+    arena_got, _ = got.get("thread_arena", (None, 0))
     entries = structs["tcache_perthread_struct"]["entries"]
     vt = _version_tuple(version)
     return Layout(
         version=version, source=debug_path, main_arena=main_arena, mp=mp, tcache_key=key,
-        tcache_got=got.get("tcache"), arena_got=got.get("thread_arena"), abort_msg=abort_msg,
+        tcache_got=tcache_got, arena_got=arena_got, abort_msg=abort_msg,
         state=structs["malloc_state"], par=structs["malloc_par"],
         tcache_count_size=entries // TCACHE_MAX_BINS, tcache_entries=entries,
         heap_info_size=structs["_heap_info"]["sizeof"],
         # tcache_key came with 2.34, safe-linking with 2.32
-        safe_linking=vt >= (2, 32) if vt is not None else key is not None)
+        safe_linking=vt >= (2, 32) if vt is not None else key is not None,
+        tcache_tls_add=tcache_add)
 
 
 def _dwarf_structs(elf, code_addr: int | None) -> dict[str, dict[str, int]]:
@@ -276,11 +298,14 @@ class _NoName:
 
 
 R_X86_64_TPOFF64 = 18
+R_AARCH64_TLS_TPREL64 = 1030
+# the relocation of an initial-exec TLS variable's GOT slot, by e_machine
+_TPOFF_RELOC = {62: R_X86_64_TPOFF64, 183: R_AARCH64_TLS_TPREL64}
 
 
-def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, int]:
+def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, tuple[int, int]]:
     """{variable: GOT slot} for libc's initial-exec TLS variables: the slot of
-    the R_X86_64_TPOFF64 relocation whose addend is the variable's offset in
+    the R_X86_64_TPOFF64 (aarch64: R_AARCH64_TLS_TPREL64) relocation whose addend is the variable's offset in
     libc's TLS block (the loader writes its TP offset there)."""
     from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
     from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
@@ -290,19 +315,37 @@ def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, int]
     if f is None:
         return {}
     want = {v: k for k, v in tls.items() if v is not None}
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
+    slots: dict[int, int] = {}  # addend -> slot, every TP-offset slot
     with f:
         try:
-            for sec in ELFFile(f).iter_sections():
+            ef = ELFFile(f)
+            tpoff = _TPOFF_RELOC.get(_machine_number(ef), R_X86_64_TPOFF64)
+            for sec in ef.iter_sections():
                 if not isinstance(sec, RelocationSection) or not sec.is_RELA():
                     continue
                 for rel in sec.iter_relocations():
-                    if rel["r_info_type"] == R_X86_64_TPOFF64 and rel["r_info_sym"] == 0 \
+                    if rel["r_info_type"] == tpoff and rel["r_info_sym"] == 0 \
                             and rel["r_addend"] in want:
-                        out.setdefault(want[rel["r_addend"]], int(rel["r_offset"]))
+                        out.setdefault(want[rel["r_addend"]], (int(rel["r_offset"]), 0))
+                    if rel["r_info_type"] == tpoff and rel["r_info_sym"] == 0:
+                        slots.setdefault(rel["r_addend"], int(rel["r_offset"]))
         except (OSError, ELFError):
             return {}
+    # a variable reached through another's slot (a section anchor, as
+    # aarch64's libc reaches tcache): the nearest slot below it, 64 bytes at most
+    for value, name in want.items():
+        if name not in out:
+            below = [a for a in slots if value - 64 <= a < value]
+            if below:
+                a = max(below)
+                out[name] = (slots[a], value - a)
     return out
+
+
+def _machine_number(ef) -> int:
+    """The e_machine number of a pyelftools ELFFile (which gives its name)."""
+    return {"EM_X86_64": 62, "EM_AARCH64": 183}.get(ef.header["e_machine"], 0)
 
 
 def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = (),
@@ -318,11 +361,12 @@ def find_layout(modules: Iterable, *, debug_dirs: Iterable[str] = (),
     if bid is None:
         raise GlibcError(f"the build-id of {libc.path} is not in the core (its first page is "
                          f"missing): which glibc the process ran is unknown")
-    version, distro = _libc_file_facts(libc.path, bid)
+    local = getattr(libc, "file", None) or libc.path
+    version, distro = _libc_file_facts(local, bid)
     hexid = bid.hex() if bid else None
     debug = _debug_file(bid, debug_dirs) if bid else None
     if debug is not None:
-        on_disk = libc.path if version is not None else None
+        on_disk = local if version is not None else None
         return _cached_layout(debug, on_disk, version, hexid, cache_dir).at(
             libc.load_bias, libc.path, hexid)
     if hexid in KNOWN_BUILDS:

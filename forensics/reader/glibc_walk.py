@@ -295,14 +295,15 @@ class GlibcHeap:
             v = (v >> (8 * (addr & 7))) & 0xFFFFFFFF
         return v
 
-    def _tls(self, got: int | None, fs_base: int) -> int | None:
-        """A thread's value of one of libc's initial-exec TLS variables."""
+    def _tls(self, got: int | None, fs_base: int, add: int = 0) -> int | None:
+        """A thread's value of one of libc's initial-exec TLS variables
+        (fs_base: its thread pointer, aarch64's tpidr_el0 alike)."""
         if got is None or not fs_base:
             return None
         tpoff = self.words.u64(self.layout.libc_base + got)
         if tpoff is None:
             return None
-        return self.words.u64((fs_base + tpoff) & ((1 << 64) - 1))
+        return self.words.u64((fs_base + tpoff + add) & ((1 << 64) - 1))
 
     # ------------------------------------------------------------ arenas --
 
@@ -313,7 +314,7 @@ class GlibcHeap:
             a = self._tls(lay.arena_got, fs)
             if a:
                 owners.setdefault(a, []).append(tid)
-            t = self._tls(lay.tcache_got, fs)
+            t = self._tls(lay.tcache_got, fs, lay.tcache_tls_add)
             if t:
                 self.tcaches[tid] = t
         if lay.arena_got is None and self._threads:

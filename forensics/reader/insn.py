@@ -29,24 +29,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from forensics.arch import X86_64, Arch
 from forensics.errors import ForensicsError
 from forensics.reader.symbols import open_regular
 
-MAX_INSN = 15  # bytes of the longest x86 instruction
+MAX_INSN = 15  # bytes of the longest x86 instruction (aarch64's: 4, Arch.max_insn)
 MAX_SCAN = 1 << 16  # bytes of a function scanned back from the fault, at most
 # the System V ABI's integer argument registers: a function that never wrote
-# one before the fault got its value from its caller
-ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
-
-# 64-bit register of each general-purpose register name capstone gives
-_FULL = {}
-for _q, _d, _w, _b in (("rax", "eax", "ax", "al"), ("rbx", "ebx", "bx", "bl"), ("rcx", "ecx", "cx", "cl"),
-                       ("rdx", "edx", "dx", "dl"), ("rsi", "esi", "si", "sil"), ("rdi", "edi", "di", "dil"),
-                       ("rbp", "ebp", "bp", "bpl"), ("rsp", "esp", "sp", "spl")):
-    _FULL.update({_q: _q, _d: _q, _w: _q, _b: _q})
-for _n in range(8, 16):
-    _FULL.update({f"r{_n}": f"r{_n}", f"r{_n}d": f"r{_n}", f"r{_n}w": f"r{_n}", f"r{_n}b": f"r{_n}"})
-_FULL.update({"ah": "rax", "bh": "rbx", "ch": "rcx", "dh": "rdx"})
+# one before the fault got its value from its caller (Arch.arg_regs)
+ARG_REGS = X86_64.arg_regs
 
 
 @dataclass(frozen=True)
@@ -62,15 +53,13 @@ class MemOperand:
     size: int  # bytes of the instruction
 
 
-def _md():
-    import capstone  # deferred, start-up time: capstone (faults without an address)
-
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
-    return md
+def _md(arch: Arch = X86_64):
+    return arch.capstone()
 
 
-def _mem_operand(insn, regs: dict[str, int]) -> MemOperand | None:
+def _mem_operand(insn, regs: dict[str, int], arch: Arch = X86_64) -> MemOperand | None:
+    if arch is not X86_64:
+        return _mem_operand_arm64(insn, regs, arch)
     from capstone import x86  # deferred, start-up time: capstone (faults without an address)
 
     for op in insn.operands:
@@ -86,10 +75,10 @@ def _mem_operand(insn, regs: dict[str, int]) -> MemOperand | None:
         if base == "rip":
             addr = insn.address + insn.size + m.disp
         elif base is not None:
-            base = _FULL.get(base, base)
+            base = arch.full_reg(base)
             addr = None if base not in regs else addr + regs[base]
         if index is not None and addr is not None:
-            index = _FULL.get(index, index)
+            index = arch.full_reg(index)
             addr = None if index not in regs else addr + regs[index] * m.scale
         return MemOperand(f"{insn.mnemonic} {insn.op_str}",
                           None if addr is None else addr & 0xFFFFFFFFFFFFFFFF,
@@ -97,58 +86,100 @@ def _mem_operand(insn, regs: dict[str, int]) -> MemOperand | None:
     return None
 
 
-def decode_at(code: bytes, pc: int, regs: dict[str, int]) -> MemOperand | None:
-    """The memory operand of the instruction at pc (code starts at pc), or
-    None when it has none or does not decode."""
-    for insn in _md().disasm(code[:MAX_INSN], pc, 1):
-        return _mem_operand(insn, regs)
+def _arm64():
+    import capstone  # deferred, start-up time: capstone (faults without an address)
+
+    return getattr(capstone, "arm64", None) or capstone.aarch64
+
+
+def _mem_operand_arm64(insn, regs: dict[str, int], arch: Arch) -> MemOperand | None:
+    """aarch64's memory operand: [base, #disp] or [base, index, lsl #s]
+    (a post-indexed access uses the base alone: disp is 0 there)."""
+    a64 = _arm64()
+    mem_type = getattr(a64, "ARM64_OP_MEM", None) or getattr(a64, "AARCH64_OP_MEM")
+    for op in insn.operands:
+        if op.type != mem_type:
+            continue
+        m = op.mem
+        base = arch.full_reg(insn.reg_name(m.base)) if m.base else None
+        index = arch.full_reg(insn.reg_name(m.index)) if m.index else None
+        scale = 1 << op.shift.value if index is not None and op.shift.value else 1
+        addr: int | None = m.disp
+        if base is not None:
+            addr = None if base not in regs else addr + regs[base]
+        if index is not None and addr is not None:
+            addr = None if index not in regs else addr + regs[index] * scale
+        return MemOperand(f"{insn.mnemonic} {insn.op_str}",
+                          None if addr is None else addr & 0xFFFFFFFFFFFFFFFF,
+                          base, index, scale, m.disp, insn.size)
     return None
 
 
-def _last_writer(code: bytes, start: int, pc: int, reg: str):
+def decode_at(code: bytes, pc: int, regs: dict[str, int], arch: Arch = X86_64) -> MemOperand | None:
+    """The memory operand of the instruction at pc (code starts at pc), or
+    None when it has none or does not decode."""
+    for insn in _md(arch).disasm(code[:arch.max_insn], pc, 1):
+        return _mem_operand(insn, regs, arch)
+    return None
+
+
+def _last_writer(code: bytes, start: int, pc: int, reg: str, arch: Arch = X86_64):
     """The last instruction in [start, pc) that writes reg (None: none does)
     and the instructions after it, up to pc."""
     writer = None
     later: list = []
-    for insn in _md().disasm(code, start):
+    for insn in _md(arch).disasm(code, start):
         if insn.address >= pc:
             break
         _, written = insn.regs_access()
-        if reg in {_FULL.get(insn.reg_name(r), "") for r in written}:
+        if reg in {arch.full_reg(insn.reg_name(r) or "") for r in written}:
             writer, later = insn, []
         else:
             later.append(insn)
     return writer, later
 
 
-def start_of_last(code: bytes, start: int) -> int | None:
+def start_of_last(code: bytes, start: int, arch: Arch = X86_64) -> int | None:
     """The address of the last instruction of code (which starts at start),
     when the code decodes to its end (a call before its return address)."""
     last = None
-    for insn in _md().disasm(code, start):
+    for insn in _md(arch).disasm(code, start):
         last = insn
     return last.address if last is not None and last.address + last.size == start + len(code) else None
 
 
-def writes(code: bytes, start: int, pc: int, reg: str) -> bool:
+def writes(code: bytes, start: int, pc: int, reg: str, arch: Arch = X86_64) -> bool:
     """Does any instruction in [start, pc) write reg?  (False: reg holds the
     value the function was entered with - an argument, when it is one.)"""
-    return _last_writer(code, start, pc, reg)[0] is not None
+    return _last_writer(code, start, pc, reg, arch)[0] is not None
 
 
-def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]) -> tuple[int, str] | None:
+# the loads of a 64-bit word into a register, by machine
+_LOADS = {"x86_64": ("mov", "movabs"), "aarch64": ("ldr", "ldur")}
+
+
+def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int],
+                arch: Arch = X86_64) -> tuple[int, str] | None:
     """Where register reg got its value before the instruction at pc:
     (the address it was loaded from, the loading instruction), or None.
     code holds [start, pc) of the function (see the module docstring)."""
-    from capstone import x86  # deferred, start-up time: capstone (faults without an address)
+    import capstone  # deferred, start-up time: capstone (faults without an address)
 
-    writer, later = _last_writer(code, start, pc, reg)
-    if writer is None or writer.mnemonic not in ("mov", "movabs") or len(writer.operands) != 2:
+    writer, later = _last_writer(code, start, pc, reg, arch)
+    if writer is None or writer.mnemonic not in _LOADS[arch.name] or len(writer.operands) != 2:
         return None
     dst, src = writer.operands
-    if dst.type != x86.X86_OP_REG or src.type != x86.X86_OP_MEM or src.size != 8:
-        return None
-    mem = _mem_operand(writer, regs)
+    if arch is X86_64:
+        from capstone import x86  # deferred, start-up time: capstone (faults without an address)
+
+        if dst.type != x86.X86_OP_REG or src.type != x86.X86_OP_MEM or src.size != 8:
+            return None
+    else:
+        a64 = _arm64()
+        reg_t = getattr(a64, "ARM64_OP_REG", None) or getattr(a64, "AARCH64_OP_REG")
+        if dst.type != reg_t or not writer.reg_name(dst.reg).startswith("x"):
+            return None  # a 64-bit load only
+    mem = _mem_operand(writer, regs, arch)
     if mem is None or mem.address is None:
         return None
     used = {r for r in (mem.base, mem.index) if r and r != "rip"}
@@ -156,9 +187,10 @@ def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]
         return None  # "mov rax, [rax + 8]": the register's old value is gone
     for insn in later:
         _, written = insn.regs_access()
-        if used & {_FULL.get(insn.reg_name(r), "") for r in written}:
+        if used & {arch.full_reg(insn.reg_name(r) or "") for r in written}:
             return None
-        if insn.group(x86.X86_GRP_CALL) or insn.group(x86.X86_GRP_JUMP) or insn.group(x86.X86_GRP_RET):
+        if insn.group(capstone.CS_GRP_CALL) or insn.group(capstone.CS_GRP_JUMP) \
+                or insn.group(capstone.CS_GRP_RET):
             return None  # another path may have led to pc: only straight-line code is trusted
     return mem.address, mem.text
 

@@ -144,6 +144,9 @@ class Module:
     deleted: bool = False
     build_id: bytes | None = None
     headers: bytes | None = None
+    # where its file is here, when the module was found with it (a core
+    # without NT_FILE: forensics.reader.linkmap); None: path, under sysroot
+    file: str | None = None
 
     def __contains__(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -709,7 +712,7 @@ class Symbolizer:
         return self._sources[module]
 
     def _choose(self, module: Module) -> _Source | None:
-        local = in_sysroot(module.path, self.sysroot)
+        local = module.file or in_sysroot(module.path, self.sysroot)
         want = module.build_id
         found = _elf_identity(local)
         problem = None

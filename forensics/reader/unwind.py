@@ -43,28 +43,23 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 import numpy as np
 
+from forensics.arch import X86_64, Arch
+from forensics.arch import x86_64 as X
+from forensics.arch.base import MASK64
 from forensics.errors import ForensicsError
 from forensics.reader.abi import TAG_FRAME_CALL, TAG_FRAME_SIGNAL
 from forensics.reader.symbols import open_regular
 
-# DWARF register numbers of x86_64 (System V psABI, figure 3.36)
-RSP, RBP, RA = 7, 6, 16
-DWARF_NAMES = ("rax", "rdx", "rcx", "rbx", "rsi", "rdi", "rbp", "rsp",
-               "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "rip")  # fmt: skip
-# What a caller gets back from a call: the callee-saved registers (rbx, rbp,
-# r12-r15); the others are unknown in every frame but the first.
-CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
+# x86_64's DWARF numbers, signal frame and call check live in
+# forensics.arch.x86_64 (aarch64's in forensics.arch.aarch64); these names
+# stay for the x86_64 default
+RSP, RBP, RA = X.RSP, X.RBP, X.RA
+DWARF_NAMES = X.DWARF_NAMES
+CALLEE_SAVED = X.CALLEE_SAVED
 
 # A stack deeper than this is cut (gdb has no limit; a runaway recursion of
 # a million frames would take minutes in Python and say nothing more).
 MAX_FRAMES = 8192
-
-# glibc's __restore_rt on x86_64: mov $__NR_rt_sigreturn, %rax; syscall
-RESTORE_RT = bytes.fromhex("48c7c00f0000000f05")
-# struct sigcontext in the ucontext: after uc_flags, uc_link and uc_stack
-SIGCONTEXT_OFFSET = 40
-# struct sigcontext (x86_64): r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip
-_SIGCONTEXT_DWARF = (8, 9, 10, 11, 12, 13, 14, 15, 5, 4, 6, 3, 1, 0, 2, RSP, RA)
 
 PT_LOAD, PT_GNU_EH_FRAME, PF_X = 1, 0x6474E550, 1
 
@@ -118,10 +113,15 @@ class Unwinder:
     """Unwinds stacks in one memory given its modules (``symbols.Module``:
     path, start, end, load_bias, deleted)."""
 
-    def __init__(self, mem, modules: Iterable, *, vdso: int | None = None) -> None:
+    def __init__(self, mem, modules: Iterable, *, vdso: int | None = None, arch: Arch = X86_64,
+                 ptr_mask: int = MASK64) -> None:
         """vdso: where the kernel's vDSO is mapped (AT_SYSINFO_EHDR), whose
-        image - CFI and symbols - is read from the memory itself."""
+        image - CFI and symbols - is read from the memory itself.  arch:
+        the machine (forensics.arch); ptr_mask: what of a return address is
+        address (Arch.pointer_mask: aarch64's strips a PAC signature)."""
         self.mem = mem
+        self.arch = arch
+        self.ptr_mask = ptr_mask
         self.modules = sorted((m for m in modules if not getattr(m, "deleted", False)),
                               key=lambda m: m.start)
         self._starts = [m.start for m in self.modules]
@@ -148,7 +148,7 @@ class Unwinder:
 
     def _image(self, module) -> _Image | None:
         if module.path not in self._images:
-            self._images[module.path] = _open_image(module.path, module.load_bias)
+            self._images[module.path] = _open_image(module.file or module.path, module.load_bias)
         return self._images[module.path]
 
     def _image_at(self, pc: int) -> _Image | None:
@@ -221,18 +221,14 @@ class Unwinder:
     # ------------------------------------------------------------- checks --
 
     def is_sigtramp(self, pc: int) -> bool:
-        """pc is in glibc's __restore_rt (at its start, or at its syscall)."""
-        return self.code(pc, len(RESTORE_RT)) == RESTORE_RT or \
-            self.code(pc - 7, len(RESTORE_RT)) == RESTORE_RT
+        """pc is in the signal return trampoline (x86_64: glibc's
+        __restore_rt, at its start or at its syscall)."""
+        return self.arch.is_sigtramp(self.code, pc)
 
     def after_call(self, ra: int) -> bool:
-        """ra follows a call instruction (e8 rel32, or ff /2 with its ModRM,
-        SIB, displacement, up to two prefixes and a REX).  Unknown code bytes
-        do not refute it."""
-        before = self.code(ra - 16, 16)
-        if before is None:
-            return True
-        return _is_call_before(before)
+        """ra follows a call instruction (Arch.after_call).  Unknown code
+        bytes do not refute it."""
+        return self.arch.after_call(self.code, ra)
 
     def plausible_return(self, ra: int) -> bool:
         return ra > 0 and self.is_executable(ra) and self.after_call(ra)
@@ -241,37 +237,46 @@ class Unwinder:
 
     def unwind(self, regs: dict[str, int], *, stack: tuple[int, int] | None = None,
                limit: int = MAX_FRAMES) -> list[Step]:
-        """The physical frames from registers (names of user_regs_struct:
-        rip, rsp, rbp, ...), innermost first.  stack: [lo, hi) of the stack
-        the registers' rsp is on, to refuse a CFA outside it (None: no bound)."""
-        r: dict[int, int | None] = {i: regs.get(n) for i, n in enumerate(DWARF_NAMES)}
-        pc = r[RA]
+        """The physical frames from registers (the names of the machine's
+        NT_PRSTATUS: x86_64's rip, rsp, rbp, ...; aarch64's pc, sp, x29,
+        ...), innermost first.  stack: [lo, hi) of the stack the registers'
+        stack pointer is on, to refuse a CFA outside it (None: no bound)."""
+        A = self.arch
+        SP, PC = A.dw_sp, A.dw_pc
+        r: dict[int, int | None] = {i: regs.get(n) for i, n in enumerate(A.dwarf_names)}
+        pc = r[PC]
         exact = True
         out: list[Step] = []
         hops = 0  # signal frames crossed, bounded like frames
         while pc is not None and len(out) + hops < limit:
             if self.is_sigtramp(pc):
                 hops += 1
-                sp = r.get(RSP)
+                sp = r.get(SP)
                 nr = self._sigcontext(sp) if sp is not None else None
-                if nr is None or not nr.get(RA):
+                if nr is None or not nr.get(PC):
                     break
-                r, pc, exact, stack = nr, nr[RA], True, None
+                r, pc, exact, stack = nr, nr[PC], True, None
                 continue
-            sp = r.get(RSP)
+            sp = r.get(SP)
             kind = TAG_FRAME_SIGNAL if exact else TAG_FRAME_CALL
             nr = self._caller(r, pc, exact, first=not out, stack=stack)
-            cfa = nr.get(RSP) if nr is not None else None
+            cfa = nr.get(SP) if nr is not None else None
             out.append(Step(pc, kind, cfa, sp))
             if nr is None:
                 break
-            ra = nr.get(RA)
-            if not ra or cfa is None or sp is None or cfa <= sp:
+            ra = nr.get(PC)
+            if not ra or cfa is None or sp is None or cfa < sp:
+                break
+            # a CFA equal to the stack pointer: aarch64's leaf at frame 0,
+            # whose return address is still in x30 (x86_64's call pushed one)
+            if cfa == sp and (A.ra_slot is not None or len(out) > 1):
                 break
             if stack is not None and not stack[0] <= cfa <= stack[1]:
                 break
             if not self.is_executable(ra):
-                break
+                # qemu-user's signal trampoline is a page of its own, in no module
+                if A is X86_64 or not self.is_sigtramp(ra):
+                    break
             if not self.is_sigtramp(ra) and not self.after_call(ra):
                 break
             r, pc, exact = nr, ra, False
@@ -282,51 +287,46 @@ class Unwinder:
         fault's) is known to have at its call: its pc (the return address),
         stack pointer and callee-saved registers, by name; None where the
         walk cannot tell."""
-        r: dict[int, int | None] = {i: regs.get(n) for i, n in enumerate(DWARF_NAMES)}
-        if r[RA] is None:
+        A = self.arch
+        names = A.dwarf_names
+        r: dict[int, int | None] = {i: regs.get(n) for i, n in enumerate(names)}
+        if r[A.dw_pc] is None:
             return None
-        nr = self._caller(r, r[RA], True, first=True, stack=None)
-        if nr is None or not nr.get(RA):
+        nr = self._caller(r, r[A.dw_pc], True, first=True, stack=None)
+        if nr is None or not nr.get(A.dw_pc):
             return None
-        return {DWARF_NAMES[i]: v for i, v in nr.items()
-                if v is not None and (i in CALLEE_SAVED or i in (RSP, RA))}
+        return {names[i]: v for i, v in nr.items()
+                if v is not None and (i in A.callee_saved or i in (A.dw_sp, A.dw_pc))}
 
     def _caller(self, r: dict, pc: int, exact: bool, *, first: bool,
                 stack: tuple[int, int] | None) -> dict | None:
         """The caller's registers, or None where the walk ends."""
+        A = self.arch
         row = self.row(pc if exact else pc - 1)
         if row is not None:
-            return _apply(row, r, self.word)
-        sp, bp = r.get(RSP), r.get(RBP)
-        if sp is None:
+            return _apply(row, r, self.word, A, self.ptr_mask)
+        if r.get(A.dw_sp) is None:
             return None
         if first and not self.is_executable(pc):
             # frame 0 outside any code (a call through a bad pointer): the
-            # return address is the word the call pushed
-            ra = self.word(sp)
-            if ra is not None and self.plausible_return(ra):
-                return {**{k: r.get(k) for k in CALLEE_SAVED}, RSP: sp + 8, RA: ra}
+            # return address is where the call left it (x86_64: the word it
+            # pushed; aarch64: x30)
+            nr = A.bad_pc_caller(r, self.word, self.plausible_return, self.ptr_mask)
+            if nr is not None:
+                return nr
         # no CFI: a frame pointer, only where it is one
-        if bp is None or bp < sp or (stack is not None and not bp + 16 <= stack[1]):
-            return None
-        ra, saved = self.word(bp + 8), self.word(bp)
-        if ra is None or saved is None or not self.plausible_return(ra):
-            return None
-        out = {k: r.get(k) for k in CALLEE_SAVED}
-        out.update({RSP: bp + 16, RBP: saved, RA: ra})
-        return out
+        return A.frame_record_caller(r, self.word, self.plausible_return, stack, self.ptr_mask)
 
     def _sigcontext(self, sp: int) -> dict | None:
         """The registers the kernel saved for a signal handler whose frame's
         stack pointer (the handler's CFA) is sp."""
-        try:
-            raw = self.mem.read(sp + SIGCONTEXT_OFFSET, 8 * len(_SIGCONTEXT_DWARF))
-        except (ForensicsError, ValueError, OSError):
-            return None
-        if len(raw) != 8 * len(_SIGCONTEXT_DWARF):
-            return None
-        return {reg: int.from_bytes(raw[8 * i:8 * i + 8], "little")
-                for i, reg in enumerate(_SIGCONTEXT_DWARF)}
+        def read(addr: int, n: int) -> bytes | None:
+            try:
+                return self.mem.read(addr, n)
+            except (ForensicsError, ValueError, OSError):
+                return None
+
+        return self.arch.sigcontext(read, sp)
 
 
 # -- CFI ----------------------------------------------------------------------
@@ -471,7 +471,7 @@ def _decoded_row(img: _Image, key: int, fde, rel: int):
         best = row
     if best is not None:
         best = dict(best)
-        best["_ra"] = fde.cie["return_address_register"] if fde.cie is not None else RA
+        best["_ra"] = fde.cie["return_address_register"] if fde.cie is not None else None
     return best
 
 
@@ -501,8 +501,10 @@ def _find_row(img: _Image, rel: int):
     return None
 
 
-def _apply(row, r: dict, word) -> dict | None:
-    """The caller's registers from one CFI row (None: they cannot be known)."""
+def _apply(row, r: dict, word, arch: Arch = X86_64, mask: int = MASK64) -> dict | None:
+    """The caller's registers from one CFI row (None: they cannot be known).
+    The return address column's value is the caller's pc (arch.dw_pc), its
+    signature stripped with mask."""
     rule = row["cfa"]
     if rule.expr is not None:
         cfa = _eval(rule.expr, r, word, [])
@@ -511,12 +513,15 @@ def _apply(row, r: dict, word) -> dict | None:
         cfa = None if base is None else (base + rule.offset) & 0xFFFFFFFFFFFFFFFF
     if cfa is None:
         return None
-    out: dict[int, int | None] = {RSP: cfa}
-    ra_reg = row.get("_ra", RA)
-    for reg in (*CALLEE_SAVED, ra_reg):
+    PC = arch.dw_pc
+    out: dict[int, int | None] = {arch.dw_sp: cfa}
+    ra_reg = row.get("_ra")
+    if ra_reg is None:
+        ra_reg = arch.dw_ra
+    for reg in (*arch.callee_saved, ra_reg):
         rr = row.get(reg)
         if rr is None:
-            value = r.get(reg) if reg != ra_reg else word(cfa - 8)
+            value = r.get(reg) if reg != ra_reg else arch.default_ra(r, cfa, word)
         elif rr.type == "UNDEFINED":
             value = None
         elif rr.type == "SAME_VALUE":
@@ -534,7 +539,14 @@ def _apply(row, r: dict, word) -> dict | None:
             value = _eval(rr.arg, r, word, [cfa])
         else:
             value = None
-        out[RA if reg == ra_reg else reg] = value
+        if reg == ra_reg:
+            if value is not None:
+                value &= mask
+            out[PC] = value
+            if ra_reg != PC:
+                out[ra_reg] = value  # aarch64: x30 holds the return address after the return
+        else:
+            out[reg] = value
     return out
 
 
@@ -613,54 +625,6 @@ def _eval(expr: Sequence[int], r: dict, word, stack: list[int]) -> int | None:
     except IndexError:
         return None
     return st[-1] & 0xFFFFFFFFFFFFFFFF if st else None
-
-
-# -- call instructions ----------------------------------------------------------
-
-_LEGACY_PREFIXES = frozenset((0x26, 0x2E, 0x36, 0x3E, 0x64, 0x65, 0x66, 0x67, 0xF2, 0xF3))
-
-
-def _modrm_length(code: bytes, i: int) -> int | None:
-    """Length of a ModRM byte at code[i] with its SIB and displacement."""
-    if i >= len(code):
-        return None
-    modrm = code[i]
-    mod, rm = modrm >> 6, modrm & 7
-    n = 1
-    if mod == 3:
-        return n
-    if rm == 4:  # SIB
-        if i + 1 >= len(code):
-            return None
-        sib = code[i + 1]
-        n += 1
-        if mod == 0 and sib & 7 == 5:
-            return n + 4
-    elif mod == 0 and rm == 5:  # rip-relative
-        return n + 4
-    return n + (1 if mod == 1 else 4 if mod == 2 else 0)
-
-
-def _is_call_before(before: bytes) -> bool:
-    """The bytes before a return address end with a call: e8 rel32, or an
-    indirect call ff /2 (any ModRM form, with up to two prefixes and a REX)."""
-    end = len(before)
-    if end >= 5 and before[end - 5] == 0xE8:
-        return True
-    for length in range(2, min(end, 12) + 1):
-        start = end - length
-        i = start
-        for _ in range(2):
-            if i < end and before[i] in _LEGACY_PREFIXES:
-                i += 1
-        if i < end and 0x40 <= before[i] <= 0x4F:
-            i += 1
-        if i + 1 >= end or before[i] != 0xFF or (before[i + 1] >> 3) & 7 != 2:
-            continue
-        n = _modrm_length(before, i + 1)
-        if n is not None and i + 1 + n == end:
-            return True
-    return False
 
 
 __all__ = ["MAX_FRAMES", "Step", "Unwinder"]

@@ -209,20 +209,32 @@ def test_real_core_opens(real_core: RealCore) -> None:
         assert core.truncated is False
 
 
-def test_aarch64_core_is_refused(real_core: RealCore, tmp_path: Path) -> None:
-    # GIVEN a real core with e_machine patched to 183 (EM_AARCH64)
+def test_arm32_core_is_refused(real_core: RealCore, tmp_path: Path) -> None:
+    # GIVEN a real core with e_machine patched to 40 (EM_ARM, 32-bit arm)
+    data = bytearray(real_core.path.read_bytes())
+    struct.pack_into("<H", data, 18, 40)
+    path = _write(tmp_path, "core.arm", bytes(data))
+    # WHEN opened THEN the architecture is named, and the ones that are read
+    assert _open_fails(path) == "unsupported architecture: e_machine 40 (ARM); only x86_64 and AArch64 cores are read"
+
+
+def test_x86_64_notes_under_an_aarch64_header_are_refused(real_core: RealCore, tmp_path: Path) -> None:
+    # GIVEN a real x86_64 core with e_machine patched to 183 (EM_AARCH64):
+    # its NT_PRSTATUS holds 27 registers, AArch64's 34
     data = bytearray(real_core.path.read_bytes())
     struct.pack_into("<H", data, 18, 183)
     path = _write(tmp_path, "core.aarch64", bytes(data))
-    # WHEN opened THEN the architecture is named
-    assert _open_fails(path) == "unsupported architecture: e_machine 183 (AArch64); only x86_64 cores are read"
+    # WHEN opened THEN the note is named with both sizes
+    msg = _open_fails(path)
+    assert msg.startswith("bad NT_PRSTATUS note at offset ") and msg.endswith(
+        ": desc is 336 bytes, expected 392"), msg
 
 
 def test_32bit_core_is_refused(real_core: RealCore, tmp_path: Path) -> None:
     data = bytearray(real_core.path.read_bytes())
     data[4] = 1  # ELFCLASS32
     path = _write(tmp_path, "core.32", bytes(data))
-    assert _open_fails(path) == f"unsupported ELF class 1 (32-bit) in {path}; only 64-bit x86_64 cores are read"
+    assert _open_fails(path) == f"unsupported ELF class 1 (32-bit) in {path}; only 64-bit x86_64 and AArch64 cores are read"
 
 
 def test_core_cut_inside_elf_header(real_core: RealCore, tmp_path: Path) -> None:

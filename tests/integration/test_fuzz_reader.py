@@ -393,7 +393,8 @@ def _foreign_cases(seeds, tmp_path: Path, exe: Path) -> list[tuple[str, str]]:
 
     cases.append((str(exe), "not a core file"))
     cases.append(("/bin/true" if os.path.exists("/bin/true") else str(exe), "not a core file"))
-    cases.append((put("aarch64", core.patched(18, struct.pack("<H", 183))), "unsupported architecture"))
+    cases.append((put("aarch64", core.patched(18, struct.pack("<H", 183))), "bad NT_PRSTATUS note"))
+    cases.append((put("arm", core.patched(18, struct.pack("<H", 40))), "unsupported architecture"))
     cases.append((put("i386", core.patched(18, struct.pack("<H", 3))), "unsupported architecture"))
     cases.append((put("elf32", core.patched(4, b"\x01")), "32-bit"))
     cases.append((put("bigendian", core.patched(5, b"\x02")), "big endian"))

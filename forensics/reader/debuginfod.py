@@ -95,7 +95,6 @@ class Client:
             return None
         tmp = None
         try:
-
             ensure_private_dir(folder)
             tmp = os.path.join(folder, f".debuginfo.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

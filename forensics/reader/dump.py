@@ -140,7 +140,6 @@ class Dump:
             except abi.NoLibtagError as exc:
                 found = exc
             if complete and not isinstance(found, abi.NoLibtagError):
-
                 if add_thread_notes(core, found, note=note):
                     core.reparse()  # the new notes: every thread's registers
                     mem = CoreMemory(core)
@@ -190,7 +189,6 @@ class Dump:
         agree); None for a core libtag did not take (gcore)."""
         taken = self.control.taken_ms
         if taken is None and self.core is None:
-
             coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
             taken = (time.clock_gettime_ns(coarse) - int(self.control.fields.start_mono_ns)) // 1_000_000
         return taken
@@ -649,7 +647,6 @@ def _found_file(module, local: str | None, bias: int | None):
         return module
     bid = module.build_id
     if bid is None:
-
         f = open_regular(local)
         if f is not None:
             with f:

@@ -291,7 +291,6 @@ def wait_complete(path: str | os.PathLike[str] | SnapshotDir, timeout: float,
                     f"a pipe? LIBTAG_CORE=self makes libtag write it)")
             size = core.stat().st_size
             if size == last_size:
-
                 complete_core(core)
                 return snap
             last_size = size
@@ -316,7 +315,6 @@ def _snapshot_dir(path: Path) -> SnapshotDir:
 def core_exe(core: Path) -> str | None:
     """The executable a core was taken of, from its notes; None if unreadable."""
     try:
-
         with Core(core) as c:
             return c.exe
     except Exception:  # a partial or foreign core: the catalog just lacks the exe

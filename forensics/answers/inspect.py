@@ -6,6 +6,8 @@ document has the heap map instead (docs/json.md, "Without libtag")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from forensics.answers.crash import crash_doc
@@ -13,6 +15,7 @@ from forensics.answers.documents import (AnomalyDoc, ArenaDoc, ChunkCount, Count
                                          HeapTotals, InspectDoc, ProcessRef, RuntimeSummary, SizeRow, StackBlock,
                                          StackBlocksDoc, TcacheDoc, ThreadDoc, TopSizes, TopStack, TypeCount,
                                          WithoutLibtag)
+from forensics.answers.leaks import leaks_doc
 from forensics.answers.runtime import split_stacks
 from forensics.answers.shapes import block_doc, finding_doc, frames_doc, hexaddr, iso_time
 from forensics.answers.signature import signature
@@ -115,6 +118,20 @@ def inspect_doc(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_fun
         signature=signature(anomalies, crash),
         warnings=dump.warnings,
     )
+
+
+def inspect_answer(dump: Dump, *, top: int = 10, runtime: bool = False, runtime_functions=(),
+                   leaks: bool = False, blocks: int | None = None) -> InspectDoc:
+    """The inspect verb's document: inspect_doc, then its leaks (--leaks)
+    and the blocks of allocation stack #blocks (--blocks N), in that order
+    (what reading them warns of is in its warnings)."""
+    doc = inspect_doc(dump, top=top, runtime=runtime, runtime_functions=runtime_functions)
+    if leaks:
+        doc = dataclasses.replace(doc, leaks=leaks_doc(dump))
+    if blocks:
+        doc = dataclasses.replace(doc, stack_blocks=stack_blocks(dump, blocks, runtime=runtime,
+                                                                 runtime_functions=runtime_functions))
+    return doc
 
 
 def live_types(dump: Dump, heap, *, top: int) -> list[TypeCount]:

@@ -23,7 +23,6 @@ one Sentry event instead (docs/json.md, "Sentry event").
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from forensics.cli import _args
 from forensics.cli._open import open_dump
@@ -62,16 +61,11 @@ def main(args: argparse.Namespace) -> int:
 def answer(dump, args: argparse.Namespace) -> int:
     """Print the inspect document of dump (with its leaks if asked), as text or --json."""
     # here, not at the top: the answers load numpy and rich, which --help never needs
-    from forensics.answers.inspect import inspect_doc, stack_blocks  # deferred, start-up time: numpy, via the answers
-    from forensics.answers.leaks import leaks_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.answers.inspect import inspect_answer  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
 
-    doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
-    if args.leaks:
-        doc = dataclasses.replace(doc, leaks=leaks_doc(dump))
-    if getattr(args, "blocks", None):
-        doc = dataclasses.replace(doc, stack_blocks=stack_blocks(dump, args.blocks, runtime=args.runtime,
-                                                                 runtime_functions=args.runtime_functions))
+    doc = inspect_answer(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions,
+                         leaks=args.leaks, blocks=getattr(args, "blocks", None))
     if getattr(args, "sentry", False):
         from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 

@@ -20,8 +20,11 @@ not cover (docs/design.md): its cores hold no NT_FILE, NT_SIGINFO,
 NT_ARM_TLS or read-only code (the reader finds modules from the loader's
 list under --sysroot, and thread pointers from glibc's descriptors); an
 emulated process cannot be ptrace'd or read with process_vm_readv at its
-guest addresses (snapshot and attach stay tested on x86_64); libtag is not
-built for aarch64 yet.
+guest addresses (snapshot and attach stay tested on x86_64).  libtag
+cross-built for aarch64 and preloaded: the malloc family's semantics, a
+double free's three stacks and a guarded use-after-free in an -O2 C++
+program with PAC, leaks at exit and whoowns (its section below says what
+qemu changes there).
 
 Each test skips, saying which, when the cross compiler, qemu-aarch64-static
 or the aarch64 libc is not installed (.ci/run installs them).
@@ -272,3 +275,176 @@ def test_whoowns_names_main_arenas_and_the_worker_arenas_blocks(worker, run_cli,
     c = doc["chunk"]
     assert (c["user"], c["size"], c["state"], c["arena_kind"], c["arena_threads"]) == (
         hex(other["worker"]), 208, "inuse", "thread", [other["thread"]])
+
+
+# ------------------------------------------- libtag, cross-built, preloaded --
+# build/aarch64/libtag/libtag.so (.ci/run builds it:
+#   cmake -S . -B build/aarch64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake)
+# or FORENSICS_LIBTAG_AARCH64.  The victim runs through the aarch64 loader
+# with no -L: qemu's -L prefix also redirects every absolute path the
+# program opens (libtag's snapshot directory would land in the sysroot),
+# so the modules' paths in libtag's cores are real ones, read without
+# --sysroot.  Under qemu-user:
+# - libtag writes its cores itself (LIBTAG_CORE=self): a fork child's
+#   abort is dumped by qemu under its own name, not as core_pattern's;
+# - RLIMIT_AS is capped at 16 GiB, so libtag reserves a 4 GiB heap region,
+#   not its 1 TiB: qemu tracks every guest page of a reservation, which
+#   takes it ~8 s for 1 TiB and as long to unmap (a kernel takes no time);
+# - the snapshot's fork child is a SIGCHLD child (qemu refuses others);
+# - the shadow stack of -finstrument-functions is not ported (stacks come
+#   from CFI at the faulting pc and frame records after it).
+ROOT = Path(__file__).resolve().parents[2]
+LOADER = f"{SYSROOT}/lib/ld-linux-aarch64.so.1"
+CXX = "aarch64-linux-gnu-g++"
+
+
+def _libtag_a64() -> Path:
+    return Path(os.environ.get("FORENSICS_LIBTAG_AARCH64") or ROOT / "build/aarch64/libtag/libtag.so")
+
+
+def _libtag_missing() -> str | None:
+    if shutil.which(CXX) is None:
+        return f"{CXX} is not installed (apt-get install g++-aarch64-linux-gnu)"
+    if not _libtag_a64().is_file():
+        return (f"no aarch64 libtag at {_libtag_a64()}: cmake -S . -B build/aarch64 "
+                "-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake && cmake --build build/aarch64")
+    return None
+
+
+def _cap_address_space() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, resource.RLIM_INFINITY))
+
+
+def lines_of(src: Path) -> dict[str, int]:
+    """{name: line} of the source's ``// LINE name`` markers."""
+    return {m.group(1): src.read_text().count("\n", 0, m.start()) + 1
+            for m in re.finditer(r"// LINE ([a-z-]+)", src.read_text())}
+
+
+def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = False,
+            **env: str) -> subprocess.CompletedProcess:
+    """exe under qemu (``-cpu max`` where pac), through the aarch64 loader,
+    libtag preloaded (where libtag) with its snapshots in work/snaps."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_") and k != "LD_PRELOAD"}
+    if libtag:
+        (work / "snaps").mkdir(mode=0o700, exist_ok=True)
+        e.update(LD_PRELOAD=str(_libtag_a64()), LIBTAG_DIR=str(work / "snaps"), LIBTAG_CORE="self")
+    e.update(env)
+    cmd = [QEMU, *(["-cpu", "max"] if pac else []), LOADER, "--library-path", f"{SYSROOT}/lib",
+           str(exe), *args]
+    return subprocess.run(cmd, cwd=work, env=e, capture_output=True, text=True, timeout=180,
+                          preexec_fn=_cap_address_space, check=False)
+
+
+def only_core(work: Path, reason: str) -> Path:
+    (d,) = list((work / "snaps").iterdir())
+    assert d.name.endswith(f"-1-{reason}"), d.name
+    return d / "core"
+
+
+def frames(stack: list[dict]) -> list[tuple[str | None, int | None]]:
+    return [(f["function"], f["line"]) for f in stack]
+
+
+@pytest.fixture(scope="module")
+def lt_victim(tmp_path_factory):
+    """a64_libtag.cc at -O2 with -mbranch-protection=standard (PAC), and
+    its LINE markers."""
+    if (why := _libtag_missing()):
+        pytest.skip(why)
+    src = VICTIMS / "a64_libtag.cc"
+    exe = tmp_path_factory.mktemp("a64lt") / "a64_libtag"
+    cmd = [CXX, "-O2", "-g", "-mbranch-protection=standard", "-o", str(exe), str(src)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return exe, lines_of(src)
+
+
+def test_libtag_keeps_the_malloc_familys_semantics(tmp_path):
+    # GIVEN lt_semantics (every malloc-family edge case, printed), built for aarch64
+    if (why := _libtag_missing()):
+        pytest.skip(why)
+    exe = cross_build(tmp_path, "lt_semantics", "-O2")
+    # WHEN run under qemu with and without libtag
+    plain = a64_run(exe, tmp_path, libtag=False)
+    tagged = a64_run(exe, tmp_path)
+    assert plain.returncode == tagged.returncode == 0, (plain.stderr, tagged.stderr)
+
+    # THEN every line but the "usable" ones (glibc rounds up) is the same
+    def kept(out: str) -> list[str]:
+        return [line for line in out.splitlines() if not line.startswith("usable ")]
+
+    assert kept(tagged.stdout) == kept(plain.stdout)
+    assert len(kept(plain.stdout)) > 50, plain.stdout
+
+
+def test_libtag_names_a_double_frees_three_stacks_with_pac(lt_victim, run_cli, tmp_path):
+    # GIVEN the -O2 C++ victim with signed return addresses, under -cpu max
+    exe, line = lt_victim
+    # WHEN it deletes a block twice (libtag snapshots and lets it run on)
+    run = a64_run(exe, tmp_path, "double-free", pac=True)
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "survived", run.stderr
+    other, _ = facts(run.stdout)
+    doc = cli_json_plain(run_cli, tmp_path, "inspect", str(only_core(tmp_path, "double-free")))
+    # THEN libtag's own aarch64 core names the block and its three stacks,
+    # each a function and line of the victim, then main
+    [a] = doc["anomalies"]
+    b = a["block"]
+    assert (a["kind"], a["thread"], int(b["start"], 16), b["size"], b["alloc_kind"]) == (
+        "double-free", other["pid"], other["block"], 48, "new")
+    assert frames(b["alloc_stack"])[:1] == [("make_node(long)", line["alloc"])], b["alloc_stack"]
+    assert frames(b["free_stack"])[:1] == [("retire(Node*)", line["free"])], b["free_stack"]
+    assert frames(a["stack"])[:1] == [("retire_again(Node*)", line["free-again"])], a["stack"]
+    for stack in (b["alloc_stack"], b["free_stack"], a["stack"]):
+        assert stack[1]["function"] == "main", stack
+
+
+def test_libtag_catches_a_guarded_use_after_free_at_the_instruction(lt_victim, run_cli, tmp_path):
+    # GIVEN every block guarded
+    exe, line = lt_victim
+    # WHEN the victim reads a deleted object in a leaf function (its return
+    # address only in x30)
+    run = a64_run(exe, tmp_path, "uaf", pac=True, LIBTAG_GUARD_RATE="1")
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "survived", run.stderr
+    other, _ = facts(run.stdout)
+    # ... reading libtag's free pattern (the slot was opened for it)
+    assert other["value"] == 0xfd
+    doc = cli_json_plain(run_cli, tmp_path, "inspect", str(only_core(tmp_path, "use-after-free")))
+    # THEN the fault is a read at the block, at the instruction, in the leaf,
+    # then its caller
+    [a] = doc["anomalies"]
+    assert (a["kind"], a["access"], int(a["address"], 16), a["block"]["guarded"], a["block"]["state"]) == (
+        "use-after-free", "read", other["block"], True, "freed")
+    assert (frames(a["stack"])[0], a["stack"][1]["function"]) == (
+        ("peek(Node const*)", line["peek"]), "main"), a["stack"]
+    assert a["pc"] == a["stack"][0]["address"]
+    assert frames(a["block"]["free_stack"])[:1] == [("retire(Node*)", line["free"])]
+
+
+def test_libtag_finds_the_leaks_at_exit_and_whoowns_the_kept_block(lt_victim, run_cli, tmp_path):
+    # GIVEN a snapshot at exit
+    exe, line = lt_victim
+    run = a64_run(exe, tmp_path, "leak", LIBTAG_AT_EXIT="snapshot")
+    assert run.returncode == 0, run.stderr
+    lost = [int(w.split()[1], 16) for w in run.stdout.splitlines() if w.startswith("lost ")]
+    kept = int(run.stdout.split("kept ")[1].split()[0], 16)
+    core = only_core(tmp_path, "exit")
+    # WHEN forensics looks for leaks
+    doc = cli_json_plain(run_cli, tmp_path, "inspect", str(core), "--leaks")
+    # THEN the three lost blocks are one definite leak of lose(), 303 bytes
+    [leak] = [x for x in doc["leaks"] if x["kind"] == "definite"]
+    assert (leak["blocks"], leak["bytes"], frames(leak["stack"])[0]) == (
+        3, 100 + 101 + 102, ("lose(unsigned long)", line["lose"])), leak
+    assert sorted(int(x, 16) for x in leak["examples"]) == sorted(lost)
+    # ... and whoowns names the reachable one, live, from lose()
+    who = cli_json_plain(run_cli, tmp_path, "whoowns", hex(kept + 8), "--core", str(core))
+    assert (who["owner"], int(who["block"]["start"], 16), who["block"]["size"], who["block"]["offset"],
+            who["block"]["state"], frames(who["block"]["alloc_stack"])[0]) == (
+        "heap", kept, 200, 8, "live", ("lose(unsigned long)", line["lose"]))
+
+
+def cli_json_plain(run_cli, tmp: Path, *args: str) -> dict:
+    """forensics --json on a core whose modules have their real paths."""
+    done = run_cli(*args, "--json", env={"XDG_STATE_HOME": str(tmp)}, timeout=300)
+    assert done.returncode in (0, 1), f"exit {done.returncode}: {done.stderr}"
+    return json.loads(done.stdout)

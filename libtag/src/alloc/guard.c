@@ -118,7 +118,7 @@ static void lock(void)
             if (++spins % 64 == 0)
                 sched_yield();
             else
-                __builtin_ia32_pause();
+                tag_arch_pause();
 }
 
 static void unlock(void)
@@ -554,7 +554,7 @@ static uint32_t slot_of(const void *addr)
 /* The first byte in [p, p + n) that does not hold the slack pattern, or
  * NULL: compared a page at a time with glibc's (vectorised) memcmp, the
  * slack before the tag being up to a page long. */
-static const unsigned char slack_page[PAGE] = {[0 ... PAGE - 1] = TAG_GUARD_PATTERN};
+static const unsigned char slack_page[TAG_PAGE_MAX] = {[0 ... TAG_PAGE_MAX - 1] = TAG_GUARD_PATTERN};
 
 static const unsigned char *slack_damage(const unsigned char *p, size_t n)
 {
@@ -811,8 +811,8 @@ int _tag_guard_fault(int sig, void *siv, void *ucv)
         .block = (const void *)(uintptr_t)s->user,
         .tag = &copy,
         .rec = st == TAG_GUARD_FREED ? &rec : NULL,
-        .access = (uc->uc_mcontext.gregs[REG_ERR] & 2) ? TAG_ACCESS_WRITE : TAG_ACCESS_READ,
-        .pc = (const void *)(uintptr_t)uc->uc_mcontext.gregs[REG_RIP],
+        .access = tag_uc_is_write(uc) ? TAG_ACCESS_WRITE : TAG_ACCESS_READ,
+        .pc = (const void *)(uintptr_t)tag_uc_pc(uc),
     };
     /* the snapshot shows the memory as the program found it; opened after */
     _tag_anomaly_at(&r, fault_stack(t, uc));

@@ -4,7 +4,9 @@
  * validates and reject one that an overflow has touched. */
 #include <errno.h>
 #include <string.h>
+#ifdef __x86_64__
 #include <immintrin.h>
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -92,6 +94,7 @@ size_t _tag_pattern_first_bad(const void *p, size_t n)
  * inlined into code that is not. */
 size_t _tag_avx2_from = SIZE_MAX;
 
+#ifdef __x86_64__
 TAG_COLD void _tag_pattern_init(void)
 {
     __builtin_cpu_init();
@@ -153,3 +156,17 @@ __attribute__((target("avx2"))) size_t _tag_pattern_damage_avx2(const void *p, s
     return _tag_pattern_first_bad(p, n);
 }
 #undef EQ
+#else
+/* No AVX2 (aarch64): the plain halves in tag.h do every length. */
+TAG_COLD void _tag_pattern_init(void)
+{
+}
+void _tag_pattern_fill_avx2(void *p, size_t n)
+{
+    memset(p, TAG_FREE_PATTERN, n);
+}
+size_t _tag_pattern_damage_avx2(const void *p, size_t n)
+{
+    return _tag_pattern_first_bad(p, n);
+}
+#endif

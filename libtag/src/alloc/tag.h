@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __x86_64__
 #include <emmintrin.h>  /* SSE2: the free pattern */
+#endif
 #include "base/base.h"
 #include "base/control.h"
 #include "base/options.h"
@@ -188,12 +190,26 @@ TAG_INLINE void _tag_pattern_fill(void *p, size_t n)
         return;
     }
     if (TAG_LIKELY(n >= 16)) {
+#ifdef __x86_64__
         const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);
         size_t i = 0;
         for (; i + 16 <= n; i += 16)
             _mm_store_si128((__m128i *)(c + i), v);
         if (i < n)  /* the last 16 bytes, overlapping */
             _mm_storeu_si128((__m128i *)(c + n - 16), v);
+#else
+        /* two words a turn (a store pair), the last 16 bytes overlapping */
+        const uint64_t w = TAG_PATTERN64;
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            memcpy(c + i, &w, 8);
+            memcpy(c + i + 8, &w, 8);
+        }
+        if (i < n) {
+            memcpy(c + n - 16, &w, 8);
+            memcpy(c + n - 8, &w, 8);
+        }
+#endif
         return;
     }
     uint64_t w = TAG_PATTERN64;
@@ -217,12 +233,26 @@ TAG_INLINE size_t _tag_pattern_damage(const void *p, size_t n)
     if (TAG_LIKELY(n >= _tag_avx2_from))
         return _tag_pattern_damage_avx2(p, n);
     if (TAG_LIKELY(n >= 16)) {
+#ifdef __x86_64__
         const __m128i v = _mm_set1_epi8((char)TAG_FREE_PATTERN);
         __m128i a = _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)(c + n - 16)), v);
         for (size_t i = 0; i + 16 <= n; i += 16)
             a = _mm_and_si128(a, _mm_cmpeq_epi8(_mm_load_si128((const __m128i *)(c + i)), v));
         if (TAG_LIKELY(_mm_movemask_epi8(a) == 0xffff))
             return TAG_INTACT;
+#else
+        uint64_t x, y, d;
+        memcpy(&x, c + n - 16, 8);
+        memcpy(&y, c + n - 8, 8);
+        d = (x ^ TAG_PATTERN64) | (y ^ TAG_PATTERN64);
+        for (size_t i = 0; i + 16 <= n; i += 16) {
+            memcpy(&x, c + i, 8);
+            memcpy(&y, c + i + 8, 8);
+            d |= (x ^ TAG_PATTERN64) | (y ^ TAG_PATTERN64);
+        }
+        if (TAG_LIKELY(d == 0))
+            return TAG_INTACT;
+#endif
     } else {
         uint64_t x, y;
         if (n >= 8) {

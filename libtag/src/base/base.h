@@ -29,9 +29,9 @@
 #define TAG_NOINLINE __attribute__((noinline))
 #define TAG_INLINE   static inline __attribute__((always_inline))
 
-/* The page size libtag assumes (x86_64); guard pages, mincore probes and the
- * self-written core use it. */
-#define TAG_PAGE_SIZE 4096u
+/* The machine (base/arch.h): the page size (TAG_PAGE_SIZE: guard pages,
+ * mincore probes, the self-written core), registers, frames. */
+#include "base/arch.h"
 /* Signal numbers are below this (the kernel's _NSIG is 64: 1..64). */
 #define TAG_NSIG 65
 

@@ -27,6 +27,23 @@
 #include "base/base.h"
 #include "base/prim.h"
 
+#ifdef __aarch64__
+/* ---------------------------------------------------------------- pages */
+unsigned _tag_page_size;
+
+/* The system's page size (4, 16 or 64 KiB), once, before anything maps:
+ * sysconf reads the kernel's AT_PAGESZ, which the loader kept (no malloc,
+ * no system call). */
+void _tag_page_init(void)
+{
+    if (!__atomic_load_n(&_tag_page_size, __ATOMIC_RELAXED)) {
+        long p = sysconf(_SC_PAGESIZE);
+        __atomic_store_n(&_tag_page_size, p >= 4096 && p <= (long)TAG_PAGE_MAX ? (unsigned)p : 4096u,
+                         __ATOMIC_RELAXED);
+    }
+}
+#endif
+
 /* ------------------------------------------------------------- memory */
 /* libtag's own memory: never the heap it tags.  A PROT_NONE page on each
  * side keeps the kernel from merging the mapping with a neighbour (a glibc
@@ -36,6 +53,7 @@
  * CONFIG_ANON_VMA_NAME. */
 void *_tag_map(size_t bytes, int noreserve)
 {
+    _tag_page_init();
     size_t page = TAG_PAGE_SIZE, len = (bytes + page - 1) & ~(page - 1);
     char *p = mmap(NULL, len + 2 * page, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -105,21 +123,17 @@ __asm__(".text\n"
         ".p2align 4\n"
         ".globl _tag_probe_word\n"
         ".hidden _tag_probe_word\n"
-        ".type _tag_probe_word, @function\n"
+        ".type _tag_probe_word, " TAG_ARCH_FUNC_TYPE "\n"
         "_tag_probe_word:\n"
         ".cfi_startproc\n"
         ".globl _tag_probe_insn\n"
         ".hidden _tag_probe_insn\n"
         "_tag_probe_insn:\n"
-        "    movq (%rdi), %rax\n"
-        "    movq %rax, (%rsi)\n"
-        "    xorl %eax, %eax\n"
-        "    ret\n"
+        TAG_ARCH_PROBE_LOAD
         ".globl _tag_probe_fixup\n"
         ".hidden _tag_probe_fixup\n"
         "_tag_probe_fixup:\n"
-        "    movl $1, %eax\n"
-        "    ret\n"
+        TAG_ARCH_PROBE_FAIL
         ".cfi_endproc\n"
         ".size _tag_probe_word, .-_tag_probe_word\n");
 extern const char _tag_probe_insn[], _tag_probe_fixup[];
@@ -128,9 +142,9 @@ int _tag_probe_fault(int sig, void *ucv)
 {
     ucontext_t *uc = ucv;
     if ((sig != SIGSEGV && sig != SIGBUS) ||
-        uc->uc_mcontext.gregs[REG_RIP] != (greg_t)(uintptr_t)_tag_probe_insn)
+        tag_uc_pc(uc) != (uint64_t)(uintptr_t)_tag_probe_insn)
         return 0;
-    uc->uc_mcontext.gregs[REG_RIP] = (greg_t)(uintptr_t)_tag_probe_fixup;
+    tag_uc_set_pc(uc, (uint64_t)(uintptr_t)_tag_probe_fixup);
     return 1;
 }
 
@@ -147,21 +161,13 @@ int _tag_probe_safe(void)
 }
 
 /* ---------------------------------------------------------- registers */
-/* The order is struct user_regs_struct, as in a core's NT_PRSTATUS note. */
+/* The order is the machine's (base/arch.h: tag_arch_save_regs); on x86_64
+ * struct user_regs_struct, as in a core's NT_PRSTATUS note. */
 void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc)
 {
-    const greg_t *g = uc->uc_mcontext.gregs;
     if (!r)
         return;  /* a thread without a record (its state could not be mapped) */
-    uint64_t *o = r->regs;
-    o[0] = g[REG_R15];  o[1] = g[REG_R14];  o[2] = g[REG_R13];  o[3] = g[REG_R12];
-    o[4] = g[REG_RBP];  o[5] = g[REG_RBX];  o[6] = g[REG_R11];  o[7] = g[REG_R10];
-    o[8] = g[REG_R9];   o[9] = g[REG_R8];   o[10] = g[REG_RAX]; o[11] = g[REG_RCX];
-    o[12] = g[REG_RDX]; o[13] = g[REG_RSI]; o[14] = g[REG_RDI]; o[15] = (uint64_t)-1;
-    o[16] = g[REG_RIP]; o[17] = g[REG_CSGSFS] & 0xffff;       o[18] = g[REG_EFL];
-    o[19] = g[REG_RSP]; o[20] = 0x2b;
-    o[21] = (uint64_t)(uintptr_t)__builtin_thread_pointer();  o[22] = 0;
-    o[23] = o[24] = o[25] = o[26] = 0;
+    tag_arch_save_regs(r->regs, uc);
     __atomic_or_fetch(&r->flags, TAG_THREAD_REGS, __ATOMIC_RELEASE);
 }
 

@@ -45,6 +45,14 @@ int _tag_probe_fault(int sig, void *uc);
 /* Save the registers of a signal context into a thread record (the order
  * of struct user_regs_struct).  Async-signal-safe. */
 void _tag_save_regs(struct libtag_thread *r, const struct ucontext_t *uc);
+
+/* The system's page size into TAG_PAGE_SIZE, where the machine has more
+ * than one (aarch64): _tag_init's first step, and _tag_map's. */
+#ifdef __aarch64__
+void _tag_page_init(void);
+#else
+#define _tag_page_init() ((void)0)
+#endif
 void _tag_die(int sig);   /* default action of sig, now */
 
 /* glibc's sigaction under another name: libtag's own handlers must not go

@@ -96,7 +96,7 @@ static int page_lock;
 static void spin_lock(int *l)
 {
     for (unsigned spins = 0; __atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE);) {
-        __builtin_ia32_pause();
+        tag_arch_pause();
         /* a holder preempted on a machine of few cores: give it the CPU */
         if (++spins % 64 == 0)
             sched_yield();

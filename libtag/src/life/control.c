@@ -18,6 +18,7 @@
 #include "base/control.h"
 #include "base/log.h"
 #include "base/options.h"
+#include "base/prim.h"
 #include "heap/heap.h"
 #include "stacks/modules.h"
 #include "stacks/stack_table.h"
@@ -127,11 +128,12 @@ void _tag_init(void)
         if (expected == 1 && !in_init) {
             /* Another thread is initialising: wait for it. */
             while (__atomic_load_n(&init_state, __ATOMIC_ACQUIRE) != 2)
-                __builtin_ia32_pause();
+                tag_arch_pause();
         }
         return;
     }
     in_init = 1;
+    _tag_page_init();
     _tag_options_init();
     _tag_pattern_init();
     vdso_init();

@@ -55,21 +55,25 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __x86_64__
 #include <asm/prctl.h>
+#endif
 
 #include "base/base.h"
 #include "base/prim.h"
 #include "snapshot/corewrite.h"
 #include "snapshot/snapshot.h"
 
-#if !defined(__x86_64__)
-#error "corewrite.c writes x86_64 cores only"
-#endif
-
-/* The note layouts gdb and the kernel agree on (x86_64). */
+/* The note layouts gdb and the kernel agree on: pr_reg is x86_64's
+ * user_regs_struct, aarch64's user_pt_regs (x0-x30, sp, pc, pstate),
+ * filled from the thread record's registers (base/arch.h). */
+#ifdef __x86_64__
 _Static_assert(sizeof(struct elf_prstatus) == 336, "elf_prstatus is 336 bytes");
+#else
+_Static_assert(sizeof(struct elf_prstatus) == 392, "elf_prstatus is 392 bytes");
+#endif
 _Static_assert(sizeof(struct elf_prpsinfo) == 136, "elf_prpsinfo is 136 bytes");
-_Static_assert(sizeof(elf_gregset_t) == TAG_NREGS * 8, "pr_reg is user_regs_struct");
+_Static_assert(sizeof(elf_gregset_t) == TAG_ARCH_PRSTATUS_NREGS * 8, "pr_reg is the machine's");
 
 #define CW_PAGE          TAG_PAGE_SIZE
 #ifndef CW_MAX_MAPS                  /* -D only to test the truncation */
@@ -85,9 +89,11 @@ _Static_assert(CW_MAX_MAPS >= 2 * CW_KEEP_SLOTS && CW_MAX_MAPS <= 0xfffd,
 #define CW_PAGEMAP_BATCH 4096u       /* pagemap entries per pread */
 #define CW_WRITE_MAX     (1u << 30)  /* per write(2); Linux caps at 0x7ffff000 */
 
+#ifdef __x86_64__
 /* user_regs_struct indexes (sys/user.h), the order of pr_reg. */
 enum { R_RBP = 4, R_RAX = 10, R_ORIG_RAX = 15, R_RIP = 16, R_CS = 17,
        R_EFLAGS = 18, R_RSP = 19, R_SS = 20, R_FS_BASE = 21, R_GS_BASE = 22 };
+#endif
 
 enum { M_R = 1, M_W = 2, M_X = 4, M_SHARED = 8, M_FILE = 16, M_ANON = 32,
        M_VDSO = 64, M_DELETED = 128 };
@@ -111,7 +117,7 @@ static size_t auxv_len;
 static char small[CW_SMALL_BUF];
 static uint64_t pagemap_buf[CW_PAGEMAP_BATCH];
 static unsigned char obuf[CW_OUT_BUF];
-static const unsigned char zero_page[CW_PAGE];
+static const unsigned char zero_page[TAG_PAGE_MAX];  /* at least a page */
 
 /* ------------------------------------------------------------ output --
  * Buffered, sequential writer: works on any fd (regular file, /dev/full,
@@ -497,6 +503,7 @@ static void fill_psinfo(struct elf_prpsinfo *ps, const struct cw_proc *pr)
         ps->pr_psargs[i] = small[i] ? small[i] : ' ';
 }
 
+#ifdef __x86_64__
 /* The calling thread's registers in user_regs_struct order, describing the
  * frame this is inlined into (rip is a label in it, rsp/rbp are its own), so
  * gdb unwinds from that function through its callers with their CFI.  Must
@@ -552,6 +559,39 @@ static inline __attribute__((always_inline)) void capture_here(uint64_t *r)
     if (syscall(SYS_arch_prctl, ARCH_GET_GS, &v) == 0)
         r[R_GS_BASE] = v;
 }
+#elif defined(__aarch64__)
+/* The calling thread's registers in the thread record's order
+ * (base/arch_aarch64.h: x0-x7, x19-x30, sp, pc, pstate, x8-x11),
+ * describing the frame this is inlined into (pc is a label in it, sp and
+ * x29 are its own), so gdb unwinds from that function through its callers
+ * with their CFI.  Must be inlined into a function that stays live while
+ * the core is written. */
+static inline __attribute__((always_inline)) void capture_here(uint64_t *r)
+{
+    __asm__ volatile(
+        "stp x0, x1, [%0, #0]\n\t"
+        "stp x2, x3, [%0, #16]\n\t"
+        "stp x4, x5, [%0, #32]\n\t"
+        "stp x6, x7, [%0, #48]\n\t"
+        "stp x19, x20, [%0, #64]\n\t"
+        "stp x21, x22, [%0, #80]\n\t"
+        "stp x23, x24, [%0, #96]\n\t"
+        "stp x25, x26, [%0, #112]\n\t"
+        "stp x27, x28, [%0, #128]\n\t"
+        "stp x29, x30, [%0, #144]\n\t"
+        "mov x9, sp\n\t"
+        "str x9, [%0, #160]\n\t"
+        "1:\n\t"
+        "adr x9, 1b\n\t"
+        "str x9, [%0, #168]\n\t"
+        "mrs x9, nzcv\n\t"
+        "str x9, [%0, #176]\n\t"
+        "str x8, [%0, #184]\n\t"
+        "stp xzr, xzr, [%0, #192]\n\t"
+        "str xzr, [%0, #208]\n\t"
+        : : "r"(r) : "x9", "memory");
+}
+#endif
 
 static void fill_prstatus(struct elf_prstatus *st, int tid,
                           const struct cw_proc *pr, const uint64_t *regs)
@@ -561,7 +601,7 @@ static void fill_prstatus(struct elf_prstatus *st, int tid,
     st->pr_ppid = pr->ppid;
     st->pr_pgrp = pr->pgrp;
     st->pr_sid = pr->sid;
-    memcpy(&st->pr_reg, regs, sizeof st->pr_reg);
+    tag_arch_prstatus((uint64_t *)&st->pr_reg, regs);
 }
 
 /* ------------------------------------------------------------ notes --- */
@@ -714,7 +754,7 @@ static int write_headers(uint64_t notes_off, uint64_t notes_sz, uint64_t data_of
     eh.e_ident[EI_VERSION] = EV_CURRENT;
     eh.e_ident[EI_OSABI] = ELFOSABI_NONE;
     eh.e_type = ET_CORE;
-    eh.e_machine = EM_X86_64;
+    eh.e_machine = TAG_ARCH_EM;
     eh.e_version = EV_CURRENT;
     eh.e_phoff = sizeof eh;
     eh.e_ehsize = sizeof eh;

@@ -699,6 +699,20 @@ static int taken(int root, int dir, int saved_errno, int rc)
     return rc;
 }
 
+
+/* The snapshot's child: a raw fork (no atfork handlers, no locks) whose
+ * exit signal is 0 - no SIGCHLD, invisible to the program's wait() without
+ * __WALL.  qemu-user refuses any exit signal but SIGCHLD (EINVAL, which a
+ * kernel never gives here): there the child is a SIGCHLD child, which a
+ * program's SIGCHLD handler or wait(-1) may see (docs/aarch64.md). */
+TAG_INLINE long raw_fork(void)
+{
+    long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
+    if (TAG_UNLIKELY(child < 0 && errno == EINVAL))
+        child = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+    return child;
+}
+
 /* A snapshot: its directory made (open_dir; none for a handoff, whose
  * core goes through the caller's pipe), the other threads frozen, the
  * process forked with the raw clone (the child writes the core:
@@ -742,7 +756,7 @@ int _tag_snapshot_take(uint32_t reason, int handoff)
     uint32_t gen = freeze(getcontext(&uc) == 0 ? &uc : NULL, &stopped);
     uint64_t t1 = mono_ns();
     /* exit signal 0: no SIGCHLD, invisible to wait() without __WALL */
-    long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
+    long child = raw_fork();
     if (child == 0)
         child_main(dir, reason, seq, _tag_tls.tid);
     uint64_t t2 = mono_ns();
@@ -812,7 +826,7 @@ int _tag_crash_dir(void)
         nanosleep(&ts, NULL);
     }
     uint32_t gen = freeze(NULL, NULL);  /* our registers: the crash hook's */
-    long child = syscall(SYS_clone, 0L, 0L, 0L, 0L, 0L);
+    long child = raw_fork();
     if (child == 0)
         child_main(dir, TAG_REASON_CRASH, seq, _tag_tls.tid);
     release_threads(gen);

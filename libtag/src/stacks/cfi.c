@@ -36,10 +36,12 @@
 #define PE_DATAREL 0x30
 #define PE_INDIRECT 0x80
 
-/* x86_64 DWARF register numbers. */
-#define R_RBP 6
-#define R_RSP 7
-#define R_RA  16
+/* The machine's DWARF register numbers (base/arch.h): the frame pointer
+ * (x86_64's rbp, aarch64's x29), the stack pointer and the return address
+ * column (x86_64's 16, aarch64's x30).  The names stay x86_64's. */
+#define R_RBP TAG_DW_FP
+#define R_RSP TAG_DW_SP
+#define R_RA  TAG_DW_RA
 
 struct cursor {
     uintptr_t p, lo, end;
@@ -299,6 +301,9 @@ static int apply(struct cursor *c, const struct cie *cie, uint8_t op, struct row
         reg_rule(r, reg, REG_OTHER, REG_OTHER);
         break;
     case 0x2e: uleb(c); break;                     /* GNU_args_size */
+#ifdef __aarch64__
+    case 0x2d: break;  /* AARCH64_negate_ra_state: pac-ret signs x30; the walk strips it */
+#endif
     case 0x2f:                                     /* GNU_negative_offset_extended */
         reg = uleb(c);
         off = -(int64_t)uleb(c) * cie->data_align;
@@ -419,7 +424,11 @@ uint64_t _tag_cfi_rule(const struct tag_module *m, uintptr_t addr)
     if (cie.has_z)
         c.p += uleb(&c);
 
+#ifdef __aarch64__
+    struct row init = {.cfa_reg = R_RSP, .cfa_off = 0, .rbp = REG_SAME, .ra = REG_SAME};
+#else
     struct row init = {.cfa_reg = R_RSP, .cfa_off = 8, .rbp = REG_SAME, .ra = REG_SAME};
+#endif
     struct cursor ci = {cie.insns, m->data_lo, cie.end, 0};
     if (!run(&ci, &cie, 0, UINT64_MAX, &init, NULL))
         return TAG_RULE_FP;
@@ -429,12 +438,32 @@ uint64_t _tag_cfi_rule(const struct tag_module *m, uintptr_t addr)
 
     if (r.ra == REG_UNDEF)
         return TAG_RULE_END;  /* _start, clone: the outermost frame */
+#ifdef __aarch64__
+    /* aarch64: the return address in x30 (unchanged: a leaf, a prologue
+     * before it saves it) or saved in a slot below the CFA (a frame
+     * record: stp x29, x30 - not always at CFA - 8 as on x86_64) */
+    if (r.cfa_expr || (r.cfa_reg != R_RSP && r.cfa_reg != R_RBP) || r.cfa_off < 0 ||
+        r.cfa_off > (int64_t)TAG_RULE_OFF_MASK)
+        return TAG_RULE_FP;
+    uint64_t rule = TAG_RULE_CFA | (uint64_t)r.cfa_off << TAG_RULE_OFF_SHIFT;
+    if (r.cfa_reg == R_RBP)
+        rule |= TAG_RULE_CFA_RBP;
+    if (r.ra == REG_SAME) {
+        rule |= TAG_RULE_RA_LR;
+    } else if (r.ra == REG_OFFSET && r.ra_off < 0 && !(r.ra_off & 7) &&
+               -r.ra_off / 8 <= (int64_t)TAG_RULE_RA_MASK) {
+        rule |= (uint64_t)(-r.ra_off / 8) << TAG_RULE_RA_SHIFT;
+    } else {
+        return TAG_RULE_FP;
+    }
+#else
     if (r.cfa_expr || (r.cfa_reg != R_RSP && r.cfa_reg != R_RBP) || r.ra != REG_OFFSET ||
         r.ra_off != -8 || r.cfa_off < 8 || r.cfa_off >= (1 << 24))
         return TAG_RULE_FP;
     uint64_t rule = TAG_RULE_CFA | (uint64_t)r.cfa_off << TAG_RULE_OFF_SHIFT;
     if (r.cfa_reg == R_RBP)
         rule |= TAG_RULE_CFA_RBP;
+#endif
     if (r.rbp == REG_OFFSET) {
         if (r.rbp_off >= 0 || (r.rbp_off & 7) || -r.rbp_off / 8 >= 0x10000)
             rule |= TAG_RULE_RBP_LOST;

@@ -25,6 +25,18 @@
 #define TAG_RULE_OFF_SHIFT   8
 #define TAG_RULE_SLOT_SHIFT  32
 #define TAG_RULE_CHECK_SHIFT 48
+#ifdef __aarch64__
+/* aarch64: the CFA offset is bits 8..23, and the return address is in x30
+ * (TAG_RULE_RA_LR) or saved at CFA - 8 * slot, the slot in bits 24..31;
+ * "rbp" is x29.  Only an exact pc's rule is a TAG_RULE_CFA: past the first
+ * frame the walk follows frame records (unwind.c). */
+#define TAG_RULE_RA_LR    (1ull << 6)
+#define TAG_RULE_OFF_MASK 0xffffull
+#define TAG_RULE_RA_SHIFT 24
+#define TAG_RULE_RA_MASK  0xffull
+#else
+#define TAG_RULE_OFF_MASK 0xffffffull
+#endif
 
 /* The rule for code address addr (a return address minus 1, or an exact
  * pc) from the module's CFI: TAG_RULE_CFA, _END or _FP.  Async-signal-safe;

@@ -47,6 +47,8 @@ _Static_assert(offsetof(struct tag_thread_state, hook_sp) ==
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_site)
 {
+    if (!TAG_ARCH_SHADOW)  /* not this machine's yet (base/arch.h) */
+        return;
     struct tag_thread_state *t = _tag_tls.t;
     uint64_t fn = (uint64_t)(uintptr_t)this_fn, site = (uint64_t)(uintptr_t)call_site;
     uint64_t d = t->shadow.depth;  /* 64 bits: an index with no extension */
@@ -56,7 +58,7 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
     uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
     t->shadow.depth = (uint32_t)d + 1;
     uint64_t bp;
-    __asm__("mov %%rbp, %0" : "=r"(bp));  /* the function's: the hook has no frame */
+    TAG_ARCH_FRAME_REG(bp);  /* the function's: the hook has no frame */
     /* rbp always (a function that realigns its stack can have the same
      * stack pointer at its hook and another CFA: the capture then finds
      * the CFA again from rbp, _tag_shadow_recheck); compared, it would
@@ -73,6 +75,8 @@ TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_enter(void *this_fn, void *call_s
 
 TAG_EXPORT TAG_NOINSTR void __cyg_profile_func_exit(void *this_fn, void *call_site)
 {
+    if (!TAG_ARCH_SHADOW)
+        return;
     struct tag_thread_state *t = _tag_tls.t;
     uint64_t c = (uint64_t)(uintptr_t)__builtin_dwarf_cfa();
     uint32_t d = t->shadow.depth;

@@ -261,7 +261,7 @@ TAG_EXPORT int dlclose(void *handle)
     /* Several threads may dlclose at once: unloading counts them. */
     __atomic_add_fetch(&unloading, 1, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&readers, __ATOMIC_SEQ_CST))
-        __builtin_ia32_pause();
+        tag_arch_pause();
     int r = real_dlclose(handle);
     rescan(0);
     _tag_unwind_flush();

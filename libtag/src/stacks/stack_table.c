@@ -151,7 +151,7 @@ static int shard_commit(uint32_t k)
     for (unsigned spins = 0; __atomic_exchange_n(&shard_lock, 1, __ATOMIC_ACQUIRE);) {
         if (++spins > (1u << 20))
             return 0;
-        __builtin_ia32_pause();
+        tag_arch_pause();
     }
     uint32_t have = shard_committed;
     int ok = 1;
@@ -413,7 +413,7 @@ static void lock(void)
 {
     while (__atomic_exchange_n(&table_lock, 1, __ATOMIC_ACQUIRE))
         while (__atomic_load_n(&table_lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
+            tag_arch_pause();
 }
 
 static void unlock(void)

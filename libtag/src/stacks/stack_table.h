@@ -75,13 +75,15 @@ TAG_INLINE struct libtag_stack_shard *_tag_shard_of(struct tag_thread_state *t, 
         return (struct libtag_stack_shard *)(c + (uintptr_t)e * sizeof(struct libtag_stack_shard));
     return _tag_shard_slow(t, stack, size, is_free);
 }
+/* One uninterruptible update (base/arch.h): a snapshot's signal handler on
+ * this thread sees it done or not. */
 TAG_INLINE void _tag_stat_add(uint64_t *p, uint64_t v)
 {
-    __asm__ volatile("addq %1, %0" : "+m"(*p) : "er"(v));
+    tag_arch_add_u64(p, v);
 }
 TAG_INLINE void _tag_stat_sub(uint64_t *p, uint64_t v)
 {
-    __asm__ volatile("subq %1, %0" : "+m"(*p) : "er"(v));
+    tag_arch_sub_u64(p, v);
 }
 /* t: the thread's state, or NULL for a thread without one (interpose.c),
  * whose temporaries are not counted. */

@@ -24,7 +24,7 @@
 /* Whole pages: the debug build makes them read-only (_tag_threads_init),
  * so a path that writes a thread's state before registering it faults in
  * the tests. */
-union tag_tls_none _tag_tls_none_pages __attribute__((aligned(TAG_PAGE_SIZE)));
+union tag_tls_none _tag_tls_none_pages __attribute__((aligned(TAG_PAGE_MAX)));
 __thread struct tag_tls_ref _tag_tls __attribute__((tls_model("initial-exec"))) = {
     .t = &_tag_tls_none,
 };

@@ -247,7 +247,7 @@ struct tag_tls_ref {
 };
 union tag_tls_none {
     struct tag_thread_state t;
-    char pages[(sizeof(struct tag_thread_state) + TAG_PAGE_SIZE - 1) & ~(TAG_PAGE_SIZE - 1)];
+    char pages[(sizeof(struct tag_thread_state) + TAG_PAGE_MAX - 1) & ~(TAG_PAGE_MAX - 1)];
 };
 
 

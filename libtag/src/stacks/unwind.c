@@ -154,58 +154,16 @@ void _tag_unwind_flush(void)
 
 /* ------------------------------------------------------------ checks -- */
 
-static int is_prefix(uint8_t b)
-{
-    return b == 0x26 || b == 0x2e || b == 0x36 || b == 0x3e || b == 0x64 || b == 0x65 ||
-           b == 0x66 || b == 0x67 || b == 0xf2 || b == 0xf3;
-}
-
-/* Do the bytes before ra decode as a call that ends at ra?  e8 rel32, or
- * ff /2 (call r/m64) with its ModRM, SIB and displacement, after at most
- * two prefixes and a REX.  Reads only [max(m->lo, ra - 10), ra). */
+/* What a return address follows and the signal trampoline are the
+ * machine's (base/arch.h: tag_arch_after_call, tag_arch_is_sigreturn). */
 static int after_call(uintptr_t ra, const struct tag_module *m)
 {
-    uint8_t b[10];
-    unsigned have = ra - m->lo < 10 ? (unsigned)(ra - m->lo) : 10;
-    memset(b, 0, sizeof b);
-    memcpy(b + 10 - have, (const void *)(ra - have), have);
-    if (have >= 5 && b[5] == 0xe8)
-        return 1;
-    for (unsigned len = 2; len <= have; len++) {
-        unsigned i = 10 - len, np = 0;
-        while (np < 2 && i < 10 && is_prefix(b[i])) {
-            i++;
-            np++;
-        }
-        if (i < 10 && (b[i] & 0xf0) == 0x40)
-            i++;
-        if (i + 1 >= 10 || b[i] != 0xff || ((b[i + 1] >> 3) & 7) != 2)
-            continue;
-        unsigned mod = b[i + 1] >> 6, rm = b[i + 1] & 7, end = i + 2;
-        if (mod != 3 && rm == 4) {
-            if (end >= 10)
-                continue;
-            uint8_t sib = b[end++];
-            if (mod == 0 && (sib & 7) == 5)
-                end += 4;
-        } else if (mod == 0 && rm == 5) {
-            end += 4;  /* rip-relative */
-        }
-        if (mod == 1)
-            end += 1;
-        else if (mod == 2)
-            end += 4;
-        if (end == 10)
-            return 1;
-    }
-    return 0;
+    return tag_arch_after_call(ra, m->lo);
 }
 
-/* glibc's x86_64 __restore_rt: mov $0xf,%rax; syscall (what gdb checks). */
 static int is_sigreturn(uintptr_t pc, const struct tag_module *m)
 {
-    static const uint8_t code[9] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
-    return pc + sizeof code <= m->hi && memcmp((const void *)pc, code, sizeof code) == 0;
+    return tag_arch_is_sigreturn(pc, m->hi);
 }
 
 /* The rule for key, found from the module's CFI and cached.  may_rescan:
@@ -215,7 +173,7 @@ static TAG_COLD uint64_t rule_miss(uint64_t key, int may_rescan)
 {
     uintptr_t pc = (uintptr_t)(key & ~EXACT_KEY);
     int exact = (key & EXACT_KEY) != 0;
-    if (pc < TAG_PAGE_SIZE || (pc >> 47))
+    if (tag_arch_pc_bad(pc))
         return TAG_RULE_BAD;
     struct tag_module m;
     if (!_tag_modules_enter())
@@ -239,6 +197,12 @@ static TAG_COLD uint64_t rule_miss(uint64_t key, int may_rescan)
         rule = TAG_RULE_BAD;
     else
         rule = _tag_cfi_rule(&m, exact ? pc : pc - 1);
+#ifdef __aarch64__
+    /* Past the first frame the walk follows frame records (step): the
+     * sp a CFI rule starts from is known only at an exact pc. */
+    if (!exact && (rule & TAG_RULE_TYPE) == TAG_RULE_CFA)
+        rule = TAG_RULE_FP;
+#endif
     _tag_modules_leave();
     rule |= check_of(key);
     rule_put(key, rule);
@@ -257,6 +221,12 @@ struct ustate {
     uint64_t pc, sp, bp;
     uint32_t flags;      /* TAG_WF_BP_KNOWN | WS_* */
     uint32_t bp_off;     /* set by a step that read rbp (TAG_WF_READ_BP) */
+#ifdef __aarch64__
+    uint64_t lr;         /* x30, at an exact pc (a signal context); else 0 */
+#define USTATE_LR , 0
+#else
+#define USTATE_LR
+#endif
 };
 
 struct bounds {
@@ -283,13 +253,25 @@ static int bound_for(struct bounds *b, uint64_t sp)
  * the ucontext (struct rt_sigframe after its return address). */
 static int signal_step(struct ustate *s, struct bounds *b)
 {
-    const uint64_t g = s->sp + offsetof(ucontext_t, uc_mcontext.gregs);
-    if (g + sizeof(gregset_t) > b->hi || g < s->sp)
+#ifdef __aarch64__
+    /* the frame pointer the handler was entered with: the kernel's frame
+     * record above the sigcontext (base/arch_aarch64.h) */
+    if (!(s->flags & TAG_WF_BP_KNOWN) || s->bp < s->sp || s->bp + 16 > b->hi)
         return 0;
-    const greg_t *r = (const greg_t *)g;
-    uint64_t rip = (uint64_t)r[REG_RIP], rsp = (uint64_t)r[REG_RSP], rbp = (uint64_t)r[REG_RBP];
+    const uint64_t g = tag_arch_sigframe_regs(s->bp, s->sp);
+    if (!g)
+        return 0;
+#else
+    const uint64_t g = tag_arch_sigframe_regs(s->sp);
+#endif
+    if (g + TAG_ARCH_SIGFRAME_REGS_BYTES > b->hi || g < s->sp)
+        return 0;
+    uint64_t rip = TAG_ARCH_SIGFRAME_PC(g), rsp = TAG_ARCH_SIGFRAME_SP(g), rbp = TAG_ARCH_SIGFRAME_FP(g);
     if (!bound_for(b, rsp))
         return 0;
+#ifdef __aarch64__
+    s->lr = tag_arch_strip_pc(TAG_ARCH_SIGFRAME_LR(g));
+#endif
     s->pc = rip;
     s->sp = rsp;
     s->bp = rbp;
@@ -303,6 +285,45 @@ TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mo
 {
     uint64_t type = rule & TAG_RULE_TYPE, sp = s->sp, cfa, ra;
     s->flags &= ~(TAG_WF_READ_BP | WS_USES_BP | WS_LOSES_BP);
+#ifdef __aarch64__
+    /* An exact pc's CFI (rule_miss gives no other CFA rule here): the
+     * return address in x30 (a leaf, a prologue) or saved below the CFA. */
+    if (type == TAG_RULE_CFA && !fp_mode) {
+        uint64_t base = sp;
+        if (rule & TAG_RULE_CFA_RBP) {
+            s->flags |= WS_USES_BP;
+            if (!(s->flags & TAG_WF_BP_KNOWN))
+                return 0;
+            base = s->bp;
+        }
+        cfa = base + ((rule >> TAG_RULE_OFF_SHIFT) & TAG_RULE_OFF_MASK);
+        if (cfa < sp || cfa > b->hi || (cfa & 7))
+            return 0;
+        if (rule & TAG_RULE_RA_LR) {
+            ra = s->lr;
+        } else {
+            uint64_t at = cfa - 8 * ((rule >> TAG_RULE_RA_SHIFT) & TAG_RULE_RA_MASK);
+            if (at < sp || at + 8 > b->hi)
+                return 0;
+            ra = *(const uint64_t *)at;
+        }
+        if (rule & TAG_RULE_RBP_SAVED) {
+            uint64_t at = cfa - 8 * ((rule >> TAG_RULE_SLOT_SHIFT) & 0xffff);
+            if (at < sp)
+                return 0;
+            s->bp = *(const uint64_t *)at;
+            s->bp_off = (uint32_t)(at - sp);
+            s->flags |= TAG_WF_BP_KNOWN | TAG_WF_READ_BP;
+        } else if (rule & TAG_RULE_RBP_LOST) {
+            s->flags = (s->flags & ~TAG_WF_BP_KNOWN) | WS_LOSES_BP;
+        }
+        s->pc = tag_arch_strip_pc(ra);
+        s->sp = cfa;
+        s->lr = 0;
+        s->flags &= ~WS_EXACT;
+        return 1;
+    }
+#endif
     if (type == TAG_RULE_CFA && !fp_mode) {
         uint64_t base = sp;
         if (rule & TAG_RULE_CFA_RBP) {
@@ -333,7 +354,7 @@ TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mo
             bp + 16 > b->hi)
             return 0;
         cfa = bp + 16;
-        ra = ((const uint64_t *)bp)[1];
+        ra = tag_arch_strip_pc(((const uint64_t *)bp)[1]);
         s->bp = ((const uint64_t *)bp)[0];
         s->bp_off = (uint32_t)(bp - sp);
         s->flags |= TAG_WF_READ_BP;
@@ -807,7 +828,7 @@ TAG_INLINE struct ustate entry_state(void *ret, void *frame)
 {
     const uint64_t *fp = frame;
     struct ustate s = {(uint64_t)(uintptr_t)ret, (uint64_t)(uintptr_t)(fp + 2), fp[0],
-                       TAG_WF_BP_KNOWN, 0};
+                       TAG_WF_BP_KNOWN, 0 USTATE_LR};
     return s;
 }
 
@@ -1155,9 +1176,10 @@ uint32_t _tag_unwind_uc(struct tag_thread_state *t, const struct ucontext_t *ucv
                         uint64_t *pcs, uint32_t *kinds, uint32_t max)
 {
     const ucontext_t *uc = (const ucontext_t *)ucv;
-    const greg_t *g = uc->uc_mcontext.gregs;
-    struct ustate s = {(uint64_t)g[REG_RIP], (uint64_t)g[REG_RSP], (uint64_t)g[REG_RBP],
-                       TAG_WF_BP_KNOWN | WS_EXACT, 0};
+    struct ustate s = {tag_uc_pc(uc), tag_uc_sp(uc), tag_uc_fp(uc), TAG_WF_BP_KNOWN | WS_EXACT, 0 USTATE_LR};
+#ifdef __aarch64__
+    s.lr = tag_arch_strip_pc(tag_uc_lr(uc));
+#endif
     struct bounds b;
     if (!t)
         t = &_tag_tls_none;  /* no state: bounds unknown, read only */

@@ -13,10 +13,12 @@ signals too).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from forensics.answers.documents import AddressOwnerDoc, CauseDoc, CrashDoc, MallocDoc, SenderDoc
 from forensics.answers.owners import classify, near_note
-from forensics.answers.shapes import block_json, chunk_json, frames_json, hexaddr, iso_time
+from forensics.answers.shapes import block_doc, chunk_doc, frames_doc, hexaddr, iso_time
 from forensics.core.notes import signal_name
 from forensics.heaps import heap_of
 from forensics.heaps.glibc_crash import malloc_explanation
@@ -85,9 +87,9 @@ class _Signal:
     frames: list[Frame]
     address: int | None = None
     source: str | None = None  # "fault" | "instruction" | "decoded"
-    sender: dict | None = None
+    sender: SenderDoc | None = None
     insn: str | None = None
-    cause: dict | None = None
+    cause: CauseDoc | None = None
     time_ms: int | None = None
     time: str | None = None
 
@@ -104,7 +106,7 @@ def _recorded(dump: Dump, c) -> _Signal:
     if code <= 0:
         if code in _SENDER_CODES:
             pid, uid = c.address & 0xFFFFFFFF, c.address >> 32
-            s.sender = {"pid": pid, "uid": uid, "self": pid == dump.pid}
+            s.sender = SenderDoc(pid=pid, uid=uid, self=pid == dump.pid)
     elif code == SI_KERNEL:
         regs = dump.crash_registers(c.thread)
         if regs is not None and name in ("SIGSEGV", "SIGBUS"):
@@ -129,14 +131,14 @@ def _kernel(dump: Dump) -> _Signal | None:
     thread = dump.threads[0]
     s = _Signal(name, si.code, thread.tid, dump.thread_frames(thread))
     if si.sender_pid is not None and si.code <= 0:
-        s.sender = {"pid": si.sender_pid, "uid": si.sender_uid, "self": si.sender_pid == dump.pid}
+        s.sender = SenderDoc(pid=si.sender_pid, uid=si.sender_uid, self=si.sender_pid == dump.pid)
     elif si.code > 0 and si.code != SI_KERNEL and si.addr is not None:
         s.address = si.addr
         s.source = "instruction" if name in _PC_SIGNALS else "fault"
     return s
 
 
-def crash_doc(dump: Dump) -> dict | None:
+def crash_doc(dump: Dump) -> CrashDoc | None:
     """The crash of inspect's document (docs/json.md, "The crash"); None
     when the core has none."""
     if dump.control is not None:
@@ -152,39 +154,44 @@ def crash_doc(dump: Dump) -> dict | None:
     if s.address is not None:
         where = classify(dump, s.address)
         b = where.block
-        owner = {"owner": where.owner, "region": where.region_name,
-                 "note": where.note or (near_note(where.near) if where.near else ""),
-                 "block": block_json(b, dump, offset=s.address - b.start) if isinstance(b, Block)
-                 else None}
         # glibc's chunk: without libtag, or from before libtag was attached
-        if not heap.tagged or isinstance(b, Chunk):
-            owner["chunk"] = chunk_json(b, offset=s.address - b.user) if isinstance(b, Chunk) else None
-    doc = {
-        "signal": s.name,
-        "address": hexaddr(s.address),
-        "address_source": s.source,
-        "sender": s.sender,
-        "instruction": s.insn,
-        "cause": s.cause,
-        "summary": crash_summary(s.name, s.code, cname, s.address, s.source, s.sender, s.insn, s.cause),
-        "thread": s.thread,
-        "time": s.time,
-        "time_ms": s.time_ms,
-        "stack": frames_json(s.frames),
-        "code": s.code,
-        "code_name": cname,
-        "address_owner": owner,
-    }
-    if heap.kind == "glibc":
+        chunks = not heap.tagged or isinstance(b, Chunk)
+        owner = AddressOwnerDoc(
+            owner=where.owner, region=where.region_name,
+            note=where.note or (near_note(where.near) if where.near else ""),
+            block=block_doc(b, dump, offset=s.address - b.start) if isinstance(b, Block) else None,
+            chunk=chunk_doc(b, offset=s.address - b.user) if chunks and isinstance(b, Chunk) else None,
+            chunks=chunks)
+    stack = frames_doc(s.frames)
+    malloc = None
+    glibc = heap.kind == "glibc"
+    if glibc:
         thread = next(t for t in dump.threads if t.tid == s.thread)
         m = malloc_explanation(dump, thread, s.frames)
-        doc["malloc"] = None if m is None else {
-            "call": m.call, "glibc_message": m.glibc_message,
-            "chunk": chunk_json(m.chunk) if m.chunk is not None else None, "summary": m.summary}
-    return doc
+        malloc = None if m is None else MallocDoc(
+            call=m.call, glibc_message=m.glibc_message,
+            chunk=chunk_doc(m.chunk) if m.chunk is not None else None, summary=m.summary)
+    return CrashDoc(
+        signal=s.name,
+        address=hexaddr(s.address),
+        address_source=s.source,
+        sender=s.sender,
+        instruction=s.insn,
+        cause=s.cause,
+        summary=crash_summary(s.name, s.code, cname, s.address, s.source, s.sender, s.insn, s.cause),
+        thread=s.thread,
+        time=s.time,
+        time_ms=s.time_ms,
+        stack=stack,
+        code=s.code,
+        code_name=cname,
+        address_owner=owner,
+        malloc=malloc,
+        glibc=glibc,
+    )
 
 
-def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | None, dict | None]:
+def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | None, CauseDoc | None]:
     """(address, instruction text, cause) of a fault the kernel gave no
     address for, from the instruction at the faulting pc and the registers.
     The cause (docs/json.md, "The crash"): "use-after-free" when the
@@ -202,9 +209,8 @@ def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | N
         return None, None, None
     base_value = regs.get(mem.base) if mem.base else None
     freed = _freed_pointer(mem.address) or _freed_pointer(base_value)
-    cause = {"kind": "use-after-free" if freed else "unknown", "register": mem.base,
-             "value": hexaddr(base_value), "loaded_from": None, "load": None, "load_in": None,
-             "block": None}
+    cause = CauseDoc(kind="use-after-free" if freed else "unknown", register=mem.base,
+                     value=hexaddr(base_value), loaded_from=None, load=None, load_in=None, block=None)
     found = _pointer_load(dump, pc, mem.base, regs) if base_value is not None else None
     if found is not None:
         holder, load, where = found
@@ -215,10 +221,10 @@ def _decode_fault(dump: Dump, regs: dict[str, int]) -> tuple[int | None, str | N
         except Exception:  # noqa: BLE001 - unreadable: the load is not confirmed
             word = None
         if word == base_value:
-            cause.update(loaded_from=hexaddr(holder), load=load, load_in=where)
             block = dump.heap.block_at(holder)
-            if block is not None:
-                cause["block"] = block_json(block, dump, offset=holder - block.start)
+            cause = dataclasses.replace(
+                cause, loaded_from=hexaddr(holder), load=load, load_in=where,
+                block=block_doc(block, dump, offset=holder - block.start) if block is not None else None)
     return mem.address, mem.text, cause
 
 
@@ -268,8 +274,8 @@ def _function_code(dump: Dump, pc: int) -> tuple[int, bytes] | None:
 def crash_summary(name, code, code_name, address, source, sender, insn, cause) -> str:
     """One line that says what the crash is, for people (text and report)."""
     if sender is not None:
-        who = "the process itself (abort, raise)" if sender["self"] else f"pid {sender['pid']}"
-        return f"{name} sent by {who} (pid {sender['pid']}, uid {sender['uid']}, {code_name})"
+        who = "the process itself (abort, raise)" if sender.self else f"pid {sender.pid}"
+        return f"{name} sent by {who} (pid {sender.pid}, uid {sender.uid}, {code_name})"
     if code <= 0:
         return f"{name} sent by a process ({code_name or code})"
     if code == SI_KERNEL:
@@ -284,17 +290,17 @@ def crash_summary(name, code, code_name, address, source, sender, insn, cause) -
     return f"{name} ({code_name or code}) at {what} {address:#x}"
 
 
-def _cause_text(cause: dict) -> str:
-    b = cause["block"]
-    where = (f"{b['state']} block {b['start']} ({b['size']} bytes), at offset {b['offset']} of it"
-             if b is not None else f"{cause['loaded_from']}, in no block" if cause["loaded_from"] else None)
-    if cause["kind"] == "use-after-free":
-        if b is not None and b["state"] == "freed":
-            return f"a use-after-free: a pointer read from freed block {b['start']} ({b['size']} bytes), " \
-                   f"at offset {b['offset']} of it"
-        return (f"a pointer read from a freed block ({cause['register']} = {cause['value']}); "
+def _cause_text(cause: CauseDoc) -> str:
+    b = cause.block
+    where = (f"{b.state} block {b.start} ({b.size} bytes), at offset {b.offset} of it"
+             if b is not None else f"{cause.loaded_from}, in no block" if cause.loaded_from else None)
+    if cause.kind == "use-after-free":
+        if b is not None and b.state == "freed":
+            return f"a use-after-free: a pointer read from freed block {b.start} ({b.size} bytes), " \
+                   f"at offset {b.offset} of it"
+        return (f"a pointer read from a freed block ({cause.register} = {cause.value}); "
                 "which block is unknown" + (f" (it was loaded from {where})" if where else
-                                             f": the load that gave {cause['register']} was not found"))
+                                             f": the load that gave {cause.register} was not found"))
     return ("no freed block explains it (cause unknown"
             + (f"; the pointer was read from {where}" if where else "") + ")")
 

@@ -19,6 +19,16 @@ Two kinds of field say more than a name and a type:
 - ``omitted()``: docs/json.md says the key is left out where it does not
   apply ("only with --blocks N", "definite groups only"): the field is None
   then, and ``to_json`` leaves the key out.  Every other None is ``null``.
+  ``omitted(unless="glibc")``: a key that is null where the document's
+  ``glibc`` is true and left out where it is false (the crash's ``malloc``:
+  null for a crash of a glibc heap that has nothing to do with malloc, no
+  key with libtag);
+- ``hidden()``: a fact of the document that is no JSON key (what
+  ``omitted(unless=...)`` asks).
+
+The document types are keyword-only: a field's place is its place in the
+JSON, so a field left out (``omitted()``, with its default) may come before
+one that is always there.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import Any
 
 _JSON_KEY = "json_key"
 _OMIT_NONE = "omit_if_none"
+_HIDDEN = "hidden"
 
 
 def renamed(key: str, **kw: Any) -> Any:
@@ -38,21 +49,29 @@ def renamed(key: str, **kw: Any) -> Any:
     return field(metadata={_JSON_KEY: key}, **kw)
 
 
-def omitted() -> Any:
+def omitted(unless: str | None = None) -> Any:
     """A field docs/json.md leaves out where it does not apply: None here,
-    no key in the JSON."""
-    return field(default=None, metadata={_OMIT_NONE: True})
+    no key in the JSON - unless the document's attribute *unless* is true:
+    then None is null."""
+    return field(default=None, metadata={_OMIT_NONE: unless or True})
 
 
-_PLAN: dict[type, tuple[tuple[str, str, bool], ...]] = {}
+def hidden(default: Any) -> Any:
+    """A fact of the document that ``to_json`` does not print."""
+    return field(default=default, repr=False, metadata={_HIDDEN: True})
 
 
-def _plan(cls: type) -> tuple[tuple[str, str, bool], ...]:
-    """(attribute, JSON key, left out when None) of each field, in order."""
+_PLAN: dict[type, tuple[tuple[str, str, bool | str], ...]] = {}
+
+
+def _plan(cls: type) -> tuple[tuple[str, str, bool | str], ...]:
+    """(attribute, JSON key, when it is left out) of each field that is a
+    JSON key, in order: False never, True when None, "attr" when None and
+    the document's attr is false."""
     plan = _PLAN.get(cls)
     if plan is None:
-        plan = _PLAN[cls] = tuple((f.name, f.metadata.get(_JSON_KEY, f.name),
-                                   bool(f.metadata.get(_OMIT_NONE))) for f in dataclasses.fields(cls))
+        plan = _PLAN[cls] = tuple((f.name, f.metadata.get(_JSON_KEY, f.name), f.metadata.get(_OMIT_NONE, False))
+                                  for f in dataclasses.fields(cls) if not f.metadata.get(_HIDDEN))
     return plan
 
 
@@ -65,7 +84,7 @@ def to_json(value: Any) -> Any:
         out = {}
         for attr, key, omit in _plan(cls):
             v = getattr(value, attr)
-            if v is None and omit:
+            if v is None and omit and (omit is True or not getattr(value, omit)):
                 continue
             out[key] = to_json(v)
         return out
@@ -81,7 +100,7 @@ def document_types() -> list[type]:
     return [v for v in globals().values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
 
 
-_frozen = dataclass(frozen=True, slots=True)
+_frozen = dataclass(frozen=True, slots=True, kw_only=True)
 
 # ------------------------------------------------------- shared shapes --
 
@@ -97,6 +116,42 @@ class FrameDoc:
     inlined: bool
     libtag: bool
     module_offset: str | None
+
+
+@_frozen
+class BlockDoc:
+    """docs/json.md, "block": one tagged heap block."""
+    start: str
+    size: int
+    offset: int
+    state: str
+    thread: int
+    alloc_stack: list[FrameDoc]
+    free_stack: list[FrameDoc] | None
+    free_thread: int | None
+    alloc_kind: str
+    alloc_time: str | None
+    free_time: str | None
+    age_s: float | None
+    guarded: bool
+
+
+@_frozen
+class ChunkDoc:
+    """docs/json.md, "Without libtag", a chunk: one of glibc's."""
+    start: str
+    user: str
+    size: int
+    usable: int
+    offset: int
+    state: str
+    bin: str | None
+    bin_index: int | None
+    tcache_thread: int | None
+    arena: str | None
+    arena_kind: str | None
+    arena_threads: list[int]
+    size_field: str | None
 
 
 @_frozen
@@ -365,3 +420,392 @@ class CatalogEntryDoc:
     corefile: str | None = None  # coredumpctl's COREFILE ("present", "missing", ...)
     libtag: bool | None = None  # from the core's notes; None when they cannot be read
     compression: str | None = None  # "zstd" | "lz4" | "xz" | None
+
+
+# ------------------------------------------------------------- inspect --
+
+
+@_frozen
+class ProcessRef:
+    """inspect's ``process``."""
+    pid: int
+    exe: str | None
+
+
+@_frozen
+class HeapTotals:
+    """inspect's ``heap``."""
+    live_blocks: int
+    live_bytes: int
+    freed_blocks: int
+    freed_bytes: int
+
+
+@_frozen
+class AnomalyDoc:
+    """docs/json.md, inspect's "An anomaly"."""
+    kind: str
+    address: str
+    block: BlockDoc | None
+    stack: list[FrameDoc]
+    thread: int | None
+    time: str | None
+    time_ms: int | None
+    offset: int | None
+    written: str | None
+    dealloc: str | None
+    access: str | None
+    pc: str | None
+    detected_by: str
+
+
+@_frozen
+class SenderDoc:
+    """The crash's ``sender``: who sent the signal."""
+    pid: int
+    uid: int
+    self: bool
+
+
+@_frozen
+class CauseDoc:
+    """The crash's ``cause``: what led to a fault whose address was decoded."""
+    kind: str
+    register: str | None
+    value: str | None
+    loaded_from: str | None
+    load: str | None
+    load_in: str | None
+    block: BlockDoc | None
+
+
+@_frozen
+class AddressOwnerDoc:
+    """The crash's ``address_owner``: what the address is."""
+    owner: str
+    region: str | None
+    note: str
+    block: BlockDoc | None
+    # glibc's chunk: null without libtag, no key with libtag (unless a chunk
+    # from before libtag was attached holds the address)
+    chunk: ChunkDoc | None = omitted(unless="chunks")
+    chunks: bool = hidden(False)
+
+
+@_frozen
+class MallocDoc:
+    """The crash's ``malloc``: a crash in glibc's malloc family."""
+    call: str | None
+    glibc_message: str | None
+    chunk: ChunkDoc | None
+    summary: str
+
+
+@_frozen
+class CrashDoc:
+    """docs/json.md, inspect's "The crash"."""
+    signal: str
+    address: str | None
+    address_source: str | None
+    sender: SenderDoc | None
+    instruction: str | None
+    cause: CauseDoc | None
+    summary: str
+    thread: int
+    time: str | None
+    time_ms: int | None
+    stack: list[FrameDoc]
+    code: int
+    code_name: str | None
+    address_owner: AddressOwnerDoc | None
+    malloc: MallocDoc | None = omitted(unless="glibc")  # a heap of glibc's only
+    glibc: bool = hidden(False)
+
+
+@_frozen
+class TopStack:
+    """One of inspect's ``top_stacks``."""
+    stack: list[FrameDoc]
+    blocks: int
+    bytes: int
+    runtime: bool
+
+
+@_frozen
+class RuntimeSummary:
+    """inspect's ``runtime``: the C and C++ runtimes' own live blocks."""
+    blocks: int
+    bytes: int
+    stacks: int
+    shown: bool
+
+
+@_frozen
+class ThreadDoc:
+    """One of inspect's ``threads``."""
+    tid: int
+    sp: str | None
+    stack: list[FrameDoc]
+
+
+@_frozen
+class Counters:
+    """inspect's ``counters``: libtag's, summed over the threads."""
+    allocs: int
+    frees: int
+    alloc_bytes: int
+    free_bytes: int
+    threads: int
+    anomalies: int
+    stack_nodes: int
+    stack_full: int
+    shadow_overflows: int
+    snapshot_seq: int
+    latent_uaf: int
+    damaged_leaked: int
+    damaged_bytes: int
+    guard_rate: int
+    guard_slots_used: int
+    guard_faults: int
+
+
+@_frozen
+class TypeCount:
+    """One row of inspect's (and the report's) ``types``."""
+    type: str
+    blocks: int
+    bytes: int
+
+
+@_frozen
+class StackBlock:
+    """One block of inspect's ``stack_blocks`` (and of the report's ``block_list``)."""
+    start: str
+    size: int
+    thread: int
+    age_ms: int | None
+
+
+@_frozen
+class StackBlocksDoc:
+    """inspect's ``stack_blocks`` (--blocks N)."""
+    rank: int
+    stack: list[FrameDoc]
+    count: int
+    bytes: int
+    blocks: list[StackBlock]
+
+
+@_frozen
+class SignatureDoc:
+    """docs/json.md, "signature"."""
+    version: int
+    kind: str
+    frames: list[str]
+    alloc_frames: list[str]
+    text: str
+    id: str
+
+
+@_frozen
+class ChunkCount:
+    """{state: this} of glibc's map."""
+    chunks: int
+    bytes: int
+
+
+@_frozen
+class HeapSpan:
+    """An arena's heap: the sbrk heap or one heap_info heap."""
+    start: str
+    end: str
+
+
+@_frozen
+class ArenaDoc:
+    """One of glibc's arenas (``glibc.arenas``)."""
+    address: str
+    kind: str
+    threads: list[int]
+    top: str | None
+    top_size: int | None
+    system_mem: int
+    heaps: list[HeapSpan]
+    chunks: dict[str, ChunkCount]
+
+
+@_frozen
+class TcacheDoc:
+    """A thread's tcache (``glibc.tcaches``)."""
+    thread: int
+    address: str
+
+
+@_frozen
+class SizeRow:
+    """One chunk size of ``glibc.top_sizes``."""
+    size: int
+    usable: int
+    chunks: int
+    bytes: int
+
+
+@_frozen
+class TopSizes:
+    """``glibc.top_sizes``."""
+    by_bytes: list[SizeRow]
+    by_count: list[SizeRow]
+
+
+@_frozen
+class FindingDoc:
+    """An inconsistency in glibc's heap (``glibc.corruption``)."""
+    kind: str
+    chunk: str | None
+    user: str | None
+    arena: str | None
+    value: str | None
+    message: str
+
+
+@_frozen
+class GlibcMap:
+    """docs/json.md, "Without libtag", ``glibc``: glibc's map of its heap."""
+    libc: str
+    build_id: str
+    version: str | None
+    layout_from: str
+    arenas: list[ArenaDoc]
+    chunks: dict[str, ChunkCount]
+    tcaches: list[TcacheDoc]
+    top_sizes: TopSizes
+    corruption: list[FindingDoc]
+    abort_message: str | None
+
+
+@_frozen
+class InspectDoc:
+    """docs/json.md, "forensics inspect"."""
+    core: str
+    process: ProcessRef
+    reason: str
+    payload: str
+    libtag: bool
+    crash: CrashDoc | None
+    heap: HeapTotals
+    anomalies: list[AnomalyDoc]
+    top_stacks: list[TopStack]
+    runtime: RuntimeSummary | None = omitted()  # with libtag only
+    threads: list[ThreadDoc]
+    counters: Counters | None
+    glibc: GlibcMap | None = omitted()  # without libtag, or after an attach
+    types: list[TypeCount]
+    without_libtag: WithoutLibtag | None = omitted()
+    signature: SignatureDoc | None
+    warnings: list[str]  # the dump's own list: what reading later adds is printed too
+    leaks: list[LeakGroupDoc] | None = omitted()  # --leaks
+    stack_blocks: StackBlocksDoc | None = omitted()  # --blocks N
+
+
+# ------------------------------------------------------------- whoowns --
+
+
+@_frozen
+class RegionDoc:
+    """whoowns' ``region``: the mapping holding the address."""
+    name: str
+    start: str | None
+    end: str | None
+
+
+@_frozen
+class ReferrerDoc:
+    """One of whoowns' ``referrers``: a word pointing into the block."""
+    address: str
+    in_: str = renamed("in")
+    block_start: str | None
+    interior: bool
+    thread: int | None
+    module: str | None
+    symbol: str | None
+
+
+@_frozen
+class RootDoc:
+    """A retention path's ``root``."""
+    kind: str
+    address: str | None
+    thread: int | None
+    register: str | None
+    module: str | None
+    symbol: str | None
+    section: str | None
+    function: str | None
+    interior: bool
+
+
+@_frozen
+class PathLink:
+    """One block of a retention path."""
+    address: str
+    block_start: str
+    size: int
+    offset: int
+    interior: bool
+
+
+@_frozen
+class RetainerDoc:
+    """One of whoowns' ``retainers``: a root and the blocks from it."""
+    root: RootDoc
+    path: list[PathLink]
+
+
+@_frozen
+class DataSymbolDoc:
+    """whoowns' ``symbol``: the global holding the address."""
+    name: str | None
+    offset: int
+    section: str | None
+    module: str
+
+
+@_frozen
+class UseAfterFreeDoc:
+    """whoowns' ``use_after_free``: a freed block written after it was freed."""
+    address: str
+    offset: int
+    written: str | None
+
+
+@_frozen
+class NearDoc:
+    """whoowns' ``near``: the block the address is just past."""
+    block: BlockDoc
+    past_end: int
+
+
+@_frozen
+class WhoownsDoc:
+    """docs/json.md, "forensics whoowns"."""
+    core: str
+    address: str
+    owner: str
+    block: BlockDoc | None
+    region: RegionDoc | None
+    referrers: list[ReferrerDoc]
+    referrer_count: int
+    self_referrers: int
+    retainers: list[RetainerDoc] | None
+    retainer_count: int | None
+    retainers_depth_limited: bool
+    note: str
+    symbol: DataSymbolDoc | None
+    use_after_free: UseAfterFreeDoc | None
+    libtag: bool
+    chunk: ChunkDoc | None
+    type: str | None
+    without_libtag: WithoutLibtag | None = omitted()
+    thread: int | None = omitted()  # owner "stack"
+    near: NearDoc | None = omitted()
+    warnings: list[str]

@@ -2,8 +2,9 @@
 glibc chunk: forensics.heaps), or else whose stack, which module's globals,
 which mapping - and who points at the block.
 
-The answer is plain data (``Owner``); ``to_json`` gives the whoowns document
-(docs/json.md) and forensics.output.text draws it.
+The answer is plain data (``Owner``); ``whoowns_doc`` gives the whoowns
+document (docs/json.md, "whoowns"), which forensics.output.text draws and
+``documents.to_json`` prints.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from forensics.answers.leaks import ROOT_MAPPINGS, Retention, Root, retention_scan
-from forensics.answers.shapes import block_json, chunk_json, hexaddr
+from forensics.answers.documents import (DataSymbolDoc, NearDoc, PathLink, ReferrerDoc, RegionDoc, RetainerDoc,
+                                         RootDoc, UseAfterFreeDoc, WhoownsDoc, WithoutLibtag)
+from forensics.answers.shapes import block_doc, chunk_doc, hexaddr
 from forensics.errors import NotFoundError
 from forensics.heaps import BothSource, heap_of
 from forensics.reader.dump import Dump
@@ -238,84 +241,88 @@ def frame_function(dump: Dump, tid: int | None, addr: int) -> str | None:
     return None
 
 
-def root_json(dump: Dump, root: Root) -> dict:
+def root_doc(dump: Dump, root: Root) -> RootDoc:
     """A retention path's root (docs/json.md, "whoowns"): the word (or
     register) that holds the first pointer, named by symbol or frame."""
-    doc = {"kind": root.kind, "address": hexaddr(root.address), "thread": root.thread,
-           "register": root.register.split(":")[-1] if root.register else None,
-           "module": root.module, "symbol": None, "section": None, "function": None,
-           "interior": root.interior}
+    module, symbol, section, function = root.module, None, None, None
     if root.kind == "global" and root.address is not None:
         # named as a referrer there is: a module's global by symbol, shared
         # memory (and the like) by the mapping's name
         regions = dump.mem.regions()
         region = next((r for r in regions if root.address in r), None)
         ref = _global_referrer(dump, regions, region, root.address, root.interior)
-        doc["module"], doc["symbol"] = (ref.module, ref.symbol) if ref is not None else (None, None)
+        module, symbol = (ref.module, ref.symbol) if ref is not None else (None, None)
         if ref is not None and ref.module is not None and ref.symbol is not None:
-            doc["section"] = dump.symbolizer.data_symbol(ref.module, root.address).section
+            section = dump.symbolizer.data_symbol(ref.module, root.address).section
     elif root.kind == "stack" and root.address is not None:
-        doc["function"] = frame_function(dump, root.thread, root.address)
-    return doc
+        function = frame_function(dump, root.thread, root.address)
+    return RootDoc(kind=root.kind, address=hexaddr(root.address), thread=root.thread,
+                   register=root.register.split(":")[-1] if root.register else None,
+                   module=module, symbol=symbol, section=section, function=function,
+                   interior=root.interior)
 
 
-def retainers_json(dump: Dump, r: Retention) -> list[dict]:
-    return [{"root": root_json(dump, root),
-             "path": [{"address": hexaddr(link.via), "block_start": hexaddr(link.block_start),
-                       "size": link.size, "offset": link.via - link.block_start,
-                       "interior": link.interior} for link in links]}
+def retainer_docs(dump: Dump, r: Retention) -> list[RetainerDoc]:
+    return [RetainerDoc(root=root_doc(dump, root),
+                        path=[PathLink(address=hexaddr(link.via), block_start=hexaddr(link.block_start),
+                                       size=link.size, offset=link.via - link.block_start,
+                                       interior=link.interior) for link in links])
             for root, links in r.paths]
 
 
-def to_json(dump: Dump, o: Owner) -> dict:
+def whoowns_doc(dump: Dump, o: Owner) -> WhoownsDoc:
     """The whoowns document (docs/json.md, "whoowns")."""
     region = None
     if o.region is not None or o.region_name:
         r = o.region
-        region = {"name": o.region_name or (r.path if r else ""),
-                  "start": hexaddr(r.start) if r else None,
-                  "end": hexaddr(r.end) if r else None}
+        region = RegionDoc(name=o.region_name or (r.path if r else ""),
+                           start=hexaddr(r.start) if r else None,
+                           end=hexaddr(r.end) if r else None)
     heap = heap_of(dump)
     tagged = o.block if isinstance(o.block, Block) else None
     chunk = o.block if isinstance(o.block, Chunk) else None
-    doc = {
-        "address": hexaddr(o.address),
-        "owner": o.owner,
-        "block": block_json(tagged, dump, offset=o.address - tagged.start) if tagged else None,
-        "region": region,
-        "referrers": [{"address": hexaddr(r.address), "in": r.where,
-                       "block_start": hexaddr(r.block_start), "interior": r.interior,
-                       "thread": r.thread, "module": r.module, "symbol": r.symbol}
-                      for r in o.referrers],
-        "referrer_count": o.referrer_count,
-        "self_referrers": o.self_referrers,
-        "retainers": retainers_json(dump, o.retention) if o.retention is not None else None,
-        "retainer_count": o.retention.count if o.retention is not None else None,
-        "retainers_depth_limited": o.retention.depth_limited if o.retention is not None else False,
-        "note": o.note,
-        "symbol": {"name": o.symbol.name, "offset": o.symbol.offset, "section": o.symbol.section,
-                   "module": o.symbol.module} if o.symbol is not None else None,
-        "use_after_free": {
-            "address": hexaddr(o.block.start + o.damage[0]), "offset": o.damage[0],
-            "written": o.damage[1].hex() if o.damage[1] is not None else None,
-        } if o.damage is not None and o.block is not None else None,
-    }
-    # without libtag: glibc's chunk instead of a block (docs/json.md, "Without libtag")
-    doc["libtag"] = dump.libtag
-    doc["chunk"] = chunk_json(chunk, offset=o.address - chunk.user) if chunk is not None else None
+    block = block_doc(tagged, dump, offset=o.address - tagged.start) if tagged else None
+    referrers = [ReferrerDoc(address=hexaddr(r.address), in_=r.where, block_start=hexaddr(r.block_start),
+                             interior=r.interior, thread=r.thread, module=r.module, symbol=r.symbol)
+                 for r in o.referrers]
+    retainers = retainer_docs(dump, o.retention) if o.retention is not None else None
     # what the block is without its stacks: a C++ class by its vtable
     start = tagged.start if tagged is not None else chunk.user if chunk is not None else None
-    doc["type"] = dump.types.of(start) if start is not None else None
+    type_ = dump.types.of(start) if start is not None else None
     without = heap.without if heap.without is not None else (
         heap.without_of(o.block) if isinstance(heap, BothSource) else None)
-    if without is not None:
-        doc["without_libtag"] = without
-    if o.thread is not None:
-        doc["thread"] = o.thread
+    near = None
     if o.near is not None:
         b, past = o.near
-        doc["near"] = {"block": block_json(b, dump), "past_end": past}
-    # What the reader could not read or trust (a cut core, a corrupt table)
-    # is said by every answer.  Last: reading the stacks above may add some.
-    doc["warnings"] = dump.warnings
-    return doc
+        near = NearDoc(block=block_doc(b, dump), past_end=past)
+    return WhoownsDoc(
+        core=dump.core.path if dump.core is not None else dump.mem.name,
+        address=hexaddr(o.address),
+        owner=o.owner,
+        block=block,
+        region=region,
+        referrers=referrers,
+        referrer_count=o.referrer_count,
+        self_referrers=o.self_referrers,
+        retainers=retainers,
+        retainer_count=o.retention.count if o.retention is not None else None,
+        retainers_depth_limited=o.retention.depth_limited if o.retention is not None else False,
+        note=o.note,
+        symbol=DataSymbolDoc(name=o.symbol.name, offset=o.symbol.offset, section=o.symbol.section,
+                             module=o.symbol.module) if o.symbol is not None else None,
+        use_after_free=UseAfterFreeDoc(
+            address=hexaddr(o.block.start + o.damage[0]), offset=o.damage[0],
+            written=o.damage[1].hex() if o.damage[1] is not None else None,
+        ) if o.damage is not None and o.block is not None else None,
+        # without libtag: glibc's chunk instead of a block (docs/json.md, "Without libtag")
+        libtag=dump.libtag,
+        chunk=chunk_doc(chunk, offset=o.address - chunk.user) if chunk is not None else None,
+        type=type_,
+        without_libtag=WithoutLibtag.of(without),
+        thread=o.thread,
+        near=near,
+        # What the reader could not read or trust (a cut core, a corrupt
+        # table) is said by every answer: the dump's own list, which the
+        # stacks read above (and any reading after) add to.
+        warnings=dump.warnings,
+    )

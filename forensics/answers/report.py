@@ -17,6 +17,8 @@ What the page shows, and where each part comes from:
 - cores of more than one process: a warning naming each process, and one
   curve per process;
 - the leak groups of the newest snapshot;
+- the newest snapshot's live blocks by C++ class (inspect's ``types``: by
+  the vtable pointer in a block's first word), with libtag and without;
 - the C and C++ runtimes' own blocks (stdio buffers, libstdc++'s emergency
   pool, the loader's TLS: forensics.answers.runtime) folded into one node of
   the hierarchy and one line above the table, unless --runtime;
@@ -47,11 +49,12 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from forensics.answers.crash import crash_doc
-from forensics.answers.inspect import blocks_of_stacks, inspect_doc, top_stacks
-from forensics.answers.documents import to_json
+from forensics.answers.inspect import blocks_of_stacks, inspect_doc, live_types, top_stacks
+from forensics.answers.documents import (BlockDoc, CrashDoc, FrameDoc, InspectDoc, RuntimeSummary, TopStack,
+                                         to_json)
 from forensics.answers.leaks import leaks_doc
 from forensics.answers.runtime import glob_regex
-from forensics.answers.shapes import finding_json, frame_label, frames_json
+from forensics.answers.shapes import finding_doc, frame_label, frames_doc
 from forensics.errors import ForensicsError, InputError
 from forensics.heaps import heap_of
 
@@ -62,6 +65,7 @@ REPORT_STACK_BLOCKS = 10  # blocks listed under each stack of the table (for who
 STATS_LIMIT = 200  # stacks with no live block listed for their peak or temporaries
 SIZE_LIMIT = 2000  # without libtag: size classes listed (most bytes first)
 CORRUPTION_LIMIT = 50  # without libtag: heap inconsistencies of one core shown as events
+TYPES_LIMIT = 200  # C++ classes listed (most bytes first)
 
 # Allocation wrappers: functions that allocate for their caller, so "allocated
 # at" is the first frame of a stack that is none of these (docs/guide.md,
@@ -90,11 +94,11 @@ class Wrappers:
         self.patterns = list(WRAPPERS) + [p for p in extra if p]
         self._rx = glob_regex(self.patterns)
 
-    def site(self, stack: Sequence[dict]) -> int:
+    def site(self, stack: Sequence[FrameDoc]) -> int:
         """Index of the first frame (innermost first) that is not a wrapper;
         the last frame when all are (0 for an empty stack)."""
         for i, f in enumerate(stack):
-            name = f.get("function")
+            name = f.function
             if not name or not self._rx.match(name):
                 return i
         return max(0, len(stack) - 1)
@@ -138,38 +142,38 @@ class _Frames:
         self.rows: list[dict] = []
         self._ids: dict[tuple, int] = {}
 
-    def id(self, f: dict) -> int:
-        key = (f.get("address"), f.get("function"), f.get("file"), f.get("line"), f.get("module"))
+    def id(self, f: FrameDoc) -> int:
+        key = (f.address, f.function, f.file, f.line, f.module)
         i = self._ids.get(key)
         if i is None:
             i = self._ids[key] = len(self.rows)
             # label: the frame's name as inspect prints it (module+0xOFFSET
             # when it has no function), so the page never builds one itself
-            self.rows.append({"address": f.get("address"), "function": f.get("function"),
-                              "file": f.get("file"), "line": f.get("line"),
-                              "module": f.get("module"), "module_offset": f.get("module_offset"),
+            self.rows.append({"address": f.address, "function": f.function,
+                              "file": f.file, "line": f.line,
+                              "module": f.module, "module_offset": f.module_offset,
                               "label": frame_label(f)})
         return i
 
-    def ids(self, frames: Iterable[dict]) -> list[int]:
+    def ids(self, frames: Iterable[FrameDoc]) -> list[int]:
         return [self.id(f) for f in frames]
 
 
-def _node_key(f: dict) -> tuple:
+def _node_key(f: FrameDoc) -> tuple:
     """Frames that are one node of the hierarchy: the same function (of the same
     module), as flame graphs merge them; an unnamed frame is its own place in
     its module (module+0xOFFSET: the same in every process of the build).
     The node keeps every distinct call site it merged (its "sites")."""
-    if f.get("function"):
-        return (f["function"], f.get("module"))
-    return (None, f.get("module_offset") or f.get("address"), f.get("module"))
+    if f.function:
+        return (f.function, f.module)
+    return (None, f.module_offset or f.address, f.module)
 
 
-def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
-               total_blocks: int, runtime: dict | None = None) -> tuple[dict, list[int]]:
+def build_tree(stacks: Sequence[TopStack], frames: _Frames, *, total_bytes: int,
+               total_blocks: int, runtime: RuntimeSummary | None = None) -> tuple[dict, list[int]]:
     """The trie of the stacks' frames, outermost frame first under one root.
 
-    stacks: [{"stack": [frame] innermost first, "blocks", "bytes"}].  Returns
+    stacks: their frames innermost first, blocks and bytes.  Returns
     the tree as parallel arrays (node 0 is the root; parent -1; frame -1 for
     nodes that are not a frame; "sites": the frames of a node that merged more
     than one call site) and each stack's leaf node.  Live bytes not in
@@ -183,9 +187,9 @@ def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
     leaves = []
     for s in stacks:
         node = 0
-        nbytes[0] += s["bytes"]
-        nblocks[0] += s["blocks"]
-        for f in reversed(s["stack"]):
+        nbytes[0] += s.bytes
+        nblocks[0] += s.blocks
+        for f in reversed(s.stack):
             key = (node, _node_key(f))
             fid = frames.id(f)
             nxt = child.get(key)
@@ -199,8 +203,8 @@ def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
             elif fid not in sites[nxt]:
                 sites[nxt].append(fid)
             node = nxt
-            nbytes[node] += s["bytes"]
-            nblocks[node] += s["blocks"]
+            nbytes[node] += s.bytes
+            nblocks[node] += s.blocks
         if node == 0:  # a block with no stack recorded
             key = (0, ("(no stack recorded)",))
             node = child.get(key)
@@ -211,18 +215,18 @@ def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
                 nbytes.append(0)
                 nblocks.append(0)
                 label[str(node)] = "(no stack recorded)"
-            nbytes[node] += s["bytes"]
-            nblocks[node] += s["blocks"]
+            nbytes[node] += s.bytes
+            nblocks[node] += s.blocks
         leaves.append(node)
-    if runtime and runtime["stacks"]:
+    if runtime is not None and runtime.stacks:
         node = len(parent)
         parent.append(0)
         frame.append(-1)
-        nbytes.append(runtime["bytes"])
-        nblocks.append(runtime["blocks"])
+        nbytes.append(runtime.bytes)
+        nblocks.append(runtime.blocks)
         label[str(node)] = RUNTIME_LABEL
-        nbytes[0] += runtime["bytes"]
-        nblocks[0] += runtime["blocks"]
+        nbytes[0] += runtime.bytes
+        nblocks[0] += runtime.blocks
     rest_bytes, rest_blocks = total_bytes - nbytes[0], total_blocks - nblocks[0]
     if rest_bytes > 0 or rest_blocks > 0:
         node = len(parent)
@@ -238,75 +242,79 @@ def build_tree(stacks: Sequence[dict], frames: _Frames, *, total_bytes: int,
              "label": label, "sites": many}, leaves)
 
 
-def _stack_json(title: str, frames_json: list[dict], frames: _Frames) -> dict:
-    return {"title": title, "frames": frames.ids(frames_json)}
+def _stack_json(title: str, stack: Sequence[FrameDoc], frames: _Frames) -> dict:
+    return {"title": title, "frames": frames.ids(stack)}
 
 
-def _block_facts(block: dict) -> list[list[str]]:
-    out = [["block", f"{block['start']} ({block['size']} bytes, {block['state']})"]]
-    if block.get("offset"):
-        out.append(["offset", str(block["offset"])])
+def _block_facts(block: BlockDoc) -> list[list[str]]:
+    out = [["block", f"{block.start} ({block.size} bytes, {block.state})"]]
+    if block.offset:
+        out.append(["offset", str(block.offset)])
     return out
 
 
-def _add_block(b: dict | None, facts: list, stacks: list, frames: _Frames) -> None:
+def _add_block(b: BlockDoc | None, facts: list, stacks: list, frames: _Frames) -> None:
     """An event's block, if it has one: its facts and both of its stacks."""
-    if not b:
+    if b is None:
         return
     facts += _block_facts(b)
-    stacks.append(_stack_json(f"allocated by thread {b['thread']}", b["alloc_stack"], frames))
-    if b["state"] == "freed":
-        stacks.append(_stack_json(f"freed by thread {b['free_thread']}", b["free_stack"] or [], frames))
+    stacks.append(_stack_json(f"allocated by thread {b.thread}", b.alloc_stack, frames))
+    if b.state == "freed":
+        stacks.append(_stack_json(f"freed by thread {b.free_thread}", b.free_stack or [], frames))
 
 
-def events_of(doc: dict, core: str, frames: _Frames, process: tuple = ()) -> list[dict]:
-    """The anomaly and the crash of one inspect document, as the page's event
-    cards.  Each has a "key": the same anomaly or crash seen in another core of
-    the same process (process: its identity) has the same key."""
+def events_of(doc: InspectDoc | None, crash: CrashDoc | None, core: str, frames: _Frames,
+              process: tuple = ()) -> list[dict]:
+    """The anomalies of one inspect document (doc; None: a core without
+    libtag's records) and its crash, as the page's event cards.  Each has a
+    "key": the same anomaly or crash seen in another core of the same
+    process (process: its identity) has the same key."""
     out = []
-    for a in doc.get("anomalies") or []:
-        facts = [["address", a["address"]], ["thread", str(a.get("thread"))], ["time", a["time"]]]
-        stacks = ([] if a.get("detected_by") == "reader" else
-                  [_stack_json(f"detected in thread {a.get('thread')}", a["stack"], frames)])
-        _add_block(a.get("block"), facts, stacks, frames)
-        out.append({"kind": a["kind"], "title": f"{a['kind']} of {a['address']}",
+    for a in doc.anomalies if doc is not None else ():
+        facts = [["address", a.address], ["thread", str(a.thread)], ["time", a.time]]
+        stacks = ([] if a.detected_by == "reader" else
+                  [_stack_json(f"detected in thread {a.thread}", a.stack, frames)])
+        _add_block(a.block, facts, stacks, frames)
+        out.append({"kind": a.kind, "title": f"{a.kind} of {a.address}",
                     "facts": facts, "stacks": stacks, "cores": [core],
-                    "key": (*process, "anomaly", a["kind"], a["address"], a.get("thread"), a["time_ms"])})
-    c = doc.get("crash")
-    if c:
-        owner = c.get("address_owner") or {}
-        facts = [["signal", c["signal"]], ["what", c["summary"]], ["thread", str(c["thread"])]]
-        if c["address"] is not None:
-            facts += [["address", c["address"]],
-                      ["address is", " ".join(x for x in (owner.get("owner"), owner.get("region"),
-                                                           owner.get("note")) if x)]]
-        stacks = [_stack_json(f"crashed in thread {c['thread']}", c["stack"], frames)]
-        _add_block(owner.get("block"), facts, stacks, frames)
-        _add_block((c.get("cause") or {}).get("block"), facts, stacks, frames)
-        out.append({"kind": "crash", "title": c["summary"], "facts": facts, "stacks": stacks,
+                    "key": (*process, "anomaly", a.kind, a.address, a.thread, a.time_ms)})
+    c = crash
+    if c is not None:
+        owner = c.address_owner
+        facts = [["signal", c.signal], ["what", c.summary], ["thread", str(c.thread)]]
+        if c.address is not None:
+            facts += [["address", c.address],
+                      ["address is", " ".join(x for x in ((owner.owner, owner.region, owner.note)
+                                                          if owner is not None else ()) if x)]]
+        stacks = [_stack_json(f"crashed in thread {c.thread}", c.stack, frames)]
+        _add_block(owner.block if owner is not None else None, facts, stacks, frames)
+        _add_block(c.cause.block if c.cause is not None else None, facts, stacks, frames)
+        out.append({"kind": "crash", "title": c.summary, "facts": facts, "stacks": stacks,
                     "cores": [core],
-                    "key": (*process, "crash", c["signal"], c["address"], c["thread"])})
+                    "key": (*process, "crash", c.signal, c.address, c.thread)})
     return out
 
 
 def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) -> list[dict] | None:
     """The leak groups, or None (and a warning) when the leak scan failed."""
     try:
-        groups = [to_json(g) for g in leaks_doc(dump)]
+        groups = leaks_doc(dump)
     except ForensicsError as e:
         warnings.append(f"leak scan failed: {e.message}")
         return None
     out = []
     for g in groups:
-        row = {k: v for k, v in g.items() if k != "stack" and isinstance(v, (str, int, float))}
-        row["frames"] = frames.ids(g.get("stack") or [])
-        row["site"] = wrappers.site(g.get("stack") or [])
+        # the group's scalar fields (its kind, counts, times, type), as
+        # inspect --leaks prints them; its stack as the page's frame ids
+        row = {k: v for k, v in to_json(g).items() if k != "stack" and isinstance(v, (str, int, float))}
+        row["frames"] = frames.ids(g.stack)
+        row["site"] = wrappers.site(g.stack)
         out.append(row)
     return out
 
 
 def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None, *,
-                   crash: dict | None = None) -> dict:
+                   crash: CrashDoc | None = None) -> dict:
     """One point of the curve: a core's time, reason and live/freed totals
     (a heap without tags: its blocks in use and free in a tcache or a bin,
     by usable size, as inspect counts them; no start time, no snapshot
@@ -330,28 +338,28 @@ def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None, *,
     }
 
 
-def heap_events(dump: Any, doc: dict, core: str, frames: _Frames, process: tuple = ()) -> list[dict]:
+def heap_events(dump: Any, doc: InspectDoc | None, crash: CrashDoc | None, core: str, frames: _Frames,
+                process: tuple = ()) -> list[dict]:
     """A core's event cards: its anomaly and crash (events_of; a crash in
     glibc's malloc family with what it means for the heap) and each
     inconsistency found in the heap's records (at most CORRUPTION_LIMIT),
     which have no stacks."""
-    out = events_of(doc, core, frames, process)
-    m = (doc.get("crash") or {}).get("malloc")
-    crash = next((e for e in out if e["kind"] == "crash"), None)
-    if m and crash is not None:
-        crash["facts"].append(["heap", m["summary"]])
-        ch = m.get("chunk")
-        if ch:
-            crash["facts"].append(["chunk", f"{ch['start']} ({ch['size']} bytes, {ch['state']})"])
+    out = events_of(doc, crash, core, frames, process)
+    m = crash.malloc if crash is not None else None
+    card = next((e for e in out if e["kind"] == "crash"), None)
+    if m is not None and card is not None:
+        card["facts"].append(["heap", m.summary])
+        ch = m.chunk
+        if ch is not None:
+            card["facts"].append(["chunk", f"{ch.start} ({ch.size} bytes, {ch.state})"])
     for f in heap_of(dump).findings[:CORRUPTION_LIMIT]:
-        j = finding_json(f)
-        facts = [["what", j["message"]], ["chunk", str(j["chunk"])], ["block", str(j["user"])],
-                 ["arena", str(j["arena"])]]
-        if j["value"] is not None:
-            facts.append(["value", j["value"]])
-        out.append({"kind": "corruption", "title": f"heap corruption ({j['kind']}) at {j['chunk']}",
+        j = finding_doc(f)
+        facts = [["what", j.message], ["chunk", str(j.chunk)], ["block", str(j.user)], ["arena", str(j.arena)]]
+        if j.value is not None:
+            facts.append(["value", j.value])
+        out.append({"kind": "corruption", "title": f"heap corruption ({j.kind}) at {j.chunk}",
                     "facts": facts, "stacks": [], "cores": [core],
-                    "key": (*process, "corruption", j["kind"], j["chunk"], j["value"])})
+                    "key": (*process, "corruption", j.kind, j.chunk, j.value)})
     return out
 
 
@@ -408,16 +416,17 @@ class ReportBuilder:
                              "allocation stacks, and cores without libtag have none")
         # the anomaly and the crash: libtag's records, else the kernel's signal
         control = dump.control
+        doc, crash, events = None, None, True
         if control is None:
-            doc = {"crash": crash_doc(dump)}
+            crash = crash_doc(dump)
         elif control.anomaly is not None or control.crash is not None:
             doc = inspect_doc(dump, top=0)
+            crash = doc.crash
         else:
-            doc = None
-        point = self._add_point(snapshot_point(dump, self.catalog_time,
-                                               crash=doc.get("crash") if doc else None))
-        if doc is not None:
-            self._add_events(heap_events(dump, doc, point["core"], self.frames,
+            events = False
+        point = self._add_point(snapshot_point(dump, self.catalog_time, crash=crash))
+        if events:
+            self._add_events(heap_events(dump, doc, crash, point["core"], self.frames,
                                          (point["pid"], point["start_ns"])), point["core"])
         self._warn(point["core"], dump)
         return self._take_newest(point, dump)
@@ -464,13 +473,14 @@ class ReportBuilder:
                                          runtime_functions=self.runtime_functions)
             shown = listed[:self.stack_limit]
             dump.prefetch([sid for sid, _, _, _ in shown])
-            stacks = [{"stack": frames_json(dump.stack(sid)), "blocks": n, "bytes": b, "runtime": rt}
+            stacks = [TopStack(stack=frames_doc(dump.stack(sid)), blocks=n, bytes=b, runtime=rt)
                       for sid, n, b, rt in shown]
+            runtime = RuntimeSummary(**runtime)
             tree, leaves = build_tree(stacks, self.frames, total_bytes=totals.live_bytes,
                                       total_blocks=totals.live_blocks,
                                       runtime=None if self.runtime else runtime)
-            table = [{"frames": self.frames.ids(s["stack"]), "site": self.wrappers.site(s["stack"]),
-                      "bytes": s["bytes"], "blocks": s["blocks"], "node": leaf, "runtime": s["runtime"],
+            table = [{"frames": self.frames.ids(s.stack), "site": self.wrappers.site(s.stack),
+                      "bytes": s.bytes, "blocks": s.blocks, "node": leaf, "runtime": s.runtime,
                       "stack_id": sid}
                      for s, leaf, (sid, _, _, _) in zip(stacks, leaves, shown)]
             distinct = len(listed)
@@ -479,8 +489,9 @@ class ReportBuilder:
             # block, listed for its peak or churn, has none)
             firsts = blocks_of_stacks(dump, [row["stack_id"] for row in table], REPORT_STACK_BLOCKS)
             for row in table:
-                row["block_list"] = firsts[row.pop("stack_id")]
+                row["block_list"] = to_json(firsts[row.pop("stack_id")])
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
             self._warn(self.points[primary]["core"], dump)  # its stacks may add some
         finally:
             self._newest = None
@@ -492,7 +503,7 @@ class ReportBuilder:
             "processes": processes,
             "stack_stats": recorded,
             "wrappers": self.wrappers.patterns,
-            "runtime": runtime,
+            "runtime": to_json(runtime),
             "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "snapshots": order,
             "primary": order.index(first),
@@ -500,6 +511,7 @@ class ReportBuilder:
             "tree": tree,
             "stacks": table,
             "distinct_stacks": distinct,
+            "types": to_json(types),
             "events": self.events,
             "leaks": leaks,
             "warnings": self.warnings,
@@ -524,6 +536,7 @@ class ReportBuilder:
         try:
             sizes, distinct = size_classes(dump)
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
+            types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
             self._warn(self.points[primary]["core"], dump)
         finally:
             self._newest = None
@@ -546,6 +559,7 @@ class ReportBuilder:
             "distinct_stacks": 0,
             "size_classes": sizes,
             "distinct_sizes": distinct,
+            "types": to_json(types),
             "events": self.events,
             "leaks": leaks,
             "warnings": self.warnings,
@@ -579,7 +593,7 @@ class ReportBuilder:
         extra = extra[:2 * STATS_LIMIT]
         dump.prefetch(extra)
         for sid in extra:
-            stack = frames_json(dump.stack(sid))
+            stack = frames_doc(dump.stack(sid))
             row = {"frames": self.frames.ids(stack), "site": self.wrappers.site(stack),
                    "bytes": 0, "blocks": 0, "node": -1, "stack_id": sid}
             put(row, sid)

@@ -35,7 +35,8 @@ import signal as _signal
 import uuid
 from typing import Any
 
-from forensics.answers.signature import folded, signature
+from forensics.answers.documents import FrameDoc, InspectDoc, to_json
+from forensics.answers.signature import folded
 
 _NAMESPACE = uuid.UUID("6f7e1d62-4a8b-4f58-9c39-7b1f9a6b1e0d")
 
@@ -47,78 +48,80 @@ def debug_id(build_id: bytes) -> str:
     return str(uuid.UUID(bytes_le=raw))
 
 
-def _frame(f: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"instruction_addr": f["address"]}
-    if f.get("function"):
-        out["function"] = f["function"]
-    if f.get("module"):
-        out["package"] = f["module"]
-    if f.get("file"):
-        out["filename"] = os.path.basename(f["file"])
-        out["abs_path"] = f["file"]
-    if f.get("line"):
-        out["lineno"] = f["line"]
+def _frame(f: FrameDoc) -> dict[str, Any]:
+    out: dict[str, Any] = {"instruction_addr": f.address}
+    if f.function:
+        out["function"] = f.function
+    if f.module:
+        out["package"] = f.module
+    if f.file:
+        out["filename"] = os.path.basename(f.file)
+        out["abs_path"] = f.file
+    if f.line:
+        out["lineno"] = f.line
     out["in_app"] = not folded(f)
     return out
 
 
-def _stacktrace(frames: list[dict[str, Any]]) -> dict[str, Any]:
+def _stacktrace(frames: list[FrameDoc]) -> dict[str, Any]:
     """A stack as Sentry lists it: the outermost frame first."""
     return {"frames": [_frame(f) for f in reversed(frames)]}
 
 
-def _time(doc: dict[str, Any], fallback: float) -> float:
-    for a in doc.get("anomalies") or []:
-        if a.get("time"):
-            return _dt.datetime.fromisoformat(a["time"].replace("Z", "+00:00")).timestamp()
-    crash = doc.get("crash") or {}
-    if crash.get("time"):
-        return _dt.datetime.fromisoformat(crash["time"].replace("Z", "+00:00")).timestamp()
+def _time(doc: InspectDoc, fallback: float) -> float:
+    for a in doc.anomalies:
+        if a.time:
+            return _dt.datetime.fromisoformat(a.time.replace("Z", "+00:00")).timestamp()
+    if doc.crash is not None and doc.crash.time:
+        return _dt.datetime.fromisoformat(doc.crash.time.replace("Z", "+00:00")).timestamp()
     return fallback
 
 
-def sentry_event(dump, doc: dict[str, Any]) -> dict[str, Any]:
-    """The Sentry event of the core *dump* whose inspect document is *doc*."""
-    sig = doc.get("signature") or signature(doc)
-    recorded = [a for a in doc.get("anomalies") or [] if a.get("detected_by") == "libtag"]
-    crash = doc.get("crash")
-    core = doc["core"]
+def sentry_event(dump, doc: InspectDoc) -> dict[str, Any]:
+    """The Sentry event of the core *dump* whose inspect document is *doc*:
+    plain JSON data (Sentry's format; the signature and the block in its
+    ``extra`` through to_json, as inspect --json prints them)."""
+    sig = doc.signature
+    recorded = [a for a in doc.anomalies if a.detected_by == "libtag"]
+    crash = doc.crash
+    core = doc.core
     try:
         fallback = os.stat(core).st_mtime
     except OSError:
         fallback = 0.0
     when = _time(doc, fallback)
     block = None
-    if recorded or (crash is None and doc.get("anomalies")):
-        a = (recorded or doc["anomalies"])[0]
-        value = {"type": a["kind"], "value": f"{a['kind']} at {a['address']}",
+    if recorded or (crash is None and doc.anomalies):
+        a = (recorded or doc.anomalies)[0]
+        value = {"type": a.kind, "value": f"{a.kind} at {a.address}",
                  "mechanism": {"type": "forensics", "handled": False,
-                               "description": f"detected by {a.get('detected_by') or 'libtag'}"},
-                 "stacktrace": _stacktrace(a.get("stack") or (a.get("block") or {}).get("free_stack") or [])}
-        thread = a.get("thread")
-        block = a.get("block")
+                               "description": f"detected by {a.detected_by or 'libtag'}"},
+                 "stacktrace": _stacktrace(a.stack or (a.block.free_stack if a.block is not None else None)
+                                           or [])}
+        thread = a.thread
+        block = a.block
     elif crash is not None:
-        number = int(getattr(_signal.Signals, crash["signal"], 0)) or None
-        meta = {"signal": {"name": crash["signal"]}}
+        number = int(getattr(_signal.Signals, crash.signal, 0)) or None
+        meta = {"signal": {"name": crash.signal}}
         if number is not None:
             meta["signal"]["number"] = number
-        if crash.get("code") is not None:
-            meta["signal"]["code"] = crash["code"]
-        if crash.get("code_name"):
-            meta["signal"]["code_name"] = crash["code_name"]
-        value = {"type": crash["signal"], "value": crash["summary"],
+        if crash.code is not None:
+            meta["signal"]["code"] = crash.code
+        if crash.code_name:
+            meta["signal"]["code_name"] = crash.code_name
+        value = {"type": crash.signal, "value": crash.summary,
                  "mechanism": {"type": "signalhandler", "handled": False, "meta": meta},
-                 "stacktrace": _stacktrace(crash.get("stack") or [])}
-        thread = crash.get("thread")
-        block = (crash.get("address_owner") or {}).get("block")
+                 "stacktrace": _stacktrace(crash.stack)}
+        thread = crash.thread
+        block = crash.address_owner.block if crash.address_owner is not None else None
     else:
-        value = {"type": "snapshot", "value": f"a snapshot ({doc.get('reason')}) with no anomaly or crash",
+        value = {"type": "snapshot", "value": f"a snapshot ({doc.reason}) with no anomaly or crash",
                  "mechanism": {"type": "forensics", "handled": True}, "stacktrace": {"frames": []}}
         thread = None
     if thread is not None:
         value["thread_id"] = thread
-    threads = [{"id": t["tid"], "crashed": t["tid"] == thread, "current": t["tid"] == thread,
-                "stacktrace": _stacktrace(t["stack"])} for t in doc.get("threads") or []]
+    threads = [{"id": t.tid, "crashed": t.tid == thread, "current": t.tid == thread,
+                "stacktrace": _stacktrace(t.stack)} for t in doc.threads]
     images = []
     for m in dump.symbolizer.modules:
         image = {"type": "elf", "code_file": m.path, "debug_file": m.path,
@@ -127,9 +130,9 @@ def sentry_event(dump, doc: dict[str, Any]) -> dict[str, Any]:
             image["code_id"] = m.build_id.hex()
             image["debug_id"] = debug_id(m.build_id)
         images.append(image)
-    proc = doc.get("process") or {}
-    extra = {"core": core, "signature": sig, "block": block, "libtag": doc.get("libtag"),
-             "reason": doc.get("reason")}
+    proc = doc.process
+    extra = {"core": core, "signature": to_json(sig), "block": to_json(block), "libtag": doc.libtag,
+             "reason": doc.reason}
     event = {
         "event_id": uuid.uuid5(_NAMESPACE, f"{os.path.abspath(core)}\0{when!r}").hex,
         "timestamp": when,
@@ -140,13 +143,13 @@ def sentry_event(dump, doc: dict[str, Any]) -> dict[str, Any]:
         "threads": {"values": threads},
         "debug_meta": {"images": images},
         "contexts": {"os": {"type": "os", "name": "Linux"},
-                     "process": {"type": "default", "pid": proc.get("pid"), "exe": proc.get("exe")}},
+                     "process": {"type": "default", "pid": proc.pid, "exe": proc.exe}},
         "tags": {"forensics.kind": value["type"]},
         "extra": {"forensics": extra},
     }
     if sig is not None:
-        event["fingerprint"] = [f"forensics-{sig['id']}"]
-        event["tags"]["forensics.signature"] = sig["id"]
+        event["fingerprint"] = [f"forensics-{sig.id}"]
+        event["tags"]["forensics.signature"] = sig.id
     return event
 
 

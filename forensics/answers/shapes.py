@@ -1,9 +1,10 @@
-"""The JSON shapes every verb shares: an address, a frame, a block (libtag's
-tagged block, or glibc's chunk and the inconsistencies found among them).
+"""The shapes every verb's document shares: an address, a frame, a block
+(libtag's tagged block, or glibc's chunk and the inconsistencies found among
+them), as the types of forensics.answers.documents.
 
-Every verb's ``--json`` builds its frames and blocks here, so the shapes never
-drift between verbs; docs/json.md describes each field.  Addresses are
-"0x..." strings.
+Every verb builds its frames and blocks here, so the shapes never drift
+between verbs; docs/json.md describes each field.  Addresses are "0x..."
+strings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from forensics.answers.documents import FrameDoc
+from forensics.answers.documents import BlockDoc, ChunkDoc, FindingDoc, FrameDoc
 from forensics.reader.glibc_layout import CHUNK_HDR
 from forensics.reader.glibc_walk import Chunk, Finding
 from forensics.reader.model import Block, Frame
@@ -21,22 +22,6 @@ from forensics.reader.model import Block, Frame
 def hexaddr(addr: int | None) -> str | None:
     """An address as its "0x..." string (None stays None)."""
     return None if addr is None else f"{addr:#x}"
-
-
-def frame_json(frame: Frame) -> dict[str, Any]:
-    """A frame (docs/json.md, "frame")."""
-    return {
-        "address": hexaddr(frame.address),
-        "function": frame.function,
-        "file": frame.file,
-        "line": frame.line,
-        "module": frame.module,
-        "inlined": frame.inlined,
-        "libtag": frame.libtag,
-        # the address as the module's own file sees it (nm, addr2line -e):
-        # what a frame that could not be named still says for certain
-        "module_offset": hexaddr(getattr(frame, "module_offset", None)),
-    }
 
 
 def frame_doc(frame: Frame) -> FrameDoc:
@@ -59,21 +44,11 @@ def frames_doc(frames: Sequence[Frame]) -> list[FrameDoc]:
     return [frame_doc(f) for f in frames]
 
 
-def as_frame(f: FrameDoc | dict[str, Any]) -> FrameDoc:
-    """A frame document from a frame_json dict (of the answers not typed yet)."""
-    if isinstance(f, FrameDoc):
-        return f
-    return FrameDoc(address=f.get("address"), function=f.get("function"), file=f.get("file"),
-                    line=f.get("line"), module=f.get("module"), inlined=bool(f.get("inlined")),
-                    libtag=bool(f.get("libtag")), module_offset=f.get("module_offset"))
-
-
-def frame_label(f: FrameDoc | dict[str, Any]) -> str:
+def frame_label(f: FrameDoc) -> str:
     """What a frame is called wherever a person reads it:
     its function; without one, module+0xOFFSET (the module's file name and
     the address as that file sees it, the same in every process of the
     build); in no module, its address."""
-    f = as_frame(f)
     if f.function:
         return f.function
     if f.module and f.module_offset:
@@ -81,15 +56,11 @@ def frame_label(f: FrameDoc | dict[str, Any]) -> str:
     return f.address or "??"
 
 
-def frames_json(frames: Sequence[Frame]) -> list[dict[str, Any]]:
-    return [frame_json(f) for f in frames]
-
-
-def block_json(
+def block_doc(
     block: Block,
     frames_fn: Callable[[int], Sequence[Frame]] | Any,
     offset: int | None = None,
-) -> dict[str, Any]:
+) -> BlockDoc:
     """A block (docs/json.md, "block").  frames_fn: the Dump the block is
     from (its stacks and its clock: the times), or a function giving the
     symbolised frames of a stack id (then the times are null); offset is
@@ -99,51 +70,49 @@ def block_json(
     frames = dump.stack if dump is not None else frames_fn
     clock = _clock(dump)
     free_ms = block.free_time_ms if freed else None
-    return {
-        "start": hexaddr(block.start),
-        "size": block.size,
-        "offset": 0 if offset is None else offset,
-        "state": block.state,
-        "thread": block.thread,
-        "alloc_stack": frames_json(frames(block.alloc_stack)),
-        "free_stack": (
-            frames_json(frames(block.free_stack)) if freed and block.free_stack is not None else None
-        ),
-        "free_thread": block.free_thread if freed else None,
-        "alloc_kind": block.alloc_kind,
-        "alloc_time": clock.iso(block.alloc_time_ms) if clock else None,
-        "free_time": clock.iso(free_ms) if clock and free_ms is not None else None,
-        "age_s": clock.age_s(block.alloc_time_ms) if clock else None,
-        "guarded": block.guarded,
-    }
+    return BlockDoc(
+        start=hexaddr(block.start),
+        size=block.size,
+        offset=0 if offset is None else offset,
+        state=block.state,
+        thread=block.thread,
+        alloc_stack=frames_doc(frames(block.alloc_stack)),
+        free_stack=frames_doc(frames(block.free_stack)) if freed and block.free_stack is not None else None,
+        free_thread=block.free_thread if freed else None,
+        alloc_kind=block.alloc_kind,
+        alloc_time=clock.iso(block.alloc_time_ms) if clock else None,
+        free_time=clock.iso(free_ms) if clock and free_ms is not None else None,
+        age_s=clock.age_s(block.alloc_time_ms) if clock else None,
+        guarded=block.guarded,
+    )
 
 
-def chunk_json(c: Chunk, offset: int | None = None) -> dict[str, Any]:
+def chunk_doc(c: Chunk, offset: int | None = None) -> ChunkDoc:
     """A glibc chunk (docs/json.md, "chunk"); offset is ADDR - its user
     pointer where an address was asked (else 0)."""
     arena = c.arena
-    return {
-        "start": hexaddr(c.start),
-        "user": hexaddr(c.user),
-        "size": c.size,
-        "usable": c.usable,
-        "offset": 0 if offset is None else offset,
-        "state": c.state,
-        "bin": c.bin_name,
-        "bin_index": c.bin,
-        "tcache_thread": c.thread,
-        "arena": hexaddr(arena.address) if arena is not None else None,
-        "arena_kind": ("main" if arena.main else "thread") if arena is not None else None,
-        "arena_threads": list(arena.threads) if arena is not None else [],
-        "size_field": hexaddr(c.raw_size) if c.raw_size is not None else None,
-    }
+    return ChunkDoc(
+        start=hexaddr(c.start),
+        user=hexaddr(c.user),
+        size=c.size,
+        usable=c.usable,
+        offset=0 if offset is None else offset,
+        state=c.state,
+        bin=c.bin_name,
+        bin_index=c.bin,
+        tcache_thread=c.thread,
+        arena=hexaddr(arena.address) if arena is not None else None,
+        arena_kind=("main" if arena.main else "thread") if arena is not None else None,
+        arena_threads=list(arena.threads) if arena is not None else [],
+        size_field=hexaddr(c.raw_size) if c.raw_size is not None else None,
+    )
 
 
-def finding_json(f: Finding) -> dict[str, Any]:
+def finding_doc(f: Finding) -> FindingDoc:
     """An inconsistency in glibc's heap (docs/json.md, "Without libtag")."""
-    return {"kind": f.kind, "chunk": hexaddr(f.chunk),
-            "user": hexaddr(f.chunk + CHUNK_HDR) if f.chunk is not None else None,
-            "arena": hexaddr(f.arena), "value": hexaddr(f.value), "message": f.message}
+    return FindingDoc(kind=f.kind, chunk=hexaddr(f.chunk),
+                      user=hexaddr(f.chunk + CHUNK_HDR) if f.chunk is not None else None,
+                      arena=hexaddr(f.arena), value=hexaddr(f.value), message=f.message)
 
 
 class _Clock:
@@ -176,4 +145,4 @@ def iso_time(ns: int) -> str:
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-__all__ = ["as_frame", "block_json", "frame_doc", "frame_label", "frames_doc", "chunk_json", "finding_json", "frame_json", "frames_json", "hexaddr", "iso_time"]
+__all__ = ["block_doc", "chunk_doc", "finding_doc", "frame_doc", "frame_label", "frames_doc", "hexaddr", "iso_time"]

@@ -31,7 +31,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any
+from typing import Sequence
+
+from forensics.answers.documents import AnomalyDoc, CrashDoc, FrameDoc, SignatureDoc
 
 SIGNATURE_VERSION = 1
 FRAMES = 3
@@ -61,14 +63,14 @@ _FOLDED = re.compile(r"""^(?:
 _FOLDED_MODULE = re.compile(r"^libtag(?:[.-].*)?\.so")
 
 
-def frame_name(frame: dict[str, Any]) -> str | None:
+def frame_name(frame: FrameDoc) -> str | None:
     """A frame as the signature names it (see the module's docstring); None
     for a frame without function or module."""
-    fn = frame.get("function")
+    fn = frame.function
     if fn:
         return _without_parameters(fn)
-    if frame.get("module") and frame.get("module_offset"):
-        return f"{os.path.basename(frame['module'])}+{frame['module_offset']}"
+    if frame.module and frame.module_offset:
+        return f"{os.path.basename(frame.module)}+{frame.module_offset}"
     return None
 
 
@@ -86,18 +88,18 @@ def _without_parameters(fn: str) -> str:
     return fn
 
 
-def folded(frame: dict[str, Any]) -> bool:
+def folded(frame: FrameDoc) -> bool:
     """Whether a frame is folded away (see the module's docstring)."""
-    if frame.get("libtag"):
+    if frame.libtag:
         return True
-    module = frame.get("module")
+    module = frame.module
     if module and _FOLDED_MODULE.match(os.path.basename(module)):
         return True
     name = frame_name(frame)
     return name is None or bool(_FOLDED.match(name))
 
 
-def meaningful(frames: list[dict[str, Any]], limit: int) -> list[str]:
+def meaningful(frames: Sequence[FrameDoc] | None, limit: int) -> list[str]:
     """The names of the first *limit* frames that are not folded."""
     out = []
     for f in frames or ():
@@ -108,40 +110,32 @@ def meaningful(frames: list[dict[str, Any]], limit: int) -> list[str]:
     return out
 
 
-def signature(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The signature of an inspect document (docs/json.md, "signature");
-    None when the core has no anomaly and no crash."""
-    anomalies = doc.get("anomalies") or []
-    recorded = [a for a in anomalies if a.get("detected_by") == "libtag"]
-    crash = doc.get("crash")
+def signature(anomalies: Sequence[AnomalyDoc], crash: CrashDoc | None) -> SignatureDoc | None:
+    """The signature of an inspect document (docs/json.md, "signature"), from
+    its anomalies and its crash; None when the core has no anomaly and no
+    crash."""
+    recorded = [a for a in anomalies if a.detected_by == "libtag"]
     alloc: list[str] = []
     if recorded:
         a = recorded[0]
-        kind, stack = a["kind"], a.get("stack") or []
-        if kind in HEAP_ANOMALIES and a.get("block"):
-            alloc = meaningful(a["block"].get("alloc_stack") or [], ALLOC_FRAMES)
+        kind, stack = a.kind, a.stack
+        if kind in HEAP_ANOMALIES and a.block is not None:
+            alloc = meaningful(a.block.alloc_stack, ALLOC_FRAMES)
     elif crash is not None:
-        kind, stack = crash["signal"], crash.get("stack") or []
+        kind, stack = crash.signal, crash.stack
     elif anomalies:
         # found by the reader in a freed block: no detecting stack; the
         # block's free and allocation sites say where
         a = anomalies[0]
-        kind = a["kind"]
-        block = a.get("block") or {}
-        stack = block.get("free_stack") or []
-        alloc = meaningful(block.get("alloc_stack") or [], ALLOC_FRAMES)
+        kind = a.kind
+        stack = a.block.free_stack if a.block is not None else None
+        alloc = meaningful(a.block.alloc_stack if a.block is not None else None, ALLOC_FRAMES)
     else:
         return None
     frames = meaningful(stack, FRAMES)
     text = " | ".join([kind, *frames] + ([f"alloc: {alloc[0]}", *alloc[1:]] if alloc else []))
-    return {
-        "version": SIGNATURE_VERSION,
-        "kind": kind,
-        "frames": frames,
-        "alloc_frames": alloc,
-        "text": text,
-        "id": hashlib.sha256(text.encode()).hexdigest()[:16],
-    }
+    return SignatureDoc(version=SIGNATURE_VERSION, kind=kind, frames=frames, alloc_frames=alloc, text=text,
+                        id=hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
 __all__ = ["ALLOC_FRAMES", "FRAMES", "SIGNATURE_VERSION", "folded", "frame_name", "meaningful",

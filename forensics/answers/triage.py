@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from forensics.answers.signature import signature
+from forensics.answers.documents import InspectDoc, SignatureDoc
 from forensics.errors import ForensicsError
 
 TRIAGE_VERSION = 1
@@ -76,21 +76,20 @@ class _Core:
     pid: int
     exe: str | None
     host: str | None
-    doc: dict[str, Any]
+    doc: InspectDoc
 
 
 @dataclass
 class _Group:
-    signature: dict[str, Any]
+    signature: SignatureDoc
     cores: list[_Core] = field(default_factory=list)
 
 
-def _time_of(doc: dict[str, Any], path: str) -> float:
+def _time_of(doc: InspectDoc, path: str) -> float:
     """When the core's event happened: the anomaly's or the crash's time as
     libtag recorded it, else the core file's modification time (the
     kernel writes a crash core as the process dies)."""
-    for when in [a.get("time") for a in doc.get("anomalies") or []] + [
-            (doc.get("crash") or {}).get("time")]:
+    for when in [a.time for a in doc.anomalies] + [doc.crash.time if doc.crash is not None else None]:
         if when:
             try:
                 return _dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
@@ -114,22 +113,25 @@ def _iso(t: float) -> str:
         .replace("+00:00", "Z")
 
 
-def _answer(doc: dict[str, Any]) -> dict[str, Any]:
+def _answer(doc: InspectDoc) -> dict[str, Any]:
     """What the newest core of a group says about the bug: the anomaly
     (kind, address, its block with the three stacks) or the crash (signal,
-    address, summary, what holds the address)."""
-    recorded = [a for a in doc.get("anomalies") or [] if a.get("detected_by") == "libtag"]
-    crash = doc.get("crash")
-    if recorded or (crash is None and doc.get("anomalies")):
-        a = (recorded or doc["anomalies"])[0]
-        return {"kind": a["kind"], "address": a["address"], "summary": None,
-                "stack": a.get("stack") or [], "block": a.get("block"), "address_owner": None}
-    return {"kind": crash["signal"], "address": crash["address"], "summary": crash["summary"],
-            "stack": crash.get("stack") or [], "block": (crash.get("address_owner") or {}).get("block"),
-            "address_owner": crash.get("address_owner")}
+    address, summary, what holds the address).  Its stack, block and
+    address_owner are the inspect document's own (typed: to_json prints
+    them, output.text reads their attributes)."""
+    recorded = [a for a in doc.anomalies if a.detected_by == "libtag"]
+    crash = doc.crash
+    if recorded or (crash is None and doc.anomalies):
+        a = (recorded or doc.anomalies)[0]
+        return {"kind": a.kind, "address": a.address, "summary": None,
+                "stack": a.stack, "block": a.block, "address_owner": None}
+    owner = crash.address_owner
+    return {"kind": crash.signal, "address": crash.address, "summary": crash.summary,
+            "stack": crash.stack, "block": owner.block if owner is not None else None,
+            "address_owner": owner}
 
 
-def triage(paths: Iterable[str], inspect: Callable[[str], dict[str, Any]],
+def triage(paths: Iterable[str], inspect: Callable[[str], InspectDoc],
            progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """The triage document of the cores *paths* names (files, directories):
     inspect(path) gives a core's inspect document (or raises a
@@ -146,13 +148,12 @@ def triage(paths: Iterable[str], inspect: Callable[[str], dict[str, Any]],
         except ForensicsError as e:
             skipped.append({"path": path, "error": e.message})
             continue
-        sig = signature(doc)
+        sig = doc.signature
         if sig is None:
             unsigned.append(path)
             continue
-        g = groups.setdefault(sig["id"], _Group(sig))
-        proc = doc.get("process") or {}
-        g.cores.append(_Core(path, _time_of(doc, path), int(proc.get("pid") or 0), proc.get("exe"),
+        g = groups.setdefault(sig.id, _Group(sig))
+        g.cores.append(_Core(path, _time_of(doc, path), int(doc.process.pid or 0), doc.process.exe,
                              _host_of(path), doc))
     if progress is not None:
         progress(len(cores), len(cores), "")
@@ -164,7 +165,7 @@ def triage(paths: Iterable[str], inspect: Callable[[str], dict[str, Any]],
         for c in g.cores:
             programs.setdefault(c.exe, []).append(c.pid)
         out.append({
-            "id": g.signature["id"],
+            "id": g.signature.id,
             "signature": g.signature,
             "count": len(g.cores),
             "first_time": _iso(g.cores[0].time),

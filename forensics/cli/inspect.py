@@ -61,16 +61,11 @@ def main(args: argparse.Namespace) -> int:
 def answer(dump, args: argparse.Namespace) -> int:
     """Print the inspect document of dump (with its leaks if asked), as text or --json."""
     # here, not at the top: the answers load numpy and rich, which --help never needs
-    from forensics.answers.inspect import inspect_doc, stack_blocks  # deferred, start-up time: numpy, via the answers
-    from forensics.answers.leaks import leaks_doc  # deferred, start-up time: numpy, via the answers
+    from forensics.answers.inspect import inspect_answer  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
 
-    doc = inspect_doc(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions)
-    if args.leaks:
-        doc["leaks"] = leaks_doc(dump)
-    if getattr(args, "blocks", None):
-        doc["stack_blocks"] = stack_blocks(dump, args.blocks, runtime=args.runtime,
-                                           runtime_functions=args.runtime_functions)
+    doc = inspect_answer(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions,
+                         leaks=args.leaks, blocks=getattr(args, "blocks", None))
     if getattr(args, "sentry", False):
         from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 
@@ -79,8 +74,8 @@ def answer(dump, args: argparse.Namespace) -> int:
         text.print_json(doc)
     else:
         text.show_inspect(doc)
-        if args.leaks:
-            text.show_leaks(doc["leaks"])
-        if doc.get("stack_blocks"):
-            text.show_stack_blocks(doc["stack_blocks"])
+        if doc.leaks is not None:
+            text.show_leaks(doc.leaks)
+        if doc.stack_blocks is not None:
+            text.show_stack_blocks(doc.stack_blocks)
     return 0

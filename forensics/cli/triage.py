@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from forensics.cli import _args
 from forensics.cli._open import open_dump
 from forensics.errors import InputError
+
+if TYPE_CHECKING:  # an annotation only: --help never loads the answers
+    from forensics.answers.documents import InspectDoc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.answers.triage import triage  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
 
-    def inspect(path: str) -> dict:
+    def inspect(path: str) -> InspectDoc:
         with open_dump(path, args, plain=True) as dump:
             return inspect_doc(dump, top=0)
 

@@ -81,8 +81,7 @@ def answer(dump, args: argparse.Namespace, *, source: str | None = None) -> int:
     from forensics.output import text  # deferred, start-up time: rich
 
     owner = owners.whoowns(dump, args.address)
-    doc = {"core": dump.core.path if dump.core is not None else dump.mem.name,
-           **owners.to_json(dump, owner)}
+    doc = owners.whoowns_doc(dump, owner)
     if args.json:
         text.print_json(doc)
     else:

@@ -330,13 +330,13 @@ block holds the address.  --json prints the block as forensics' JSON does."""
 
     def run(self, args: argparse.Namespace) -> None:
         from forensics.answers.owners import block_of  # deferred, start-up time: numpy, via the answers
-        from forensics.answers.shapes import block_json  # deferred, start-up time: numpy, via the answers
+        from forensics.answers.shapes import block_doc  # deferred, start-up time: numpy, via the answers
         from forensics.output import text  # deferred, start-up time: rich
 
         addr = _address(args.address)
         dump = current_dump(args)
         block = block_of(dump, addr)
-        doc = block_json(block, dump, offset=addr - block.start)
+        doc = block_doc(block, dump, offset=addr - block.start)
         if args.json:
             text.print_json(doc)
         else:

@@ -27,11 +27,11 @@
 
 
 def _forensics_gdb_load():
-    import json
-    import os
-    import shutil
-    import subprocess
-    import sys
+    import json  # in the loader: gdb sources this file into its __main__, which keeps none of its names
+    import os  # in the loader (as json)
+    import shutil  # in the loader (as json)
+    import subprocess  # in the loader (as json)
+    import sys  # in the loader (as json)
 
     def purge():
         for name in [m for m in sys.modules if m == "forensics" or m.startswith("forensics.")]:
@@ -114,7 +114,7 @@ def _forensics_gdb_load():
 try:
     _forensics_gdb_load().register()
 except ImportError as _exc:
-    import gdb as _gdb
+    import gdb as _gdb  # only to say why the commands did not load; deleted after
 
     _gdb.write(f"forensics: the tag commands are not loaded: {_exc}\n", _gdb.STDERR)
     del _gdb

@@ -17,8 +17,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.answers.documents import DiffDoc, FrameDoc, LeakCheckDoc, LeakGroupDoc, SizeDiffDoc, TrendDoc, to_json
-from forensics.answers.shapes import as_frame, frame_label
+from forensics.answers.documents import (AddressOwnerDoc, AnomalyDoc, BlockDoc, ChunkDoc, CrashDoc, DiffDoc,
+                                         FrameDoc, GlibcMap, HeapTotals, InspectDoc, LeakCheckDoc, LeakGroupDoc,
+                                         ReferrerDoc, RetainerDoc, RootDoc, SizeDiffDoc, StackBlocksDoc, TrendDoc,
+                                         WhoownsDoc, to_json)
+from forensics.answers.shapes import frame_label
 
 __all__ = [
     "Table",
@@ -148,15 +151,15 @@ def _e(value) -> str:
 SHOWN = 50
 
 
-def _print_cut(con, doc: dict, listed: int) -> None:
+def _print_cut(con, doc: WhoownsDoc, listed: int) -> None:
     """What a referrer table left out: rows past SHOWN, and the block's own
     words that point into it."""
-    total = doc.get("referrer_count", listed)
+    total = doc.referrer_count
     if total > min(listed, SHOWN):
         con.print(f"  ... and {total - min(listed, SHOWN)} more referrers "
                   f"(roots first; --json lists {min(listed, 200)})")
-    if doc.get("self_referrers"):
-        con.print(f"  left out: {doc['self_referrers']} words inside the block itself that "
+    if doc.self_referrers:
+        con.print(f"  left out: {doc.self_referrers} words inside the block itself that "
                   f"point into it")
 
 
@@ -166,47 +169,46 @@ SHOWN_RETAINERS = 3
 SHOWN_LINKS = 8
 
 
-def _root_text(root: dict) -> str:
+def _root_text(root: RootDoc) -> str:
     """A retention path's root: "global registry (.bss of victim)",
     "stack of thread 42 in hold_on_stack", "register rbx of thread 42"."""
-    kind = root["kind"]
+    kind = root.kind
     if kind == "global":
-        if not root.get("module") and root.get("symbol"):  # shared memory and the like
-            return f"global word {root['address']} ({root['symbol']})"
-        module = os.path.basename(root.get("module") or "") or "anonymous"
-        where = f"{root['section']} of {module}" if root.get("section") else module
-        name = root.get("symbol") or root["address"]
+        if not root.module and root.symbol:  # shared memory and the like
+            return f"global word {root.address} ({root.symbol})"
+        module = os.path.basename(root.module or "") or "anonymous"
+        where = f"{root.section} of {module}" if root.section else module
+        name = root.symbol or root.address
         return f"global {name} ({where})"
     if kind == "stack":
-        func = f" in {root['function']}" if root.get("function") else ""
-        return f"stack of thread {root['thread']}{func} (word {root['address']})"
+        func = f" in {root.function}" if root.function else ""
+        return f"stack of thread {root.thread}{func} (word {root.address})"
     if kind == "tls":
-        return f"TLS of thread {root['thread']} (word {root['address']})"
+        return f"TLS of thread {root.thread} (word {root.address})"
     if kind == "register":
-        return f"register {root['register']} of thread {root['thread']}"
-    return f"{kind} word {root.get('address')}"
+        return f"register {root.register} of thread {root.thread}"
+    return f"{kind} word {root.address}"
 
 
-def _path_text(ret: dict) -> str:
+def _path_text(ret: RetainerDoc) -> str:
     """One retention path on one line: root -> each block (the word in it
     that points on, its offset and size) -> this block."""
-    links = [f"{p['address']} [+{p['offset']} of {p['size']}-byte block {p['block_start']}]"
-             for p in ret["path"]]
+    links = [f"{p.address} [+{p.offset} of {p.size}-byte block {p.block_start}]" for p in ret.path]
     if len(links) > SHOWN_LINKS:
         cut = len(links) - SHOWN_LINKS + 1
         links = links[:SHOWN_LINKS // 2] + [f"... {cut} more blocks ..."] + links[-(SHOWN_LINKS // 2 - 1):]
-    return " -> ".join([_root_text(ret["root"]), *links, "this block"])
+    return " -> ".join([_root_text(ret.root), *links, "this block"])
 
 
-def _print_retainers(con, doc: dict) -> None:
+def _print_retainers(con, doc: WhoownsDoc) -> None:
     """whoowns' "kept alive by": the shortest chains from a root, and how
     many roots were left out."""
-    rets = doc.get("retainers")
+    rets = doc.retainers
     if rets is None:
         return
-    count = doc.get("retainer_count") or 0
+    count = doc.retainer_count or 0
     if not rets:
-        if doc.get("retainers_depth_limited"):
+        if doc.retainers_depth_limited:
             con.print("  kept alive by: no root within the search's depth limit "
                       "(retainers_depth_limited); longer chains were not followed")
         else:
@@ -219,16 +221,16 @@ def _print_retainers(con, doc: dict) -> None:
     shown = min(len(rets), SHOWN_RETAINERS)
     if count > shown:
         con.print(f"  ... and {count - shown} more roots (--json lists {len(rets)})")
-    if doc.get("retainers_depth_limited"):
+    if doc.retainers_depth_limited:
         con.print("  (chains longer than the links searched were not followed: there may be more roots)")
 
 
-def _print_owner(con, owner: dict) -> None:
+def _print_owner(con, owner: AddressOwnerDoc | None) -> None:
     """The line that says what a crash's address is, if anything is known."""
-    if owner:
-        con.print(f"  the address is {owner['owner']}"
-                  + (f" ({_e(owner['region'])})" if owner.get("region") else "")
-                  + (f": {_e(owner['note'])}" if owner.get("note") else ""))
+    if owner is not None:
+        con.print(f"  the address is {owner.owner}"
+                  + (f" ({_e(owner.region)})" if owner.region else "")
+                  + (f": {_e(owner.note)}" if owner.note else ""))
 
 
 def _frame_text(f: FrameDoc) -> str:
@@ -269,11 +271,10 @@ def _is_system_library(module: str | None) -> bool:
     return base.startswith(("libc.so", "libc-", "libpthread", "ld-linux", "libstdc++", "libgcc_s"))
 
 
-def stack_tree(title: str, frames: Sequence[FrameDoc | dict], *, limit: int = 24) -> str:
+def stack_tree(title: str, frames: Sequence[FrameDoc], *, limit: int = 24) -> str:
     """A stack as a tree of lines (title, then one frame per line), as one
     string: printed whole, no frame is ever broken across lines.  libtag's
     own frames are left out (see _shown); --json keeps every frame."""
-    frames = [as_frame(f) for f in frames]
     shown = _shown(frames)
     if not frames:
         items = ["[dim](no stack recorded)[/dim]"]
@@ -290,17 +291,17 @@ def stack_tree(title: str, frames: Sequence[FrameDoc | dict], *, limit: int = 24
     return "\n".join(lines)
 
 
-def _block_lines(block: dict, *, label: str = "block") -> list:
-    out = [f"[bold]{label}[/bold] {block['start']}  {block['size']} bytes  "
-           f"[bold]{block['state']}[/bold]  offset {block['offset']}"
-           + ("  guarded" if block.get("guarded") else "")]
-    when = f" at {block['alloc_time']}" if block.get("alloc_time") else ""
-    if block.get("age_s") is not None:
-        when += f" ({block['age_s']:g} s before the core)"
-    out.append(stack_tree(f"allocated by thread {block['thread']}{when}", block["alloc_stack"]))
-    if block["state"] == "freed":
-        when = f" at {block['free_time']}" if block.get("free_time") else ""
-        out.append(stack_tree(f"freed by thread {block['free_thread']}{when}", block["free_stack"] or []))
+def _block_lines(block: BlockDoc, *, label: str = "block") -> list:
+    out = [f"[bold]{label}[/bold] {block.start}  {block.size} bytes  "
+           f"[bold]{block.state}[/bold]  offset {block.offset}"
+           + ("  guarded" if block.guarded else "")]
+    when = f" at {block.alloc_time}" if block.alloc_time else ""
+    if block.age_s is not None:
+        when += f" ({block.age_s:g} s before the core)"
+    out.append(stack_tree(f"allocated by thread {block.thread}{when}", block.alloc_stack))
+    if block.state == "freed":
+        when = f" at {block.free_time}" if block.free_time else ""
+        out.append(stack_tree(f"freed by thread {block.free_thread}{when}", block.free_stack or []))
     return out
 
 
@@ -314,235 +315,233 @@ def say(line: str) -> None:
     out_console().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def show_block(block: dict) -> None:
+def show_block(block: BlockDoc) -> None:
     """A block document (docs/json.md, "block"): its line and its stacks."""
     con = out_console()
     for item in _block_lines(block):
         con.print(item)
 
 
-def show_whoowns(doc: dict) -> None:
-    con = out_console()
-    region = doc.get("region") or {}
-    head = f"[bold]{doc['address']}[/bold]: {doc['owner']}"
-    if region.get("name"):
-        head += f" - {_e(region['name'])}"
-        if region.get("start"):
-            head += f" [{region['start']}-{region['end']})"
-    con.print(head)
-    if doc.get("note"):
-        con.print(f"  {_e(doc['note'])}")
-    if doc.get("type"):
-        con.print(f"  holds a {_e(doc['type'])} (by its vtable)")
-    if doc.get("block"):
-        for item in _block_lines(doc["block"]):
-            con.print(item)
-        refs = doc.get("referrers") or []
-        if refs:
-            def where(r: dict) -> str:
-                if r["in"] == "heap":
-                    return f"block {r['block_start']}"
-                if r["in"] == "stack" and r.get("thread") is not None:
-                    return f"thread {r['thread']}"
-                name = os.path.basename(r.get("module") or "")
-                # a word in shared memory: no module, the mapping's name
-                return f"{r['symbol']} in {name}" if r.get("symbol") and name else r.get("symbol") or name
+def _referrer_whose(r: ReferrerDoc) -> str:
+    if r.in_ == "heap":
+        return f"block {r.block_start}"
+    if r.in_ == "stack" and r.thread is not None:
+        return f"thread {r.thread}"
+    name = os.path.basename(r.module or "")
+    # a word in shared memory: no module, the mapping's name
+    return f"{r.symbol} in {name}" if r.symbol and name else r.symbol or name
 
-            t = table(f"referrers ({doc.get('referrer_count', len(refs))})",
-                      ["address", "in", "whose", "points"],
-                      [(r["address"], r["in"], where(r),
-                        "inside" if r.get("interior") else "at start") for r in refs[:SHOWN]])
+
+def _chunk_referrer_whose(r: ReferrerDoc) -> str:
+    return (f"block {r.block_start}" if r.in_ == "heap" else f"thread {r.thread}" if r.in_ == "stack"
+            else f"{r.symbol or ''} in {os.path.basename(r.module or '')}" if r.module else r.symbol or "")
+
+
+def show_whoowns(doc: WhoownsDoc) -> None:
+    con = out_console()
+    region = doc.region
+    head = f"[bold]{doc.address}[/bold]: {doc.owner}"
+    if region is not None and region.name:
+        head += f" - {_e(region.name)}"
+        if region.start:
+            head += f" [{region.start}-{region.end})"
+    con.print(head)
+    if doc.note:
+        con.print(f"  {_e(doc.note)}")
+    if doc.type:
+        con.print(f"  holds a {_e(doc.type)} (by its vtable)")
+    refs = doc.referrers
+    if doc.block is not None:
+        for item in _block_lines(doc.block):
+            con.print(item)
+        if refs:
+            t = table(f"referrers ({doc.referrer_count})", ["address", "in", "whose", "points"],
+                      [(r.address, r.in_, _referrer_whose(r), "inside" if r.interior else "at start")
+                       for r in refs[:SHOWN]])
             con.print(t)
             _print_cut(con, doc, len(refs))
         else:
             con.print("  no referrers: nothing in live blocks, stacks or globals points into it")
             _print_cut(con, doc, 0)
         _print_retainers(con, doc)
-    elif doc.get("chunk"):
-        for line in _chunk_lines(doc["chunk"]):
+    elif doc.chunk is not None:
+        for line in _chunk_lines(doc.chunk):
             con.print(line)
-        refs = doc.get("referrers") or []
         if refs:
-            t = table(f"referrers ({doc.get('referrer_count', len(refs))})", ["address", "in", "whose"],
-                      [(r["address"], r["in"], f"block {r['block_start']}" if r["in"] == "heap"
-                        else f"thread {r['thread']}" if r["in"] == "stack"
-                        else f"{r['symbol'] or ''} in {os.path.basename(r.get('module') or '')}"
-                        if r.get("module") else r.get("symbol") or "")
-                       for r in refs[:SHOWN]])
+            t = table(f"referrers ({doc.referrer_count})", ["address", "in", "whose"],
+                      [(r.address, r.in_, _chunk_referrer_whose(r)) for r in refs[:SHOWN]])
             con.print(t)
             _print_cut(con, doc, len(refs))
         _print_retainers(con, doc)
-    elif doc.get("near"):
-        for item in _block_lines(doc["near"]["block"], label="nearest block"):
+    elif doc.near is not None:
+        for item in _block_lines(doc.near.block, label="nearest block"):
             con.print(item)
-    if doc.get("without_libtag"):
-        con.print(f"[dim]{_e(doc['without_libtag']['summary'])}[/dim]")
-    for w in doc.get("warnings", []):
+    if doc.without_libtag is not None:
+        con.print(f"[dim]{_e(doc.without_libtag.summary)}[/dim]")
+    for w in doc.warnings:
         err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
-def _chunk_lines(c: dict) -> list[str]:
+def _chunk_lines(c: ChunkDoc) -> list[str]:
     """A glibc chunk (docs/json.md, "chunk"), as whoowns and inspect print it."""
-    where = f"  {c['bin']}" if c.get("bin") else ""
-    if c.get("tcache_thread"):
-        where += f" of thread {c['tcache_thread']}"
-    out = [f"[bold]chunk[/bold] {c['start']} (block {c['user']})  {c['size']} bytes, "
-           f"{c['usable']} usable  [bold]{c['state']}[/bold]{_e(where)}  offset {c['offset']}"]
-    if c.get("size_field"):
-        out.append(f"  its size field holds {c['size_field']}: the extent shown runs to the next "
+    where = f"  {c.bin}" if c.bin else ""
+    if c.tcache_thread:
+        where += f" of thread {c.tcache_thread}"
+    out = [f"[bold]chunk[/bold] {c.start} (block {c.user})  {c.size} bytes, "
+           f"{c.usable} usable  [bold]{c.state}[/bold]{_e(where)}  offset {c.offset}"]
+    if c.size_field:
+        out.append(f"  its size field holds {c.size_field}: the extent shown runs to the next "
                    f"sane chunk header")
-    if c.get("arena"):
-        users = (", used by thread" + ("s " if len(c["arena_threads"]) > 1 else " ")
-                 + ", ".join(map(str, c["arena_threads"]))) if c.get("arena_threads") else ""
-        out.append(f"  {c['arena_kind']} arena {c['arena']}{users}")
+    if c.arena:
+        users = (", used by thread" + ("s " if len(c.arena_threads) > 1 else " ")
+                 + ", ".join(map(str, c.arena_threads))) if c.arena_threads else ""
+        out.append(f"  {c.arena_kind} arena {c.arena}{users}")
     return out
 
 
-def _heap_line(h: dict, tagged: bool, glibc: dict | None = None) -> str:
+def _heap_line(h: HeapTotals, tagged: bool, glibc: GlibcMap | None = None) -> str:
     """inspect's heap totals: libtag's live and quarantined blocks (with
     glibc's in use from before an attach among the live ones), or glibc's
     blocks in use and free in its tcaches and bins (usable sizes)."""
     if tagged:
-        old = sum(glibc["chunks"].get(k, {}).get("chunks", 0) for k in ("inuse", "mmapped")) if glibc else 0
+        old = sum(glibc.chunks[k].chunks for k in ("inuse", "mmapped") if k in glibc.chunks) if glibc else 0
         before = f" ({old} of them glibc's, from before libtag was attached)" if old else ""
-        return (f"{plural(h['live_blocks'], 'live block')}, {plural(h['live_bytes'], 'byte')}{before}; "
-                f"{plural(h['freed_blocks'], 'freed block')} in quarantine, {plural(h['freed_bytes'], 'byte')}")
-    return (f"{plural(h['live_blocks'], 'block')} in use, {plural(h['live_bytes'], 'usable byte')}; "
-            f"{plural(h['freed_blocks'], 'free block')} in tcaches and bins, "
-            f"{plural(h['freed_bytes'], 'usable byte')}")
+        return (f"{plural(h.live_blocks, 'live block')}, {plural(h.live_bytes, 'byte')}{before}; "
+                f"{plural(h.freed_blocks, 'freed block')} in quarantine, {plural(h.freed_bytes, 'byte')}")
+    return (f"{plural(h.live_blocks, 'block')} in use, {plural(h.live_bytes, 'usable byte')}; "
+            f"{plural(h.freed_blocks, 'free block')} in tcaches and bins, "
+            f"{plural(h.freed_bytes, 'usable byte')}")
 
 
-def show_inspect(doc: dict) -> None:
+def show_inspect(doc: InspectDoc) -> None:
     """inspect's document: the core, the anomaly or crash, the heap (with
     glibc's map when it has one: docs/json.md, "Without libtag"), the top
     stacks and every thread's stack."""
     con = out_console()
-    proc = doc["process"]
-    g = doc.get("glibc")
-    con.print(f"[bold]core[/bold] {_e(doc['core'])}")
-    con.print(f"[bold]process[/bold] {proc['pid']} {_e(proc['exe'] or '')}")
-    con.print(f"[bold]reason[/bold] {doc['reason']}")
-    if doc.get("signature"):
-        con.print(f"[bold]signature[/bold] {_e(doc['signature']['text'])} [dim]({doc['signature']['id']})[/dim]")
-    if doc.get("without_libtag"):
-        con.print(f"[yellow]{_e(doc['without_libtag']['summary'])}[/yellow]")
-    if g:
-        con.print(f"[bold]glibc[/bold] {_e(g['version'] or '?')} {_e(g['libc'])} "
-                  f"(layout from {_e(g['layout_from'])})")
-    if doc.get("payload") == "omitted":
+    proc = doc.process
+    g = doc.glibc
+    con.print(f"[bold]core[/bold] {_e(doc.core)}")
+    con.print(f"[bold]process[/bold] {proc.pid} {_e(proc.exe or '')}")
+    con.print(f"[bold]reason[/bold] {doc.reason}")
+    if doc.signature is not None:
+        con.print(f"[bold]signature[/bold] {_e(doc.signature.text)} [dim]({doc.signature.id})[/dim]")
+    if doc.without_libtag is not None:
+        con.print(f"[yellow]{_e(doc.without_libtag.summary)}[/yellow]")
+    if g is not None:
+        con.print(f"[bold]glibc[/bold] {_e(g.version or '?')} {_e(g.libc)} "
+                  f"(layout from {_e(g.layout_from)})")
+    if doc.payload == "omitted":
         con.print("[dim]block contents were left out of this core (LIBTAG_PAYLOAD=omit)[/dim]")
-    for a in doc.get("anomalies", []):
+    for a in doc.anomalies:
         _print_anomaly(con, a)
-    c = doc.get("crash")
-    if c:
-        _print_crash(con, c)
-    bad = g["corruption"] if g else []
+    if doc.crash is not None:
+        _print_crash(con, doc.crash)
+    bad = g.corruption if g is not None else []
     if bad:
         con.print(f"\n[bold red]heap corruption[/bold red] ({plural(len(bad), 'finding')})")
         for f in bad:
-            con.print(f"  {_e(f['message'])}")
-    con.print(f"\n[bold]heap[/bold] {_heap_line(doc['heap'], doc.get('libtag', True), g)}")
-    if g:
+            con.print(f"  {_e(f.message)}")
+    con.print(f"\n[bold]heap[/bold] {_heap_line(doc.heap, doc.libtag, g)}")
+    if g is not None:
         _print_glibc_map(con, g)
-    if doc.get("types"):
+    if doc.types:
         con.print(table("live blocks by C++ class (by vtable)", ["class", "blocks", "bytes"],
-                        [[_e(t["type"]), str(t["blocks"]), str(t["bytes"])] for t in doc["types"]]))
-    tops = doc.get("top_stacks", [])
-    rt = doc.get("runtime") or {}
-    if tops or rt.get("stacks"):
+                        [[_e(t.type), str(t.blocks), str(t.bytes)] for t in doc.types]))
+    tops = doc.top_stacks
+    rt = doc.runtime
+    if tops or (rt is not None and rt.stacks):
         con.print("\n[bold]top allocation stacks by live bytes[/bold]")
-    if rt.get("stacks") and not rt.get("shown"):
-        con.print(f"runtime: {plural(rt['blocks'], 'block')}, {plural(rt['bytes'], 'byte')} in "
-                  f"{plural(rt['stacks'], 'stack')} of the C and C++ runtimes (stdio buffers, "
+    if rt is not None and rt.stacks and not rt.shown:
+        con.print(f"runtime: {plural(rt.blocks, 'block')}, {plural(rt.bytes, 'byte')} in "
+                  f"{plural(rt.stacks, 'stack')} of the C and C++ runtimes (stdio buffers, "
                   f"libstdc++'s emergency pool, the loader's TLS) [dim](--runtime lists them)[/dim]")
     for i, s in enumerate(tops, 1):
-        mark = " (runtime)" if s.get("runtime") else ""
-        con.print(stack_tree(f"#{i}: {plural(s['bytes'], 'byte')} in {plural(s['blocks'], 'block')}{mark}",
-                             s["stack"], limit=8))
-    for t in doc.get("threads", []):
-        con.print(stack_tree(f"thread {t['tid']} (sp {t['sp']})", t["stack"], limit=12))
-    for w in doc.get("warnings", []):
+        mark = " (runtime)" if s.runtime else ""
+        con.print(stack_tree(f"#{i}: {plural(s.bytes, 'byte')} in {plural(s.blocks, 'block')}{mark}",
+                             s.stack, limit=8))
+    for t in doc.threads:
+        con.print(stack_tree(f"thread {t.tid} (sp {t.sp})", t.stack, limit=12))
+    for w in doc.warnings:
         err_console().print(f"[yellow]warning:[/yellow] {_e(w)}")
 
 
-def _print_anomaly(con, a: dict) -> None:
-    where = (f"in thread {a.get('thread')}" if a.get("detected_by") != "reader"
+def _print_anomaly(con, a: AnomalyDoc) -> None:
+    where = (f"in thread {a.thread}" if a.detected_by != "reader"
              else "found in the core (libtag had not checked the block yet)")
-    con.print(f"\n[bold red]{a['kind']}[/bold red] of {a['address']} {where}")
-    facts = [f"at {a['time']}"] if a.get("time") else []
-    if a.get("offset") is not None:
-        facts.append(f"offset {a['offset']} in the block")
-    if a.get("written"):
-        facts.append(f"bytes written {a['written']}")
-    if a.get("access"):
-        facts.append(f"a {a['access']} by the instruction at {a['pc']} (a guarded block)")
-    if a.get("dealloc"):
-        facts.append(f"allocated as {a['block']['alloc_kind'] if a.get('block') else '?'}, "
-                     f"released with {a['dealloc']}")
+    con.print(f"\n[bold red]{a.kind}[/bold red] of {a.address} {where}")
+    facts = [f"at {a.time}"] if a.time else []
+    if a.offset is not None:
+        facts.append(f"offset {a.offset} in the block")
+    if a.written:
+        facts.append(f"bytes written {a.written}")
+    if a.access:
+        facts.append(f"a {a.access} by the instruction at {a.pc} (a guarded block)")
+    if a.dealloc:
+        facts.append(f"allocated as {a.block.alloc_kind if a.block is not None else '?'}, "
+                     f"released with {a.dealloc}")
     if facts:
         con.print("  " + "; ".join(facts))
-    if a.get("detected_by") != "reader":
-        con.print(stack_tree("released at" if a.get("dealloc") else
-                             "faulting instruction" if a.get("access") else "detected at", a["stack"]))
-    if a.get("block"):
-        for item in _block_lines(a["block"]):
+    if a.detected_by != "reader":
+        con.print(stack_tree("released at" if a.dealloc else
+                             "faulting instruction" if a.access else "detected at", a.stack))
+    if a.block is not None:
+        for item in _block_lines(a.block):
             con.print(item)
 
 
-def _print_crash(con, c: dict) -> None:
-    con.print(f"\n[bold red]{c['signal']}[/bold red] in thread {c['thread']}: {_e(c['summary'])}")
-    m = c.get("malloc")
-    if m:
-        con.print(f"  [bold]{_e(m['summary'])}[/bold]")
-        if m.get("chunk"):
-            for line in _chunk_lines(m["chunk"]):
+def _print_crash(con, c: CrashDoc) -> None:
+    con.print(f"\n[bold red]{c.signal}[/bold red] in thread {c.thread}: {_e(c.summary)}")
+    m = c.malloc
+    if m is not None:
+        con.print(f"  [bold]{_e(m.summary)}[/bold]")
+        if m.chunk is not None:
+            for line in _chunk_lines(m.chunk):
                 con.print("  " + line)
-    owner = c.get("address_owner") or {}
+    owner = c.address_owner
     _print_owner(con, owner)
-    con.print(stack_tree("faulting thread", c["stack"]))
-    if owner.get("block"):
-        for item in _block_lines(owner["block"]):
+    con.print(stack_tree("faulting thread", c.stack))
+    if owner is not None and owner.block is not None:
+        for item in _block_lines(owner.block):
             con.print(item)
-    cause = c.get("cause") or {}
-    if cause.get("loaded_from"):
-        where = " in the caller" if cause.get("load_in") == "caller" else ""
-        con.print(f"  the pointer was loaded from {cause['loaded_from']} by {_e(cause['load'])}{where}")
-    if cause.get("block"):
-        b = cause["block"]
-        for item in _block_lines(b, label=f"{'freed' if b['state'] == 'freed' else b['state']} block"):
+    cause = c.cause
+    if cause is not None and cause.loaded_from:
+        where = " in the caller" if cause.load_in == "caller" else ""
+        con.print(f"  the pointer was loaded from {cause.loaded_from} by {_e(cause.load)}{where}")
+    if cause is not None and cause.block is not None:
+        b = cause.block
+        for item in _block_lines(b, label=f"{'freed' if b.state == 'freed' else b.state} block"):
             con.print(item)
 
 
-def _print_glibc_map(con, g: dict) -> None:
+def _print_glibc_map(con, g: GlibcMap) -> None:
     """glibc's arenas and the most common chunk sizes in use."""
-    for a in g["arenas"]:
-        users = f", threads {', '.join(map(str, a['threads']))}" if a["threads"] else ""
-        counts = ", ".join(f"{v['chunks']} {k}" for k, v in a["chunks"].items())
-        con.print(f"  {a['kind']} arena {a['address']}{users}: {counts}; top {a['top']} "
-                  f"({plural(a['top_size'], 'byte')})")
-    tops = g["top_sizes"]
-    if tops["by_bytes"]:
+    for a in g.arenas:
+        users = f", threads {', '.join(map(str, a.threads))}" if a.threads else ""
+        counts = ", ".join(f"{v.chunks} {k}" for k, v in a.chunks.items())
+        con.print(f"  {a.kind} arena {a.address}{users}: {counts}; top {a.top} "
+                  f"({plural(a.top_size, 'byte')})")
+    tops = g.top_sizes
+    if tops.by_bytes:
         con.print(table("chunk sizes in use, by bytes", ["chunk size", "usable", "chunks", "bytes"],
-                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_bytes"]]))
+                        [(r.size, r.usable, r.chunks, r.bytes) for r in tops.by_bytes]))
         con.print(table("chunk sizes in use, by count", ["chunk size", "usable", "chunks", "bytes"],
-                        [(r["size"], r["usable"], r["chunks"], r["bytes"]) for r in tops["by_count"]]))
+                        [(r.size, r.usable, r.chunks, r.bytes) for r in tops.by_count]))
 
 
-def show_stack_blocks(sb: dict) -> None:
+def show_stack_blocks(sb: StackBlocksDoc) -> None:
     """inspect --blocks N: the live blocks of top stack #N."""
     con = out_console()
-    shown = sb["blocks"]
-    title = (f"blocks of stack #{sb['rank']}: {plural(sb['count'], 'block')}, "
-             f"{plural(sb['bytes'], 'byte')}")
+    shown = sb.blocks
+    title = (f"blocks of stack #{sb.rank}: {plural(sb.count, 'block')}, "
+             f"{plural(sb.bytes, 'byte')}")
     con.print()
     con.print(table(title, ["address", "size", "thread", "age"],
-                    [(b["start"], b["size"], b["thread"],
-                      f"{b['age_ms'] / 1000:.3f} s" if b["age_ms"] is not None else "?")
+                    [(b.start, b.size, b.thread, f"{b.age_ms / 1000:.3f} s" if b.age_ms is not None else "?")
                      for b in shown]))
-    if sb["count"] > len(shown):
-        con.print(f"  ... and {sb['count'] - len(shown)} more (the first {len(shown)} by address)")
+    if sb.count > len(shown):
+        con.print(f"  ... and {sb.count - len(shown)} more (the first {len(shown)} by address)")
     if shown:
-        con.print(f"  next: forensics whoowns {shown[0]['start']} --core CORE")
+        con.print(f"  next: forensics whoowns {shown[0].start} --core CORE")
 
 
 # ------------------------------------------------------- leaks, diff, trend --
@@ -702,15 +701,16 @@ def show_trend(doc: TrendDoc) -> None:
 
 def show_triage(doc: dict) -> None:
     """triage's groups, most cores first: the signature, the count and
-    times, the programs, the example core and what it says."""
+    times, the programs, the example core and what it says (its
+    signature, block and address_owner typed, as in inspect's document)."""
     con = out_console()
     groups = doc["groups"]
     con.print(f"[bold]{plural(doc['cores'], 'core')}[/bold], {plural(len(groups), 'group')}"
               + (f", {len(doc['unsigned'])} without an anomaly or a crash" if doc["unsigned"] else ""))
     for i, g in enumerate(groups, 1):
         sig = g["signature"]
-        con.print(f"\n[bold]#{i}: {plural(g['count'], 'core')}[/bold]  {_e(sig['text'])}  "
-                  f"[dim]({sig['id']})[/dim]")
+        con.print(f"\n[bold]#{i}: {plural(g['count'], 'core')}[/bold]  {_e(sig.text)}  "
+                  f"[dim]({sig.id})[/dim]")
         con.print(f"  first {g['first_time']}, last {g['last_time']}")
         for p in g["processes"]:
             pids = ", ".join(map(str, p["pids"][:8])) + (" ..." if len(p["pids"]) > 8 else "")
@@ -724,8 +724,8 @@ def show_triage(doc: dict) -> None:
         else:
             con.print(f"  {a['kind']} at {a['address']}")
         owner = a["address_owner"]
-        if owner is not None and a["block"] is None and owner.get("note"):
-            con.print(f"  the address: {_e(owner['region'] or owner['owner'])}, {_e(owner['note'])}")
+        if owner is not None and a["block"] is None and owner.note:
+            con.print(f"  the address: {_e(owner.region or owner.owner)}, {_e(owner.note)}")
         b = a["block"]
         if b is not None:
             for line in _block_lines(b):

@@ -21,7 +21,7 @@ from construct import Array, Bytes, FormatField, Int32sl, Int32ul, Int64ul, Padd
 from forensics.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forensics.reader.memory import Memory, Region
+    from forensics.reader.memory import Memory, Region  # annotations only: memory imports abi
 
 # --------------------------------------------------------------- constants --
 

@@ -23,6 +23,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from forensics.files import ensure_private_dir
+
 DEFAULT_TIMEOUT_S = 90.0  # elfutils' DEBUGINFOD_TIMEOUT default
 _CHUNK = 1 << 20
 
@@ -93,8 +95,6 @@ class Client:
             return None
         tmp = None
         try:
-            from forensics.files import ensure_private_dir
-
             ensure_private_dir(folder)
             tmp = os.path.join(folder, f".debuginfo.{os.getpid()}.{os.urandom(4).hex()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

@@ -20,21 +20,31 @@ mapping from a stack id to frames happen in one place.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
+from forensics.arch import AARCH64, HOST
+from forensics.core import Core, elf
 from forensics.files import state_dir
-from forensics.reader import abi
+from forensics.reader import abi, cachefile
+from forensics.reader.complete import complete as add_thread_notes
 from forensics.reader.control import Control, truncation
 from forensics.reader.glibc_layout import CHUNK_HDR, GlibcError, find_layout
 from forensics.reader.glibc_walk import GlibcHeap
 from forensics.reader.heap import Heap
+from forensics.reader.linkmap import link_map_mappings
 from forensics.reader.memory import CoreMemory, Memory, Region, clip_regions
 from forensics.reader.model import Frame, RawFrame, Thread
 from forensics.reader.pointers import Edges, build_edges
+from forensics.reader.symbols import (SymbolOptions, Symbolizer, expand_inlines, merge_entry_frames,
+                                      modules_from_mappings, open_regular)
+from forensics.reader.threadptr import thread_pointers
+from forensics.reader.types import BlockTypes
+from forensics.reader.unwind import Unwinder
 
 Progress = Callable[[int, int], None]
 
@@ -66,7 +76,6 @@ class Dump:
     @cached_property
     def types(self):
         """The C++ classes of its blocks, by vtable (reader/types.py)."""
-        from forensics.reader.types import BlockTypes
 
         return BlockTypes(self)
 
@@ -120,7 +129,6 @@ class Dump:
         (forensics.reader.complete, with this parse and this control block;
         note() says why not when it cannot) - the explicit step the command
         line takes; gdb's commands leave the core gdb has open as it is."""
-        from forensics.core import Core
 
         core = Core(path)
         try:
@@ -132,8 +140,6 @@ class Dump:
             except abi.NoLibtagError as exc:
                 found = exc
             if complete and not isinstance(found, abi.NoLibtagError):
-                from forensics.reader.complete import complete as add_thread_notes
-
                 if add_thread_notes(core, found, note=note):
                     core.reparse()  # the new notes: every thread's registers
                     mem = CoreMemory(core)
@@ -183,8 +189,6 @@ class Dump:
         agree); None for a core libtag did not take (gcore)."""
         taken = self.control.taken_ms
         if taken is None and self.core is None:
-            import time
-
             coarse = getattr(time, "CLOCK_MONOTONIC_COARSE", 6)  # 6: <linux/time.h>, libtag's clock
             taken = (time.clock_gettime_ns(coarse) - int(self.control.fields.start_mono_ns)) // 1_000_000
         return taken
@@ -197,8 +201,6 @@ class Dump:
 
     @cached_property
     def symbolizer(self):
-        from forensics.reader.symbols import SymbolOptions, Symbolizer, modules_from_mappings
-
         if self.core is not None:
             mappings = self.core.mappings
         else:  # a live memory (LiveMemory, the gdb adapter's) offers its maps
@@ -237,7 +239,6 @@ class Dump:
         repeat the CALL frame inside them are merged, each physical frame is
         preceded by the calls inlined there (``inlined``), and libtag's own
         frames are marked (``libtag``); nothing is dropped."""
-        from forensics.reader.symbols import expand_inlines, merge_entry_frames
 
         if not raw:
             return []
@@ -359,8 +360,6 @@ class Dump:
 
     @cached_property
     def unwinder(self):
-        from forensics.reader.unwind import Unwinder
-
         arch = self.arch
         regions = self.mem.regions()
         mask = arch.pointer_mask(regions[-1].end - 1) if regions else arch.pointer_mask(0)
@@ -370,7 +369,6 @@ class Dump:
     def arch(self):
         """The machine (forensics.arch): a core's, else this host's (a live
         process is read here)."""
-        from forensics.arch import HOST
 
         return self.core.arch if self.core is not None else HOST
 
@@ -594,8 +592,6 @@ class PlainDump(Dump):
 
 
 def _load_edges(path: str, key) -> Edges | None:
-    from forensics.reader import cachefile
-
     # keyed like the heap index it refers to: block numbers are its indexes
     data = cachefile.load(path, [_EDGES_VERSION, *key])
     if data is None:
@@ -615,8 +611,6 @@ def _load_edges(path: str, key) -> Edges | None:
 
 
 def _save_edges(path: str, key, edges: Edges) -> None:
-    from forensics.reader import cachefile
-
     cachefile.save(path, [_EDGES_VERSION, *key], edges.to_arrays())
 
 
@@ -624,12 +618,10 @@ def _with_thread_pointers(dump: Dump, regs: dict[int, dict[str, int]]) -> dict[i
     """An aarch64 core's registers with the thread pointers a core without
     NT_ARM_TLS (qemu-user's) lacks, found from glibc's thread descriptors
     (reader/threadptr.py)."""
-    from forensics.arch import AARCH64
 
     if dump.core is None or dump.arch is not AARCH64 or not regs \
             or any(AARCH64.tp in r for r in regs.values()):
         return regs
-    from forensics.reader.threadptr import thread_pointers
 
     for tid, tp in thread_pointers(dump.mem, list(regs)).items():
         regs[tid][AARCH64.tp] = tp
@@ -639,7 +631,6 @@ def _with_thread_pointers(dump: Dump, regs: dict[int, dict[str, int]]) -> dict[i
 def _adopt_link_map(core, symbols) -> None:
     """A core without NT_FILE (qemu-user's): its modules from the loader's
     list (reader/linkmap.py), files looked for under --sysroot."""
-    from forensics.reader.linkmap import link_map_mappings
 
     found = link_map_mappings(core, getattr(symbols, "sysroot", None))
     if found is not None and found.mappings:
@@ -656,9 +647,6 @@ def _found_file(module, local: str | None, bias: int | None):
         return module
     bid = module.build_id
     if bid is None:
-        from forensics.core import elf
-        from forensics.reader.symbols import open_regular
-
         f = open_regular(local)
         if f is not None:
             with f:

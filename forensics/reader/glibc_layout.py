@@ -22,12 +22,16 @@ unknown libc without debug information is a one-line GlibcError.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
+from forensics.core import elf
 from forensics.errors import InputError
+from forensics.files import ensure_private_dir, open_own_file, write_private
+from forensics.reader.symbols import open_regular
 
 # malloc's own constants (x86_64 and aarch64 alike: LP64, 16-byte alignment)
 SIZE_SZ = 8
@@ -80,8 +84,6 @@ class Layout:
     build_id: str | None = None
 
     def at(self, bias: int, path: str, build_id: str | None) -> Layout:
-        from dataclasses import replace
-
         return replace(self, libc_base=bias, libc_path=path, build_id=build_id)
 
 
@@ -138,8 +140,6 @@ def find_libc(modules: Iterable) -> object:
 def _libc_file_facts(path: str, build_id: bytes | None) -> tuple[str | None, str | None]:
     """(version "2.36", the distribution's name for the build) read from the
     libc file at path when it is the one the process had; (None, None) else."""
-    from forensics.core import elf
-    from forensics.reader.symbols import open_regular
 
     f = open_regular(path)
     if f is None:
@@ -181,10 +181,6 @@ def _cached_layout(debug: str, libc_path: str | None, version: str | None, hexid
                    cache_dir) -> Layout:
     """layout_from_debug, kept in cache_dir as JSON (a private file; one
     that cannot be read or written is only a cache miss)."""
-    import json
-    from dataclasses import asdict, fields
-
-    from forensics.files import ensure_private_dir, open_own_file, write_private
 
     if cache_dir is None:
         return layout_from_debug(debug, libc_path, version)
@@ -220,8 +216,8 @@ def layout_from_debug(debug_path: str, libc_path: str | None, version: str | Non
     the TLS variables from the dynamic relocations of the libc file itself
     (libc_path, when it is the same build; else the tcaches are found by
     their entries' key)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     try:
         with open(debug_path, "rb") as f:
@@ -311,11 +307,9 @@ def _tls_got_slots(libc_path: str, tls: dict[str, int | None]) -> dict[str, tupl
     """{variable: GOT slot} for libc's initial-exec TLS variables: the slot of
     the R_X86_64_TPOFF64 (aarch64: R_AARCH64_TLS_TPREL64) relocation whose addend is the variable's offset in
     libc's TLS block (the loader writes its TP offset there)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.relocation import RelocationSection
-
-    from forensics.reader.symbols import open_regular
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
+    from elftools.elf.relocation import RelocationSection  # deferred, start-up time: pyelftools
 
     f = open_regular(libc_path)
     if f is None:

@@ -18,6 +18,7 @@ The arrays (start, size, state, bin, arena, thread) are sorted by start;
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -182,8 +183,6 @@ class _Words:
         self._last: Region | None = None
 
     def region(self, addr: int) -> Region | None:
-        import bisect
-
         r = self._last
         if r is not None and r.start <= addr < r.end:
             return r

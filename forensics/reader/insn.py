@@ -31,6 +31,7 @@ from typing import Callable
 
 from forensics.arch import X86_64, Arch
 from forensics.errors import ForensicsError
+from forensics.reader.symbols import open_regular
 
 MAX_INSN = 15  # bytes of the longest x86 instruction (aarch64's: 4, Arch.max_insn)
 MAX_SCAN = 1 << 16  # bytes of a function scanned back from the fault, at most
@@ -59,7 +60,7 @@ def _md(arch: Arch = X86_64):
 def _mem_operand(insn, regs: dict[str, int], arch: Arch = X86_64) -> MemOperand | None:
     if arch is not X86_64:
         return _mem_operand_arm64(insn, regs, arch)
-    from capstone import x86
+    from capstone import x86  # deferred, start-up time: capstone (faults without an address)
 
     for op in insn.operands:
         if op.type != x86.X86_OP_MEM:
@@ -86,7 +87,7 @@ def _mem_operand(insn, regs: dict[str, int], arch: Arch = X86_64) -> MemOperand 
 
 
 def _arm64():
-    import capstone
+    import capstone  # deferred, start-up time: capstone (faults without an address)
 
     return getattr(capstone, "arm64", None) or capstone.aarch64
 
@@ -162,14 +163,14 @@ def load_source(code: bytes, start: int, pc: int, reg: str, regs: dict[str, int]
     """Where register reg got its value before the instruction at pc:
     (the address it was loaded from, the loading instruction), or None.
     code holds [start, pc) of the function (see the module docstring)."""
-    import capstone
+    import capstone  # deferred, start-up time: capstone (faults without an address)
 
     writer, later = _last_writer(code, start, pc, reg, arch)
     if writer is None or writer.mnemonic not in _LOADS[arch.name] or len(writer.operands) != 2:
         return None
     dst, src = writer.operands
     if arch is X86_64:
-        from capstone import x86
+        from capstone import x86  # deferred, start-up time: capstone (faults without an address)
 
         if dst.type != x86.X86_OP_REG or src.type != x86.X86_OP_MEM or src.size != 8:
             return None
@@ -198,10 +199,8 @@ def module_code(path: str, vaddr: int, n: int) -> bytes | None:
     """n bytes at file address vaddr of an ELF file, from a section that has
     contents there (never a debug file's empty .text); fewer at a section's
     end; None when no such section holds vaddr."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    from forensics.reader.symbols import open_regular
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     f = open_regular(path)
     if f is None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from forensics.core import elf
 from forensics.core.notes import Mapping
 from forensics.errors import ForensicsError
+from forensics.reader.symbols import open_regular
 
 AT_PAGESZ = 6
 DT_NULL, DT_DEBUG = 0, 21
@@ -49,7 +50,6 @@ class LinkMap:
 def _file_facts(path: str, machine: int):
     """(e_entry, PT_LOADs, PT_DYNAMIC vaddr) of an ELF file of the given
     machine, or None."""
-    from forensics.reader.symbols import open_regular
 
     f = open_regular(path)
     if f is None:
@@ -106,7 +106,6 @@ def _cstring(core, found: LinkMap, addr: int) -> str:
         return core.read_cstring(addr, 4096).decode("utf-8", "surrogateescape")
     except (ForensicsError, ValueError):
         pass
-    from forensics.reader.symbols import open_regular
 
     for m in found.mappings:
         local = found.files.get(m.path)

@@ -82,6 +82,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 from forensics.core import elf
 from forensics.errors import ForensicsError, InputError
+from forensics.files import create_private, ensure_private_dir
 from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return address: look up pc - 1
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
 from forensics.reader.abi import TAG_FRAME_SIGNAL as FRAME_SIGNAL  # pc a signal interrupted: look up pc
@@ -408,9 +409,9 @@ def _elf_symbols(path: str, types: tuple[str, ...]) -> tuple[list, list]:
     """([(value, size, name)] of the symbols of these types that have a
     value (.symtab and .dynsym), [(start, end, name)] of the allocated
     sections) of the ELF file at path; both empty when it cannot be read."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
+    from elftools.elf.sections import SymbolTableSection  # deferred, start-up time: pyelftools
 
     symbols: list[tuple[int, int, str]] = []
     sections: list[tuple[int, int, str]] = []
@@ -462,8 +463,8 @@ class _Contents:
 
 def _elf_contents(path: str) -> _Contents | None:
     """The _Contents of the ELF file at path; None when it cannot be read."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     f = open_regular(path)
     if f is None:
@@ -665,7 +666,7 @@ class Symbolizer:
         if sysroot:
             self.debug_dirs.append(DEFAULT_DEBUG_DIR)
         self.warnings: list[str] = []
-        from forensics.reader.debuginfod import Client, urls
+        from forensics.reader.debuginfod import Client, urls  # deferred, start-up time: urllib (debuginfod only)
 
         # debuginfod servers (DEBUGINFOD_URLS): after every local place
         self._debuginfod = Client(self.warnings) if urls() else None
@@ -682,7 +683,6 @@ class Symbolizer:
     def _open_cache(self, cache_dir: Path) -> sqlite3.Connection | None:
         """The on-disk cache, or None (memory only) when it cannot be used: an
         unwritable state dir, a damaged or locked file must not stop an answer."""
-        from forensics.files import create_private, ensure_private_dir
 
         try:
             ensure_private_dir(cache_dir)

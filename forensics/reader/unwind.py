@@ -41,12 +41,14 @@ import io
 import os
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+import numpy as np
 
 from forensics.arch import X86_64, Arch
 from forensics.arch import x86_64 as X
 from forensics.arch.base import MASK64
 from forensics.errors import ForensicsError
 from forensics.reader.abi import TAG_FRAME_CALL, TAG_FRAME_SIGNAL
+from forensics.reader.symbols import open_regular
 
 # x86_64's DWARF numbers, signal frame and call check live in
 # forensics.arch.x86_64 (aarch64's in forensics.arch.aarch64); these names
@@ -333,10 +335,8 @@ class Unwinder:
 def _open_image(path: str, bias: int) -> _Image | None:
     """A module file's segments (its CFI is read on first use), or None when
     it cannot be read as a 64-bit ELF file."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    from forensics.reader.symbols import open_regular
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     f = open_regular(path)
     if f is None:
@@ -357,8 +357,8 @@ def _open_image(path: str, bias: int) -> _Image | None:
 
 def _vdso_image(mem, base: int) -> _Image | None:
     """The vDSO's ELF image as the memory holds it (a core keeps it)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     try:
         head = mem.read(base, 64)
@@ -387,7 +387,7 @@ def _vdso_image(mem, base: int) -> _Image | None:
 
 
 def _function_symbols(elf) -> list[tuple[int, int, str]]:
-    from elftools.elf.sections import SymbolTableSection
+    from elftools.elf.sections import SymbolTableSection  # deferred, start-up time: pyelftools
 
     out = []
     for sec in elf.iter_sections():
@@ -400,9 +400,8 @@ def _function_symbols(elf) -> list[tuple[int, int, str]]:
 
 def _load_cfi(img: _Image) -> None:
     """Find .eh_frame(_hdr) and .debug_frame once."""
-    import numpy as np
-    from elftools.dwarf.callframe import CallFrameInfo
-    from elftools.dwarf.structs import DWARFStructs
+    from elftools.dwarf.callframe import CallFrameInfo  # deferred, start-up time: pyelftools
+    from elftools.dwarf.structs import DWARFStructs  # deferred, start-up time: pyelftools
 
     img.loaded = True
     elf = img._elf  # type: ignore[attr-defined]
@@ -433,7 +432,6 @@ def _eh_frame_hdr(data: bytes, vaddr: int):
     """(initial locations, FDE addresses) of .eh_frame_hdr's binary search
     table, as file vaddrs; None unless it is version 1 with the datarel
     sdata4 table every linker writes."""
-    import numpy as np
 
     if len(data) < 12 or data[0] != 1 or data[3] != 0x3B or data[2] != 0x03:
         return None
@@ -445,7 +443,7 @@ def _eh_frame_hdr(data: bytes, vaddr: int):
 
 
 def _is_fde(entry) -> bool:
-    from elftools.dwarf.callframe import FDE
+    from elftools.dwarf.callframe import FDE  # deferred, start-up time: pyelftools
 
     return isinstance(entry, FDE)
 
@@ -480,7 +478,6 @@ def _decoded_row(img: _Image, key: int, fde, rel: int):
 def _find_row(img: _Image, rel: int):
     """The row for a module-relative address: .eh_frame first, then
     .debug_frame (where gdb looks too)."""
-    import numpy as np
 
     if not img.loaded:
         _load_cfi(img)
@@ -573,8 +570,8 @@ def _signed(v: int) -> int:
 def _eval(expr: Sequence[int], r: dict, word, stack: list[int]) -> int | None:
     """A DWARF expression of a CFI rule (the ones compilers emit for PLT
     entries and realigned stacks), or None for one it cannot evaluate."""
-    from elftools.dwarf.dwarf_expr import DWARFExprParser
-    from elftools.dwarf.structs import DWARFStructs
+    from elftools.dwarf.dwarf_expr import DWARFExprParser  # deferred, start-up time: pyelftools
+    from elftools.dwarf.structs import DWARFStructs  # deferred, start-up time: pyelftools
 
     try:
         ops = DWARFExprParser(DWARFStructs(little_endian=True, dwarf_format=32,

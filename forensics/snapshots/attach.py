@@ -36,6 +36,7 @@ from forensics.answers.documents import AttachDoc
 from forensics.errors import InputError
 from forensics.reader.live import read_maps
 from forensics.snapshots import ptrace
+from forensics.snapshots.take import libtag_loaded
 
 RTLD_NOW = 2
 PTHREAD_CANCEL_DISABLE = 1
@@ -61,8 +62,8 @@ _EOPNOTSUPP = 95
 
 def _symbol(path: str, name: str) -> int | None:
     """st_value of dynamic symbol *name* of the ELF file at *path*."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
 
     try:
         with open(path, "rb") as f:
@@ -140,7 +141,6 @@ def _read_cstring(pid: int, addr: int, limit: int = 512) -> str:
 def attach(pid: int, lib: str, note=lambda msg: None) -> AttachDoc:
     """Load *lib* (libtag.so) into *pid* and rebind its malloc family.
     Returns the `forensics attach --json` document."""
-    from forensics.snapshots.take import libtag_loaded
 
     st = ptrace.preflight(pid)
     if libtag_loaded(pid):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from forensics.errors import ForensicsError, InputError
+from forensics.files import ensure_private_dir, write_private
 from forensics.reader import abi
 from forensics.reader.live import LiveMemory
 from forensics.snapshots.snapdir import comm_for_dir, make_dir, process_exited
@@ -200,7 +201,6 @@ def take_handoff(pid: int, ctl: Control, root: Path, *, timeout: float,
     The directory is made in *root* (ours), named as libtag names its own
     (<comm>-<pid>-<seq>-on-demand), with the core (0600) and an info file.
     """
-    from forensics.files import ensure_private_dir, write_private
 
     root = ensure_private_dir(root)
     deadline = time.monotonic() + timeout

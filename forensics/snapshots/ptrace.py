@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 
 from forensics.errors import InputError
+from forensics.reader.live import read_maps
 from forensics.snapshots.seccomp import seccomp_allows
 
 # <sys/ptrace.h>, <linux/ptrace.h>
@@ -483,7 +484,6 @@ def syscall_address(pid: int) -> int:
     """The address of a ``syscall`` instruction (0f 05) in an executable
     mapping of *pid*: the vDSO first, else its other code.  Any two such
     bytes do: the CPU decodes from where it is pointed."""
-    from forensics.reader.live import read_maps
 
     maps = read_maps(pid)
     # code the process cannot change under us: not writable (a JIT's is)

@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from forensics.answers.documents import CatalogEntryDoc
+from forensics.core.core import Core
 from forensics.errors import ForensicsError, InputError
 from forensics.reader.abi import snapshot_dir_reasons
+from forensics.reader.complete import complete_core
+from forensics.snapshots import catalog as _catalog
 
 REASONS = snapshot_dir_reasons()  # what libtag names a directory after
 
@@ -288,8 +291,6 @@ def wait_complete(path: str | os.PathLike[str] | SnapshotDir, timeout: float,
                     f"a pipe? LIBTAG_CORE=self makes libtag write it)")
             size = core.stat().st_size
             if size == last_size:
-                from forensics.reader.complete import complete_core
-
                 complete_core(core)
                 return snap
             last_size = size
@@ -314,8 +315,6 @@ def _snapshot_dir(path: Path) -> SnapshotDir:
 def core_exe(core: Path) -> str | None:
     """The executable a core was taken of, from its notes; None if unreadable."""
     try:
-        from forensics.core.core import Core
-
         with Core(core) as c:
             return c.exe
     except Exception:  # a partial or foreign core: the catalog just lacks the exe
@@ -325,9 +324,6 @@ def core_exe(core: Path) -> str | None:
 def record(snap: SnapshotDir, core: Path, *, exe: str | None = None,
            catalog=None) -> CatalogEntryDoc:
     """Put a complete snapshot in the catalog; returns its catalog entry."""
-    from forensics.snapshots import catalog as _catalog
-
-    from forensics.reader.complete import complete_core
 
     complete_core(core)  # before its size is recorded; a no-op when done
     cat = catalog if catalog is not None else _catalog.Catalog()
@@ -367,7 +363,6 @@ def scan_and_record(root: str | os.PathLike[str], *, wait: float = 0.0,
     directory looked at: row is None when it was not recorded, error says why
     when it failed (its error file, or a timeout).
     """
-    from forensics.snapshots import catalog as _catalog
 
     cat = catalog if catalog is not None else _catalog.Catalog()
     names = set(only) if only is not None else None

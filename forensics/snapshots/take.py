@@ -18,16 +18,20 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat as _stat
 import time
 from pathlib import Path
+
+import psutil
 
 from forensics.answers.documents import SnapshotDoc
 from forensics.core.notes import signal_name
 from forensics.errors import InputError
-from forensics.files import default_snapshot_dir
-from forensics.reader.abi import TAG_REAP_REQUEST
+from forensics.files import default_snapshot_dir, disk_bytes, ensure_private_dir, write_private
+from forensics.reader.abi import TAG_REAP_REQUEST, TAG_SNAPSHOT_REQUEST, AbiVersionError
 from forensics.reader.live import read_maps
-from forensics.snapshots import catalog, snapdir
+from forensics.snapshots import catalog, corefile, handoff, ptrace, snapdir
+from forensics.snapshots.handoff import sigqueue, take_handoff
 
 # LIBTAG_SIGNAL names libtag accepts besides numbers, RTMIN+N and none
 # (libtag/src/base/options.c signal_number; tests/unit/test_abi_mirror.py compares).
@@ -46,8 +50,6 @@ class PermissionDenied(InputError):
 def _no_permission(pid: int, uid: int | None = None) -> PermissionDenied:
     me = os.geteuid()
     if me == 0:  # root refused: a capability is missing (ptrace's reasons)
-        from forensics.snapshots import ptrace  # as take_by_ptrace: ctypes only when needed
-
         return PermissionDenied(ptrace.why_not_traceable(pid, PermissionError(1, "EPERM")))
     who = f"it runs as uid {uid} and you are uid {me}" if uid is not None else \
         f"access to its /proc entries was refused to uid {me}"
@@ -58,7 +60,6 @@ def _no_permission(pid: int, uid: int | None = None) -> PermissionDenied:
 
 def open_process(pid: int):
     """psutil.Process of *pid*, refused if it is not ours (unless we are root)."""
-    import psutil
 
     try:
         proc = psutil.Process(pid)
@@ -113,9 +114,9 @@ def _exe_exports_libtag(pid: int) -> bool:
 
 
 def _exe_file_exports_libtag(pid: int) -> bool:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    from elftools.common.exceptions import ELFError  # deferred, start-up time: pyelftools
+    from elftools.elf.elffile import ELFFile  # deferred, start-up time: pyelftools
+    from elftools.elf.sections import SymbolTableSection  # deferred, start-up time: pyelftools
 
     try:
         with open(f"/proc/{pid}/exe", "rb") as f:
@@ -223,7 +224,6 @@ def unwritable_reason(pid: int, root: Path) -> str | None:
     the file system it sees (looked at through /proc/PID/root, so a process
     in another mount namespace is judged by what it sees).
     """
-    import stat as _stat
 
     try:
         uid, gids = _creds(pid)
@@ -289,7 +289,6 @@ def _child_exited_in_ns(parent: int):
     child's pid in the info file is the namespace's; find that child among
     the parent's children (libtag's fork child stays one until reaped)."""
     def exited(ns_child: int) -> bool:
-        import psutil
 
         try:
             kids = psutil.Process(parent).children()
@@ -318,7 +317,6 @@ def ask_to_reap(pid: int, sig: int | None = None) -> None:
     process is not left with a zombie until it next allocates.  Best effort:
     the snapshot is already complete and recorded either way; never sent
     when the program took that signal."""
-    from forensics.snapshots.handoff import sigqueue
 
     try:
         sigqueue(pid, sig if sig is not None else int(signal.SIGRTMAX) - 1, TAG_REAP_REQUEST)
@@ -368,10 +366,7 @@ def _plan(pid: int, proc, *, fallback_dir: str | None, signal_override: int | No
           note) -> Plan:
     """Decide how to ask *pid*: from its control block when its memory can
     be read, else from its environment."""
-    import psutil
 
-    from forensics.reader.abi import TAG_SNAPSHOT_REQUEST, AbiVersionError
-    from forensics.snapshots import handoff
 
     def by_kill(sig: int):
         return lambda: os.kill(pid, sig)
@@ -470,7 +465,6 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
 
     Returns the document of `forensics snapshot --json`.
     """
-    import psutil
 
     proc = open_process(pid)
     if use_ptrace or not libtag_loaded(pid):
@@ -484,8 +478,6 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     tick = (lambda: status.update(f"waiting for the core of pid {pid}")) if status else None
 
     if plan.handoff_ctl is not None:
-        from forensics.snapshots.handoff import take_handoff
-
         path, _info = take_handoff(pid, plan.handoff_ctl, plan.root, timeout=timeout, tick=tick)
         snap = snapdir.SnapshotDir(path, *snapdir.parse_name(path.name))
         seen_root = root = plan.root
@@ -496,8 +488,6 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
             note(f"pid {pid} runs in another mount namespace: its snapshot dir {root} "
                  f"is read through {seen_root}, valid while it runs")
         snap = _take_in_place(pid, proc, plan, seen_root, timeout=timeout, tick=tick)
-
-    from forensics.files import disk_bytes
 
     core = snapdir.find_core(snap.path)
     assert core is not None  # wait_complete raised otherwise
@@ -594,10 +584,6 @@ def take_by_ptrace(pid: int, proc, *, dest: str | None, note=lambda msg: None,
     threads, make it fork a copy, let it run on, write the copy's core into
     a new snapshot directory of ours (*dest*, else our snapshot directory),
     record it.  Returns the `forensics snapshot --json` document."""
-    import psutil
-
-    from forensics.files import disk_bytes, ensure_private_dir, write_private
-    from forensics.snapshots import corefile, ptrace
 
     st = ptrace.preflight(pid)
     try:
@@ -688,7 +674,6 @@ def _fork_by_ptrace(pid: int, at: int, *, seccomp: bool):
     interrupting signals wait until then (ptrace.deferred_signals): the
     process must never be left with an injected call's registers, nor the
     copy free to run the program's code."""
-    from forensics.snapshots import ptrace
 
     with ptrace.deferred_signals():
         try:

@@ -24,7 +24,8 @@ import forensics_test_support as S
 import numpy as np
 import pytest
 
-from forensics.answers.shapes import block_json
+from forensics.answers.documents import to_json
+from forensics.answers.shapes import block_doc
 from forensics.core import Core
 from forensics.errors import InputError
 from forensics.reader import abi
@@ -158,7 +159,7 @@ def check_blocks(heap: Heap, report: Report, exe: Path, base: int, free_records:
         assert b.tag_addr == p.addr - 16
         inner = heap.block_at(p.addr + p.size // 2)
         assert inner is not None and inner.start == p.addr
-        assert block_json(inner, lambda s: [], offset=p.size // 2)["offset"] == p.size // 2
+        assert block_doc(inner, lambda s: [], offset=p.size // 2).offset == p.size // 2
         assert stack_names(heap, exe, base, b.alloc_stack) == ["alloc_node", "make_record", p.who]
         if p.state == "freed" and free_records:
             assert b.free_thread == p.tid
@@ -184,7 +185,7 @@ def test_dangling_pointer_is_a_freed_block_of_main(case: Case):
 def test_block_json_has_spec_shape(case: Case):
     p = next(x for x in case.report.blocks if x.state == "freed" and x.who == "worker")
     b = case.heap.block_at(p.addr + 5)
-    j = block_json(b, lambda sid: [], offset=5)
+    j = to_json(block_doc(b, lambda sid: [], offset=5))
     assert j == {"start": f"{p.addr:#x}", "size": p.size, "offset": 5, "state": "freed", "thread": p.tid,
                  "alloc_stack": [], "free_stack": [], "free_thread": p.tid, "alloc_kind": "malloc",
                  # given a frames function, not the Dump, the times are unknown

@@ -119,6 +119,9 @@ TREND = "`forensics trend"
 DIFF = "`forensics diff"
 RUN_LEAKS = "`forensics run --leaks"
 INSPECT = "`forensics inspect"
+WHOOWNS = "`forensics whoowns"
+WITHOUT = "Without libtag"
+MALLOC = "The crash's `malloc`"
 
 # Each document type, and where docs/json.md lists its fields.
 DOCUMENTED = {
@@ -145,6 +148,47 @@ DOCUMENTED = {
     D.CatalogEntryDoc: lambda: table_fields("`forensics list --json`"),
     D.SuppressedPattern: lambda: cell_fields(RUN_LEAKS, "A process:", "suppressed", start="`patterns`: [{",
                                              end="}]"),
+    # the shared block, and glibc's chunk and map (json.md, "Without libtag")
+    D.BlockDoc: lambda: table_fields("block"),
+    D.ChunkDoc: lambda: table_fields(WITHOUT, "A chunk ("),
+    D.GlibcMap: lambda: table_fields(WITHOUT, "`glibc`:"),
+    D.ArenaDoc: lambda: cell_fields(WITHOUT, "`glibc`:", "arenas", start="list order:"),
+    D.HeapSpan: lambda: cell_fields(WITHOUT, "`glibc`:", "arenas", start="`heaps` ([{", end="}]"),
+    D.ChunkCount: lambda: cell_fields(WITHOUT, "`glibc`:", "chunks", start="{state: {", end="}}"),
+    D.TcacheDoc: lambda: cell_fields(WITHOUT, "`glibc`:", "tcaches", start=":"),
+    D.TopSizes: lambda: cell_fields(WITHOUT, "`glibc`:", "top_sizes", end=":"),
+    D.SizeRow: lambda: cell_fields(WITHOUT, "`glibc`:", "top_sizes", start="[{", end="}]"),
+    D.FindingDoc: lambda: cell_fields(WITHOUT, "`glibc`:", "corruption", start="found:"),
+    D.MallocDoc: lambda: paragraph_fields(MALLOC, start="found):", end="The crash's `address_owner`"),
+    # inspect
+    D.InspectDoc: lambda: table_fields(INSPECT),
+    D.ProcessRef: lambda: cell_fields(INSPECT, None, "process"),
+    D.HeapTotals: lambda: cell_fields(INSPECT, None, "heap"),
+    D.TopStack: lambda: cell_fields(INSPECT, None, "top_stacks", start=":"),
+    D.RuntimeSummary: lambda: cell_fields(INSPECT, None, "runtime", start=":"),
+    D.StackBlocksDoc: lambda: cell_fields(INSPECT, None, "stack_blocks", start=": the live"),
+    D.StackBlock: lambda: cell_fields(INSPECT, None, "stack_blocks", start="by address:", end=": ms"),
+    D.ThreadDoc: lambda: cell_fields(INSPECT, None, "threads", start="no libtag record:"),
+    D.Counters: lambda: cell_fields(INSPECT, None, "counters"),
+    D.TypeCount: lambda: cell_fields(INSPECT, None, "types", start="demangled):"),
+    D.AnomalyDoc: lambda: table_fields(INSPECT, "An anomaly:"),
+    # the crash's malloc is in "Without libtag" (only a glibc heap has it)
+    D.CrashDoc: lambda: table_fields(INSPECT, "The crash:") | paragraph_fields(MALLOC, end=" (null"),
+    D.SenderDoc: lambda: cell_fields(INSPECT, "The crash:", "sender", start="):"),
+    D.CauseDoc: lambda: cell_fields(INSPECT, "The crash:", "cause", start="crash):"),
+    D.AddressOwnerDoc: lambda: (cell_fields(INSPECT, "The crash:", "address_owner", start="is:")
+                                | paragraph_fields(MALLOC, start="The crash's `address_owner` has")),
+    D.SignatureDoc: lambda: table_fields("signature"),
+    # whoowns
+    D.WhoownsDoc: lambda: table_fields(WHOOWNS),
+    D.RegionDoc: lambda: cell_fields(WHOOWNS, None, "region"),
+    D.ReferrerDoc: lambda: cell_fields(WHOOWNS, None, "referrers", start="):"),
+    D.RetainerDoc: lambda: cell_fields(WHOOWNS, None, "retainers", start="Each:", end="): `address`"),
+    D.PathLink: lambda: cell_fields(WHOOWNS, None, "retainers", start="straight into it):", end=". The chains"),
+    D.RootDoc: lambda: paragraph_fields("A retention path's `root`:", start=":", end="For example"),
+    D.DataSymbolDoc: lambda: cell_fields(WHOOWNS, None, "symbol", start="`global`:"),
+    D.UseAfterFreeDoc: lambda: cell_fields(WHOOWNS, None, "use_after_free", start=":"),
+    D.NearDoc: lambda: cell_fields(WHOOWNS, None, "near", start=":"),
 }
 
 

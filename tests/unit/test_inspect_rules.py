@@ -13,6 +13,7 @@ import forensics_test_fakes as F
 import pytest
 
 from forensics.answers import inspect
+from forensics.answers.documents import to_json
 from forensics.errors import InputError
 from forensics.reader import abi
 
@@ -26,7 +27,7 @@ def symbols() -> F.FakeSymbolizer:
 
 
 def doc_of(proc: F.FakeProcess, **kw) -> dict:
-    return inspect.inspect_doc(F.dump(proc, symbols()), **kw)
+    return to_json(inspect.inspect_doc(F.dump(proc, symbols()), **kw))
 
 
 def names(frames: list[dict]) -> list[str | None]:
@@ -267,7 +268,7 @@ def test_the_blocks_of_a_stack_by_rank_with_their_ages():
     a = proc.block(0x40, size=100, stack=big, time=400, tid=9)
     b = proc.block(0x100, size=50, stack=big, time=900)
     proc.block(0x180, size=8, stack=small)
-    sb = inspect.stack_blocks(F.dump(proc, symbols()), 1)
+    sb = to_json(inspect.stack_blocks(F.dump(proc, symbols()), 1))
     assert (sb["rank"], names(sb["stack"]), sb["count"], sb["bytes"]) == (1, ["main"], 2, 150)
     assert sb["blocks"] == [{"start": hex(a), "size": 100, "thread": 9, "age_ms": 600},
                             {"start": hex(b), "size": 50, "thread": F.MAIN_TID, "age_ms": 100}]

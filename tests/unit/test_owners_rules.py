@@ -15,6 +15,7 @@ import forensics_test_fakes as F
 import pytest
 
 from forensics.answers import owners
+from forensics.answers.documents import to_json
 from forensics.errors import NotFoundError
 from forensics.reader import abi
 
@@ -28,7 +29,7 @@ def symbols() -> F.FakeSymbolizer:
 
 def doc_of(proc: F.FakeProcess, addr: int) -> dict:
     dump = F.dump(proc, symbols())
-    return owners.to_json(dump, owners.whoowns(dump, addr))
+    return to_json(owners.whoowns_doc(dump, owners.whoowns(dump, addr)))
 
 
 # ------------------------------------------------------------- the owner --

@@ -15,6 +15,7 @@ import forensics_test_fakes as F
 import pytest
 
 from forensics.answers import inspect
+from forensics.answers.documents import to_json
 from forensics.answers.runtime import Runtime, glob_regex, split_stacks
 
 LIBC, LD = "/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"
@@ -107,12 +108,12 @@ def test_inspect_folds_the_runtimes_blocks_unless_asked():
     proc.block(0x40, size=24, stack=mine)
     proc.block(0x80, size=24, stack=mine)
     proc.block(0x100, size=4096, stack=stack(proc, "malloc", "_IO_file_doallocate", "printf", "main"))
-    doc = inspect.inspect_doc(F.dump(proc, symbols()))
+    doc = to_json(inspect.inspect_doc(F.dump(proc, symbols())))
     assert [(t["bytes"], t["runtime"]) for t in doc["top_stacks"]] == [(48, False)]
     assert doc["runtime"] == {"blocks": 1, "bytes": 4096, "stacks": 1, "shown": False}
     # libtag's frames are marked in the JSON, not dropped
     assert [(f["function"], f["libtag"]) for f in doc["top_stacks"][0]["stack"]] == [("malloc", True), ("main", False)]
-    doc = inspect.inspect_doc(F.dump(proc, symbols()), runtime=True)
+    doc = to_json(inspect.inspect_doc(F.dump(proc, symbols()), runtime=True))
     assert [(t["bytes"], t["runtime"]) for t in doc["top_stacks"]] == [(4096, True), (48, False)]
     assert doc["runtime"]["shown"] is True
 
@@ -127,4 +128,4 @@ def test_a_blocks_rank_past_the_programs_stacks_says_the_runtime_has_more():
         inspect.stack_blocks(F.dump(proc, symbols()), 2)
     assert err.value.message == ("inspect: --blocks 2: the core has 1 allocation stacks with live blocks "
                                  "(#1 to #1) (and 1 of the runtime's, which --runtime lists)")
-    assert inspect.stack_blocks(F.dump(proc, symbols()), 2, runtime=True)["bytes"] == 24
+    assert inspect.stack_blocks(F.dump(proc, symbols()), 2, runtime=True).bytes == 24

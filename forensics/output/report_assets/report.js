@@ -538,6 +538,30 @@
     });
   }
 
+  // ------------------------------------------------------ C++ classes --
+
+  /* The newest core's live blocks by C++ class (told by the vtable pointer
+   * in a block's first word, or a std::string's characters), most bytes
+   * first: with libtag and without.  No section when no class was told. */
+  (function drawTypes() {
+    var rows = data.types || [];
+    if (!rows.length) return;
+    var sec = section('Heap by C++ class', 'fx-types-section',
+      'The live blocks of the newest core whose class can be told (by the vtable pointer in the block\'s ' +
+      'first word; "std::string buffer": a std::string\'s characters), most bytes first. Blocks whose class ' +
+      'cannot be told are not counted.');
+    var tb = el('tbody');
+    rows.forEach(function (r) {
+      tb.appendChild(el('tr', {'data-type': r.type, 'data-blocks': r.blocks, 'data-bytes': r.bytes}, [
+        el('td', null, r.type), el('td', {class: 'num'}, fmtInt(r.blocks)),
+        el('td', {class: 'num'}, fmtBytes(r.bytes))]));
+    });
+    sec.appendChild(el('table', {id: 'fx-types', 'data-rows': rows.length}, [
+      el('thead', null, el('tr', null, [el('th', null, 'class'), el('th', {class: 'num'}, 'blocks'),
+                                         el('th', {class: 'num'}, 'bytes')])),
+      tb]));
+  })();
+
   // ------------------------------------------------- anomalies, crashes --
 
   var evSec = section('Anomalies and crashes', 'fx-events-section');

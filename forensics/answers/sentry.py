@@ -29,14 +29,13 @@ gives the same event.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import signal as _signal
 import uuid
 from typing import Any
 
-from forensics.answers.documents import FrameDoc, InspectDoc, to_json
-from forensics.answers.signature import folded
+from forensics.answers.documents import CrashDoc, FrameDoc, InspectDoc, to_json
+from forensics.answers.signature import event_time, folded, subject
 
 _NAMESPACE = uuid.UUID("6f7e1d62-4a8b-4f58-9c39-7b1f9a6b1e0d")
 
@@ -68,31 +67,22 @@ def _stacktrace(frames: list[FrameDoc]) -> dict[str, Any]:
     return {"frames": [_frame(f) for f in reversed(frames)]}
 
 
-def _time(doc: InspectDoc, fallback: float) -> float:
-    for a in doc.anomalies:
-        if a.time:
-            return _dt.datetime.fromisoformat(a.time.replace("Z", "+00:00")).timestamp()
-    if doc.crash is not None and doc.crash.time:
-        return _dt.datetime.fromisoformat(doc.crash.time.replace("Z", "+00:00")).timestamp()
-    return fallback
-
-
 def sentry_event(dump, doc: InspectDoc) -> dict[str, Any]:
     """The Sentry event of the core *dump* whose inspect document is *doc*:
     plain JSON data (Sentry's format; the signature and the block in its
     ``extra`` through to_json, as inspect --json prints them)."""
     sig = doc.signature
-    recorded = [a for a in doc.anomalies if a.detected_by == "libtag"]
-    crash = doc.crash
+    about = subject(doc.anomalies, doc.crash)
+    crash = about if isinstance(about, CrashDoc) else None
     core = doc.core
     try:
         fallback = os.stat(core).st_mtime
     except OSError:
         fallback = 0.0
-    when = _time(doc, fallback)
+    when = event_time(doc.anomalies, doc.crash, fallback)
     block = None
-    if recorded or (crash is None and doc.anomalies):
-        a = (recorded or doc.anomalies)[0]
+    if about is not None and crash is None:  # an anomaly
+        a = about
         value = {"type": a.kind, "value": f"{a.kind} at {a.address}",
                  "mechanism": {"type": "forensics", "handled": False,
                                "description": f"detected by {a.detected_by or 'libtag'}"},

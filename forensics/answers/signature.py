@@ -28,6 +28,7 @@ make_node | main``) and its id is the first 16 hex digits of its SHA-256.
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import os
 import re
@@ -110,33 +111,57 @@ def meaningful(frames: Sequence[FrameDoc] | None, limit: int) -> list[str]:
     return out
 
 
+def subject(anomalies: Sequence[AnomalyDoc], crash: CrashDoc | None) -> AnomalyDoc | CrashDoc | None:
+    """What a core's signature, triage's answer and a Sentry event's
+    exception are about: the anomaly libtag recorded, else the crash, else
+    an anomaly the reader found (a write into a freed block); None for a
+    core with neither."""
+    recorded = [a for a in anomalies if a.detected_by == "libtag"]
+    if recorded:
+        return recorded[0]
+    if crash is not None:
+        return crash
+    return anomalies[0] if anomalies else None
+
+
+def event_time(anomalies: Sequence[AnomalyDoc], crash: CrashDoc | None, fallback: float) -> float:
+    """When the subject happened (seconds since the epoch), as libtag
+    recorded it; fallback when it did not (a kernel's crash core)."""
+    s = subject(anomalies, crash)
+    when = s.time if s is not None else None
+    if when:
+        try:
+            return _dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    return fallback
+
+
 def signature(anomalies: Sequence[AnomalyDoc], crash: CrashDoc | None) -> SignatureDoc | None:
     """The signature of an inspect document (docs/json.md, "signature"), from
     its anomalies and its crash; None when the core has no anomaly and no
     crash."""
-    recorded = [a for a in anomalies if a.detected_by == "libtag"]
+    s = subject(anomalies, crash)
     alloc: list[str] = []
-    if recorded:
-        a = recorded[0]
-        kind, stack = a.kind, a.stack
-        if kind in HEAP_ANOMALIES and a.block is not None:
-            alloc = meaningful(a.block.alloc_stack, ALLOC_FRAMES)
-    elif crash is not None:
-        kind, stack = crash.signal, crash.stack
-    elif anomalies:
+    if s is None:
+        return None
+    if isinstance(s, CrashDoc):
+        kind, stack = s.signal, s.stack
+    elif s.detected_by == "libtag":
+        kind, stack = s.kind, s.stack
+        if kind in HEAP_ANOMALIES and s.block is not None:
+            alloc = meaningful(s.block.alloc_stack, ALLOC_FRAMES)
+    else:
         # found by the reader in a freed block: no detecting stack; the
         # block's free and allocation sites say where
-        a = anomalies[0]
-        kind = a.kind
-        stack = a.block.free_stack if a.block is not None else None
-        alloc = meaningful(a.block.alloc_stack if a.block is not None else None, ALLOC_FRAMES)
-    else:
-        return None
+        kind = s.kind
+        stack = s.block.free_stack if s.block is not None else None
+        alloc = meaningful(s.block.alloc_stack if s.block is not None else None, ALLOC_FRAMES)
     frames = meaningful(stack, FRAMES)
     text = " | ".join([kind, *frames] + ([f"alloc: {alloc[0]}", *alloc[1:]] if alloc else []))
     return SignatureDoc(version=SIGNATURE_VERSION, kind=kind, frames=frames, alloc_frames=alloc, text=text,
                         id=hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
-__all__ = ["ALLOC_FRAMES", "FRAMES", "SIGNATURE_VERSION", "folded", "frame_name", "meaningful",
-           "signature"]
+__all__ = ["ALLOC_FRAMES", "FRAMES", "SIGNATURE_VERSION", "event_time", "folded", "frame_name",
+           "meaningful", "signature", "subject"]

@@ -19,7 +19,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from forensics.answers.documents import InspectDoc, SignatureDoc
+from forensics.answers.documents import CrashDoc, InspectDoc, SignatureDoc
+from forensics.answers.signature import event_time, subject
 from forensics.errors import ForensicsError
 
 TRIAGE_VERSION = 1
@@ -85,19 +86,6 @@ class _Group:
     cores: list[_Core] = field(default_factory=list)
 
 
-def _time_of(doc: InspectDoc, path: str) -> float:
-    """When the core's event happened: the anomaly's or the crash's time as
-    libtag recorded it, else the core file's modification time (the
-    kernel writes a crash core as the process dies)."""
-    for when in [a.time for a in doc.anomalies] + [doc.crash.time if doc.crash is not None else None]:
-        if when:
-            try:
-                return _dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                pass
-    return os.stat(path).st_mtime
-
-
 def _host_of(path: str) -> str | None:
     """The host a core came from, where the file says it: the extended
     attribute systemd-coredump sets on the cores it stores; else None."""
@@ -119,10 +107,9 @@ def _answer(doc: InspectDoc) -> dict[str, Any]:
     address, summary, what holds the address).  Its stack, block and
     address_owner are the inspect document's own (typed: to_json prints
     them, output.text reads their attributes)."""
-    recorded = [a for a in doc.anomalies if a.detected_by == "libtag"]
-    crash = doc.crash
-    if recorded or (crash is None and doc.anomalies):
-        a = (recorded or doc.anomalies)[0]
+    crash = subject(doc.anomalies, doc.crash)
+    if not isinstance(crash, CrashDoc):  # an anomaly
+        a = crash
         return {"kind": a.kind, "address": a.address, "summary": None,
                 "stack": a.stack, "block": a.block, "address_owner": None}
     owner = crash.address_owner
@@ -153,8 +140,10 @@ def triage(paths: Iterable[str], inspect: Callable[[str], InspectDoc],
             unsigned.append(path)
             continue
         g = groups.setdefault(sig.id, _Group(sig))
-        g.cores.append(_Core(path, _time_of(doc, path), int(doc.process.pid or 0), doc.process.exe,
-                             _host_of(path), doc))
+        # when: as libtag recorded it, else the file's time (the kernel
+        # writes a crash core as the process dies)
+        when = event_time(doc.anomalies, doc.crash, os.stat(path).st_mtime)
+        g.cores.append(_Core(path, when, int(doc.process.pid or 0), doc.process.exe, _host_of(path), doc))
     if progress is not None:
         progress(len(cores), len(cores), "")
     out = []

@@ -51,7 +51,7 @@ def test_omit_leaves_the_secret_out_and_the_answers_in(core_path, build_victim, 
         block = dump.heap.block_at(address)
         assert (block.start, block.size, block.state) == (address, 4096 * 3, "live")
         assert [f.function for f in dump.stack(block.alloc_stack)][:2] == ["store_secret", "main"]
-        assert inspect_doc(dump)["payload"] == "omitted"
+        assert inspect_doc(dump).payload == "omitted"
 
 
 @pytest.mark.parametrize("core_path", S.CORE_PATHS)

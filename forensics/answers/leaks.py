@@ -756,21 +756,32 @@ def _tls_ranges(dump: Dump, ctx: Thread, fs: int) -> list[tuple[int, int]]:
         return []
     lo = region.start
     out = []
-    dtv = _u64(dump.mem, fs + 8)  # tcbhead_t: tcb, dtv, self
-    if dtv:
-        length = _u64(dump.mem, dtv - 16)  # dtv[-1].counter: slots
-        if length is not None and 0 < length < 1 << 16:
-            try:
-                raw = dump.mem.read(dtv, 16 * (int(length) + 1))
-            except Exception:  # noqa: BLE001
-                raw = b""
-            vals = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
-            static = vals[(vals >= region.start) & (vals < fs)]
-            if len(static):
-                lo = int(static.min())
-            out.append((dtv - 16, dtv + 16 * (int(length) + 1)))
+    found = _dtv(dump, _u64(dump.mem, fs + 8))  # tcbhead_t: tcb, dtv, self
+    if found is not None:
+        blocks, span = found
+        static = blocks[(blocks >= region.start) & (blocks < fs)]
+        if len(static):
+            lo = int(static.min())
+        out.append(span)
     out.append((lo, min(region.end, fs + _TCB_BYTES)))
     return out
+
+
+def _dtv(dump: Dump, dtv: int | None) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """A thread's DTV at *dtv*: (the TLS block address of each module's
+    entry, the [start, end) of the array with its counter before it); None
+    when there is none or its length is not believable."""
+    if not dtv:
+        return None
+    length = _u64(dump.mem, dtv - 16)  # dtv[-1].counter: slots
+    if length is None or not 0 < length < 1 << 16:
+        return None
+    try:
+        raw = dump.mem.read(dtv, 16 * (int(length) + 1))
+    except Exception:  # noqa: BLE001 - unreadable: no entries
+        raw = b""
+    blocks = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
+    return blocks, (dtv - 16, dtv + 16 * (int(length) + 1))
 
 
 def _tls_ranges_above(dump: Dump, tp: int) -> list[tuple[int, int]]:
@@ -784,19 +795,13 @@ def _tls_ranges_above(dump: Dump, tp: int) -> list[tuple[int, int]]:
         return []
     hi = min(region.end, tp + 16)
     out = []
-    dtv = _u64(dump.mem, tp)  # tcbhead_t: dtv, private
-    if dtv:
-        length = _u64(dump.mem, dtv - 16)
-        if length is not None and 0 < length < 1 << 16:
-            try:
-                raw = dump.mem.read(dtv, 16 * (int(length) + 1))
-            except Exception:  # noqa: BLE001
-                raw = b""
-            vals = np.frombuffer(raw[: len(raw) // 16 * 16], "<u8")[0::2][1:]
-            static = vals[(vals >= tp) & (vals < region.end)]
-            if len(static):
-                hi = min(region.end, (int(static.max()) + 4096) & ~4095)
-            out.append((dtv - 16, dtv + 16 * (int(length) + 1)))
+    found = _dtv(dump, _u64(dump.mem, tp))  # tcbhead_t: dtv, private
+    if found is not None:
+        blocks, span = found
+        static = blocks[(blocks >= tp) & (blocks < region.end)]
+        if len(static):
+            hi = min(region.end, (int(static.max()) + 4096) & ~4095)
+        out.append(span)
     out.append((max(region.start, tp - _TCB_BYTES), hi))
     return out
 

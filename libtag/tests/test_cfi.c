@@ -21,16 +21,7 @@
 #include "stacks/cfi.h"
 #include "stacks/modules.h"
 
-static int checks;
-
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        checks++;                                                                \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "test_cfi: %s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "check.h"
 
 /* The functions: never called, only looked up.  Labels mark the rows. */
 __asm__(".text\n"

@@ -14,16 +14,7 @@
 
 #include "heap/heap.h"
 
-static int checks;
-
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        checks++;                                                                \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "test_heap: %s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "check.h"
 
 static struct tag_heap_cache cache[TAG_HEAP_CLASSES];
 

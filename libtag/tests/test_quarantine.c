@@ -25,16 +25,7 @@
 #include "alloc/quarantine.h"
 #include "alloc/tag.h"
 
-static int checks;
-
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        checks++;                                                                \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "test_quarantine: %s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "check.h"
 
 /* ------------------------------------------ what the quarantine asks above */
 static struct {

@@ -20,16 +20,7 @@
 #include "stacks/stack_table.h"
 #include "stacks/thread.h"
 
-static int checks;
-
-#define CHECK(c)                                                                 \
-    do {                                                                         \
-        __atomic_fetch_add(&checks, 1, __ATOMIC_RELAXED);                        \
-        if (!(c)) {                                                              \
-            fprintf(stderr, "test_stack_table: %s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "check.h"
 
 static const struct libtag_stack_node *node(uint32_t id)
 {

@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
     from forensics.snapshots.attach import attach  # deferred, start-up time: psutil, pyelftools, sqlite3
     from forensics.snapshots.take import open_process  # deferred, start-up time: psutil, pyelftools, sqlite3
 
@@ -47,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     doc = attach(args.pid, str(lib_path()), note=lambda msg: err.print(
         f"forensics: note: {msg}", markup=False, highlight=False, soft_wrap=True))
     if args.json:
-        text.print_json(doc)
+        print_json(doc)
         return 0
     out = text.out_console()
     out.print(f"libtag attached to pid {doc.pid}: {doc.rebound} calls to the malloc "

@@ -49,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
 
     from forensics.answers.diff import diff_doc  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
 
     with ExitStack() as stack:
         old = stack.enter_context(open_dump(args.old, args, plain=True))
@@ -59,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     for w in doc.warnings:
         text.warn(w)
     if args.json:
-        text.print_json(doc)
+        print_json(doc)
     else:
         text.show_diff(doc, top=args.top)
     return 0

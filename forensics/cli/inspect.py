@@ -63,15 +63,16 @@ def answer(dump, args: argparse.Namespace) -> int:
     # here, not at the top: the answers load numpy and rich, which --help never needs
     from forensics.answers.inspect import inspect_answer  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
 
     doc = inspect_answer(dump, top=args.top, runtime=args.runtime, runtime_functions=args.runtime_functions,
                          leaks=args.leaks, blocks=getattr(args, "blocks", None))
     if getattr(args, "sentry", False):
         from forensics.answers.sentry import sentry_event  # deferred: only --sentry needs it
 
-        text.print_json(sentry_event(dump, doc))
+        print_json(sentry_event(dump, doc))
     elif args.json:
-        text.print_json(doc)
+        print_json(doc)
     else:
         text.show_inspect(doc)
         if doc.leaks is not None:

@@ -121,6 +121,7 @@ def _coredump_doc(c):
 
 def main(args: argparse.Namespace) -> int:
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
     from forensics.snapshots import snapdir  # deferred, start-up time: psutil, pyelftools, sqlite3
     from forensics.snapshots.catalog import Catalog  # deferred, start-up time: psutil, pyelftools, sqlite3
 
@@ -142,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     docs.sort(key=lambda d: d.time or 0.0)  # oldest first, both kinds together
 
     if args.json:
-        text.print_json(docs)
+        print_json(docs)
         return 0
     out = text.out_console()
     if not docs:

@@ -116,6 +116,7 @@ def _targets(pid: int, children: bool, note) -> list[int]:
 
 def main(args: argparse.Namespace) -> int:
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
     from forensics.snapshots.take import take  # deferred, start-up time: psutil, pyelftools, sqlite3
 
     err = text.err_console()
@@ -142,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
                       soft_wrap=True)
 
     if args.json:
-        text.print_json(docs if args.children else docs[0])
+        print_json(docs if args.children else docs[0])
         return 2 if failed else 0
     out = text.out_console()
     for doc in docs:

@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from forensics.answers.trend import trend, trend_doc  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
 
     if len(args.cores) < 2:
         raise UsageError("trend needs at least two snapshots (CORE CORE ...)")
@@ -51,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         doc = trend_doc(trend(dumps), top=top, growing_only=args.growing)
         warn_symbols(dumps)
     if args.json:
-        text.print_json(doc)
+        print_json(doc)
     else:
         text.show_trend(doc)
     return 0

@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
     from forensics.answers.inspect import inspect_doc  # deferred, start-up time: numpy, via the answers
     from forensics.answers.triage import triage  # deferred, start-up time: numpy, via the answers
     from forensics.output import text  # deferred, start-up time: rich
+    from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
 
     def inspect(path: str) -> InspectDoc:
         with open_dump(path, args, plain=True) as dump:
@@ -68,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
                              f"first: {doc['skipped'][0]['error']})")
         raise InputError("triage: no core found in " + ", ".join(args.paths))
     if args.json:
-        text.print_json(doc)
+        print_json(doc)
     else:
         text.show_triage(doc)
     return 0

@@ -78,13 +78,14 @@ def answer(dump, args: argparse.Namespace, *, source: str | None = None) -> int:
     source: a first line saying which core this is, when the user did not
     name it."""
     from forensics.answers import owners  # deferred, start-up time: numpy, via the answers
-    from forensics.output import text  # deferred, start-up time: rich
 
     owner = owners.whoowns(dump, args.address)
     doc = owners.whoowns_doc(dump, owner)
     if args.json:
-        text.print_json(doc)
+        from forensics.output.jsonout import print_json  # deferred, start-up time: the documents
+        print_json(doc)
     else:
+        from forensics.output import text  # deferred, start-up time: rich
         if source:
             text.say(source)
         text.show_whoowns(doc)

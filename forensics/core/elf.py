@@ -12,9 +12,10 @@ Symbol tables are pyelftools' job.
 
 from __future__ import annotations
 
+import struct as _struct
 from typing import Any, BinaryIO, Callable
 
-from construct import Bytes, ConstructError, Int8ul, Int16ul, Int32ul, Int64ul, Struct
+from construct import Bytes, ConstructError, Container, Int8ul, Int16ul, Int32ul, Int64ul, Struct
 
 from forensics.arch import for_machine, supported
 from forensics.errors import ForensicsError
@@ -116,11 +117,19 @@ Elf64_Nhdr = Struct(
     "n_type" / Int32ul,  # NT_* (meaning depends on the name)
 )
 
+# Elf64_Phdr as one struct format: a core holds hundreds to thousands of
+# program headers, and construct's parse of each cost ~0.15 ms (0.1 s for a
+# core of 700 mappings); read_phdrs unpacks the table at once into the same
+# Containers.
+_PHDR_FORMAT = _struct.Struct("<IIQQQQQQ")
+_PHDR_FIELDS = tuple(sc.name for sc in Elf64_Phdr.subcons)
+
 EHDR_SIZE = Elf64_Ehdr.sizeof()
 PHDR_SIZE = Elf64_Phdr.sizeof()
 SHDR_SIZE = Elf64_Shdr.sizeof()
 NHDR_SIZE = Elf64_Nhdr.sizeof()
 assert (EHDR_SIZE, PHDR_SIZE, SHDR_SIZE, NHDR_SIZE) == (64, 56, 64, 12)
+assert _PHDR_FORMAT.size == PHDR_SIZE
 
 
 def parse_at(struct: Struct, buf: Any, offset: int, what: str) -> Any:
@@ -193,10 +202,8 @@ def read_phdrs(buf: Any, ehdr: Any, path: str, file_size: int) -> list[Any]:
             f"truncated core: {path} is {file_size} bytes but its {phnum} program headers "
             f"at offset {ehdr.e_phoff:#x} need {end:#x}"
         )
-    return [
-        parse_at(Elf64_Phdr, buf, ehdr.e_phoff + i * PHDR_SIZE, f"program header {i}")
-        for i in range(phnum)
-    ]
+    table = bytes(buf[ehdr.e_phoff:end])
+    return [Container(zip(_PHDR_FIELDS, values)) for values in _PHDR_FORMAT.iter_unpack(table)]
 
 
 def _extended_phnum(buf: Any, ehdr: Any, path: str, file_size: int) -> int:

@@ -331,14 +331,14 @@ block holds the address.  --json prints the block as forensics' JSON does."""
     def run(self, args: argparse.Namespace) -> None:
         from forensics.answers.owners import block_of  # deferred, start-up time: numpy, via the answers
         from forensics.answers.shapes import block_doc  # deferred, start-up time: numpy, via the answers
-        from forensics.output import text  # deferred, start-up time: rich
+        from forensics.output import jsonout, text  # deferred, start-up time: rich
 
         addr = _address(args.address)
         dump = current_dump(args)
         block = block_of(dump, addr)
         doc = block_doc(block, dump, offset=addr - block.start)
         if args.json:
-            text.print_json(doc)
+            jsonout.print_json(doc)
         else:
             text.show_block(doc)
 
@@ -370,11 +370,11 @@ The same answer as the leaks of forensics inspect --leaks CORE."""
 
     def run(self, args: argparse.Namespace) -> None:
         from forensics.answers.leaks import leaks_doc  # deferred, start-up time: numpy, via the answers
-        from forensics.output import text  # deferred, start-up time: rich
+        from forensics.output import jsonout, text  # deferred, start-up time: rich
 
         leaks = leaks_doc(current_dump())
         if args.json:
-            text.print_json({"leaks": leaks})
+            jsonout.print_json({"leaks": leaks})
         else:
             text.show_leaks(leaks)
 

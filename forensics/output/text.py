@@ -1,15 +1,13 @@
-"""Human and JSON output: the only module that imports rich.
+"""Human output: the only module that imports rich.
 
-Commands build their answers as plain data, then hand them here.  Human output
-goes to stdout through a rich Console; ``--json`` output is one JSON document
-on stdout and nothing else there; diagnostics go to stderr.
+Commands build their answers as typed documents, then hand them here.  Human
+output goes to stdout through a rich Console; diagnostics go to stderr.
+``--json`` output is forensics.output.jsonout's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from contextlib import contextmanager
 from typing import Any, Iterable, Sequence
 
@@ -20,7 +18,7 @@ from rich.table import Table
 from forensics.answers.documents import (AddressOwnerDoc, AnomalyDoc, BlockDoc, ChunkDoc, CrashDoc, DiffDoc,
                                          FrameDoc, GlibcMap, HeapTotals, InspectDoc, LeakCheckDoc, LeakGroupDoc,
                                          ReferrerDoc, RetainerDoc, RootDoc, SizeDiffDoc, StackBlocksDoc, TrendDoc,
-                                         WhoownsDoc, to_json)
+                                         WhoownsDoc)
 from forensics.answers.shapes import frame_label
 
 __all__ = [
@@ -28,7 +26,6 @@ __all__ = [
     "err_console",
     "hex_addr",
     "out_console",
-    "print_json",
     "progress",
     "table",
 ]
@@ -58,13 +55,6 @@ def err_console() -> Console:
 def hex_addr(value: int) -> str:
     """An address as the JSON and the tables print it: "0x7f..."."""
     return f"0x{value:x}"
-
-
-def print_json(document: Any) -> None:
-    """Print one JSON document on stdout; nothing else may go to stdout then."""
-    json.dump(to_json(document), sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:

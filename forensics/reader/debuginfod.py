@@ -19,9 +19,6 @@ frames stay module+0xOFFSET).  Nothing here raises for a server's failure.
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 
 from forensics.files import ensure_private_dir
 
@@ -80,6 +77,12 @@ class Client:
         return None
 
     def _fetch(self, server: str, hexid: str, folder: str, target: str) -> str | None:
+        # deferred, start-up time: urllib and http.client (with ssl, ~55 ms) only
+        # when a server is asked - every symboliser imports this module
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
         url = f"{server}/buildid/{hexid}/debuginfo"
         if urllib.parse.urlsplit(url).scheme not in ("http", "https", "file"):
             self._fail(server, "not an http, https or file URL")

@@ -87,6 +87,7 @@ from forensics.reader.abi import TAG_FRAME_CALL as FRAME_CALL  # pc is a return 
 from forensics.reader.abi import TAG_FRAME_ENTRY as FRAME_ENTRY  # pc is an instrumented entry: look up pc
 from forensics.reader.abi import TAG_FRAME_SIGNAL as FRAME_SIGNAL  # pc a signal interrupted: look up pc
 from forensics.reader.abi import LOST_FRAMES, TAG_FRAME_LOST  # the table was full: a marker
+from forensics.reader.debuginfod import Client, urls
 from forensics.reader.model import Frame
 
 # A symbolizer that hangs (a debuginfod server that does not answer...) must
@@ -666,8 +667,6 @@ class Symbolizer:
         if sysroot:
             self.debug_dirs.append(DEFAULT_DEBUG_DIR)
         self.warnings: list[str] = []
-        from forensics.reader.debuginfod import Client, urls  # deferred, start-up time: urllib (debuginfod only)
-
         # debuginfod servers (DEBUGINFOD_URLS): after every local place
         self._debuginfod = Client(self.warnings) if urls() else None
         self._memo: dict[tuple[str, int], _Sym] = {}

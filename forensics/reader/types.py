@@ -213,9 +213,14 @@ def first_words(mem, starts: np.ndarray) -> np.ndarray:
     regions = sorted(mem.regions(), key=lambda r: r.start)
     rstarts = np.array([r.start for r in regions], dtype=np.uint64)
     which = np.searchsorted(rstarts, starts, side="right") - 1
-    for i in np.unique(which[which >= 0]):
-        r = regions[int(i)]
-        sel = np.flatnonzero(which == i)
+    # the starts grouped by region: one sort, not a pass over every start a region
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(regions) + 1), side="left")
+    for i in range(len(regions)):
+        sel = order[bounds[i]:bounds[i + 1]]
+        if not len(sel):
+            continue
+        r = regions[i]
         arr = r.array
         words = arr[: len(arr) // 8 * 8].view("<u8") if r.start % 8 == 0 else None
         if words is None:

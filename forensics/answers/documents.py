@@ -809,3 +809,154 @@ class WhoownsDoc:
     thread: int | None = omitted()  # owner "stack"
     near: NearDoc | None = omitted()
     warnings: list[str]
+
+
+# -------------------------------------------------------------- report --
+# The report page's data (docs/json.md, "forensics report"): not printed on
+# stdout but carried in the page, which its own script draws; made JSON by
+# to_json like every other document.
+
+
+@_frozen
+class ReportPoint:
+    """One of the report's ``snapshots``: a core, a point of the curve."""
+    start_ns: int
+    core: str
+    pid: int
+    exe: str | None
+    reason: str
+    seq: int
+    time: float | None
+    time_source: str
+    live_bytes: int
+    live_blocks: int
+    freed_bytes: int
+    freed_blocks: int
+    index: int  # its place among the cores as given
+    process: int  # its process: an index into ReportDoc.processes (-1 until finish() knows them)
+
+
+@_frozen
+class ReportProcess:
+    """One of the report's ``processes``."""
+    pid: int
+    exe: str | None
+    cores: int
+
+
+@_frozen
+class ReportFrame:
+    """One of the report's ``frames``: a distinct frame, referred to by index."""
+    address: str | None
+    function: str | None
+    file: str | None
+    line: int | None
+    module: str | None
+    module_offset: str | None
+    label: str
+
+
+@_frozen
+class ReportTree:
+    """The report's ``tree``: the hierarchy as parallel arrays, node 0 the root."""
+    parent: list[int]
+    frame: list[int]
+    bytes: list[int]
+    blocks: list[int]
+    label: dict[str, str]  # {node: name} of the nodes that are no frame
+    sites: dict[str, list[int]]  # {node: frames} of the nodes that merged call sites
+
+
+@_frozen
+class ReportStackRow:
+    """One of the report's ``stacks``: a row of the page's table."""
+    frames: list[int]
+    site: int
+    bytes: int
+    blocks: int
+    node: int
+    runtime: bool | None = omitted()  # no key on a row of a stack with no live block
+    # libtag's per-stack counters: no keys where it kept none (stats false),
+    # null for a stack it has none for
+    peak_bytes: int | None = omitted(unless="stats")
+    temporaries: int | None = omitted(unless="stats")
+    allocs: int | None = omitted(unless="stats")
+    block_list: list[StackBlock]
+    stats: bool = hidden(False)
+
+
+@_frozen
+class ReportEventStack:
+    """One of a report event's ``stacks``."""
+    title: str
+    frames: list[int]
+
+
+@_frozen
+class ReportEvent:
+    """One of the report's ``events``: an anomaly, crash or heap inconsistency."""
+    kind: str
+    title: str
+    facts: list[tuple[str, str | None]]  # (name, value), each a JSON array of two
+    stacks: list[ReportEventStack]
+    cores: list[str]
+    # the same event in another core of the process has the same key
+    key: tuple = hidden(())
+
+
+@_frozen
+class ReportLeak:
+    """One of the report's ``leaks``: a leak group's scalar fields (each left
+    out where it is null), its stack as frame indexes, and where it allocated."""
+    kind: str
+    blocks: int
+    bytes: int
+    stack_id: int | None = omitted()
+    usable_size: int | None = omitted()
+    oldest_alloc_ms: int | None = omitted()
+    newest_alloc_ms: int | None = omitted()
+    type: str | None = omitted()
+    indirect_blocks: int | None = omitted()  # definite groups only
+    indirect_bytes: int | None = omitted()
+    cycle_leaders: int | None = omitted()
+    frames: list[int]
+    site: int
+
+
+@_frozen
+class ReportSizeClass:
+    """One of the report's ``size_classes`` (without libtag)."""
+    usable_size: int
+    chunks: int
+    bytes: int
+
+
+@_frozen
+class ReportDoc:
+    """docs/json.md, "forensics report": the page's data."""
+    version: int
+    libtag: bool | None = omitted()  # false without libtag; no key with libtag
+    without_libtag: WithoutLibtag | None = omitted()
+    title: str
+    processes: list[ReportProcess]
+    stack_stats: bool
+    wrappers: list[str]
+    runtime: RuntimeSummary | None
+    generated: str
+    snapshots: list[ReportPoint]
+    primary: int
+    frames: list[ReportFrame]
+    tree: ReportTree | None
+    stacks: list[ReportStackRow]
+    distinct_stacks: int
+    size_classes: list[ReportSizeClass] | None = omitted()  # without libtag only
+    distinct_sizes: int | None = omitted()
+    types: list[TypeCount]
+    events: list[ReportEvent]
+    leaks: list[ReportLeak] | None
+    warnings: list[str]
+
+    @property
+    def tagged(self) -> bool:
+        """Of cores with libtag (their data has no ``libtag`` key)."""
+        return self.libtag is None

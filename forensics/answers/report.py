@@ -1,8 +1,10 @@
 """The ``report`` page: one self-contained HTML file about one or more cores.
 
-    data = report_data([snap1, snap2, ...])     # plain JSON-able dict
-    html = render_page(data)                    # str: the whole page
-    write_private(path, html)                   # 0600, tmp + rename
+    builder = ReportBuilder(...)
+    builder.add(dump) ...                       # each core
+    doc = builder.finish()                      # ReportDoc (answers/documents.py)
+    html = render_page(doc)                     # str: the whole page, its data to_json(doc)
+    write_page(path, html)                      # 0600, tmp + rename
 
 What the page shows, and where each part comes from:
 
@@ -42,16 +44,19 @@ forensics.output.html.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from forensics.answers.crash import crash_doc
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc, live_types, top_stacks
-from forensics.answers.documents import (BlockDoc, CrashDoc, FrameDoc, InspectDoc, RuntimeSummary, TopStack,
-                                         to_json)
+from forensics.answers.documents import (BlockDoc, CrashDoc, FrameDoc, InspectDoc, LeakGroupDoc, ReportDoc,
+                                         ReportEvent, ReportEventStack, ReportFrame, ReportLeak, ReportPoint,
+                                         ReportProcess, ReportSizeClass, ReportStackRow, ReportTree,
+                                         RuntimeSummary, TopStack, WithoutLibtag)
 from forensics.answers.leaks import leaks_doc
 from forensics.answers.runtime import glob_regex
 from forensics.answers.shapes import finding_doc, frame_label, frames_doc
@@ -139,7 +144,7 @@ class _Frames:
     """The page's frame table: each distinct frame once, referred to by index."""
 
     def __init__(self) -> None:
-        self.rows: list[dict] = []
+        self.rows: list[ReportFrame] = []
         self._ids: dict[tuple, int] = {}
 
     def id(self, f: FrameDoc) -> int:
@@ -149,10 +154,9 @@ class _Frames:
             i = self._ids[key] = len(self.rows)
             # label: the frame's name as inspect prints it (module+0xOFFSET
             # when it has no function), so the page never builds one itself
-            self.rows.append({"address": f.address, "function": f.function,
-                              "file": f.file, "line": f.line,
-                              "module": f.module, "module_offset": f.module_offset,
-                              "label": frame_label(f)})
+            self.rows.append(ReportFrame(address=f.address, function=f.function, file=f.file, line=f.line,
+                                         module=f.module, module_offset=f.module_offset,
+                                         label=frame_label(f)))
         return i
 
     def ids(self, frames: Iterable[FrameDoc]) -> list[int]:
@@ -170,7 +174,7 @@ def _node_key(f: FrameDoc) -> tuple:
 
 
 def build_tree(stacks: Sequence[TopStack], frames: _Frames, *, total_bytes: int,
-               total_blocks: int, runtime: RuntimeSummary | None = None) -> tuple[dict, list[int]]:
+               total_blocks: int, runtime: RuntimeSummary | None = None) -> tuple[ReportTree, list[int]]:
     """The trie of the stacks' frames, outermost frame first under one root.
 
     stacks: their frames innermost first, blocks and bytes.  Returns
@@ -238,140 +242,146 @@ def build_tree(stacks: Sequence[TopStack], frames: _Frames, *, total_bytes: int,
         nbytes[0] += rest_bytes
         nblocks[0] += rest_blocks
     many = {str(n): ids for n, ids in sites.items() if len(ids) > 1}
-    return ({"parent": parent, "frame": frame, "bytes": nbytes, "blocks": nblocks,
-             "label": label, "sites": many}, leaves)
+    return (ReportTree(parent=parent, frame=frame, bytes=nbytes, blocks=nblocks, label=label, sites=many),
+            leaves)
 
 
-def _stack_json(title: str, stack: Sequence[FrameDoc], frames: _Frames) -> dict:
-    return {"title": title, "frames": frames.ids(stack)}
+def _event_stack(title: str, stack: Sequence[FrameDoc], frames: _Frames) -> ReportEventStack:
+    return ReportEventStack(title=title, frames=frames.ids(stack))
 
 
-def _block_facts(block: BlockDoc) -> list[list[str]]:
-    out = [["block", f"{block.start} ({block.size} bytes, {block.state})"]]
+Facts = list[tuple[str, str | None]]  # an event's (name, value) pairs
+
+
+def _block_facts(block: BlockDoc) -> Facts:
+    out: Facts = [("block", f"{block.start} ({block.size} bytes, {block.state})")]
     if block.offset:
-        out.append(["offset", str(block.offset)])
+        out.append(("offset", str(block.offset)))
     return out
 
 
-def _add_block(b: BlockDoc | None, facts: list, stacks: list, frames: _Frames) -> None:
+def _add_block(b: BlockDoc | None, facts: Facts, stacks: list[ReportEventStack], frames: _Frames) -> None:
     """An event's block, if it has one: its facts and both of its stacks."""
     if b is None:
         return
     facts += _block_facts(b)
-    stacks.append(_stack_json(f"allocated by thread {b.thread}", b.alloc_stack, frames))
+    stacks.append(_event_stack(f"allocated by thread {b.thread}", b.alloc_stack, frames))
     if b.state == "freed":
-        stacks.append(_stack_json(f"freed by thread {b.free_thread}", b.free_stack or [], frames))
+        stacks.append(_event_stack(f"freed by thread {b.free_thread}", b.free_stack or [], frames))
 
 
 def events_of(doc: InspectDoc | None, crash: CrashDoc | None, core: str, frames: _Frames,
-              process: tuple = ()) -> list[dict]:
+              process: tuple = ()) -> list[ReportEvent]:
     """The anomalies of one inspect document (doc; None: a core without
-    libtag's records) and its crash, as the page's event cards.  Each has a
-    "key": the same anomaly or crash seen in another core of the same
-    process (process: its identity) has the same key."""
+    libtag's records) and its crash, as the page's event cards; a crash in
+    glibc's malloc family says what it means for the heap (its ``malloc``).
+    Each has a key: the same anomaly or crash seen in another core of the
+    same process (process: its identity) has the same key."""
     out = []
     for a in doc.anomalies if doc is not None else ():
-        facts = [["address", a.address], ["thread", str(a.thread)], ["time", a.time]]
+        facts: Facts = [("address", a.address), ("thread", str(a.thread)), ("time", a.time)]
         stacks = ([] if a.detected_by == "reader" else
-                  [_stack_json(f"detected in thread {a.thread}", a.stack, frames)])
+                  [_event_stack(f"detected in thread {a.thread}", a.stack, frames)])
         _add_block(a.block, facts, stacks, frames)
-        out.append({"kind": a.kind, "title": f"{a.kind} of {a.address}",
-                    "facts": facts, "stacks": stacks, "cores": [core],
-                    "key": (*process, "anomaly", a.kind, a.address, a.thread, a.time_ms)})
+        out.append(ReportEvent(kind=a.kind, title=f"{a.kind} of {a.address}", facts=facts, stacks=stacks,
+                               cores=[core], key=(*process, "anomaly", a.kind, a.address, a.thread, a.time_ms)))
     c = crash
     if c is not None:
         owner = c.address_owner
-        facts = [["signal", c.signal], ["what", c.summary], ["thread", str(c.thread)]]
+        facts = [("signal", c.signal), ("what", c.summary), ("thread", str(c.thread))]
         if c.address is not None:
-            facts += [["address", c.address],
-                      ["address is", " ".join(x for x in ((owner.owner, owner.region, owner.note)
-                                                          if owner is not None else ()) if x)]]
-        stacks = [_stack_json(f"crashed in thread {c.thread}", c.stack, frames)]
+            facts += [("address", c.address),
+                      ("address is", " ".join(x for x in ((owner.owner, owner.region, owner.note)
+                                                          if owner is not None else ()) if x))]
+        stacks = [_event_stack(f"crashed in thread {c.thread}", c.stack, frames)]
         _add_block(owner.block if owner is not None else None, facts, stacks, frames)
         _add_block(c.cause.block if c.cause is not None else None, facts, stacks, frames)
-        out.append({"kind": "crash", "title": c.summary, "facts": facts, "stacks": stacks,
-                    "cores": [core],
-                    "key": (*process, "crash", c.signal, c.address, c.thread)})
+        m = c.malloc
+        if m is not None:
+            facts.append(("heap", m.summary))
+            if m.chunk is not None:
+                facts.append(("chunk", f"{m.chunk.start} ({m.chunk.size} bytes, {m.chunk.state})"))
+        out.append(ReportEvent(kind="crash", title=c.summary, facts=facts, stacks=stacks, cores=[core],
+                               key=(*process, "crash", c.signal, c.address, c.thread)))
     return out
 
 
-def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) -> list[dict] | None:
+def _leak(g: LeakGroupDoc, frames: _Frames, wrappers: Wrappers) -> ReportLeak:
+    """A leak group as the page lists it: its scalar fields (its kind,
+    counts, times, type; each left out where it is null), as inspect --leaks
+    prints them, and its stack as the page's frame ids."""
+    return ReportLeak(kind=g.kind, blocks=g.blocks, bytes=g.bytes, stack_id=g.stack_id,
+                      usable_size=g.usable_size, oldest_alloc_ms=g.oldest_alloc_ms,
+                      newest_alloc_ms=g.newest_alloc_ms, type=g.type, indirect_blocks=g.indirect_blocks,
+                      indirect_bytes=g.indirect_bytes, cycle_leaders=g.cycle_leaders,
+                      frames=frames.ids(g.stack), site=wrappers.site(g.stack))
+
+
+def _leaks(dump: Any, frames: _Frames, warnings: list[str], wrappers: Wrappers) -> list[ReportLeak] | None:
     """The leak groups, or None (and a warning) when the leak scan failed."""
     try:
         groups = leaks_doc(dump)
     except ForensicsError as e:
         warnings.append(f"leak scan failed: {e.message}")
         return None
-    out = []
-    for g in groups:
-        # the group's scalar fields (its kind, counts, times, type), as
-        # inspect --leaks prints them; its stack as the page's frame ids
-        row = {k: v for k, v in to_json(g).items() if k != "stack" and isinstance(v, (str, int, float))}
-        row["frames"] = frames.ids(g.stack)
-        row["site"] = wrappers.site(g.stack)
-        out.append(row)
-    return out
+    return [_leak(g, frames, wrappers) for g in groups]
 
 
 def snapshot_point(dump: Any, catalog_time: CatalogTime | None = None, *,
-                   crash: CrashDoc | None = None) -> dict:
+                   crash: CrashDoc | None = None, index: int) -> ReportPoint:
     """One point of the curve: a core's time, reason and live/freed totals
     (a heap without tags: its blocks in use and free in a tcache or a bin,
     by usable size, as inspect counts them; no start time, no snapshot
-    sequence, the reason from its crash)."""
+    sequence, the reason from its crash).  index: its place among the cores
+    given; its process is not known yet (-1: ReportBuilder.finish)."""
     t, source = snapshot_time(dump, catalog_time)
     totals = heap_of(dump).totals()
     control = dump.control
-    return {
-        "start_ns": int(control.fields.start_realtime_ns) if control is not None else 0,
-        "core": os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
-        "pid": dump.pid,
-        "exe": dump.exe,
-        "reason": control.reason if control is not None else "crash" if crash is not None else "on-demand",
-        "seq": int(control.fields.snapshot_seq) if control is not None else 0,
-        "time": t,
-        "time_source": source,
-        "live_bytes": totals.live_bytes,
-        "live_blocks": totals.live_blocks,
-        "freed_bytes": totals.freed_bytes,
-        "freed_blocks": totals.freed_blocks,
-    }
+    return ReportPoint(
+        start_ns=int(control.fields.start_realtime_ns) if control is not None else 0,
+        core=os.path.abspath(dump.core.path) if dump.core is not None else dump.mem.name,
+        pid=dump.pid,
+        exe=dump.exe,
+        reason=control.reason if control is not None else "crash" if crash is not None else "on-demand",
+        seq=int(control.fields.snapshot_seq) if control is not None else 0,
+        time=t,
+        time_source=source,
+        live_bytes=totals.live_bytes,
+        live_blocks=totals.live_blocks,
+        freed_bytes=totals.freed_bytes,
+        freed_blocks=totals.freed_blocks,
+        index=index,
+        process=-1,
+    )
 
 
 def heap_events(dump: Any, doc: InspectDoc | None, crash: CrashDoc | None, core: str, frames: _Frames,
-                process: tuple = ()) -> list[dict]:
-    """A core's event cards: its anomaly and crash (events_of; a crash in
-    glibc's malloc family with what it means for the heap) and each
+                process: tuple = ()) -> list[ReportEvent]:
+    """A core's event cards: its anomaly and crash (events_of) and each
     inconsistency found in the heap's records (at most CORRUPTION_LIMIT),
     which have no stacks."""
     out = events_of(doc, crash, core, frames, process)
-    m = crash.malloc if crash is not None else None
-    card = next((e for e in out if e["kind"] == "crash"), None)
-    if m is not None and card is not None:
-        card["facts"].append(["heap", m.summary])
-        ch = m.chunk
-        if ch is not None:
-            card["facts"].append(["chunk", f"{ch.start} ({ch.size} bytes, {ch.state})"])
     for f in heap_of(dump).findings[:CORRUPTION_LIMIT]:
         j = finding_doc(f)
-        facts = [["what", j.message], ["chunk", str(j.chunk)], ["block", str(j.user)], ["arena", str(j.arena)]]
+        facts: Facts = [("what", j.message), ("chunk", str(j.chunk)), ("block", str(j.user)),
+                        ("arena", str(j.arena))]
         if j.value is not None:
-            facts.append(["value", j.value])
-        out.append({"kind": "corruption", "title": f"heap corruption ({j.kind}) at {j.chunk}",
-                    "facts": facts, "stacks": [], "cores": [core],
-                    "key": (*process, "corruption", j.kind, j.chunk, j.value)})
+            facts.append(("value", j.value))
+        out.append(ReportEvent(kind="corruption", title=f"heap corruption ({j.kind}) at {j.chunk}",
+                               facts=facts, stacks=[], cores=[core],
+                               key=(*process, "corruption", j.kind, j.chunk, j.value)))
     return out
 
 
-def size_classes(dump: Any) -> tuple[list[dict], int]:
+def size_classes(dump: Any) -> tuple[list[ReportSizeClass], int]:
     """The blocks in use of a heap without stacks by usable size (each exact
     size its own class), most bytes first: (at most SIZE_LIMIT rows, how
     many sizes there are)."""
     _, sizes, _ = heap_of(dump).blocks()
     uniq, counts = np.unique(sizes.astype(np.int64), return_counts=True)
-    rows = [{"usable_size": int(s), "chunks": int(n), "bytes": int(s) * int(n)}
+    rows = [ReportSizeClass(usable_size=int(s), chunks=int(n), bytes=int(s) * int(n))
             for s, n in zip(uniq.tolist(), counts.tolist())]
-    rows.sort(key=lambda r: (-r["bytes"], r["usable_size"]))
+    rows.sort(key=lambda r: (-r.bytes, r.usable_size))
     return rows[:SIZE_LIMIT], len(rows)
 
 
@@ -390,10 +400,10 @@ class ReportBuilder:
         self.runtime_functions = list(runtime_functions)
         self.catalog_time = catalog_time
         self.wrappers = Wrappers(wrappers)
-        self._events: dict[tuple, dict] = {}
+        self._events: dict[tuple, int] = {}  # an event's key -> its place in events
         self.frames = _Frames()
-        self.points: list[dict] = []
-        self.events: list[dict] = []
+        self.points: list[ReportPoint] = []
+        self.events: list[ReportEvent] = []
         self.warnings: list[str] = []
         self._newest: tuple[float, int, Any] | None = None
         self._kind: tuple[bool, str] | None = None  # (libtag, a core of that kind)
@@ -424,31 +434,28 @@ class ReportBuilder:
             crash = doc.crash
         else:
             events = False
-        point = self._add_point(snapshot_point(dump, self.catalog_time, crash=crash))
+        point = snapshot_point(dump, self.catalog_time, crash=crash, index=len(self.points))
+        self.points.append(point)
         if events:
-            self._add_events(heap_events(dump, doc, crash, point["core"], self.frames,
-                                         (point["pid"], point["start_ns"])), point["core"])
-        self._warn(point["core"], dump)
+            self._add_events(heap_events(dump, doc, crash, point.core, self.frames,
+                                         (point.pid, point.start_ns)), point.core)
+        self._warn(point.core, dump)
         return self._take_newest(point, dump)
 
-    def _add_point(self, point: dict) -> dict:
-        point["index"] = len(self.points)
-        self.points.append(point)
-        return point
-
-    def _add_events(self, events: Iterable[dict], core: str) -> None:
+    def _add_events(self, events: Iterable[ReportEvent], core: str) -> None:
         """Each event once: one seen in an earlier core (the same key) names
         this core too."""
         for ev in events:
-            seen = self._events.get(ev["key"])
-            if seen is None:
-                self._events[ev["key"]] = ev
+            i = self._events.get(ev.key)
+            if i is None:
+                self._events[ev.key] = len(self.events)
                 self.events.append(ev)
             else:
-                seen["cores"].append(core)
+                seen = self.events[i]
+                self.events[i] = dataclasses.replace(seen, cores=[*seen.cores, core])
 
-    def _take_newest(self, point: dict, dump: Any) -> bool:
-        key = (point["time"] if point["time"] is not None else float("-inf"), point["index"])
+    def _take_newest(self, point: ReportPoint, dump: Any) -> bool:
+        key = (point.time if point.time is not None else float("-inf"), point.index)
         if self._newest is None or key >= self._newest[:2]:
             self._newest = (key[0], key[1], dump)
             return True
@@ -460,7 +467,7 @@ class ReportBuilder:
             if line not in self.warnings:
                 self.warnings.append(line)
 
-    def finish(self) -> dict:
+    def finish(self) -> ReportDoc:
         """The page's data, from every core added; the newest must still be open."""
         if self._newest is None:
             raise InputError("report needs at least one core")
@@ -469,67 +476,54 @@ class ReportBuilder:
             return self._finish_by_size(dump, primary)
         try:
             totals = dump.heap.totals
-            listed, runtime = top_stacks(dump, runtime=self.runtime,
-                                         runtime_functions=self.runtime_functions)
+            listed, runtime_totals = top_stacks(dump, runtime=self.runtime,
+                                                runtime_functions=self.runtime_functions)
             shown = listed[:self.stack_limit]
             dump.prefetch([sid for sid, _, _, _ in shown])
             stacks = [TopStack(stack=frames_doc(dump.stack(sid)), blocks=n, bytes=b, runtime=rt)
                       for sid, n, b, rt in shown]
-            runtime = RuntimeSummary(**runtime)
+            runtime = RuntimeSummary(**runtime_totals)
             tree, leaves = build_tree(stacks, self.frames, total_bytes=totals.live_bytes,
                                       total_blocks=totals.live_blocks,
                                       runtime=None if self.runtime else runtime)
-            table = [{"frames": self.frames.ids(s.stack), "site": self.wrappers.site(s.stack),
-                      "bytes": s.bytes, "blocks": s.blocks, "node": leaf, "runtime": s.runtime,
-                      "stack_id": sid}
-                     for s, leaf, (sid, _, _, _) in zip(stacks, leaves, shown)]
-            distinct = len(listed)
-            recorded = self._add_stats(dump, table)
-            # each stack's first blocks, for whoowns (a stack with no live
-            # block, listed for its peak or churn, has none)
-            firsts = blocks_of_stacks(dump, [row["stack_id"] for row in table], REPORT_STACK_BLOCKS)
-            for row in table:
-                row["block_list"] = to_json(firsts[row.pop("stack_id")])
+            table = self._table(dump, stacks, leaves, [sid for sid, _, _, _ in shown])
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
             types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
-            self._warn(self.points[primary]["core"], dump)  # its stacks may add some
+            self._warn(self.points[primary].core, dump)  # its stacks may add some
         finally:
             self._newest = None
         order, processes, title = self._order()
-        first = self.points[primary]
-        return {
-            "version": DATA_VERSION,
-            "title": title,
-            "processes": processes,
-            "stack_stats": recorded,
-            "wrappers": self.wrappers.patterns,
-            "runtime": to_json(runtime),
-            "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "snapshots": order,
-            "primary": order.index(first),
-            "frames": self.frames.rows,
-            "tree": tree,
-            "stacks": table,
-            "distinct_stacks": distinct,
-            "types": to_json(types),
-            "events": self.events,
-            "leaks": leaks,
-            "warnings": self.warnings,
-        }
+        return ReportDoc(
+            version=DATA_VERSION,
+            title=title,
+            processes=processes,
+            stack_stats=table.stats,
+            wrappers=self.wrappers.patterns,
+            runtime=runtime,
+            generated=_generated(),
+            snapshots=order,
+            primary=_place(order, primary),
+            frames=self.frames.rows,
+            tree=tree,
+            stacks=table.rows,
+            distinct_stacks=len(listed),
+            types=types,
+            events=self.events,
+            leaks=leaks,
+            warnings=self.warnings,
+        )
 
-    def _order(self) -> tuple[list[dict], list[dict], str]:
-        """(the points in time order, the processes, the page's title); the
-        events lose their keys."""
-        order = sorted(self.points, key=lambda p: (p["time"] is None, p["time"] or 0, p["index"]))
-        processes = _processes(order)
-        for ev in self.events:
-            del ev["key"]
-        names = [f"{os.path.basename(p['exe'] or '?')} (pid {p['pid']})" for p in processes]
+    def _order(self) -> tuple[list[ReportPoint], list[ReportProcess], str]:
+        """(the points in time order, each with its process; the processes;
+        the page's title)."""
+        order = sorted(self.points, key=lambda p: (p.time is None, p.time or 0, p.index))
+        order, processes = _processes(order)
+        names = [f"{os.path.basename(p.exe or '?')} (pid {p.pid})" for p in processes]
         if len(names) > 3:
             names = names[:3] + [f"{len(names) - 3} more"]
         return order, processes, "forensics report: " + ", ".join(names)
 
-    def _finish_by_size(self, dump: Any, primary: int) -> dict:
+    def _finish_by_size(self, dump: Any, primary: int) -> ReportDoc:
         """finish() for heaps without stacks (docs/json.md, "forensics
         report", without libtag): the heap by size class in place of the
         hierarchy and the stack table, leaks by size."""
@@ -537,81 +531,112 @@ class ReportBuilder:
             sizes, distinct = size_classes(dump)
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
             types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
-            self._warn(self.points[primary]["core"], dump)
+            self._warn(self.points[primary].core, dump)
         finally:
             self._newest = None
         order, processes, title = self._order()
-        return {
-            "version": DATA_VERSION,
-            "libtag": False,
-            "without_libtag": heap_of(dump).without,
-            "title": title,
-            "processes": processes,
-            "stack_stats": False,
-            "wrappers": [],
-            "runtime": None,
-            "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "snapshots": order,
-            "primary": order.index(self.points[primary]),
-            "frames": self.frames.rows,
-            "tree": None,
-            "stacks": [],
-            "distinct_stacks": 0,
-            "size_classes": sizes,
-            "distinct_sizes": distinct,
-            "types": to_json(types),
-            "events": self.events,
-            "leaks": leaks,
-            "warnings": self.warnings,
-        }
+        return ReportDoc(
+            version=DATA_VERSION,
+            libtag=False,
+            without_libtag=WithoutLibtag.of(heap_of(dump).without),
+            title=title,
+            processes=processes,
+            stack_stats=False,
+            wrappers=[],
+            runtime=None,
+            generated=_generated(),
+            snapshots=order,
+            primary=_place(order, primary),
+            frames=self.frames.rows,
+            tree=None,
+            stacks=[],
+            distinct_stacks=0,
+            size_classes=sizes,
+            distinct_sizes=distinct,
+            types=types,
+            events=self.events,
+            leaks=leaks,
+            warnings=self.warnings,
+        )
 
-    def _add_stats(self, dump: Any, table: list[dict]) -> bool:
-        """Each row's peak live bytes, temporaries and allocations from libtag's
-        per-stack counters, plus rows for the stacks with no live block that
-        peaked or churned the most; False (and nothing added) when libtag did
-        not record them."""
+    def _table(self, dump: Any, stacks: Sequence[TopStack], leaves: Sequence[int],
+               sids: Sequence[int]) -> _Table:
+        """The table's rows: the stacks shown (their leaves in the tree), then,
+        when libtag kept per-stack counters, the stacks with no live block
+        that peaked or churned the most; each with its counters and its first
+        REPORT_STACK_BLOCKS blocks (for whoowns; a stack with no live block
+        has none)."""
         stats = dump.control.stack_stats()
-        if stats is None:
-            return False
-
-        def put(row: dict, sid: int) -> None:
-            s = stats[sid] if sid < len(stats) else None
-            row["peak_bytes"] = int(s["peak_bytes"]) if s is not None else None
-            row["temporaries"] = int(s["temporaries"]) if s is not None else None
-            row["allocs"] = int(s["allocs"]) if s is not None else None
-
-        have = set()
-        for row in table:
-            put(row, row["stack_id"])
-            have.add(row["stack_id"])
-        extra: list[int] = []
-        for key in ("peak_bytes", "temporaries"):
-            order = np.argsort(-stats[key].astype(np.int64), kind="stable")
-            for sid in order[:STATS_LIMIT + len(have)].tolist():
-                if sid and stats[key][sid] and sid not in have and sid not in extra:
-                    extra.append(sid)
-        extra = extra[:2 * STATS_LIMIT]
-        dump.prefetch(extra)
-        for sid in extra:
-            stack = frames_doc(dump.stack(sid))
-            row = {"frames": self.frames.ids(stack), "site": self.wrappers.site(stack),
-                   "bytes": 0, "blocks": 0, "node": -1, "stack_id": sid}
-            put(row, sid)
-            table.append(row)
-        return True
+        # (stack id, frame ids, "allocated at", bytes, blocks, leaf, runtime)
+        rows: list[tuple[int, list[int], int, int, int, int, bool | None]] = [
+            (sid, self.frames.ids(s.stack), self.wrappers.site(s.stack), s.bytes, s.blocks, leaf, s.runtime)
+            for s, leaf, sid in zip(stacks, leaves, sids)]
+        if stats is not None:
+            extra = _stats_only(stats, set(sids))
+            dump.prefetch(extra)
+            for sid in extra:
+                stack = frames_doc(dump.stack(sid))
+                rows.append((sid, self.frames.ids(stack), self.wrappers.site(stack), 0, 0, -1, None))
+        firsts = blocks_of_stacks(dump, [row[0] for row in rows], REPORT_STACK_BLOCKS)
+        out = []
+        for sid, ids, site, nbytes, nblocks, node, runtime in rows:
+            peak, temps, allocs = _counters(stats, sid)
+            out.append(ReportStackRow(frames=ids, site=site, bytes=nbytes, blocks=nblocks, node=node,
+                                      runtime=runtime, peak_bytes=peak, temporaries=temps, allocs=allocs,
+                                      block_list=firsts[sid], stats=stats is not None))
+        return _Table(rows=out, stats=stats is not None)
 
 
-def _processes(points: list[dict]) -> list[dict]:
-    """The processes the cores are of, in the order of their first core; each
-    point gets "process", the index of its own."""
-    out: list[dict] = []
-    index: dict[tuple, int] = {}
+class _Table(NamedTuple):
+    rows: list[ReportStackRow]
+    stats: bool  # libtag kept per-stack counters
+
+
+def _counters(stats: Any, sid: int) -> tuple[int | None, int | None, int | None]:
+    """A stack's (peak live bytes, temporaries, allocations) from libtag's
+    per-stack counters; None for each where there are none for it."""
+    s = stats[sid] if stats is not None and sid < len(stats) else None
+    if s is None:
+        return None, None, None
+    return int(s["peak_bytes"]), int(s["temporaries"]), int(s["allocs"])
+
+
+def _stats_only(stats: Any, have: set[int]) -> list[int]:
+    """The stacks with no live block (none of have) that peaked or churned
+    the most: at most STATS_LIMIT by each counter, 2 * STATS_LIMIT in all."""
+    extra: list[int] = []
+    for key in ("peak_bytes", "temporaries"):
+        order = np.argsort(-stats[key].astype(np.int64), kind="stable")
+        for sid in order[:STATS_LIMIT + len(have)].tolist():
+            if sid and stats[key][sid] and sid not in have and sid not in extra:
+                extra.append(sid)
+    return extra[:2 * STATS_LIMIT]
+
+
+def _generated() -> str:
+    """When the page was made: UTC, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _place(order: Sequence[ReportPoint], index: int) -> int:
+    """Where the point of the index-th core given is in order."""
+    return next(i for i, p in enumerate(order) if p.index == index)
+
+
+def _processes(points: list[ReportPoint]) -> tuple[list[ReportPoint], list[ReportProcess]]:
+    """The processes the cores are of, in the order of their first core, and
+    the points, each with its process (an index into them)."""
+    first: dict[tuple, int] = {}
+    of: list[ReportPoint] = []  # each process's first point
+    count: list[int] = []
+    out = []
     for p in points:
-        key = (p["pid"], p["start_ns"])
-        i = index.get(key)
+        key = (p.pid, p.start_ns)
+        i = first.get(key)
         if i is None:
-            i = index[key] = len(out)
-            out.append({"pid": p["pid"], "exe": p["exe"], "cores": 0})
-        out[i]["cores"] += 1
-        p["process"] = i
-    return out
+            i = first[key] = len(of)
+            of.append(p)
+            count.append(0)
+        count[i] += 1
+        out.append(dataclasses.replace(p, process=i))
+    return out, [ReportProcess(pid=p.pid, exe=p.exe, cores=n) for p, n in zip(of, count)]

@@ -71,14 +71,14 @@ def main(args: argparse.Namespace) -> int:
                 if builder.add(dump):
                     newest.close()
                     newest.push(this.pop_all())
-        data = builder.finish()
-    path = write_page(out, render_page(data))
-    if data.get("libtag", True):
-        what = f"{len(data['stacks'])} allocation stack(s), {len(data['events'])} anomaly/crash(es)"
+        doc = builder.finish()
+    path = write_page(out, render_page(doc))
+    if doc.tagged:
+        what = f"{len(doc.stacks)} allocation stack(s), {len(doc.events)} anomaly/crash(es)"
     else:
-        what = (f"{data['distinct_sizes']} chunk size(s), {len(data['events'])} crash/corruption(s); "
+        what = (f"{doc.distinct_sizes} chunk size(s), {len(doc.events)} crash/corruption(s); "
                 f"without libtag: no stacks")
-    text.out_console().print(f"wrote {path}: {len(data['snapshots'])} snapshot(s), {what}",
+    text.out_console().print(f"wrote {path}: {len(doc.snapshots)} snapshot(s), {what}",
                              markup=False, highlight=False, soft_wrap=True)
     return 0
 

@@ -1,5 +1,6 @@
 """The ``report`` page: one self-contained HTML file from the report's data
-(forensics.answers.report).
+(a ReportDoc, built by forensics.answers.report; its JSON is ``to_json``'s,
+docs/json.md, "forensics report").
 
 Every string from a core (function names, file paths, the executable) reaches
 the page only as JSON inside ``<script type="application/json">`` with ``<``,
@@ -22,6 +23,7 @@ import os
 from importlib import resources
 from typing import Any
 
+from forensics.answers.documents import ReportDoc, to_json
 from forensics.errors import InputError
 from forensics.files import write_private
 
@@ -41,13 +43,13 @@ def json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render_page(data: dict) -> str:
+def render_page(doc: ReportDoc) -> str:
     """The whole page: markup, the style and script inline, the data as JSON."""
     css = _asset("report.css")
     js = _asset("report.js")
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; "
            "img-src data:; base-uri 'none'; form-action 'none'")
-    title = html.escape(data.get("title") or "forensics report", quote=True)
+    title = html.escape(doc.title or "forensics report", quote=True)
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -58,7 +60,7 @@ def render_page(data: dict) -> str:
         f"<style>{css}</style>\n</head>\n<body>\n"
         '<div id="fx-status" data-errors="0" data-ready="0"><ol id="fx-errors"></ol></div>\n'
         '<main id="fx-app"><noscript>This report needs JavaScript to draw its charts.</noscript></main>\n'
-        f'<script type="application/json" id="fx-data">{json_for_script(data)}</script>\n'
+        f'<script type="application/json" id="fx-data">{json_for_script(to_json(doc))}</script>\n'
         f"<script>{js}</script>\n"
         "</body>\n</html>\n"
     )

@@ -121,6 +121,8 @@ RUN_LEAKS = "`forensics run --leaks"
 INSPECT = "`forensics inspect"
 WHOOWNS = "`forensics whoowns"
 WITHOUT = "Without libtag"
+REPORT = "`forensics report"
+REPORT_DATA = "The page's data"
 MALLOC = "The crash's `malloc`"
 
 # Each document type, and where docs/json.md lists its fields.
@@ -189,6 +191,26 @@ DOCUMENTED = {
     D.DataSymbolDoc: lambda: cell_fields(WHOOWNS, None, "symbol", start="`global`:"),
     D.UseAfterFreeDoc: lambda: cell_fields(WHOOWNS, None, "use_after_free", start=":"),
     D.NearDoc: lambda: cell_fields(WHOOWNS, None, "near", start=":"),
+    # report: the page's data (fx-data)
+    D.ReportDoc: lambda: table_fields(REPORT, REPORT_DATA),
+    D.ReportProcess: lambda: cell_fields(REPORT, REPORT_DATA, "processes", start="in `snapshots`:"),
+    D.ReportSizeClass: lambda: cell_fields(REPORT, REPORT_DATA, "size_classes", start="the table:"),
+    D.ReportPoint: lambda: table_fields(REPORT, "Each of `snapshots`"),
+    D.ReportFrame: lambda: table_fields(REPORT, "Each of `frames`"),
+    D.ReportTree: lambda: table_fields(REPORT, "`tree`, the hierarchy"),
+    D.ReportStackRow: lambda: table_fields(REPORT, "Each of `stacks`"),
+    D.ReportEvent: lambda: table_fields(REPORT, "Each of `events`"),
+    D.ReportEventStack: lambda: cell_fields(REPORT, "Each of `events`", "stacks", end="): the stack"),
+    D.ReportLeak: lambda: table_fields(REPORT, "Each of `leaks`"),
+}
+
+# Shapes of inspect's that the report's data carries too, and where its
+# section names their fields (each type is held against inspect's above).
+SHARED_IN_REPORT = {
+    "types": (D.TypeCount, lambda: cell_fields(REPORT, REPORT_DATA, "types", start="inspect's `types` (",
+                                                end=";")),
+    "block_list": (D.StackBlock, lambda: cell_fields(REPORT, "Each of `stacks`", "block_list",
+                                                      start="gives them:")),
 }
 
 
@@ -207,6 +229,12 @@ def test_the_type_has_exactly_the_documented_fields(cls):
     have = _keys(cls)
     assert not documented - have, f"{cls.__name__} lacks fields docs/json.md lists: {sorted(documented - have)}"
     assert not have - documented, f"{cls.__name__} has fields docs/json.md does not list: {sorted(have - documented)}"
+
+
+@pytest.mark.parametrize("field", list(SHARED_IN_REPORT))
+def test_the_report_section_names_the_fields_of_the_shapes_it_shares_with_inspect(field):
+    cls, documented = SHARED_IN_REPORT[field]
+    assert documented() == _keys(cls)
 
 
 def test_to_json_keeps_order_spelling_and_nulls_and_leaves_out_only_the_omitted():
@@ -229,3 +257,59 @@ def test_documents_are_frozen():
     c = D.Counts(blocks=1, bytes=2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.blocks = 3
+
+
+def _report(**kw) -> D.ReportDoc:
+    fields = dict(version=3, title="forensics report: x (pid 7)",
+                  processes=[D.ReportProcess(pid=7, exe="/bin/x", cores=1)], stack_stats=True, wrappers=["malloc"],
+                  runtime=None, generated="2026-01-01T00:00:00+00:00", snapshots=[], primary=0, frames=[],
+                  tree=None, stacks=[], distinct_stacks=0, types=[], events=[], leaks=None, warnings=[])
+    fields.update(kw)
+    return D.ReportDoc(**fields)
+
+
+def test_report_data_has_libtag_and_the_size_classes_only_without_libtag():
+    # GIVEN the data of libtag cores, and of cores without libtag
+    tagged = D.to_json(_report())
+    plain = D.to_json(_report(libtag=False, without_libtag=D.WithoutLibtag(unknown=["allocation stacks"],
+                                                                            hint="h", summary="s"),
+                              stack_stats=False, wrappers=[],
+                              size_classes=[D.ReportSizeClass(usable_size=24, chunks=2, bytes=48)],
+                              distinct_sizes=1))
+    # THEN the libtag data has no libtag, without_libtag, size_classes or distinct_sizes key
+    assert list(tagged) == ["version", "title", "processes", "stack_stats", "wrappers", "runtime", "generated",
+                            "snapshots", "primary", "frames", "tree", "stacks", "distinct_stacks", "types",
+                            "events", "leaks", "warnings"]
+    # AND the other has them where docs/json.md's table puts them, libtag false
+    assert list(plain) == ["version", "libtag", "without_libtag", "title", "processes", "stack_stats",
+                           "wrappers", "runtime", "generated", "snapshots", "primary", "frames", "tree",
+                           "stacks", "distinct_stacks", "size_classes", "distinct_sizes", "types", "events",
+                           "leaks", "warnings"]
+    assert plain["libtag"] is False
+    assert plain["size_classes"] == [{"usable_size": 24, "chunks": 2, "bytes": 48}]
+    assert (_report().tagged, _report(libtag=False).tagged) == (True, False)
+
+
+def test_report_stack_rows_have_the_counters_only_when_libtag_kept_them():
+    block = D.StackBlock(start="0x1000", size=16, thread=7, age_ms=None)
+    row = D.ReportStackRow(frames=[2, 1], site=1, bytes=16, blocks=1, node=3, runtime=False, block_list=[block])
+    # GIVEN no per-stack counters: no peak_bytes, temporaries or allocs key
+    assert D.to_json(row) == {"frames": [2, 1], "site": 1, "bytes": 16, "blocks": 1, "node": 3, "runtime": False,
+                              "block_list": [{"start": "0x1000", "size": 16, "thread": 7, "age_ms": None}]}
+    # GIVEN counters: the keys, null for a stack that has none
+    counted = dataclasses.replace(row, peak_bytes=32, temporaries=None, allocs=2, stats=True)
+    assert list(D.to_json(counted)) == ["frames", "site", "bytes", "blocks", "node", "runtime", "peak_bytes",
+                                        "temporaries", "allocs", "block_list"]
+    assert D.to_json(counted)["temporaries"] is None
+    # AND the row of a stack with no live block has no runtime key
+    assert "runtime" not in D.to_json(dataclasses.replace(counted, runtime=None, node=-1))
+
+
+def test_report_events_keep_their_key_out_of_the_json_and_facts_are_pairs():
+    ev = D.ReportEvent(kind="double-free", title="double-free of 0x10", facts=[("address", "0x10"), ("time", None)],
+                       stacks=[D.ReportEventStack(title="detected in thread 7", frames=[0, 1])], cores=["/c/core"],
+                       key=(7, 0, "anomaly", "double-free", "0x10", 7, 12))
+    assert D.to_json(ev) == {"kind": "double-free", "title": "double-free of 0x10",
+                             "facts": [["address", "0x10"], ["time", None]],
+                             "stacks": [{"title": "detected in thread 7", "frames": [0, 1]}],
+                             "cores": ["/c/core"]}

@@ -1,5 +1,5 @@
 /* forensics report: draws the page from the JSON in #fx-data (inlined by
- * forensics/report.py).  Plain DOM and SVG, no libraries, no network.
+ * forensics/output/html.py).  Plain DOM and SVG, no libraries, no network.
  *
  * Every string from the core reaches the DOM through textContent or
  * setAttribute, never as markup.  Errors (thrown here or reported by the

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Does libtag's cost grow with the threads that allocate?  allocbench at
-1, 2, ... N threads (N: this machine's CPUs, or --threads), bare, under
-libtag and under heaptrack, interleaved rep by rep; the ratio to bare at
-each thread count.  A flat row of ratios is the goal (docs/design.md, "Per-stack
-counters: a shard a thread"); run it unchanged on a machine with many CPUs.
+"""Does libtag's cost grow with the threads that allocate?  allocbench (and,
+with --db-bench, RocksDB's db_bench fillrandom,readrandom) at 1, 2, ... N
+threads (N: this machine's CPUs, or --threads), bare, under libtag and under
+heaptrack, interleaved rep by rep; the ratio to bare at each thread count.
+A flat row of ratios is the goal (docs/design.md, "Per-stack counters: a
+shard a thread"); run it unchanged on a machine with many CPUs.
 
     python3 bench/run_threads.py                       # 1..nproc threads, 3 reps
     python3 bench/run_threads.py --threads 1,2 --iters 10000000 --reps 3 --markdown
+    python3 bench/run_threads.py --db-bench --threads 1,2 --reps 3 --markdown
+
+db_bench is Debian's (rocksdb-tools): the one on PATH, else the packages
+fetched once with apt-get download into $XDG_CACHE_HOME/forensics/rocksdb
+and unpacked there (nothing installed).  Each run writes a fresh database of
+--db-num keys a thread in a scratch directory, then reads as many.
 
 --env KEY=VALUE (repeatable) sets a libtag variable for the libtag runs
 (e.g. LIBTAG_QUARANTINE_FILL=256 to see the fill's share).
@@ -27,10 +34,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import BENCH, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
 
 
-def timed(cmd: list[str], env: dict) -> float:
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
+# db_bench and the libraries Debian 12's librocksdb7.8 needs beyond a base system
+ROCKSDB_DEBS = ["rocksdb-tools", "librocksdb7.8", "libgflags2.2", "libsnappy1v5"]
+
+
+def timed(cmd: list[str], env: dict, before=None) -> float:
+    if before is not None:
+        before()
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
+
+
+def db_bench() -> tuple[str, dict]:
+    """(db_bench's path, the environment it needs): the one on PATH, else
+    Debian's packages unpacked in the cache (fetched the first time)."""
+    found = shutil.which("db_bench")
+    if found:
+        return found, {}
+    root = CACHE / "rocksdb"
+    exe = root / "usr" / "bin" / "db_bench"
+    if not exe.is_file():
+        debs = root / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        print(f"fetching {' '.join(ROCKSDB_DEBS)} into {debs}", file=sys.stderr)
+        got = subprocess.run(["apt-get", "download", *ROCKSDB_DEBS], cwd=debs,
+                             capture_output=True, text=True)
+        if got.returncode != 0:
+            sys.exit(f"run_threads: cannot fetch db_bench: "
+                     f"{(got.stderr.strip().splitlines() or ['?'])[-1]}")
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg", "-x", str(deb), str(root)], check=True)
+    return str(exe), {"LD_LIBRARY_PATH": str(root / "usr" / "lib" / "x86_64-linux-gnu")}
 
 
 def main() -> int:
@@ -41,6 +77,9 @@ def main() -> int:
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
     ap.add_argument("--no-heaptrack", action="store_true")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--db-bench", action="store_true",
+                    help="time db_bench fillrandom,readrandom instead of allocbench")
+    ap.add_argument("--db-num", type=int, default=300_000, help="db_bench keys a thread")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
     counts = ([int(t) for t in args.threads.split(",")] if args.threads
@@ -48,8 +87,26 @@ def main() -> int:
     lib = lib_path(args.lib)
     tmp = Path(tempfile.mkdtemp(prefix="threads-"))
     try:
-        exe = build(BENCH / "allocbench.c", tmp / "allocbench", ["-O2", "-g", "-pthread"])
         base_env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        if args.db_bench:
+            exe, need = db_bench()
+            base_env.update(need)
+            db = tmp / "db"
+
+            def command(n: int) -> list[str]:
+                return [exe, "--benchmarks=fillrandom,readrandom", f"--threads={n}",
+                        f"--num={args.db_num}", f"--db={db}"]
+
+            def fresh() -> None:
+                shutil.rmtree(db, ignore_errors=True)
+            what = f"db_bench fillrandom,readrandom --num={args.db_num}"
+        else:
+            exe = build(BENCH / "allocbench.c", tmp / "allocbench", ["-O2", "-g", "-pthread"])
+
+            def command(n: int) -> list[str]:
+                return [str(exe), str(n), str(args.iters)]
+            fresh = None
+            what = f"allocbench THREADS {args.iters}"
         lt_env = dict(base_env, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_DIR=str(tmp))
         lt_env.update(kv.split("=", 1) for kv in args.env)
         heaptrack = None if args.no_heaptrack else shutil.which("heaptrack")
@@ -58,13 +115,13 @@ def main() -> int:
         times: dict[tuple[int, str], list[float]] = {}
         for _ in range(args.reps):
             for n in counts:
-                cmd = [str(exe), str(n), str(args.iters)]
-                times.setdefault((n, "bare"), []).append(timed(cmd, base_env))
-                times.setdefault((n, "libtag"), []).append(timed(cmd, lt_env))
+                cmd = command(n)
+                times.setdefault((n, "bare"), []).append(timed(cmd, base_env, fresh))
+                times.setdefault((n, "libtag"), []).append(timed(cmd, lt_env, fresh))
                 if heaptrack:
                     out = tmp / "ht"
                     times.setdefault((n, "heaptrack"), []).append(
-                        timed([heaptrack, "-o", str(out), *cmd], base_env))
+                        timed([heaptrack, "-o", str(out), *cmd], base_env, fresh))
                     for f in tmp.glob("ht*"):
                         f.unlink()
         rows = []
@@ -79,7 +136,7 @@ def main() -> int:
                     row += ["-", "-"]
             rows.append(row)
         extra = f" ({' '.join(args.env)})" if args.env else ""
-        table(f"allocbench THREADS {args.iters}: wall s and ratio to bare{extra}",
+        table(f"{what}: wall s and ratio to bare{extra}",
               ["threads", "bare s", "libtag s", "libtag", "heaptrack s", "heaptrack"], rows,
               markdown=args.markdown)
     finally:

@@ -280,6 +280,9 @@ def main() -> int:
                          "e.g. mimalloc=/usr/lib/x86_64-linux-gnu/libmimalloc.so.2")
     ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
                     help="an extra setting for the libtag runs (repeatable)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:LIBTAG_X=V[,...]",
+                    help="one more column: libtag with these settings too (repeatable), "
+                         "e.g. fill256:LIBTAG_QUARANTINE_FILL=256 for a before/after in one run")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
     ap.add_argument("--small", action="store_true",
                     help="each program's small workload where it names one (a smoke run)")
@@ -321,6 +324,12 @@ def run(args, lib: Path, extra: dict, bins: dict, tmp: Path) -> int:
         if not name or not Path(path).is_file():
             sys.exit(f"run_real: --preload wants NAME=LIB with an existing LIB, not {spec!r}")
         others.append((name, dict(clean, LD_PRELOAD=str(Path(path).resolve()))))
+    for spec in args.variant:
+        name, _, settings = spec.partition(":")
+        pairs = [kv.partition("=") for kv in settings.split(",") if kv]
+        if not name or not pairs or any(not k or not eq for k, eq, _ in pairs):
+            sys.exit(f"run_real: --variant wants NAME:KEY=VALUE[,KEY=VALUE], not {spec!r}")
+        others.append((name, dict(tagged, **{k: v for k, _, v in pairs})))
     scratch = {p: tmp / p for p, _ in bins}
     for d in scratch.values():
         d.mkdir(exist_ok=True)

@@ -329,7 +329,12 @@ def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = 
     e = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_") and k != "LD_PRELOAD"}
     if libtag:
         (work / "snaps").mkdir(mode=0o700, exist_ok=True)
-        e.update(LD_PRELOAD=str(_libtag_a64()), LIBTAG_DIR=str(work / "snaps"), LIBTAG_CORE="self")
+        # guarded sampling off unless asked, as conftest.py sets it for every
+        # x86_64 victim: a block it picks at random is caught by its guard
+        # page, not where the test looks (lt_threads' tag checks missed one
+        # guarded block of 400 in most runs)
+        e.update(LD_PRELOAD=str(_libtag_a64()), LIBTAG_DIR=str(work / "snaps"), LIBTAG_CORE="self",
+                 LIBTAG_GUARD_RATE="0")
     e.update(env)
     cmd = [QEMU, *(["-cpu", "max"] if pac else []), LOADER, "--library-path", f"{SYSROOT}/lib",
            str(exe), *args]

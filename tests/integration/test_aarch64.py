@@ -343,8 +343,14 @@ def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = 
 
 
 def only_core(work: Path, reason: str) -> Path:
+    """The core of the one snapshot in work/snaps, once it is complete: the
+    fork child of an anomaly's or an on-demand snapshot may still be
+    writing it when the program has exited."""
+    from forensics.snapshots import snapdir
+
     (d,) = list((work / "snaps").iterdir())
     assert d.name.endswith(f"-1-{reason}"), d.name
+    snapdir.wait_complete(d, 120)
     return d / "core"
 
 

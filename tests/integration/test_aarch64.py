@@ -15,16 +15,23 @@ core - and compared with gdb-multiarch.
   ``-mbranch-protection=standard`` under ``qemu -cpu max`` the saved return
   addresses are signed (PAC) and the stack is the same, stripped.
 
-What qemu-user cannot do that a kernel does, and so what this subset does
-not cover (docs/design.md): its cores hold no NT_FILE, NT_SIGINFO,
-NT_ARM_TLS or read-only code (the reader finds modules from the loader's
-list under --sysroot, and thread pointers from glibc's descriptors); an
-emulated process cannot be ptrace'd or read with process_vm_readv at its
-guest addresses (snapshot and attach stay tested on x86_64).  libtag
-cross-built for aarch64 and preloaded: the malloc family's semantics, a
-double free's three stacks and a guarded use-after-free in an -O2 C++
-program with PAC, leaks at exit and whoowns (its section below says what
-qemu changes there).
+What qemu-user cannot do that a kernel does (docs/aarch64.md): its cores
+hold no NT_FILE, NT_SIGINFO, NT_ARM_TLS or read-only code (the reader finds
+modules from the loader's list under --sysroot, and thread pointers from
+glibc's descriptors); ptrace stops the emulator, with its x86_64
+registers, not the program, so `forensics snapshot --ptrace` and
+`forensics attach` stay tested on x86_64.
+
+libtag cross-built for aarch64 and preloaded (its sections below say what
+qemu changes there): the malloc family's semantics; a double free's three
+stacks and a guarded use-after-free in an -O2 C++ program with PAC; leaks
+at exit and whoowns; then x86_64's own victims, cross-compiled: eight
+threads' exact counters and tags (lt_threads), every other anomaly kind
+with its stacks (snap_anomaly, heap_damage, mismatch), the crash hook's
+core of an -O2 worker thread against gdb-multiarch's bt (uw_crash), a
+running process snapshot by `forensics snapshot PID` with its threads and
+every printed block (heap_threads), the tag commands in gdb-multiarch, and
+retention paths with and without libtag (slab_chain).
 
 Each test skips, saying which, when the cross compiler, qemu-aarch64-static
 or the aarch64 libc is not installed (.ci/run installs them).
@@ -38,10 +45,14 @@ import re
 import resource
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import forensics_test_support as S
+from forensics import libpath
 
 VICTIMS = Path(__file__).resolve().parents[1] / "victims"
 SYSROOT = "/usr/aarch64-linux-gnu"
@@ -322,10 +333,9 @@ def lines_of(src: Path) -> dict[str, int]:
             for m in re.finditer(r"// LINE ([a-z-]+)", src.read_text())}
 
 
-def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = False,
-            **env: str) -> subprocess.CompletedProcess:
-    """exe under qemu (``-cpu max`` where pac), through the aarch64 loader,
-    libtag preloaded (where libtag) with its snapshots in work/snaps."""
+def _a64_command(exe: Path, work: Path, args, libtag: bool, pac: bool,
+                 env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of exe ARGS under qemu: a64_run's."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("LIBTAG_") and k != "LD_PRELOAD"}
     if libtag:
         (work / "snaps").mkdir(mode=0o700, exist_ok=True)
@@ -338,6 +348,14 @@ def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = 
     e.update(env)
     cmd = [QEMU, *(["-cpu", "max"] if pac else []), LOADER, "--library-path", f"{SYSROOT}/lib",
            str(exe), *args]
+    return cmd, e
+
+
+def a64_run(exe: Path, work: Path, *args: str, libtag: bool = True, pac: bool = False,
+            **env: str) -> subprocess.CompletedProcess:
+    """exe under qemu (``-cpu max`` where pac), through the aarch64 loader,
+    libtag preloaded (where libtag) with its snapshots in work/snaps."""
+    cmd, e = _a64_command(exe, work, args, libtag, pac, env)
     return subprocess.run(cmd, cwd=work, env=e, capture_output=True, text=True, timeout=180,
                           preexec_fn=_cap_address_space, check=False)
 
@@ -460,3 +478,191 @@ def cli_json_plain(run_cli, tmp: Path, *args: str) -> dict:
     done = run_cli(*args, "--json", env={"XDG_STATE_HOME": str(tmp)}, timeout=300)
     assert done.returncode in (0, 1), f"exit {done.returncode}: {done.stderr}"
     return json.loads(done.stdout)
+
+
+# ------------------------------------- libtag under qemu: x86_64's victims --
+# The victims of the x86_64 tests, cross-compiled as build_victim builds
+# them (-O1 -fno-omit-frame-pointer, libtag's headers; without
+# -finstrument-functions: the shadow stack is not ported), preloaded with
+# the aarch64 libtag, and asked the same.
+
+@pytest.fixture(scope="module")
+def a64_victim(tmp_path_factory):
+    """build(name, *flags, cxx=False) -> the realpath of tests/victims/<name>.c
+    (.cc) cross-compiled, once per module for each set of flags."""
+    if (why := _libtag_missing()):
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("a64v")
+    built: dict[tuple, Path] = {}
+
+    def build(name: str, *flags: str, cxx: bool = False) -> Path:
+        if (name, flags) not in built:
+            exe = out / f"{name}-{len(built)}"
+            cmd = [CXX if cxx else CC, "-g", "-O1", "-pthread", "-fno-omit-frame-pointer",
+                   f"-I{libpath.include_dir()}", *flags, "-o", str(exe), str(VICTIMS / f"{name}.{'cc' if cxx else 'c'}")]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, f"$ {' '.join(cmd)}\n{done.stderr}"
+            built[name, flags] = Path(os.path.realpath(exe))
+        return built[name, flags]
+
+    return build
+
+
+def kv(stdout: str) -> dict[str, str]:
+    """The victim's key=value lines."""
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+def in_exe(stack: list[dict], exe: Path) -> list[str]:
+    """The victim's own functions of a stack, innermost first, through main
+    (test_heap_damage's functions())."""
+    names = [f["function"] for f in stack if f["module"] == str(exe)]
+    return names[:names.index("main") + 1] if "main" in names else names
+
+
+def libtag_stats(stderr: str) -> dict[str, str]:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("libtag: stats "))
+    return dict(w.split("=", 1) for w in line.split()[2:])
+
+
+def test_libtag_threads_keep_exact_counters_and_tags(a64_victim, tmp_path):
+    # GIVEN lt_threads: 8 threads churning malloc/calloc/realloc/free, with
+    # frees of each other's blocks, counting what they did themselves
+    exe = a64_victim("lt_threads")
+    # WHEN it runs under qemu with libtag
+    run = a64_run(exe, tmp_path, LIBTAG_QUIET="1")
+    assert run.returncode == 0, run.stderr
+    pairs = {m["key"]: (int(m["got"]), int(m["want"])) for m in
+             re.finditer(r"^(?P<key>.*) got=(?P<got>-?\d+) want=(?P<want>-?\d+)$", run.stdout, re.M)}
+    lines = run.stdout.splitlines()
+    # THEN each thread's record holds exactly what the thread counted, its
+    # kept blocks carry its tid, and the frees it made for its neighbour
+    # are recorded as freed by it, allocated by them (test_libtag_threads.py)
+    for i in range(8):
+        for field in ("allocs", "frees", "alloc_bytes", "free_bytes"):
+            got, want = pairs[f"thread {i} {field}"]
+            assert got == want, (i, field, got, want)
+        assert pairs[f"thread {i} allocs"][1] - pairs[f"thread {i} frees"][1] == 50
+        assert f"thread {i} exited=1" in lines
+        assert f"thread {i} handoff freed_ok=200 want=200" in lines
+        assert f"thread {i} kept tags_ok=50 content_ok=50 want=50" in lines
+    for key in ("total allocs", "total frees", "total live_blocks", "total live_bytes"):
+        got, want = pairs[key]
+        assert got == want, key
+    assert (pairs["total workers_live_blocks"], pairs["threads_new"], pairs["anomalies"]) == (
+        (400, 400), (8, 8), (0, 0))
+
+
+# ---------------------------------------------------------- every anomaly --
+# double-free and a guarded use-after-free are a64_libtag's (above); here
+# the others, each with the stacks the x86_64 tests assert.
+
+
+def anomaly_run(exe: Path, work: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """exe ARGS with LIBTAG_ON_ANOMALY=snapshot: it runs on to "survived",
+    leaving one anomaly snapshot; (the run, that anomaly's document)."""
+    run = a64_run(exe, work, *args, LIBTAG_ON_ANOMALY="snapshot", LIBTAG_QUARANTINE="4096",
+                  LIBTAG_STATS="1")
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "survived", (run.stdout, run.stderr)
+    (d,) = list((work / "snaps").iterdir())
+    kind = d.name.split("-1-", 1)[1]
+    done = subprocess.run([sys.executable, "-m", "forensics", "inspect", str(only_core(work, kind)), "--json"],
+                          cwd=work, env={**os.environ, "XDG_STATE_HOME": str(work / "state")},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    [a] = doc["anomalies"]
+    assert (a["kind"], doc["counters"]["anomalies"], libtag_stats(run.stderr)["anomalies"]) == (kind, 1, "1")
+    return run, {**a, "pid": doc["process"]["pid"]}
+
+
+@pytest.mark.parametrize("case", ["invalid-free-stack", "invalid-free-interior"])
+def test_invalid_free_names_the_pointer_and_the_freeing_stack(case, a64_victim, tmp_path):
+    # GIVEN free() of a stack address, and of a pointer 32 bytes into a block
+    exe = a64_victim("snap_anomaly")
+    run, a = anomaly_run(exe, tmp_path, case)
+    address, fn = int(kv(run.stdout)["address"], 16), f"do_{case.replace('-', '_')}"
+    # THEN one invalid-free of exactly that pointer, by main, detected in
+    # the function that called free()
+    assert (a["kind"], int(a["address"], 16), a["thread"]) == ("invalid-free", address, a["pid"])
+    assert in_exe(a["stack"], exe) == [fn, "main"], a["stack"]
+    # ... inside no block, or 32 bytes into the live 128-byte block it
+    # allocated itself
+    b = a["block"]
+    if case == "invalid-free-stack":
+        assert b is None, b
+    else:
+        assert (int(b["start"], 16), b["size"], b["offset"], b["state"], b["thread"]) == (
+            address - 32, 128, 32, "live", a["pid"])
+        assert in_exe(b["alloc_stack"], exe) == [fn, "main"], b["alloc_stack"]
+
+
+def test_heap_overflow_into_the_next_block_is_the_block_befores(a64_victim, tmp_path):
+    # GIVEN 100 bytes written past a 64-byte block, over the next block's tag
+    exe = a64_victim("heap_damage")
+    run, a = anomaly_run(exe, tmp_path, "overflow-neighbour", "p-first")
+    f = kv(run.stdout)
+    block, tid = int(f["block"], 16), int(f["tid"])
+    # THEN a heap-overflow at its first byte past the end, the bytes written,
+    # the block's allocation stack and the free that found it
+    assert (a["kind"], int(a["address"], 16), a["offset"], a["written"]) == (
+        "heap-overflow", block + 64, 64, S.overwritten(f["written"], 0x42).hex())
+    b = a["block"]
+    assert (int(b["start"], 16), b["size"], b["thread"]) == (block, 64, tid)
+    assert in_exe(b["alloc_stack"], exe) == ["alloc_victim", "main"], b["alloc_stack"]
+    assert in_exe(a["stack"], exe) == ["free_victim", "main"], a["stack"]
+    # ... and neither block went back to the heap
+    assert libtag_stats(run.stderr)["damaged_leaked"] == "2", run.stderr
+
+
+def test_heap_underflow_is_the_byte_before_the_block(a64_victim, tmp_path):
+    # GIVEN p[-1] = 0x41 on a live 40-byte block, then free(p)
+    exe = a64_victim("heap_damage")
+    run, a = anomaly_run(exe, tmp_path, "underflow")
+    f = kv(run.stdout)
+    block, tid = int(f["block"], 16), int(f["tid"])
+    # THEN a heap-underflow at p - 1, found by that free
+    assert (a["kind"], int(a["address"], 16), a["offset"], a["written"], a["thread"]) == (
+        "heap-underflow", block - 1, -1, "41", tid)
+    b = a["block"]
+    assert (int(b["start"], 16), b["size"], b["state"], b["thread"], b["alloc_kind"]) == (
+        block, 40, "live", tid, "malloc")
+    assert in_exe(b["alloc_stack"], exe) == ["alloc_victim", "main"], b["alloc_stack"]
+    assert in_exe(a["stack"], exe) == ["free_victim", "main"], a["stack"]
+    assert libtag_stats(run.stderr)["damaged_leaked"] == "1", run.stderr
+
+
+def test_write_after_free_by_another_thread_has_three_stacks(a64_victim, tmp_path):
+    # GIVEN a 120-byte block freed by main, 0x5a written at offset 24 by
+    # another thread, then enough frees to push it out of the quarantine
+    exe = a64_victim("heap_damage")
+    run, a = anomaly_run(exe, tmp_path, "uaf", "24", "other", "evict")
+    f = kv(run.stdout)
+    block, tid, free_tid = int(f["block"], 16), int(f["tid"]), int(f["free_tid"])
+    # THEN a use-after-free at the written byte, with who allocated and who
+    # freed it, and the eviction that found it
+    assert (a["kind"], int(a["address"], 16), a["offset"], a["written"]) == (
+        "use-after-free", block + 24, 24, "5a")
+    b = a["block"]
+    assert (int(b["start"], 16), b["size"], b["state"], b["thread"], b["free_thread"]) == (
+        block, 120, "freed", tid, free_tid)
+    assert in_exe(b["alloc_stack"], exe)[:2] == ["alloc_victim", "uaf"], b["alloc_stack"]
+    assert in_exe(b["free_stack"], exe)[:2] == ["free_victim", "uaf"], b["free_stack"]
+    assert in_exe(a["stack"], exe)[:1] == ["churn"], a["stack"]
+
+
+def test_new_released_by_free_is_a_mismatch_with_both_stacks(a64_victim, tmp_path):
+    # GIVEN new long, released with free()
+    exe = a64_victim("mismatch", cxx=True)
+    run, a = anomaly_run(exe, tmp_path, "new-free")
+    f = kv(run.stdout)
+    block, tid = int(f["block"], 16), int(f["tid"])
+    # THEN an alloc-dealloc-mismatch naming both calls and their stacks
+    assert (a["kind"], int(a["address"], 16), a["dealloc"], a["thread"]) == (
+        "alloc-dealloc-mismatch", block, "free", tid)
+    b = a["block"]
+    assert (int(b["start"], 16), b["size"], b["alloc_kind"], b["thread"]) == (block, 8, "new", tid)
+    assert in_exe(b["alloc_stack"], exe)[:2] == ["alloc_victim", "main"], b["alloc_stack"]
+    assert in_exe(a["stack"], exe)[:2] == ["release_victim", "main"], a["stack"]
+    # ... and the block was released all the same
+    assert f["live_delta"] == "0", run.stdout

@@ -666,3 +666,72 @@ def test_new_released_by_free_is_a_mismatch_with_both_stacks(a64_victim, tmp_pat
     assert in_exe(a["stack"], exe)[:2] == ["release_victim", "main"], a["stack"]
     # ... and the block was released all the same
     assert f["live_delta"] == "0", run.stdout
+
+
+# ------------------------------------------------ the crash hook's core --
+
+FAULT = 0xDEAD0000  # uw_crash.c's FAULT_ADDR
+
+
+def gdb_threads_bt(exe: Path, core: Path) -> dict[int, list[tuple[int | None, str]]]:
+    """gdb-multiarch's ``thread apply all bt`` of a core with its modules
+    at their real paths: {tid: [(address or None, function or "??")]}."""
+    argv = ["gdb-multiarch", "--batch", "-nx", "-iex", "set debug-file-directory /nonexistent",
+            "-iex", "set debuginfod enabled off", "-iex", "set backtrace past-main on",
+            str(exe), str(core), "-ex", "thread apply all bt"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=180).stdout
+    bts: dict[int, list] = {}
+    tid = None
+    for line in out.splitlines():
+        if m := re.match(r"^Thread \d+ \(.*LWP (\d+)\)", line):
+            tid = int(m[1])
+            bts[tid] = []
+        elif tid is not None and (m := re.match(r"^#\d+\s+(?:(0x[0-9a-f]+) in )?(\S+) \(", line)):
+            bts[tid].append((int(m[1], 16) if m[1] else None, m[2]))
+    return bts
+
+
+@pytest.mark.parametrize("omit", [False, True], ids=["frame-records", "omit-frame-pointer"])
+def test_a_worker_threads_crash_core_has_gdbs_stack(omit, a64_victim, run_cli, tmp_path):
+    from forensics.core import Core
+    from forensics.reader import abi
+    from forensics.reader.control import Control
+    from forensics.reader.memory import CoreMemory
+
+    if shutil.which("gdb-multiarch") is None:
+        pytest.skip("gdb-multiarch is not installed (apt-get install gdb-multiarch)")
+    # GIVEN uw_crash at -O2, as gcc builds it for aarch64 (every non-leaf
+    # function keeps its frame record) or without frame pointers: a worker
+    # thread writes to FAULT two calls deep (not a PIE: gdb places a PIE by
+    # AT_ENTRY, and qemu's /proc/self/auxv, which libtag's core copies,
+    # does not hold it)
+    exe = a64_victim("uw_crash", "-O2", *(["-fomit-frame-pointer"] if omit else []), "-no-pie")
+    # WHEN it dies under libtag: the crash hook writes the core
+    run = a64_run(exe, tmp_path, "thread")
+    assert run.returncode == -11, run.stderr
+    core = only_core(tmp_path, "crash")
+    with Core(core) as c:
+        control = Control(CoreMemory(c))
+        crash = control.fields.crash
+        sig, tid, address = int(crash.signal), int(crash.tid), int(crash.address)
+        frames = control.raw_stack(int(crash.stack))
+    # THEN its crash record is SIGSEGV at FAULT in the worker, with the
+    # faulting pc and then return addresses
+    assert (sig, address) == (11, FAULT)
+    assert [k for _, k in frames] == [abi.TAG_FRAME_SIGNAL] + [abi.TAG_FRAME_CALL] * (len(frames) - 1)
+    gdb = gdb_threads_bt(exe, core)[tid]
+    if not omit:
+        # ... the frames of gdb-multiarch's bt of that thread, address for
+        # address (without frame records libtag's walk, which follows them
+        # past the first frame, skips the callers that keep none: only the
+        # reader's CFI unwind below is gdb's there)
+        assert [p for p, _ in frames] == [a for a, _ in gdb], (frames, gdb)
+    # AND inspect's crashing thread is that one, its stack gdb's, function
+    # for function (gdb's "??" is libc's stripped code, module+offset here)
+    doc = cli_json_plain(run_cli, tmp_path, "inspect", str(core))
+    c = doc["crash"]
+    assert (c["signal"], c["thread"], int(c["address"], 16)) == ("SIGSEGV", tid, FAULT)
+    assert tid != doc["process"]["pid"]
+    ours = [f["function"] or "??" for f in c["stack"]]
+    assert ours == [fn for _, fn in gdb], (ours, gdb)
+    assert ours[:3] == ["crash_here", "deeper", "worker"], ours

@@ -43,6 +43,7 @@ import json
 import os
 import re
 import resource
+import select
 import shutil
 import subprocess
 import sys
@@ -735,3 +736,155 @@ def test_a_worker_threads_crash_core_has_gdbs_stack(omit, a64_victim, run_cli, t
     ours = [f["function"] or "??" for f in c["stack"]]
     assert ours == [fn for _, fn in gdb], (ours, gdb)
     assert ours[:3] == ["crash_here", "deeper", "worker"], ours
+
+
+# ------------------------- a running process: a snapshot by request, threads --
+
+
+@dataclass
+class Running:
+    exe: Path
+    pid: int
+    blocks: list[tuple[int, int, int, str, str]]  # (address, size, tid, state, caller) as printed
+    dangling: int
+    snapshot: subprocess.CompletedProcess  # forensics snapshot PID --json
+    refused: dict[str, subprocess.CompletedProcess]  # --ptrace, --signal RTMIN+3
+    run: subprocess.CompletedProcess  # the victim, after its stdin closed
+    work: Path
+
+    @property
+    def tids(self) -> set[int]:
+        return {b[2] for b in self.blocks}
+
+
+def _cli(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "forensics", *args], cwd=work, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "XDG_STATE_HOME": str(work / "state")})
+
+
+@pytest.fixture(scope="module")
+def running(a64_victim, tmp_path_factory):
+    """heap_threads (main and three workers, every block printed) running
+    under qemu with libtag, waiting on its stdin: `forensics snapshot PID`
+    asks it for a snapshot (and --ptrace and a real-time --signal are
+    asked too), then its stdin closes and it exits."""
+    exe = a64_victim("heap_threads")
+    work = tmp_path_factory.mktemp("a64run")
+    proc = a64_popen(exe, work, "wait", LIBTAG_QUARANTINE="1500")
+    try:
+        out = []
+        while not out or out[-1] != "ready":
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            line = proc.stdout.readline() if ready else ""
+            assert line, f"heap_threads stopped before 'ready': {out} {proc.stderr.read() if not ready else ''}"
+            out.append(line.strip())
+        pid = int(out[0].split()[1])
+        snapshot = _cli(work, "snapshot", str(pid), "--json")
+        refused = {how: _cli(work, "snapshot", str(pid), *how.split())
+                   for how in ("--ptrace", "--signal RTMIN+3")}
+        stdout, stderr = proc.communicate(input="", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    blocks = [(int(w[1], 16), int(w[2]), int(w[3]), w[4], w[5]) for w in map(str.split, out) if w[0] == "block"]
+    dangling = next(int(w[1], 16) for w in map(str.split, out) if w[0] == "dangling")
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "\n".join(out) + "\n" + stdout, stderr)
+    return Running(exe, pid, blocks, dangling, snapshot, refused, done, work)
+
+
+def a64_popen(exe: Path, work: Path, *args: str, **env: str) -> subprocess.Popen:
+    """a64_run's command, started with pipes to talk to it."""
+    cmd, e = _a64_command(exe, work, args, True, False, env)
+    return subprocess.Popen(cmd, cwd=work, env=e, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_cap_address_space)
+
+
+def test_a_running_process_is_snapshot_by_request_and_runs_on(running):
+    # GIVEN the running victim  WHEN forensics snapshot PID asked it
+    snap = running.snapshot
+    assert snap.returncode == 0, snap.stderr
+    doc = json.loads(snap.stdout)
+    # THEN libtag in it took an on-demand snapshot into its own directory
+    # (asked by its LIBTAG_SIGNAL, SIGUSR2: qemu-user gives host signal n to
+    # the program as n - 2, so libtag's request signal SIGRTMAX-1 has no
+    # host number - sent, it arrived as SIGRTMIN+27 and ended the program)
+    (d,) = list((running.work / "snaps").iterdir())
+    assert (doc["pid"], doc["method"], doc["reason"], doc["seq"], doc["handed_over"], doc["dir"], doc["core"]) == (
+        running.pid, "libtag", "on-demand", 1, False, str(d), str(d / "core"))
+    assert d.name.endswith(f"-{running.pid}-1-on-demand"), d.name
+    # ... and the asks it cannot serve were refused, each in one line, nothing sent
+    emulated = f"forensics: error: pid {running.pid} runs aarch64 code under an emulator"
+    assert running.refused["--ptrace"].stderr == (
+        f"{emulated}: ptrace would stop and fork the emulator, not the program; leave out "
+        f"--ptrace (libtag in it takes the snapshot)\n")
+    assert running.refused["--signal RTMIN+3"].stderr == (
+        f"{emulated}, which renumbers real-time signals: libtag's request signal cannot reach "
+        f"it, nor --signal 37; nothing was sent.  Ask it by a standard signal it handles "
+        f"(--signal USR2)\n")
+    assert [r.returncode for r in running.refused.values()] == [2, 2]
+    # AND the program ran on to its end, snapshot once
+    assert running.run.returncode == 0, running.run.stderr
+    assert [ln for ln in running.run.stderr.splitlines() if ln.startswith("libtag: snapshot")] == [
+        f"libtag: snapshot 1 (on-demand) -> {d}"], running.run.stderr
+
+
+def test_the_snapshot_has_every_thread_and_every_printed_block(running):
+    from forensics.reader.dump import Dump
+
+    core = running.work / "snaps"
+    (core,) = [d / "core" for d in core.iterdir()]
+    src = (VICTIMS / "heap_threads.c").read_text()
+    wait_line = src.count("\n", 0, src.index("while (read(0, buf")) + 1
+    with Dump.open(core) as dump:
+        # THEN the threads are the four the victim printed blocks of
+        assert {t.tid for t in dump.threads} == running.tids and len(running.tids) == 4
+        # ... main (which took SIGUSR2) reading its stdin in main's loop
+        main = [(f.function, f.line) for f in dump.thread_frames(dump.thread(running.pid))
+                if f.module == str(running.exe)]
+        assert main[0] == ("main", wait_line), main
+        # ... and every printed block is found with its size, state, thread
+        # and stacks, freed ones with the thread that freed them
+        for addr, size, tid, state, who in running.blocks:
+            b = dump.heap.block_at(addr)
+            assert (b.start, b.size, b.state, b.thread) == (addr, size, state, tid), (hex(addr), b)
+            assert [f.function for f in dump.stack(b.alloc_stack)][:3] == ["alloc_node", "make_record", who]
+            if state == "freed":
+                assert b.free_thread == tid
+                assert [f.function for f in dump.stack(b.free_stack)][:2] == ["release_record", who]
+
+
+def test_the_tag_commands_in_gdb_multiarch_answer_as_the_command_line(running):
+    from forensics.gdb import SCRIPT
+
+    if shutil.which("gdb-multiarch") is None:
+        pytest.skip("gdb-multiarch is not installed (apt-get install gdb-multiarch)")
+    embedded = subprocess.run(["gdb-multiarch", "--batch", "-nx", "-ex",
+                               "python import sys; print(*sys.version_info[:2])"],
+                              capture_output=True, text=True, timeout=120).stdout.split()
+    if embedded != [str(v) for v in sys.version_info[:2]]:
+        pytest.skip(f"gdb-multiarch embeds Python {'.'.join(embedded) or '(none)'}, forensics is "
+                    f"installed for {sys.version_info[0]}.{sys.version_info[1]}")
+    (core,) = [d / "core" for d in (running.work / "snaps").iterdir()]
+    # GIVEN the command line's answers on the aarch64 snapshot
+    want_inspect = json.loads(_cli(running.work, "inspect", str(core), "--top", "3", "--json").stdout)
+    want_block = json.loads(_cli(running.work, "whoowns", hex(running.dangling + 4), "--core", str(core),
+                                 "--json").stdout)["block"]
+    # WHEN gdb-multiarch opens the core with the tag commands loaded
+    mark = "@@a64@@"
+    argv = ["gdb-multiarch", "--batch", "-nx", "-iex", "set debuginfod enabled off", "-ex", f"source {SCRIPT}"]
+    for c in ("tag inspect --json --top 3", f"tag block --json {running.dangling + 4:#x}"):
+        argv += ["-ex", f"echo {mark}\\n", "-ex", c]
+    argv += ["-ex", f"echo {mark}\\n", str(running.exe), str(core)]
+    # (FORENSICS_PYTHON: the loader takes the package this test imports)
+    done = subprocess.run(argv, cwd=running.work, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XDG_STATE_HOME": str(running.work / "state"),
+                               "FORENSICS_PYTHON": sys.executable})
+    parts = done.stdout.split(mark + "\n")[1:-1]
+    assert len(parts) == 2, (done.stdout, done.stderr)
+    # THEN they answer as the command line does, on the same core
+    assert json.loads(parts[0]) == want_inspect
+    assert json.loads(parts[1]) == want_block
+    # ... which is the dangling pointer's block: freed by main, 100 bytes
+    assert (want_block["start"], want_block["size"], want_block["state"], want_block["free_thread"]) == (
+        hex(running.dangling), 100, "freed", running.pid)

@@ -888,3 +888,75 @@ def test_the_tag_commands_in_gdb_multiarch_answer_as_the_command_line(running):
     # ... which is the dangling pointer's block: freed by main, 100 bytes
     assert (want_block["start"], want_block["size"], want_block["state"], want_block["free_thread"]) == (
         hex(running.dangling), 100, "freed", running.pid)
+
+
+# ------------------------------------------------------- retention paths --
+
+
+@dataclass
+class Retained:
+    exe: Path
+    facts: dict[str, list[int]]
+    core: Path
+
+    def __getitem__(self, key: str) -> int:
+        return self.facts[key][0]
+
+
+def slab_facts(stdout: str) -> dict[str, list[int]]:
+    return {w[0]: [int(v, 0) for v in w[1:]] for w in map(str.split, stdout.splitlines()) if w}
+
+
+@pytest.fixture(scope="module", params=["libtag", "glibc"])
+def retained(request, a64_victim, tmp_path_factory):
+    """slab_chain (test_whoowns_retention.py): under libtag its on-demand
+    snapshot from inside hold_on_stack; without it qemu's core of its
+    SIGABRT there, read from glibc's heap."""
+    exe = a64_victim("slab_chain")
+    work = tmp_path_factory.mktemp(f"a64retain-{request.param}")
+    if request.param == "libtag":
+        run = a64_run(exe, work)
+        assert run.returncode == 0, run.stderr
+        core = only_core(work, "on-demand")
+    else:
+        core, out, _ = qemu_core(exe, work, "abort")
+        run = subprocess.CompletedProcess([], 0, out, "")
+    return Retained(exe, slab_facts(run.stdout), core)
+
+
+def who(run_cli, tmp: Path, r: Retained, addr: int) -> dict:
+    args = ("whoowns", hex(addr), "--core", str(r.core))
+    return cli_json_plain(run_cli, tmp, *args) if r.core.name == "core" else cli_json(run_cli, tmp, *args)
+
+
+def test_a_slab_is_kept_alive_by_a_global_through_the_table(retained, run_cli, tmp_path):
+    r = retained
+    # WHEN whoowns is asked about a word inside the slab
+    doc = who(run_cli, tmp_path, r, r["slab"] + 200)
+    # THEN one root: the global registry in the victim's .bss, through the
+    # table's slot at offset 48 (glibc's chunk: 136 usable bytes for 128)
+    table = 128 if r.core.name == "core" else 136
+    assert doc["retainers"] == [{
+        "root": {"kind": "global", "address": hex(r["registry"]), "thread": None, "register": None,
+                 "module": str(r.exe), "symbol": "registry", "section": ".bss", "function": None,
+                 "interior": False},
+        "path": [{"address": hex(r["slot"]), "block_start": hex(r["table"]), "size": table, "offset": 48,
+                  "interior": False}],
+    }], doc["retainers"]
+    # ... and the slab's 63 free-list links into itself are no referrers
+    assert (doc["retainer_count"], doc["self_referrers"], doc["referrer_count"]) == (1, 63, 1), doc
+
+
+def test_a_block_held_by_a_local_is_kept_by_its_frame(retained, run_cli, tmp_path):
+    r = retained
+    doc = who(run_cli, tmp_path, r, r["stack_block"])
+    # THEN the root is that stack word of the main thread, in hold_on_stack
+    assert [(x["root"]["kind"], int(x["root"]["address"], 16), x["root"]["thread"], x["root"]["function"],
+             x["path"]) for x in doc["retainers"]] == [
+        ("stack", r["stack_slot"], r["main_tid"], "hold_on_stack", [])], doc["retainers"]
+
+
+def test_a_leaked_block_is_kept_alive_by_nothing(retained, run_cli, tmp_path):
+    r = retained
+    doc = who(run_cli, tmp_path, r, r["leaked"])
+    assert (doc["retainers"], doc["retainer_count"], doc["retainers_depth_limited"]) == ([], 0, False), doc

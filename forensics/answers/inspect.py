@@ -153,6 +153,15 @@ def recorded_anomaly_docs(dump: Dump) -> list[AnomalyDoc]:
     # start); when the address is inside a tagged block, that block is the
     # one the user needs (free(p + 32) of a live p).
     block = a.block if a.block is not None else dump.heap.block_at(a.address)
+    if block is not None and block.state == "freed" and block.free_stack is None:
+        # libtag copies a freed block's free record out of the quarantine
+        # rings with process_vm_readv, which a seccomp filter may refuse and
+        # qemu-user does not implement: the ring in this memory holds it
+        held = dump.heap.block_at(block.start)
+        if held is not None and (held.start, held.state) == (block.start, "freed") \
+                and held.free_stack is not None:
+            block = dataclasses.replace(block, free_thread=held.free_thread, free_time_ms=held.free_time_ms,
+                                        free_stack=held.free_stack)
     dump.prefetch([a.stack] + ([block.alloc_stack, block.free_stack or 0] if block else []))
     return [AnomalyDoc(
         kind=a.kind,

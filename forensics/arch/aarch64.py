@@ -24,6 +24,11 @@ from .base import MASK64, Arch, Code, Regs, Word
 
 # struct user_pt_regs (arch/arm64/include/uapi/asm/ptrace.h): elf_gregset_t
 REG_NAMES = (*(f"x{i}" for i in range(31)), "sp", "pc", "pstate")
+# libtag's thread record keeps 27 words (tag_abi.h's TAG_NREGS, x86_64's
+# size): the argument registers, the callee-saved ones with x29 and x30,
+# sp, pc, pstate, then x8-x11 (libtag/src/base/arch_aarch64.h)
+RECORD_REGS = (*(f"x{i}" for i in range(8)), *(f"x{i}" for i in range(19, 31)), "sp", "pc", "pstate",
+               *(f"x{i}" for i in range(8, 12)))
 TP = "tpidr_el0"  # from the NT_ARM_TLS note (the kernel's; qemu-user writes none)
 
 SP, FP, LR, PC = 31, 29, 30, 32
@@ -54,6 +59,7 @@ class _AArch64(Arch):
     title = "AArch64"
     e_machine = 183
     reg_names = REG_NAMES
+    record_regs = RECORD_REGS
     pc, sp, fp, tp = "pc", "sp", "x29", TP
     not_data = frozenset(("pc", "pstate", TP))
     arg_regs = tuple(f"x{i}" for i in range(8))

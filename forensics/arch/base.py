@@ -22,6 +22,9 @@ class Arch:
     e_machine: int
     # elf_gregset_t of NT_PRSTATUS, in order
     reg_names: tuple[str, ...]
+    # the TAG_NREGS words of libtag's thread record (tag_abi.h's regs, as
+    # base/arch_*.h's tag_arch_save_regs stores them), in order
+    record_regs: tuple[str, ...]
     # which of those the reader uses, by role
     pc: str
     sp: str

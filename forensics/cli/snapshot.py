@@ -26,6 +26,13 @@ snapshot directory.  When its memory cannot be read (another user's
 process, Yama's ptrace_scope), its environment is the fallback and --dir
 names its LIBTAG_DIR if that cannot be read either.
 
+A program run by a user-mode emulator (qemu-user) is, to the kernel, the
+emulator's process: it is asked by its LIBTAG_SIGNAL (a standard signal,
+SIGUSR2 unless set), never by libtag's real-time request signal, which the
+emulator renumbers (qemu-user's program gets host signal n as n - 2 and
+cannot be sent its two highest); --ptrace is refused for it (ptrace would
+fork the emulator, not the program).
+
 --children snapshots PID and every descendant that runs libtag (an nginx
 master and its workers, the postmaster and its backends), one core each.
 --signal SIG sends SIG instead of libtag's request signal, for a process

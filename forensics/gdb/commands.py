@@ -43,6 +43,7 @@ from typing import Callable, NoReturn
 
 import gdb  # gdb's embedded module: this file is only imported inside gdb
 
+from forensics.arch import AARCH64, X86_64
 from forensics.cli import _args
 from forensics.cli import inspect as inspect_verb
 from forensics.cli import whoowns as whoowns_verb
@@ -129,9 +130,7 @@ _UNWIND_REGS = ("rip", "rsp", "rbp", "rbx", "r12", "r13", "r14", "r15")
 
 def _unwind_regs(frame) -> tuple[str, ...]:
     """The registers to read for an unwind, by the machine gdb debugs
-    (gdb-multiarch's aarch64: pc, sp and the callee-saved x19-x30)."""
-    from forensics.arch import AARCH64
-
+    (aarch64: pc, sp and the callee-saved x19-x30)."""
     try:
         name = frame.architecture().name()
     except (gdb.error, AttributeError):
@@ -147,6 +146,17 @@ class GdbDump(Dump):
 
     def live_registers(self) -> dict[int, dict[str, int]]:
         return self.mem.thread_regs()
+
+    @property
+    def arch(self):
+        """The machine of the inferior, as gdb has it ("aarch64",
+        "i386:x86-64"): a native process is the machine gdb runs on, which
+        Dump's default (forensics.arch.HOST) does not follow."""
+        try:
+            name = self.mem.inferior.architecture().name()
+        except (gdb.error, AttributeError):
+            return super().arch
+        return AARCH64 if name.startswith("aarch64") else X86_64
 
 
 # ------------------------------------------------------------------- dumps --

@@ -64,7 +64,7 @@ class Dump:
         self.cache_base = cache_base
         self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
-        self.control = Control(mem, found)
+        self.control = Control(mem, found, arch=self.arch)
         self.heap = Heap(self.control, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}

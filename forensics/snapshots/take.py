@@ -33,6 +33,10 @@ from forensics.reader.live import read_maps
 from forensics.snapshots import catalog, corefile, handoff, ptrace, snapdir
 from forensics.snapshots.handoff import sigqueue, take_handoff
 
+# ELF e_machine -> the name a message gives it
+_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64",
+             183: "aarch64", 243: "riscv64", 258: "loongarch64"}
+
 # LIBTAG_SIGNAL names libtag accepts besides numbers, RTMIN+N and none
 # (libtag/src/base/options.c signal_number; tests/unit/test_abi_mirror.py compares).
 LIBTAG_SIGNALS = ("USR1", "USR2", "PWR", "URG", "WINCH", "TTIN")
@@ -92,6 +96,42 @@ def libtag_loaded(pid: int) -> bool:
     if any(m.path and _LIBTAG_MAPPING.search(m.path) for m in maps):
         return True
     return _exe_exports_libtag(pid)
+
+
+def _elf_machine(read) -> int | None:
+    """e_machine of the ELF header read(0, 20) gives (a little-endian one),
+    or None when it is not one."""
+    try:
+        head = read(0, 20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] != 1:
+        return None
+    return int.from_bytes(head[18:20], "little")
+
+
+def emulated_machine(pid: int) -> str | None:
+    """The machine whose code the libtag in *pid* is, when it is not the
+    one forensics runs as: a program run by a user-mode emulator
+    (qemu-user, directly or through binfmt_misc) is the emulator's process
+    to the kernel, and libtag is mapped in it as the program's machine's
+    library.  None for a native process, or when that cannot be read."""
+    try:
+        maps = read_maps(pid)
+        fd = os.open(f"/proc/{int(pid)}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        lib = next((m for m in maps if m.offset == 0 and m.readable and m.path
+                    and _LIBTAG_MAPPING.search(m.path)), None)
+        theirs = _elf_machine(lambda off, n: os.pread(fd, n, lib.start + off)) if lib else None
+    finally:
+        os.close(fd)
+    with open("/proc/self/exe", "rb") as f:
+        ours = _elf_machine(lambda off, n: os.pread(f.fileno(), n, off))
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    return _MACHINES.get(theirs, f"ELF machine {theirs}")
 
 
 # (device, inode, mtime) of an executable -> whether it exports libtag:
@@ -363,9 +403,20 @@ class Plan:
 
 
 def _plan(pid: int, proc, *, fallback_dir: str | None, signal_override: int | None,
-          note) -> Plan:
+          note, emulated: str | None = None) -> Plan:
     """Decide how to ask *pid*: from its control block when its memory can
-    be read, else from its environment."""
+    be read, else from its environment.
+
+    An emulated process (*emulated*: its machine) is asked only by a
+    standard signal, its LIBTAG_SIGNAL: an emulator renumbers the
+    real-time signals between the host and the program (qemu-user 7.2
+    gives host signal n to the program as n - 2, and the program's two
+    highest, libtag's request signal SIGRTMAX-1 among them, have no host
+    number at all), so libtag's request signal - or the reap request
+    after it - would arrive as another signal, whose default action
+    ends the program."""
+    if emulated is not None:
+        return _emulated_plan(pid, emulated, signal_override)
 
 
     def by_kill(sig: int):
@@ -448,6 +499,41 @@ def _plan(pid: int, proc, *, fallback_dir: str | None, signal_override: int | No
                 describe=signal_name(user_sig, unknown="signal {}"), request_sig=None)
 
 
+def _emulated_plan(pid: int, machine: str, signal_override: int | None) -> Plan:
+    """How to ask an emulated process (see _plan): by a standard signal
+    libtag handles there, into the directory it writes itself."""
+    why = (f"pid {pid} runs {machine} code under an emulator, which renumbers real-time "
+           f"signals: libtag's request signal cannot reach it")
+    if signal_override is not None and signal_override >= 32:  # 32 and up: real-time
+        raise InputError(f"{why}, nor --signal {signal_override}; nothing was sent.  Ask it by "
+                         f"a standard signal it handles (--signal USR2)")
+    ctl = handoff.read_control(pid)
+    if ctl is not None:
+        root, sig = (Path(ctl.dir) if ctl.dir else None), ctl.user_signal
+    else:  # the emulator keeps the program's memory elsewhere: its environment
+        try:
+            environ = psutil.Process(pid).environ()
+        except psutil.Error:
+            environ = {}
+        root = snapshot_root(environ) if environ else None
+        sig = parse_signal(environ.get("LIBTAG_SIGNAL")) if environ else None
+    if root is None:
+        raise InputError(f"{why}, and where it writes its snapshots cannot be read; nothing "
+                         f"was sent")
+    unwritable = unwritable_reason(pid, root)
+    if unwritable is not None:
+        raise InputError(f"{why}, and it cannot write its own snapshot directory ({unwritable}): "
+                         f"a core handed over needs that signal; nothing was sent")
+    if signal_override is not None:
+        sig = signal_override
+    if not sig:
+        raise InputError(f"{why}, and it handles no LIBTAG_SIGNAL; nothing was sent.  Restart it "
+                         f"with LIBTAG_SIGNAL set to a standard signal it leaves alone (USR2, "
+                         f"the default, or WINCH, URG, PWR, TTIN)")
+    return Plan(root=root, send=lambda: os.kill(pid, sig),
+                describe=signal_name(sig, unknown="signal {}"), request_sig=None)
+
+
 def _no_trigger(pid: int) -> str:
     return (f"pid {pid} has no snapshot trigger: the program installed its own handlers on "
             f"the signals libtag listens on (its request signal {int(signal.SIGRTMAX) - 1} and "
@@ -467,12 +553,19 @@ def take(pid: int, *, timeout: float, fallback_dir: str | None = None,
     """
 
     proc = open_process(pid)
-    if use_ptrace or not libtag_loaded(pid):
+    loaded = libtag_loaded(pid)
+    emulated = emulated_machine(pid) if loaded else None
+    if emulated is not None and use_ptrace:
+        raise InputError(f"pid {pid} runs {emulated} code under an emulator: ptrace would stop "
+                         f"and fork the emulator, not the program; leave out --ptrace (libtag "
+                         f"in it takes the snapshot)")
+    if use_ptrace or not loaded:
         return take_by_ptrace(pid, proc, dest=fallback_dir, note=note, status=status)
     plan = _plan(pid, proc, fallback_dir=fallback_dir, signal_override=signal_override,
-                 note=note)
+                 note=note, emulated=emulated)
     try:
-        exe = proc.exe() or None
+        # an emulated process's executable is the emulator: the core names the program
+        exe = None if emulated else proc.exe() or None
     except (psutil.AccessDenied, psutil.ZombieProcess, psutil.NoSuchProcess):
         exe = None
     tick = (lambda: status.update(f"waiting for the core of pid {pid}")) if status else None

@@ -18,12 +18,6 @@ extern unsigned _tag_page_size;
 #define TAG_PAGE_SIZE _tag_page_size
 #define TAG_PAGE_MAX  65536u
 
-/* The -finstrument-functions shadow stack is x86_64's so far: its entries'
- * CFAs and liveness checks read the return address at CFA - 8, which
- * aarch64's frame records do not hold there.  The hooks return at once
- * (stacks/hooks.c) and stacks come from the frame-record walk. */
-#define TAG_ARCH_SHADOW 0
-
 /* ------------------------------------------------------------ registers */
 TAG_INLINE uint64_t tag_uc_pc(const ucontext_t *uc) { return uc->uc_mcontext.pc; }
 TAG_INLINE uint64_t tag_uc_sp(const ucontext_t *uc) { return uc->uc_mcontext.sp; }
@@ -99,6 +93,11 @@ TAG_INLINE void tag_arch_prstatus(uint64_t *pr, const uint64_t *o)
 /* --------------------------------------------------------------- frames */
 /* The caller's frame record in a function without one of its own. */
 #define TAG_ARCH_FRAME_REG(v) __asm__("mov %0, x29" : "=r"(v))
+/* The return address of a function without a frame of its own (the
+ * trace hooks), as it is: x30.  gcc's __builtin_return_address(0) strips
+ * it with xpaclri, which writes x30, so gcc saves x30 on the stack around
+ * it - what the hooks must not do; a bl leaves it unsigned anyway. */
+#define TAG_ARCH_HOOK_RA(v) __asm__("mov %0, x30" : "=r"(v))
 
 /* DWARF register numbers */
 #define TAG_DW_FP 29  /* x29 */
@@ -174,6 +173,27 @@ __attribute__((unused)) static uint64_t tag_arch_sigframe_regs(uint64_t rec, uin
 #define TAG_ARCH_SIGFRAME_SP(g) (((const uint64_t *)(g))[31])
 #define TAG_ARCH_SIGFRAME_FP(g) (((const uint64_t *)(g))[29])
 #define TAG_ARCH_SIGFRAME_LR(g) (((const uint64_t *)(g))[30])
+
+/* ------------------------------------------------------- shadow stack */
+/* An instrumented function's shadow entry is keyed by the end of the slot
+ * where its prologue saved x30, its return address (stacks/shadow.h): in
+ * a frame record (stp x29, x30) x29 + 16, elsewhere where the CFI says -
+ * not the CFA, which a bl does not push to.  The slot may hold a signed
+ * return address (pac-ret): stripped as the walk strips it.  The return
+ * address a frame keyed at key holds: */
+TAG_INLINE uint64_t tag_arch_slot_ra(uint64_t key) { return tag_arch_strip_pc(((const uint64_t *)key)[-1]); }
+/* Did the exit hook of a function entered from site come by a jump after
+ * the function's epilogue (b __cyg_profile_func_exit, after ldp x29, x30
+ * and autiasp)?  Then x30, the hook's return address ra, is the function's
+ * own: site (gcc strips the site it passes with xpaclri, and autiasp has
+ * authenticated x30).  A bl from the function would have left ra inside
+ * it.  c (the hook's CFA, the function's own after the jump) says nothing
+ * here: no slot below a CFA holds a return address. */
+TAG_INLINE int tag_arch_exit_jumped(uint64_t c, uint64_t ra, uint64_t site)
+{
+    (void)c;
+    return ra == site;
+}
 
 /* A spin-wait's turn. */
 #define tag_arch_pause() __asm__ volatile("yield" ::: "memory")

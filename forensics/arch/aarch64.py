@@ -24,6 +24,10 @@ from .base import MASK64, Arch, Code, Regs, Word
 
 # struct user_pt_regs (arch/arm64/include/uapi/asm/ptrace.h): elf_gregset_t
 REG_NAMES = (*(f"x{i}" for i in range(31)), "sp", "pc", "pstate")
+# libtag's thread record keeps 27 words (libtag/src/base/arch_aarch64.h):
+# x0-x7, x19-x30, sp, pc, pstate, x8-x11; x12-x18 hold nothing across a call
+RECORD_REG_NAMES = (*(f"x{i}" for i in range(8)), *(f"x{i}" for i in range(19, 31)), "sp", "pc",
+                    "pstate", *(f"x{i}" for i in range(8, 12)))
 TP = "tpidr_el0"  # from the NT_ARM_TLS note (the kernel's; qemu-user writes none)
 
 SP, FP, LR, PC = 31, 29, 30, 32
@@ -54,6 +58,7 @@ class _AArch64(Arch):
     title = "AArch64"
     e_machine = 183
     reg_names = REG_NAMES
+    record_reg_names = RECORD_REG_NAMES
     pc, sp, fp, tp = "pc", "sp", "x29", TP
     not_data = frozenset(("pc", "pstate", TP))
     arg_regs = tuple(f"x{i}" for i in range(8))

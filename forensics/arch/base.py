@@ -22,6 +22,9 @@ class Arch:
     e_machine: int
     # elf_gregset_t of NT_PRSTATUS, in order
     reg_names: tuple[str, ...]
+    # libtag's thread record's registers (tag_abi.h's TAG_NREGS words), in
+    # order: the ones it saved for the thread at a snapshot or a crash
+    record_reg_names: tuple[str, ...]
     # which of those the reader uses, by role
     pc: str
     sp: str

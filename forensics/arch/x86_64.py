@@ -46,6 +46,7 @@ class _X86_64(Arch):
     title = "x86_64"
     e_machine = 62
     reg_names = REG_NAMES
+    record_reg_names = REG_NAMES  # user_regs_struct, as NT_PRSTATUS
     pc, sp, fp, tp = "rip", "rsp", "rbp", "fs_base"
     not_data = frozenset(("fs_base", "gs_base", "orig_rax", "rip", "cs", "ss", "ds", "es", "fs",
                           "gs", "eflags"))

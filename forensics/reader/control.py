@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from forensics.core.errors import CoreReadError
-from forensics.core.notes import REG_NAMES
+from forensics.arch import HOST, Arch
 from forensics.errors import InputError
 from forensics.reader import abi
 from forensics.reader.memory import Memory, Region
@@ -44,11 +44,15 @@ class Control:
     """libtag's control block in one memory (a core, or a running process),
     and the tables it points to."""
 
-    def __init__(self, mem: Memory, found=None) -> None:
+    def __init__(self, mem: Memory, found=None, arch: Arch | None = None) -> None:
         """found: what abi.find_control(mem) gave - (address, abi.Control
         fields), or the NoLibtagError it raised - when the caller has looked
-        already (Dump.open); None: look here."""
+        already (Dump.open); None: look here.  arch: the machine, which names
+        the thread records' registers; None: a core's (CoreMemory), else
+        this host's."""
         self.mem = mem
+        core = getattr(mem, "core", None)
+        self.arch = arch or getattr(core, "arch", None) or HOST
         # what could not be read or trusted, in the order found; the Heap
         # built from this object adds to the same list
         self.warnings: list[str] = []
@@ -387,7 +391,7 @@ class Control:
                 continue
             saved = None
             if flags & abi.TAG_THREAD_REGS:
-                saved = dict(zip(REG_NAMES, (int(v) for v in r["regs"]), strict=True))
+                saved = dict(zip(self.arch.record_reg_names, (int(v) for v in r["regs"]), strict=True))
             frames, depth, sps, fns = [], 0, [], []
             if r["shadow"] and not flags & abi.TAG_THREAD_EXITED:
                 frames, depth, sps, fns = self._read_shadow(int(r["shadow"]), tid)

@@ -64,7 +64,7 @@ class Dump:
         self.cache_base = cache_base
         self.symbol_options = symbols  # a symbols.SymbolOptions, None: the defaults
         self._progress = progress
-        self.control = Control(mem, found)
+        self.control = Control(mem, found, core.arch if core is not None else None)
         self.heap = Heap(self.control, progress=progress,
                          cache_path=f"{cache_base}.fxidx" if cache_base else None)
         self._frames: dict[int, list[Frame]] = {}
@@ -322,6 +322,10 @@ class Dump:
             if t.exited:
                 continue
             saved = t.saved_regs
+            if saved and self.arch.tp not in saved and self.arch.tp in core.get(t.tid, {}):
+                # aarch64's record has no tpidr_el0: the thread's own, which
+                # no snapshot changes, from the core
+                saved = {**saved, self.arch.tp: core[t.tid][self.arch.tp]}
             regs = saved if self.saved_registers_first and saved else core.get(t.tid, saved)
             regs = live.get(t.tid, regs)
             sp = regs.get(self.arch.sp) if regs else None

@@ -1,4 +1,6 @@
-"""libtag's -finstrument-functions shadow stack on aarch64: the x86_64
+"""libtag's aarch64 ports beyond test_aarch64.py's subset: the guard pool
+on 4, 16 and 64 KiB pages (at the end), and - most of this file - the
+-finstrument-functions shadow stack, with the x86_64
 shadow-stack tests (test_shadow_jumps.py, test_libtag_stacks.py,
 test_reader_stacks.py's shadow case) for victims cross-compiled for
 aarch64 and run under qemu-aarch64-static with the cross-built libtag
@@ -82,17 +84,18 @@ FRESH_FROM_MAIN = ["fresh_alloc", "fresh_alloc", "main", "<lib>"]
 
 @pytest.fixture(scope="module")
 def a64_build(tmp_path_factory):
-    """build(name, build, cxx=False) -> the victim cross-compiled with
-    -finstrument-functions, -no-pie and BUILDS[build], once a module."""
+    """build(name, build, cxx=False, instrument=True) -> the victim
+    cross-compiled with -no-pie, BUILDS[build] and (instrument)
+    -finstrument-functions, once a module."""
     out = tmp_path_factory.mktemp("a64shadow")
     built: dict[tuple, Path] = {}
 
-    def build(name: str, build: str, *, cxx: bool = False) -> Path:
+    def build(name: str, build: str, *, cxx: bool = False, instrument: bool = True) -> Path:
         if (name, build) not in built:
             src = A.VICTIMS / f"{name}.{'cc' if cxx else 'c'}"
             exe = out / f"{name}-{build}"
-            cmd = [A.CXX if cxx else A.CC, "-g", "-pthread", "-finstrument-functions", "-no-pie",
-                   f"-I{libpath.include_dir()}", *BUILDS[build], "-o", str(exe), str(src)]
+            cmd = [A.CXX if cxx else A.CC, "-g", "-pthread", *(["-finstrument-functions"] if instrument else []),
+                   "-no-pie", f"-I{libpath.include_dir()}", *BUILDS[build], "-o", str(exe), str(src)]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, f"$ {' '.join(cmd)}\n{done.stderr}"
             built[name, build] = exe
@@ -296,3 +299,30 @@ def test_the_readers_walk_goes_on_with_libtags_shadow_stack(a64_build, run_cli, 
         ("snap", line["snapshot"]), ("park_nocfi", None), ("shadow_b", None),
         ("shadow_a", line["call-b"]), ("main", line["call-a"])], stack
     assert stack[start + 5]["module"].endswith("/libc.so.6") and len(stack) == start + 6, stack
+
+
+# ------------------------------------------------------------ page size --
+
+
+@pytest.mark.parametrize("page", [4096, 16384, 65536])
+def test_guard_pool_takes_the_systems_page_size(a64_build, tmp_path, page):
+    # GIVEN qemu giving the guest pages of 4, 16 or 64 KiB (QEMU_PAGESIZE:
+    # sysconf, AT_PAGESZ and mmap's alignment), every block guarded
+    exe = a64_build("a64_pages", "O2", instrument=False)
+    run = A.a64_run(exe, tmp_path, QEMU_PAGESIZE=str(page), LIBTAG_GUARD_RATE="1", LIBTAG_ON_ANOMALY="ignore",
+                    LIBTAG_QUIET="1")
+    assert run.returncode == 0, run.stderr
+    got = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    # THEN libtag took that page size and says so in its control block
+    assert (int(got["page"]), int(got["control"])) == (page, page)
+    # AND its guard slots are four of those pages, each after a guard page:
+    # the first block ends slot 0, the third slot 2
+    slot = 4 * page
+    assert int(got["slot"]) == slot
+    assert (int(got["first"]), int(got["third"])) == (page + slot - 48, page + 2 * (slot + page) + slot - 48)
+    # AND a read after free is caught at the instruction (a read, then the
+    # free pattern), and a write one byte past a block in the guard page
+    # after its slot (a heap overflow, a write)
+    assert got["uaf"].split() == [str(4), str(1), str(0xFD)]
+    assert got["overflow"].split() == [str(3), str(2)]
+    assert run.stdout.splitlines()[-1] == "survived"

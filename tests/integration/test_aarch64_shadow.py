@@ -326,3 +326,82 @@ def test_guard_pool_takes_the_systems_page_size(a64_build, tmp_path, page):
     assert got["uaf"].split() == [str(4), str(1), str(0xFD)]
     assert got["overflow"].split() == [str(3), str(2)]
     assert run.stdout.splitlines()[-1] == "survived"
+
+
+# -------------------------------------------- FP registers in libtag's cores --
+
+NT_PRSTATUS, NT_FPREGSET, NT_PRPSINFO, NT_AUXV, NT_FILE = 1, 2, 3, 6, 0x46494C45
+PR_PID, PR_FPVALID = 32, 384  # offsets in aarch64's struct elf_prstatus (392 bytes)
+
+
+def _fp_notes(core: Path) -> tuple[list[int], dict[int, bytes], dict[int, int]]:
+    """(the note types in order, {tid: its NT_FPREGSET}, {tid: pr_fpvalid})."""
+    from forensics.core import Core
+
+    with Core.open(core) as c:
+        raw = c.notes.raw
+    fp, valid, tid = {}, {}, None
+    for n in raw:
+        if n.type == NT_PRSTATUS:
+            tid = int.from_bytes(n.desc[PR_PID:PR_PID + 4], "little")
+            valid[tid] = int.from_bytes(n.desc[PR_FPVALID:PR_FPVALID + 4], "little")
+        elif n.type == NT_FPREGSET:
+            fp[tid] = bytes(n.desc)
+    return [n.type for n in raw], fp, valid
+
+
+def _vreg(fp: bytes, i: int) -> int:
+    return int.from_bytes(fp[16 * i:16 * i + 16], "little")
+
+
+def _fpcr(fp: bytes) -> int:
+    return int.from_bytes(fp[516:520], "little")
+
+
+def _gdb_fp(exe: Path, core: Path, *exprs: str) -> list[str]:
+    """What gdb-multiarch prints for each expression on the core's current thread."""
+    args = [arg for e in exprs for arg in ("-ex", f"p/x {e}")]
+    done = subprocess.run(["gdb-multiarch", "-nx", "-q", "-batch", "-ex", f"set sysroot {A.SYSROOT}", *args,
+                           str(exe), str(core)], capture_output=True, text=True, timeout=120)
+    return [line.split(" = ", 1)[1] for line in done.stdout.splitlines() if line.startswith("$")]
+
+
+def test_a_snapshot_core_has_the_snapshotting_threads_fp_registers(a64_build, tmp_path):
+    # GIVEN main with d8 (callee-saved) 0x0123456789abcdef and FPCR's
+    # rounding mode towards zero, asking for a snapshot
+    exe = a64_build("a64_fpregs", "O2", instrument=False)
+    run = A.a64_run(exe, tmp_path, "snapshot", LIBTAG_GUARD_RATE="0")
+    assert run.returncode == 0 and run.stdout.splitlines()[-1] == "done", run.stderr
+    pid = int(run.stdout.split("pid ", 1)[1].split()[0])
+    core = A.only_core(tmp_path, "on-demand")
+    # WHEN its notes are read
+    types, fp, valid = _fp_notes(core)
+    # THEN the thread's NT_FPREGSET follows the process's notes, as the
+    # kernel orders them, and its NT_PRSTATUS says one follows
+    assert types == [NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE, NT_FPREGSET]
+    assert (list(fp), valid, len(fp[pid])) == ([pid], {pid: 1}, 528)
+    # AND it holds d8 and FPCR as main set them; v17, which no call keeps,
+    # reads 0
+    assert (_vreg(fp[pid], 8) & (1 << 64) - 1, _fpcr(fp[pid]), _vreg(fp[pid], 17)) == (
+        0x0123456789ABCDEF, 0xC00000, 0)
+    if shutil.which("gdb-multiarch"):
+        assert _gdb_fp(exe, core, "$d8.u", "$fpcr") == ["0x123456789abcdef", "0xc00000"]
+
+
+def test_a_crash_core_has_the_faulting_threads_fp_registers(a64_build, tmp_path):
+    # GIVEN a worker thread with v17 0x0123456789abcdef:fedcba9876543210 and
+    # FPCR's rounding mode towards plus infinity, writing through NULL
+    exe = a64_build("a64_fpregs", "O2", instrument=False)
+    run = A.a64_run(exe, tmp_path, "crash", LIBTAG_GUARD_RATE="0")
+    assert run.returncode == -11, run.stderr
+    worker = int(run.stdout.split("worker ", 1)[1].split()[0])
+    core = A.only_core(tmp_path, "crash")
+    # WHEN the notes of libtag's crash core are read
+    types, fp, valid = _fp_notes(core)
+    # THEN the faulting thread's NT_FPREGSET (from its signal context)
+    # holds them, after its NT_PRSTATUS and the process's notes
+    assert types[:5] == [NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE, NT_FPREGSET]
+    assert valid[worker] == 1
+    assert (_vreg(fp[worker], 17), _fpcr(fp[worker])) == (0x0123456789ABCDEF_FEDCBA9876543210, 0x400000)
+    if shutil.which("gdb-multiarch"):
+        assert _gdb_fp(exe, core, "$v17.q.u", "$fpcr") == ["{0x123456789abcdeffedcba9876543210}", "0x400000"]

@@ -7,7 +7,9 @@
  *   registers      a signal context's pc, sp, frame pointer, link register
  *                  and whether a fault was a write (tag_uc_*); the record's
  *                  registers (tag_arch_save_regs) and the core's
- *                  NT_PRSTATUS (tag_arch_prstatus)
+ *                  NT_PRSTATUS (tag_arch_prstatus); the FP registers of
+ *                  a core's NT_FPREGSET, where it writes one
+ *                  (TAG_ARCH_FPREGS_BYTES, tag_arch_save_fpregs)
  *   frames         the frame pointer a frameless function sees
  *                  (TAG_ARCH_FRAME_REG) and its return address
  *                  (TAG_ARCH_HOOK_RA), the DWARF numbers of its CFI

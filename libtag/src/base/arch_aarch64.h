@@ -25,13 +25,10 @@ TAG_INLINE uint64_t tag_uc_fp(const ucontext_t *uc) { return uc->uc_mcontext.reg
 TAG_INLINE uint64_t tag_uc_lr(const ucontext_t *uc) { return uc->uc_mcontext.regs[30]; }
 TAG_INLINE void tag_uc_set_pc(ucontext_t *uc, uint64_t pc) { uc->uc_mcontext.pc = pc; }
 
-/* Was the fault a write?  The kernel's ESR record in __reserved says (a
- * data abort's WnR, bit 6); without one (qemu-user before 8.1 writes none)
- * the faulting instruction does: in the load/store class (op0 x1x0) bit 22
- * is L, 1 for a load, for the forms a program's access takes (LDR/STR of
- * every size, pairs, SIMD registers, exclusives). */
-#define TAG_ESR_MAGIC 0x45535201u
-__attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
+/* The record of a signal context's __reserved area (struct _aarch64_ctx:
+ * magic, size, then its data) with this magic and at least size bytes;
+ * NULL where it has none. */
+__attribute__((unused)) static const uint8_t *tag_uc_record(const ucontext_t *uc, uint32_t want, uint32_t least)
 {
     const uint8_t *p = (const uint8_t *)uc->uc_mcontext.__reserved;
     const uint8_t *end = p + sizeof uc->uc_mcontext.__reserved;
@@ -41,12 +38,26 @@ __attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
         memcpy(&size, p + 4, 4);
         if (magic == 0 || size < 8 || size > (size_t)(end - p))
             break;
-        if (magic == TAG_ESR_MAGIC && size >= 16) {
-            uint64_t esr;
-            memcpy(&esr, p + 8, 8);
-            return (esr >> 6) & 1;
-        }
+        if (magic == want && size >= least)
+            return p;
         p += size;
+    }
+    return NULL;
+}
+
+/* Was the fault a write?  The kernel's ESR record in __reserved says (a
+ * data abort's WnR, bit 6); without one (qemu-user before 8.1 writes none)
+ * the faulting instruction does: in the load/store class (op0 x1x0) bit 22
+ * is L, 1 for a load, for the forms a program's access takes (LDR/STR of
+ * every size, pairs, SIMD registers, exclusives). */
+#define TAG_ESR_MAGIC 0x45535201u
+__attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
+{
+    const uint8_t *esr_rec = tag_uc_record(uc, TAG_ESR_MAGIC, 16);
+    if (esr_rec) {
+        uint64_t esr;
+        memcpy(&esr, esr_rec + 8, 8);
+        return (esr >> 6) & 1;
     }
     uint32_t insn;
     memcpy(&insn, (const void *)(uintptr_t)uc->uc_mcontext.pc, 4);
@@ -90,6 +101,24 @@ TAG_INLINE void tag_arch_prstatus(uint64_t *pr, const uint64_t *o)
         pr[i] = o[23 + i - 8];
 }
 
+/* NT_FPREGSET (the kernel's NT_PRFPREG) of a core: struct
+ * user_fpsimd_state - v0-v31, fpsr, fpcr and 8 reserved bytes. */
+#define TAG_ARCH_FPREGS_BYTES 528
+#define TAG_FPSIMD_MAGIC 0x46508001u
+/* A signal context's FP registers in that layout, from its FPSIMD record
+ * (struct fpsimd_context: magic, size, fpsr, fpcr, v0-v31), which the
+ * kernel and qemu-user write in every signal frame and glibc's getcontext
+ * with v8-v15 (the rest as they were in uc).  0 where there is none. */
+__attribute__((unused)) static int tag_arch_save_fpregs(uint8_t *o, const ucontext_t *uc)
+{
+    const uint8_t *r = tag_uc_record(uc, TAG_FPSIMD_MAGIC, 16 + 32 * 16);
+    if (!r)
+        return 0;
+    memcpy(o, r + 16, 32 * 16);  /* v0-v31 */
+    memcpy(o + 512, r + 8, 8);   /* fpsr, fpcr */
+    memset(o + 520, 0, 8);
+    return 1;
+}
 /* --------------------------------------------------------------- frames */
 /* The caller's frame record in a function without one of its own. */
 #define TAG_ARCH_FRAME_REG(v) __asm__("mov %0, x29" : "=r"(v))

@@ -47,6 +47,9 @@ __attribute__((unused)) static void tag_arch_save_regs(uint64_t *o, const uconte
 #define TAG_ARCH_PRSTATUS_NREGS 27
 TAG_INLINE void tag_arch_prstatus(uint64_t *pr, const uint64_t *rec) { memcpy(pr, rec, 27 * 8); }
 
+/* libtag's x86_64 cores carry no NT_FPREGSET (nor NT_X86_XSTATE). */
+#define TAG_ARCH_FPREGS_BYTES 0
+
 /* --------------------------------------------------------------- frames */
 /* The caller's frame pointer in a function without a frame of its own. */
 #define TAG_ARCH_FRAME_REG(v) __asm__("mov %%rbp, %0" : "=r"(v))

@@ -211,6 +211,14 @@ struct tag_thread_state {
                                         last (unwind.c fast_hint) */
     uint32_t exit_rounds;            /* life/threads.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
+#if TAG_ARCH_FPREGS_BYTES
+    /* Its FP registers, saved with its record's registers for a snapshot
+     * or a crash (snapshot.c, _tag_save_thread), in the layout of a core's
+     * NT_FPREGSET (corewrite.c); fpregs_saved: they were (the signal
+     * context had them). */
+    uint32_t fpregs_saved;
+    uint8_t fpregs[TAG_ARCH_FPREGS_BYTES] __attribute__((aligned(16)));
+#endif
     /* This thread's shard of the per-stack counters (tag_abi.h,
      * "per-stack counters"): for its chunk of entries [i << TAG_SHARD_SHIFT,
      * (i + 1) << TAG_SHARD_SHIFT), the chunk's address minus i <<

@@ -6,7 +6,7 @@
  * What is written mirrors the kernel's fs/binfmt_elf.c with the default
  * coredump_filter 0x33 (see core(5) and vma_dump_size()):
  *
- *   ELF header (ET_CORE, EM_X86_64)
+ *   ELF header (ET_CORE, the machine's: EM_X86_64 or EM_AARCH64)
  *   program headers: one PT_NOTE, then one PT_LOAD per mapping in
  *     /proc/self/maps, except [vvar], [vvar_vclock] and [vsyscall]
  *   notes, each named "CORE": NT_PRSTATUS per thread, NT_PRPSINFO, NT_AUXV,

@@ -1,18 +1,17 @@
-"""libtag's aarch64 ports beyond test_aarch64.py's subset: the guard pool
-on 4, 16 and 64 KiB pages (at the end), and - most of this file - the
--finstrument-functions shadow stack, with the x86_64
-shadow-stack tests (test_shadow_jumps.py, test_libtag_stacks.py,
-test_reader_stacks.py's shadow case) for victims cross-compiled for
-aarch64 and run under qemu-aarch64-static with the cross-built libtag
-preloaded.  The helpers - the cross tools, how a victim runs under qemu
-through the aarch64 loader, and what qemu-user changes for libtag - are
-test_aarch64.py's, loaded from it.
+"""libtag's aarch64 ports beyond test_aarch64.py's subset, for victims
+cross-compiled for aarch64 and run under qemu-aarch64-static with the
+cross-built libtag preloaded.  The helpers - the cross tools, how a victim
+runs under qemu through the aarch64 loader, and what qemu-user changes for
+libtag - are test_aarch64.py's, loaded from it.
 
-An aarch64 call pushes nothing: libtag keys an instrumented function's
-entry by the end of the slot where its prologue saved x30 (x29 + 16 in a
-frame record, found from the CFI at the hook's call otherwise), and strips
-what that slot holds of a PAC signature before comparing it with the call
-site (docs/aarch64.md).  So each case runs in three builds:
+The -finstrument-functions shadow stack: the x86_64 shadow-stack tests
+(test_shadow_jumps.py, test_libtag_stacks.py, test_reader_stacks.py's
+shadow case) on aarch64.  An aarch64 call pushes nothing: libtag keys an
+instrumented function's entry by the end of the slot where its prologue
+saved x30 (x29 + 16 in a frame record, elsewhere where the CFI at the
+hook's call says), and strips what that slot holds of a PAC signature
+before comparing it with the call site (docs/aarch64.md).  So each case
+runs in three builds:
 
 - ``O2``: gcc's aarch64 default, a frame record in every non-leaf function;
 - ``O2-nofp``: ``-fomit-frame-pointer``, x30 saved beside the other
@@ -28,6 +27,12 @@ epilogue - then main allocates through fresh_alloc; lt_stack.c allocates
 three calls deep in main and in a thread; a64_shadow.c parks under
 assembly without CFI and takes a snapshot, whose core the reader walks.
 Every stack is named with aarch64-linux-gnu-addr2line (-no-pie builds).
+
+Then the guard pool under 4, 16 and 64 KiB pages (a64_pages.c, which reads
+libtag's control block from inside: qemu's /proc/self/maps under larger
+pages leaves libtag's control block out of its cores), and the FP
+registers (NT_FPREGSET) of libtag's snapshot and crash cores
+(a64_fpregs.c), read from the notes and by gdb-multiarch.
 """
 
 from __future__ import annotations

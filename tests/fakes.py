@@ -46,7 +46,7 @@ HEAP = 0x555500100000  # slice-aligned: slice 0 of libtag's heap
 HEAP_META = 0x7F0000400000  # struct libtag_heap, then its slice table at +0x100
 GUARD_POOL = 0x7F0000600000  # the guard pool (guard_block), slot records at GUARD_SLOTS
 GUARD_SLOTS = 0x7F0000500000
-GUARD_SLOT_BYTES = 0x1000  # one page a slot
+GUARD_SLOT_BYTES = 0x1000  # one page a slot (of 4 KiB pages; FakeProcess.guard_page)
 GLOBALS = 0x555500000000  # the program's writable data
 STACK = 0x7FFF00000000
 PROGRAM = "/fake/program"  # the module whose writable data is GLOBALS
@@ -89,7 +89,14 @@ class FakeProcess:
     a heap, globals and one thread's stack, laid out at fixed addresses."""
 
     def __init__(self, *, heap_size: int = 0x4000, reason: int = abi.TAG_REASON_ON_DEMAND,
-                 start_realtime_ns: int = 1, pid: int = PID) -> None:
+                 start_realtime_ns: int = 1, pid: int = PID, page_size: int = 0,
+                 guard_slot_bytes: int = GUARD_SLOT_BYTES) -> None:
+        """page_size: control.page_size; 0, as a libtag that left the field
+        reserved wrote it, makes the guard pool's pages abi.TAG_GUARD_PAGE.
+        guard_slot_bytes: control.guard_slot_size."""
+        self.page_size = page_size
+        self.guard_page = page_size or abi.TAG_GUARD_PAGE
+        self.guard_slot_bytes = guard_slot_bytes
         self.heap = bytearray(heap_size)
         self.globals = bytearray(0x100)
         self.stack = bytearray(0x1000)
@@ -147,8 +154,8 @@ class FakeProcess:
         of the memory, as a kernel's core leaves a freed slot.  Returns the
         user pointer."""
         i = len(self.guard)
-        slot = GUARD_POOL + abi.TAG_GUARD_PAGE + i * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE)
-        user = slot + GUARD_SLOT_BYTES - (max(size, abi.TAG_MIN_PAYLOAD) + 15) // 16 * 16
+        slot = GUARD_POOL + self.guard_page + i * (self.guard_slot_bytes + self.guard_page)
+        user = slot + self.guard_slot_bytes - (max(size, abi.TAG_MIN_PAYLOAD) + 15) // 16 * 16
         state = abi.TAG_STATE_FREED if freed else abi.TAG_STATE_LIVE
         tag = tag_bytes(user - abi.TAG_SIZE, stack, time, abi.tag_bits(tid, size, state))
         rec = dict(free_stack=0, free_tid=0, free_time=0, check=0)
@@ -209,13 +216,13 @@ class FakeProcess:
             secret=SECRET, start_realtime_ns=self.start_realtime_ns, pid=self.pid,
             stack_nodes=STACK_TABLE, stack_capacity=len(self.nodes), stack_count=len(self.nodes),
             threads=THREAD_RECORDS, thread_capacity=len(self.threads), thread_count=len(self.threads),
-            quarantine_fill=FILL,
+            quarantine_fill=FILL, page_size=self.page_size,
             reason=self.reason, snapshot_seq=1, snapshot_tid=MAIN_TID, heap=HEAP_META)
         if self.guard:
             n = len(self.guard)
             control.update(guard_pool=GUARD_POOL,
-                           guard_pool_bytes=abi.TAG_GUARD_PAGE + n * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE),
-                           guard_slots=GUARD_SLOTS, guard_slot_size=GUARD_SLOT_BYTES, guard_capacity=n,
+                           guard_pool_bytes=self.guard_page + n * (self.guard_slot_bytes + self.guard_page),
+                           guard_slots=GUARD_SLOTS, guard_slot_size=self.guard_slot_bytes, guard_capacity=n,
                            guard_used=n, guard_rate=1)
         if self.anomaly:
             control["anomaly"].update(self.anomaly)
@@ -270,9 +277,9 @@ class FakeProcess:
             return []
         out = [(GUARD_SLOTS, b"".join(abi.GuardSlot.build(g) for g in self.guard), True, "[anon:libtag]")]
         for i, (g, readable) in enumerate(zip(self.guard, self.guard_readable, strict=True)):
-            slot = GUARD_POOL + abi.TAG_GUARD_PAGE + i * (GUARD_SLOT_BYTES + abi.TAG_GUARD_PAGE)
+            slot = GUARD_POOL + self.guard_page + i * (self.guard_slot_bytes + self.guard_page)
             if readable:
-                data = bytearray(GUARD_SLOT_BYTES)
+                data = bytearray(self.guard_slot_bytes)
                 t = g["user"] - abi.TAG_SIZE - slot
                 data[t:t + abi.TAG_SIZE] = abi.Tag.build(g["tag"])
                 out.append((slot, bytes(data), g["state"] == abi.TAG_GUARD_LIVE, "[anon:libtag guard]"))

@@ -98,7 +98,7 @@ TAG_SNAPSHOT_REQUEST = 0x50414E53  # sigqueue value: take an on-demand snapshot
 TAG_OPTION_NO_PAYLOAD = 1  # control.options: payloads blanked (LIBTAG_PAYLOAD=omit)
 TAG_QUARANTINE_BYTES = 16 + 24 * TAG_QUARANTINE_SLOTS  # struct libtag_quarantine_ring
 
-TAG_GUARD_PAGE = 4096  # bytes of a guard page of the guard pool
+TAG_GUARD_PAGE = 4096  # bytes of a guard page where control.page_size is 0 (x86_64's page)
 TAG_GUARD_PATTERN = 0xFB  # the slack around a guarded block
 TAG_GUARD_EMPTY = 0
 TAG_GUARD_LIVE = 1
@@ -318,7 +318,7 @@ Control = Struct(
     "shadow_overflows" / Int64ul,
     "quarantine_bytes" / Int64ul,
     "quarantine_fill" / Int32ul,
-    "reserved0" / Int32ul,
+    "page_size" / Int32ul,  # the system's (a guard page); 0 = not written: TAG_GUARD_PAGE
     "reason" / Int32ul,
     "snapshot_seq" / Int32ul,
     "snapshot_time_ms" / Int64ul,

@@ -309,12 +309,13 @@ class Heap:
             return _empty()
         c = self.control.fields
         lo, hi = int(c.guard_pool), int(c.guard_pool) + int(c.guard_pool_bytes)
-        step = int(c.guard_slot_size) + abi.TAG_GUARD_PAGE
+        page = self.control.page_size
+        step = int(c.guard_slot_size) + page
         rows = []
         for rec in slots:
             user = int(rec["user"])
             if int(rec["state"]) not in (abi.TAG_GUARD_LIVE, abi.TAG_GUARD_FREED, abi.TAG_GUARD_BUSY) or \
-                    not lo + abi.TAG_GUARD_PAGE + abi.TAG_SIZE <= user < hi:
+                    not lo + page + abi.TAG_SIZE <= user < hi:
                 continue
             tag = user - abi.TAG_SIZE
             copy = rec["tag"]
@@ -328,8 +329,7 @@ class Heap:
                 if _tag_ok1(tag, st, bits, self.control.secret):
                     size = (bits >> abi.TAG_SIZE_SHIFT) & abi.TAG_SIZE_FIELD
                     if size == abi.TAG_SIZE_BIG:  # right-aligned: at most to the slot's end
-                        slot_end = lo + abi.TAG_GUARD_PAGE + ((user - lo - abi.TAG_GUARD_PAGE) // step + 1) * step \
-                            - abi.TAG_GUARD_PAGE
+                        slot_end = lo + page + ((user - lo - page) // step + 1) * step - page
                         size = slot_end - user
                     rows.append((tag, st, bits, size))
                     break

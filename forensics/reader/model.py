@@ -107,7 +107,7 @@ class Thread:
     saved_regs: dict[str, int] | None = None  # libtag's, saved at the last snapshot (TAG_THREAD_REGS)
     shadow: list[RawFrame] = field(default_factory=list)  # innermost first
     shadow_depth: int = 0  # frames entered (may exceed the stored 256)
-    shadow_sp: list[int] = field(default_factory=list)  # CFA of each CALL frame of shadow, in its order
+    shadow_sp: list[int] = field(default_factory=list)  # key of each CALL frame of shadow, in its order: the end of its return address slot (x86_64: the CFA)
     shadow_fn: list[int] = field(default_factory=list)  # the function each of those returns from
     stack_hi: int = 0  # top of its stack, 0 = unknown
     allocs: int = 0

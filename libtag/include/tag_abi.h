@@ -304,8 +304,10 @@ struct libtag_quarantine_ring {
 };
 #define TAG_QUARANTINE_BYTES (16u + 24u * TAG_QUARANTINE_SLOTS)
 
-/* General registers in the kernel's struct user_regs_struct order (x86_64),
- * the same order as the prstatus note of a core. */
+/* General registers: on x86_64 in the kernel's struct user_regs_struct
+ * order, the same order as the prstatus note of a core; on aarch64 (27 of
+ * the 34 words of its user_pt_regs) x0-x7, x19-x30, sp, pc, pstate,
+ * x8-x11 (libtag/src/base/arch_aarch64.h). */
 #define TAG_NREGS 27
 
 struct libtag_thread {
@@ -380,7 +382,11 @@ struct libtag_heap {
  * thread) in a slot of its own, in a pool of whole pages:
  *
  *   guard_pool: [guard page][slot 0][guard page][slot 1] ... [slot n-1][guard page]
- *   slot i starts at guard_pool + TAG_GUARD_PAGE + i * (guard_slot_size + TAG_GUARD_PAGE)
+ *   slot i starts at guard_pool + page + i * (guard_slot_size + page)
+ *
+ * where page, a guard page's bytes, is control.page_size - or, where that
+ * reads 0 (a libtag that did not write it: x86_64's 4 KiB pages),
+ * TAG_GUARD_PAGE.
  *
  * Guard pages are never accessible.  A slot is accessible while its block
  * is live; once freed it is made inaccessible (PROT_NONE) and stays so
@@ -403,7 +409,8 @@ struct libtag_heap {
  * it before the core is written); other cores (the kernel's core of a
  * crash, a live process) show freed slots as unreadable memory.
  */
-#define TAG_GUARD_PAGE    4096u  /* bytes of a guard page */
+#define TAG_GUARD_PAGE    4096u  /* bytes of a guard page where
+                                    control.page_size is 0 */
 #define TAG_GUARD_PATTERN 0xfbu  /* the slack around a guarded block */
 
 enum libtag_guard_state {
@@ -581,7 +588,11 @@ struct libtag_control {
     uint64_t quarantine_bytes;/* byte budget per thread */
     uint32_t quarantine_fill; /* cap: a freed block's first min(size, this)
                                  payload bytes hold TAG_FREE_PATTERN */
-    uint32_t reserved0;
+    uint32_t page_size;       /* the system's page size, which libtag took at
+                                 start: a guard page of the guard pool is
+                                 one (4096 on x86_64; 4, 16 or 64 KiB on
+                                 aarch64).  0 in a core of a libtag that
+                                 left this field reserved: TAG_GUARD_PAGE */
 
     /* the snapshot this memory is (in a snapshot core) */
     uint32_t reason;          /* enum libtag_reason */

@@ -303,9 +303,8 @@ def test_whoowns_names_main_arenas_and_the_worker_arenas_blocks(worker, run_cli,
 # - RLIMIT_AS is capped at 16 GiB, so libtag reserves a 4 GiB heap region,
 #   not its 1 TiB: qemu tracks every guest page of a reservation, which
 #   takes it ~8 s for 1 TiB and as long to unmap (a kernel takes no time);
-# - the snapshot's fork child is a SIGCHLD child (qemu refuses others);
-# - the shadow stack of -finstrument-functions is not ported (stacks come
-#   from CFI at the faulting pc and frame records after it).
+# - the snapshot's fork child is a SIGCHLD child (qemu refuses others).
+# The shadow stack's cases (-finstrument-functions) are test_aarch64_shadow.py's.
 ROOT = Path(__file__).resolve().parents[2]
 LOADER = f"{SYSROOT}/lib/ld-linux-aarch64.so.1"
 CXX = "aarch64-linux-gnu-g++"
@@ -484,8 +483,8 @@ def cli_json_plain(run_cli, tmp: Path, *args: str) -> dict:
 # ------------------------------------- libtag under qemu: x86_64's victims --
 # The victims of the x86_64 tests, cross-compiled as build_victim builds
 # them (-O1 -fno-omit-frame-pointer, libtag's headers; without
-# -finstrument-functions: the shadow stack is not ported), preloaded with
-# the aarch64 libtag, and asked the same.
+# -finstrument-functions: test_aarch64_shadow.py has the shadow stack's
+# cases), preloaded with the aarch64 libtag, and asked the same.
 
 @pytest.fixture(scope="module")
 def a64_victim(tmp_path_factory):

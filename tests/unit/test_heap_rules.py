@@ -164,7 +164,9 @@ def test_a_large_span_gives_its_block_with_the_exact_size_from_the_span_entry():
 
 def test_a_guarded_block_is_found_from_its_slot_record():
     # GIVEN a live guarded block, and a freed one whose slot is not in the
-    # memory (a kernel's core): only the slot record's tag copy tells of it
+    # memory (a kernel's core): only the slot record's tag copy tells of it;
+    # control.page_size 0, as a libtag that left it reserved wrote it (4 KiB
+    # guard pages: abi.TAG_GUARD_PAGE)
     proc = F.FakeProcess()
     live = proc.guard_block(40, tid=5, stack=2, time=30)
     freed = proc.guard_block(100, tid=6, time=31, freed=(0, 6, 40), readable=False)
@@ -177,6 +179,25 @@ def test_a_guarded_block_is_found_from_its_slot_record():
                    (F.GUARD_POOL + 0x3000 + 0x1000 - 112, 100, "freed", 6, 31, True, 6, 40)]
     assert [live, freed] == [got[0][0], got[1][0]]
     assert heap.warnings == []
+
+
+def test_guard_pages_are_the_page_size_libtag_ran_with():
+    # GIVEN a guard pool of 64 KiB guard pages (an aarch64 kernel's), which
+    # control.page_size says, and 2 MiB slots: a small block, then one too
+    # big for a tag's size field (TAG_SIZE_BIG), whose size is the distance
+    # from it to its slot's end - which the guard pages place
+    proc = F.FakeProcess(page_size=0x10000, guard_slot_bytes=0x200000)
+    small = proc.guard_block(40, tid=5, stack=2, time=30)
+    big = proc.guard_block(0x180000, tid=6, time=31)
+    # WHEN the heap is walked
+    heap = heap_of(proc)
+    # THEN the big block's slot ends a 64 KiB guard page, a slot and a
+    # guard page after the first slot's end: its size is its own
+    got = [(b.start, b.size, b.state, b.guarded) for b in heap.blocks()]
+    assert got == [(F.GUARD_POOL + 0x10000 + 0x200000 - 48, 40, "live", True),
+                   (F.GUARD_POOL + 0x220000 + 0x200000 - 0x180000, 0x180000, "live", True)]
+    assert [small, big] == [got[0][0], got[1][0]]
+    assert heap.control.page_size == 0x10000 and heap.warnings == []
 
 
 def test_an_unreadable_span_is_a_warning_and_the_walk_goes_on():

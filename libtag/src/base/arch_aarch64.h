@@ -18,12 +18,6 @@ extern unsigned _tag_page_size;
 #define TAG_PAGE_SIZE _tag_page_size
 #define TAG_PAGE_MAX  65536u
 
-/* The -finstrument-functions shadow stack is x86_64's so far: its entries'
- * CFAs and liveness checks read the return address at CFA - 8, which
- * aarch64's frame records do not hold there.  The hooks return at once
- * (stacks/hooks.c) and stacks come from the frame-record walk. */
-#define TAG_ARCH_SHADOW 0
-
 /* ------------------------------------------------------------ registers */
 TAG_INLINE uint64_t tag_uc_pc(const ucontext_t *uc) { return uc->uc_mcontext.pc; }
 TAG_INLINE uint64_t tag_uc_sp(const ucontext_t *uc) { return uc->uc_mcontext.sp; }
@@ -31,13 +25,10 @@ TAG_INLINE uint64_t tag_uc_fp(const ucontext_t *uc) { return uc->uc_mcontext.reg
 TAG_INLINE uint64_t tag_uc_lr(const ucontext_t *uc) { return uc->uc_mcontext.regs[30]; }
 TAG_INLINE void tag_uc_set_pc(ucontext_t *uc, uint64_t pc) { uc->uc_mcontext.pc = pc; }
 
-/* Was the fault a write?  The kernel's ESR record in __reserved says (a
- * data abort's WnR, bit 6); without one (qemu-user before 8.1 writes none)
- * the faulting instruction does: in the load/store class (op0 x1x0) bit 22
- * is L, 1 for a load, for the forms a program's access takes (LDR/STR of
- * every size, pairs, SIMD registers, exclusives). */
-#define TAG_ESR_MAGIC 0x45535201u
-__attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
+/* The record of a signal context's __reserved area (struct _aarch64_ctx:
+ * magic, size, then its data) with this magic and at least size bytes;
+ * NULL where it has none. */
+__attribute__((unused)) static const uint8_t *tag_uc_record(const ucontext_t *uc, uint32_t want, uint32_t least)
 {
     const uint8_t *p = (const uint8_t *)uc->uc_mcontext.__reserved;
     const uint8_t *end = p + sizeof uc->uc_mcontext.__reserved;
@@ -47,12 +38,26 @@ __attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
         memcpy(&size, p + 4, 4);
         if (magic == 0 || size < 8 || size > (size_t)(end - p))
             break;
-        if (magic == TAG_ESR_MAGIC && size >= 16) {
-            uint64_t esr;
-            memcpy(&esr, p + 8, 8);
-            return (esr >> 6) & 1;
-        }
+        if (magic == want && size >= least)
+            return p;
         p += size;
+    }
+    return NULL;
+}
+
+/* Was the fault a write?  The kernel's ESR record in __reserved says (a
+ * data abort's WnR, bit 6); without one (qemu-user before 8.1 writes none)
+ * the faulting instruction does: in the load/store class (op0 x1x0) bit 22
+ * is L, 1 for a load, for the forms a program's access takes (LDR/STR of
+ * every size, pairs, SIMD registers, exclusives). */
+#define TAG_ESR_MAGIC 0x45535201u
+__attribute__((unused)) static int tag_uc_is_write(const ucontext_t *uc)
+{
+    const uint8_t *esr_rec = tag_uc_record(uc, TAG_ESR_MAGIC, 16);
+    if (esr_rec) {
+        uint64_t esr;
+        memcpy(&esr, esr_rec + 8, 8);
+        return (esr >> 6) & 1;
     }
     uint32_t insn;
     memcpy(&insn, (const void *)(uintptr_t)uc->uc_mcontext.pc, 4);
@@ -96,9 +101,32 @@ TAG_INLINE void tag_arch_prstatus(uint64_t *pr, const uint64_t *o)
         pr[i] = o[23 + i - 8];
 }
 
+/* NT_FPREGSET (the kernel's NT_PRFPREG) of a core: struct
+ * user_fpsimd_state - v0-v31, fpsr, fpcr and 8 reserved bytes. */
+#define TAG_ARCH_FPREGS_BYTES 528
+#define TAG_FPSIMD_MAGIC 0x46508001u
+/* A signal context's FP registers in that layout, from its FPSIMD record
+ * (struct fpsimd_context: magic, size, fpsr, fpcr, v0-v31), which the
+ * kernel and qemu-user write in every signal frame and glibc's getcontext
+ * with v8-v15 (the rest as they were in uc).  0 where there is none. */
+__attribute__((unused)) static int tag_arch_save_fpregs(uint8_t *o, const ucontext_t *uc)
+{
+    const uint8_t *r = tag_uc_record(uc, TAG_FPSIMD_MAGIC, 16 + 32 * 16);
+    if (!r)
+        return 0;
+    memcpy(o, r + 16, 32 * 16);  /* v0-v31 */
+    memcpy(o + 512, r + 8, 8);   /* fpsr, fpcr */
+    memset(o + 520, 0, 8);
+    return 1;
+}
 /* --------------------------------------------------------------- frames */
 /* The caller's frame record in a function without one of its own. */
 #define TAG_ARCH_FRAME_REG(v) __asm__("mov %0, x29" : "=r"(v))
+/* The return address of a function without a frame of its own (the
+ * trace hooks), as it is: x30.  gcc's __builtin_return_address(0) strips
+ * it with xpaclri, which writes x30, so gcc saves x30 on the stack around
+ * it - what the hooks must not do; a bl leaves it unsigned anyway. */
+#define TAG_ARCH_HOOK_RA(v) __asm__("mov %0, x30" : "=r"(v))
 
 /* DWARF register numbers */
 #define TAG_DW_FP 29  /* x29 */
@@ -174,6 +202,27 @@ __attribute__((unused)) static uint64_t tag_arch_sigframe_regs(uint64_t rec, uin
 #define TAG_ARCH_SIGFRAME_SP(g) (((const uint64_t *)(g))[31])
 #define TAG_ARCH_SIGFRAME_FP(g) (((const uint64_t *)(g))[29])
 #define TAG_ARCH_SIGFRAME_LR(g) (((const uint64_t *)(g))[30])
+
+/* ------------------------------------------------------- shadow stack */
+/* An instrumented function's shadow entry is keyed by the end of the slot
+ * where its prologue saved x30, its return address (stacks/shadow.h): in
+ * a frame record (stp x29, x30) x29 + 16, elsewhere where the CFI says -
+ * not the CFA, which a bl does not push to.  The slot may hold a signed
+ * return address (pac-ret): stripped as the walk strips it.  The return
+ * address a frame keyed at key holds: */
+TAG_INLINE uint64_t tag_arch_slot_ra(uint64_t key) { return tag_arch_strip_pc(((const uint64_t *)key)[-1]); }
+/* Did the exit hook of a function entered from site come by a jump after
+ * the function's epilogue (b __cyg_profile_func_exit, after ldp x29, x30
+ * and autiasp)?  Then x30, the hook's return address ra, is the function's
+ * own: site (gcc strips the site it passes with xpaclri, and autiasp has
+ * authenticated x30).  A bl from the function would have left ra inside
+ * it.  c (the hook's CFA, the function's own after the jump) says nothing
+ * here: no slot below a CFA holds a return address. */
+TAG_INLINE int tag_arch_exit_jumped(uint64_t c, uint64_t ra, uint64_t site)
+{
+    (void)c;
+    return ra == site;
+}
 
 /* A spin-wait's turn. */
 #define tag_arch_pause() __asm__ volatile("yield" ::: "memory")

@@ -14,9 +14,6 @@
 #define TAG_PAGE_SIZE 4096u
 #define TAG_PAGE_MAX  4096u
 
-/* The -finstrument-functions shadow stack (stacks/hooks.c) runs here. */
-#define TAG_ARCH_SHADOW 1
-
 /* ------------------------------------------------------------ registers */
 /* (the REG_* names are glibc's under _GNU_SOURCE, which libtag's sources
  * have: a program that includes libtag's headers without it gets none) */
@@ -50,9 +47,15 @@ __attribute__((unused)) static void tag_arch_save_regs(uint64_t *o, const uconte
 #define TAG_ARCH_PRSTATUS_NREGS 27
 TAG_INLINE void tag_arch_prstatus(uint64_t *pr, const uint64_t *rec) { memcpy(pr, rec, 27 * 8); }
 
+/* libtag's x86_64 cores carry no NT_FPREGSET (nor NT_X86_XSTATE). */
+#define TAG_ARCH_FPREGS_BYTES 0
+
 /* --------------------------------------------------------------- frames */
 /* The caller's frame pointer in a function without a frame of its own. */
 #define TAG_ARCH_FRAME_REG(v) __asm__("mov %%rbp, %0" : "=r"(v))
+/* The return address of a function without a frame of its own (the
+ * trace hooks), as it is: a load of the word at the stack pointer. */
+#define TAG_ARCH_HOOK_RA(v) ((v) = (uint64_t)(uintptr_t)__builtin_return_address(0))
 
 /* DWARF register numbers */
 #define TAG_DW_FP 6   /* rbp */
@@ -129,6 +132,22 @@ TAG_INLINE uint64_t tag_arch_sigframe_regs(uint64_t sp) { return sp + offsetof(u
 #define TAG_ARCH_SIGFRAME_PC(g) ((uint64_t)((const greg_t *)(g))[REG_RIP])  /* _GNU_SOURCE */
 #define TAG_ARCH_SIGFRAME_SP(g) ((uint64_t)((const greg_t *)(g))[REG_RSP])
 #define TAG_ARCH_SIGFRAME_FP(g) ((uint64_t)((const greg_t *)(g))[REG_RBP])
+
+/* ------------------------------------------------------- shadow stack */
+/* An instrumented function's shadow entry is keyed by the end of the slot
+ * that holds its return address (stacks/shadow.h): here its CFA, the word
+ * below it the one the call pushed.  The return address a frame keyed at
+ * key holds: */
+TAG_INLINE uint64_t tag_arch_slot_ra(uint64_t key) { return ((const uint64_t *)key)[-1]; }
+/* Did the exit hook of a function entered from site come by a jump after
+ * the function's epilogue?  Then the hook's CFA c is the function's own,
+ * the slot below it its return address.  (ra, the hook's return address,
+ * says nothing here: the call pushed it where the function's was.) */
+TAG_INLINE int tag_arch_exit_jumped(uint64_t c, uint64_t ra, uint64_t site)
+{
+    (void)ra;
+    return ((const uint64_t *)c)[-1] == site;
+}
 
 /* A spin-wait's turn. */
 #define tag_arch_pause() __builtin_ia32_pause()

@@ -151,6 +151,7 @@ void _tag_init(void)
     _tag_ctl.quarantine_fill = _tag_opt.quarantine_fill;
     _tag_ctl.thread_state_bytes = sizeof(struct tag_thread_state);
     _tag_ctl.guard_rate = _tag_opt.guard_rate;
+    _tag_ctl.page_size = TAG_PAGE_SIZE;
     _tag_ctl.guard_slot_size = TAG_GUARD_SLOT_SIZE;
     _tag_ctl.guard_capacity = _tag_opt.guard_slots ? _tag_opt.guard_slots
                               : _tag_opt.guard_rate == 1 ? TAG_GUARD_ALL_SLOTS

@@ -6,11 +6,13 @@
  * What is written mirrors the kernel's fs/binfmt_elf.c with the default
  * coredump_filter 0x33 (see core(5) and vma_dump_size()):
  *
- *   ELF header (ET_CORE, EM_X86_64)
+ *   ELF header (ET_CORE, the machine's: EM_X86_64 or EM_AARCH64)
  *   program headers: one PT_NOTE, then one PT_LOAD per mapping in
  *     /proc/self/maps, except [vvar], [vvar_vclock] and [vsyscall]
  *   notes, each named "CORE": NT_PRSTATUS per thread, NT_PRPSINFO, NT_AUXV,
- *     NT_FILE (same layout as the kernel's fill_files_note())
+ *     NT_FILE (same layout as the kernel's fill_files_note()); on aarch64
+ *     NT_FPREGSET per thread too, after its NT_PRSTATUS (after the
+ *     process's notes for the first), as the kernel orders them
  *   page-aligned segment data.  p_filesz = p_memsz for
  *     - anonymous private mappings ([heap], [stack], [anon:...], bss, thread
  *       stacks): pages that were never touched are left as file holes, as the
@@ -39,7 +41,8 @@
  * (TAG_MAPS_WINDOW) is dropped.
  * Known differences from the kernel: MADV_DONTDUMP is not honoured (maps does
  * not show it), PROT_NONE pages that were once written are not dumped (the
- * kernel reads them with FOLL_FORCE), no NT_FPREGSET/NT_X86_XSTATE/NT_SIGINFO.
+ * kernel reads them with FOLL_FORCE), no NT_SIGINFO, and on x86_64 no
+ * NT_FPREGSET/NT_X86_XSTATE.
  *
  * Async-signal-safe: no locks, no malloc, no stdio.  Only open, read, pread,
  * write, lseek, fstat, close and raw syscalls.  All buffers are static: the
@@ -61,6 +64,7 @@
 
 #include "base/base.h"
 #include "base/prim.h"
+#include "stacks/thread.h"
 #include "snapshot/corewrite.h"
 #include "snapshot/snapshot.h"
 
@@ -591,12 +595,49 @@ static inline __attribute__((always_inline)) void capture_here(uint64_t *r)
         "str xzr, [%0, #208]\n\t"
         : : "r"(r) : "x9", "memory");
 }
+
+/* The calling thread's FP registers, as they are here, in NT_FPREGSET's
+ * layout (struct user_fpsimd_state: v0-v31, fpsr, fpcr, 8 reserved). */
+static inline __attribute__((always_inline)) void capture_fpregs_here(uint8_t *o)
+{
+    __asm__ volatile(
+        "stp q0, q1, [%0, #0]\n\t"     "stp q2, q3, [%0, #32]\n\t"
+        "stp q4, q5, [%0, #64]\n\t"    "stp q6, q7, [%0, #96]\n\t"
+        "stp q8, q9, [%0, #128]\n\t"   "stp q10, q11, [%0, #160]\n\t"
+        "stp q12, q13, [%0, #192]\n\t" "stp q14, q15, [%0, #224]\n\t"
+        "stp q16, q17, [%0, #256]\n\t" "stp q18, q19, [%0, #288]\n\t"
+        "stp q20, q21, [%0, #320]\n\t" "stp q22, q23, [%0, #352]\n\t"
+        "stp q24, q25, [%0, #384]\n\t" "stp q26, q27, [%0, #416]\n\t"
+        "stp q28, q29, [%0, #448]\n\t" "stp q30, q31, [%0, #480]\n\t"
+        "mrs x9, fpsr\n\t"
+        "str w9, [%0, #512]\n\t"
+        "mrs x9, fpcr\n\t"
+        "str w9, [%0, #516]\n\t"
+        "str xzr, [%0, #520]\n\t"
+        : : "r"(o) : "x9", "memory");
+}
 #endif
 
+#if TAG_ARCH_FPREGS_BYTES
+/* A thread's FP registers saved with its record's registers: in its state
+ * (stacks/thread.h), which starts at the record's shadow address and is
+ * mapped while the record holds registers (the thread saved them, and is
+ * held still until the fork, or crashed).  NULL where none were saved. */
+static const uint8_t *fpregs_of(const struct libtag_thread *r)
+{
+    const struct tag_thread_state *t = (const struct tag_thread_state *)(uintptr_t)r->shadow;
+    if (!t || (r->flags & TAG_THREAD_EXITED) || !t->fpregs_saved)
+        return NULL;
+    return t->fpregs;
+}
+#endif
+
+/* fpvalid: an NT_FPREGSET note of the thread follows (as the kernel says). */
 static void fill_prstatus(struct elf_prstatus *st, int tid,
-                          const struct cw_proc *pr, const uint64_t *regs)
+                          const struct cw_proc *pr, const uint64_t *regs, int fpvalid)
 {
     memset(st, 0, sizeof *st);
+    st->pr_fpvalid = fpvalid;
     st->pr_pid = tid;
     st->pr_ppid = pr->ppid;
     st->pr_pgrp = pr->pgrp;
@@ -801,10 +842,13 @@ static int write_process_notes(const struct elf_prpsinfo *ps)
 }
 
 /* The notes, in the kernel's order: the first thread's prstatus, psinfo,
- * auxv, file; then the other threads' prstatus.  With no valid record,
- * one prstatus of the calling thread's registers (self_regs) and pid. */
+ * auxv, file, its fpregset; then each other thread's prstatus and
+ * fpregset.  With no valid record, one prstatus of the calling thread's
+ * registers (self_regs, self_fp) and pid.  A thread's fpregset: where the
+ * machine's cores carry one and its registers were saved (fpregs_of). */
 static int write_notes(const struct libtag_thread *threads, unsigned nthreads, unsigned nvalid,
-                       const struct cw_proc *pr, const uint64_t *self_regs, uint64_t notes_off)
+                       const struct cw_proc *pr, const uint64_t *self_regs, const uint8_t *self_fp,
+                       uint64_t notes_off)
 {
     static struct elf_prstatus st;
     static struct elf_prpsinfo ps;
@@ -812,19 +856,28 @@ static int write_notes(const struct libtag_thread *threads, unsigned nthreads, u
 
     fill_psinfo(&ps, pr);
     if (nvalid == 0) {
-        fill_prstatus(&st, getpid(), pr, self_regs);
+        fill_prstatus(&st, getpid(), pr, self_regs, self_fp != NULL);
         rc = note(NT_PRSTATUS, &st, sizeof st);
         if (rc == 0)
             rc = write_process_notes(&ps);
+        if (rc == 0 && self_fp)
+            rc = note(NT_FPREGSET, self_fp, TAG_ARCH_FPREGS_BYTES);
         return rc;
     }
     for (unsigned i = 0; rc == 0 && i < nthreads; i++) {
         if (!(threads[i].flags & TAG_THREAD_REGS))
             continue;
-        fill_prstatus(&st, (int)threads[i].tid, pr, threads[i].regs);
+#if TAG_ARCH_FPREGS_BYTES
+        const uint8_t *fp = fpregs_of(&threads[i]);
+#else
+        const uint8_t *fp = NULL;
+#endif
+        fill_prstatus(&st, (int)threads[i].tid, pr, threads[i].regs, fp != NULL);
         rc = note(NT_PRSTATUS, &st, sizeof st);
         if (rc == 0 && W.off == notes_off + note_size(sizeof st))
             rc = write_process_notes(&ps);
+        if (rc == 0 && fp)
+            rc = note(NT_FPREGSET, fp, TAG_ARCH_FPREGS_BYTES);
     }
     return rc;
 }
@@ -866,6 +919,11 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
                     unsigned nthreads)
 {
     static uint64_t self_regs[TAG_NREGS];
+#if TAG_ARCH_FPREGS_BYTES
+    static uint8_t self_fp[TAG_ARCH_FPREGS_BYTES] __attribute__((aligned(16)));
+#else
+    static const uint8_t *const self_fp = NULL;
+#endif
     struct cw_proc pr;
     struct stat sb;
     uint64_t notes_off, notes_sz, data_off, end;
@@ -875,6 +933,9 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
 
     /* Registers first, in this frame, which stays live while we write. */
     capture_here(self_regs);
+#if TAG_ARCH_FPREGS_BYTES
+    capture_fpregs_here(self_fp);
+#endif
 
     memset(&W, 0, sizeof W);
     W.fd = fd;
@@ -888,20 +949,28 @@ int _tag_write_core(int fd, int pid, const struct libtag_thread *threads,
     auxv_len = n > 0 ? (size_t)n : 0;
     read_proc(pid, &pr);
 
-    for (i = 0; i < nthreads; i++)
+    unsigned nfp = 0;
+    for (i = 0; i < nthreads; i++) {
         nvalid += (threads[i].flags & TAG_THREAD_REGS) != 0;
+#if TAG_ARCH_FPREGS_BYTES
+        nfp += (threads[i].flags & TAG_THREAD_REGS) && fpregs_of(&threads[i]);
+#endif
+    }
+    if (nvalid == 0)
+        nfp = TAG_ARCH_FPREGS_BYTES != 0;  /* self_fp, where the machine has one */
 
     /* Layout: headers, notes, then page-aligned segment data. */
     notes_off = sizeof(Elf64_Ehdr) + (uint64_t)(1 + nmaps) * sizeof(Elf64_Phdr);
     notes_sz = (nvalid ? nvalid : 1) * note_size(sizeof(struct elf_prstatus))
              + note_size(sizeof(struct elf_prpsinfo))
              + note_size(auxv_len)
-             + note_size(nt_file_size());
+             + note_size(nt_file_size())
+             + nfp * note_size(TAG_ARCH_FPREGS_BYTES);
     data_off = (notes_off + notes_sz + CW_PAGE - 1) & ~(uint64_t)(CW_PAGE - 1);
 
     rc = write_headers(notes_off, notes_sz, data_off, &end);
     if (rc == 0)
-        rc = write_notes(threads, nthreads, nvalid, &pr, self_regs, notes_off);
+        rc = write_notes(threads, nthreads, nvalid, &pr, self_regs, self_fp, notes_off);
     if (rc == 0 && W.off != notes_off + notes_sz)
         return -EIO;    /* a layout bug: never write an inconsistent core */
     if (rc == 0)

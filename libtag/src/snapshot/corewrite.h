@@ -11,13 +11,14 @@
 
 struct libtag_thread;
 
-/* Write an ELF64 x86_64 core of the calling process to fd (already open,
+/* Write an ELF64 core (the machine's: base/arch.h) of the calling process to fd (already open,
  * O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600 - the caller opens it and
  * unlinks the partial file on failure).
  *
  * threads/nthreads: records whose regs are valid (flags & TAG_THREAD_REGS)
  * get one NT_PRSTATUS each, pr_pid = tid, in the order given (gdb takes the
- * first as the current thread).  These are the parent's threads, recorded
+ * first as the current thread), and on aarch64 an NT_FPREGSET each where
+ * their FP registers were saved with them.  These are the parent's threads, recorded
  * before the fork; their registers must point into frames that are still
  * live when the child dumps (the child's own calls overwrite dead frames).
  * If no record is valid, one NT_PRSTATUS carries the calling thread's own

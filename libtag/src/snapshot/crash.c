@@ -72,7 +72,7 @@ static void crash_handler(int sig, siginfo_t *si, void *ucv)
          * for the table lock (0 if it is taken). */
         c->stack = _tag_capture_uc(t, uc);
         c->time = _tag_now_ms();
-        _tag_save_regs(_tag_tls.rec, uc);
+        _tag_save_thread(uc);
         if (_tag_ctl.reason == TAG_REASON_NONE)
             _tag_ctl.reason = TAG_REASON_CRASH;
         /* The crash directory is made below, only once the default action

@@ -118,7 +118,7 @@ static void regs_handler(int sig, siginfo_t *si, void *uc)
     }
     uint32_t gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
     (void)_tag_self();
-    _tag_save_regs(_tag_tls.rec, uc);
+    _tag_save_thread(uc);
     __atomic_fetch_add(&acks, 1, __ATOMIC_RELEASE);
     futex(&acks, FUTEX_WAKE_PRIVATE, 1, NULL);
     /* Hold still until the fork is done, so the registers stay true; give
@@ -237,6 +237,16 @@ static uint32_t stop_threads(uint32_t gen, uint32_t self)
     return got;
 }
 
+void _tag_save_thread(const struct ucontext_t *uc)
+{
+    _tag_save_regs(_tag_tls.rec, uc);
+#if TAG_ARCH_FPREGS_BYTES
+    struct tag_thread_state *t = _tag_tls.t;
+    if (_tag_tls.rec && t->rec)  /* a state of its own, never _tag_tls_none */
+        t->fpregs_saved = (uint32_t)tag_arch_save_fpregs(t->fpregs, (const ucontext_t *)uc);
+#endif
+}
+
 /* Forget every other thread's registers from an earlier snapshot (a thread
  * that exited or blocks the signal must not show stale ones), save ours when
  * given, and stop the others.  Returns the generation to release. */
@@ -250,7 +260,7 @@ static uint32_t freeze(const ucontext_t *uc, uint32_t *stopped)
         if (&r[i] != _tag_tls.rec)
             __atomic_and_fetch(&r[i].flags, ~TAG_THREAD_REGS, __ATOMIC_RELAXED);
     if (uc)
-        _tag_save_regs(_tag_tls.rec, uc);
+        _tag_save_thread(uc);
     uint32_t gen = __atomic_add_fetch(&next_generation, 1, __ATOMIC_RELAXED);
     uint32_t got = stop_threads(gen, _tag_tls.tid);
     if (stopped)
@@ -752,6 +762,11 @@ int _tag_snapshot_take(uint32_t reason, int handoff)
 
     uint64_t t0 = mono_ns();
     ucontext_t uc;
+#if TAG_ARCH_FPREGS_BYTES
+    /* getcontext keeps the callee-saved FP registers only: the others
+     * read 0, as a call leaves them no value */
+    memset(&uc, 0, sizeof uc);
+#endif
     uint32_t stopped;
     uint32_t gen = freeze(getcontext(&uc) == 0 ? &uc : NULL, &stopped);
     uint64_t t1 = mono_ns();

@@ -18,6 +18,11 @@
 #define TAG_HANDOFF_WAIT_MS 30000
 
 TAG_COLD int _tag_snapshot(uint32_t reason);
+/* The calling thread's registers at uc into its record (_tag_save_regs)
+ * and, where the machine's cores carry them, its FP registers into its
+ * state (NT_FPREGSET: corewrite.c).  Async-signal-safe. */
+struct ucontext_t;
+void _tag_save_thread(const struct ucontext_t *uc);
 TAG_COLD void _tag_snapshot_init(void);   /* signal handler; after libc init */
 TAG_COLD void _tag_snapshot_signal_taken(int sig); /* the program's now */
 /* The exit snapshot (LIBTAG_AT_EXIT=snapshot), from libtag's destructor:

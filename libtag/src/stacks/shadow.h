@@ -4,7 +4,16 @@
  * interned into stack ids (shadow_stack.c), and captured at an allocation
  * (unwind.c's shadow capture).  Its per-thread fields are struct
  * tag_thread_state's (stacks/thread.h); the hot paths' bodies are inline
- * here, so each stays one body in its caller. */
+ * here, so each stays one body in its caller.
+ *
+ * An entry's "CFA" here is the end of the slot where its function keeps
+ * its return address: the word below it holds the call site the function
+ * was entered from for as long as the frame is alive (tag_arch_slot_ra,
+ * base/arch.h).  On x86_64 it is the CFA itself (the slot is the word the
+ * call pushed); on aarch64 the end of the slot where the prologue saved
+ * x30 (x29 + 16 in a frame record), below the CFA.  Either way it lies in
+ * the function's frame, above every frame it calls and at least 8 above
+ * its stack pointer at the enter hook, so entries compare as frames do. */
 #ifndef LIBTAG_SHADOW_H
 #define LIBTAG_SHADOW_H
 
@@ -19,8 +28,8 @@
 /* The shadow stack's CFAs, found by the CFI rules unwind.c keeps (its
  * "shadow stacks" section defines these): */
 /* The CFA of the instrumented function whose enter hook returns to ra;
- * c: its stack pointer at the hook call, rbp: its rbp, site: its return
- * address (what the CFA - 8 slot holds).  Bit 0 set: a lower bound only
+ * c: its stack pointer at the hook call, rbp: its frame pointer, site: its
+ * return address (what the slot below the CFA holds).  Bit 0 set: a lower bound only
  * (no rule, and site not found near c).  Fills t->hook_cache with the
  * offset from c of a CFA it found by rule (hooks.c). */
 uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp,
@@ -104,13 +113,15 @@ TAG_INLINE void _tag_shadow_record(struct tag_thread_state *t, uint32_t d, uint6
 }
 /* Entry i is function fn, whose exit hook was reached by a tail jump past
  * its epilogue so that the hook's CFA c is fn's own: entered from site,
- * which the slot below c holds (fn's return address), inside an entry
- * entered at or above c (hook_sp_outer for i = 0).  The exit hook asks it
- * of the innermost entry, _tag_exit_slow of each below dead ones. */
+ * fn's return address, where the machine has it after the epilogue (the
+ * slot below c, or x30: ra, the hook's return address;
+ * tag_arch_exit_jumped), inside an entry entered at or above c
+ * (hook_sp_outer for i = 0).  The exit hook asks it of the innermost
+ * entry, _tag_exit_slow of each below dead ones. */
 TAG_INLINE int _tag_shadow_tail(const struct tag_thread_state *t, uint64_t i, uint64_t fn, uint64_t site,
-                                uint64_t c)
+                                uint64_t c, uint64_t ra)
 {
-    return t->shadow.site[i] == site && t->shadow.fn[i] == fn && ((const uint64_t *)c)[-1] == site &&
+    return t->shadow.site[i] == site && t->shadow.fn[i] == fn && tag_arch_exit_jumped(c, ra, site) &&
            (&t->hook_sp_outer)[i] >= c;
 }
 /* Entry i (> 0), its CFA e, lies inside entry i - 1, whose CFA is outer

@@ -12,8 +12,9 @@
  * longjmp, exceptions and signal handlers that do not return skip exit
  * hooks.  So an enter or a capture first pops every entry whose frame is no
  * longer on the stack: one recorded at or below the current address (the
- * stack grows down), or whose return address slot (CFA - 8) no longer holds
- * its call site (its frame was reused by code that is not instrumented).
+ * stack grows down), or whose return address slot (below its CFA: see
+ * stacks/shadow.h) no longer holds its call site (its frame was reused by
+ * code that is not instrumented).
  * That is only decided on the thread's own stack: code running on an
  * alternate signal stack (or one libtag does not know) pops only entries of
  * that alternate stack, below itself.
@@ -47,7 +48,7 @@ static int dead(struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t f
         if (e_alt || at < cur || at >= hi || (at == cur && again))
             return 1;
         /* cur <= at < hi on this stack: the slot is mapped */
-        if ((e & 1) || ((const uint64_t *)at)[-1] == t->shadow.site[i])
+        if ((e & 1) || tag_arch_slot_ra(at) == t->shadow.site[i])
             return 0;
         /* its CFA may be stale (a realigned frame): once more, from rbp */
         if (tried || !_tag_shadow_recheck(t, i, cur))
@@ -157,7 +158,7 @@ void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
         /* read only what is on this thread's stack above cur, or on its
          * alternate stack; anything else is for the full check */
         int mapped = (at > cur && at <= hi) || (t->alt_hi && at > t->alt_lo && at <= t->alt_hi);
-        if (!mapped || (((const uint64_t *)at)[-1] != s->site[i] && !_tag_shadow_recheck(t, i, cur))) {
+        if (!mapped || (tag_arch_slot_ra(at) != s->site[i] && !_tag_shadow_recheck(t, i, cur))) {
             shadow_repair(t, cur, lo);
             return;
         }
@@ -166,11 +167,12 @@ void _tag_shadow_settle_slow(struct tag_thread_state *t, uint64_t cur)
 
 /* The hooks' rare paths (hooks.c has the fast ones).  The hooks are built
  * without frame pointers and reach these by a tail jump, with nothing on
- * the stack and rbp untouched: so in these functions (built with frame
- * pointers, as all of libtag but hooks.c) frame[1] is the hook's return
- * address into the instrumented function, frame[0] that function's rbp and
- * frame + 2 its stack pointer at the hook call - what the hooks had when
- * they were built with frame pointers themselves. */
+ * the stack and the frame pointer (and aarch64's x30) untouched: so in
+ * these functions (built with frame pointers, as all of libtag but
+ * hooks.c) frame[1] is the hook's return address into the instrumented
+ * function, frame[0] that function's frame pointer and their own CFA its
+ * stack pointer at the hook call - what the hooks had when they were built
+ * with frame pointers themselves. */
 
 /* hook_left ran out: a sweep is due. */
 TAG_NOINSTR TAG_NOINLINE void _tag_hook_tick(struct tag_thread_state *t)
@@ -192,7 +194,9 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
         if ((t = _tag_thread_register()) == NULL)
             return;
     }
-    uint64_t c = (uintptr_t)(frame + 2), ra = frame[1], bp = frame[0];
+    /* the CFA: x86_64's frame + 2; an aarch64 frame record need not be
+     * at the top of its frame */
+    uint64_t c = (uintptr_t)__builtin_dwarf_cfa(), ra = frame[1], bp = frame[0];
     uint64_t cfa = _tag_hook_cfa(t, ra, c, bp, site);
     uint32_t d = t->shadow.depth;
     /* Full: entries a longjmp left under live ones may fill it.  Those
@@ -208,7 +212,7 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
         uint64_t e = t->shadow.sp[d <= TAG_SHADOW_MAX ? d - 1 : 0];
         if (d > TAG_SHADOW_MAX || e >= t->pop_limit ||
             !(e > cfa || (e == cfa && t->shadow.fn[d - 1] != fn)) ||
-            (!(e & 1) && ((const uint64_t *)e)[-1] != t->shadow.site[d - 1]))
+            (!(e & 1) && tag_arch_slot_ra(e) != t->shadow.site[d - 1]))
             d = _tag_shadow_pop(t, cfa, fn, site);
     }
     t->shadow.depth = d + 1;
@@ -230,7 +234,8 @@ TAG_NOINSTR TAG_NOINLINE void _tag_enter_slow(uint64_t fn, uint64_t site, struct
  * past its epilogue, its own CFA; site: its return address.  Entries
  * recorded below c are frames it called that never exited (longjmp), or
  * itself after the tail jump: the entry of this function and site, with
- * the slot below c holding site and the entry outside it at or above c,
+ * site where the machine keeps a return address after the epilogue
+ * (_tag_shadow_tail) and the entry outside it at or above c,
  * as the fast path checks for the innermost.  The first entry entered at
  * or above c is itself otherwise.  Either way it is popped with every
  * entry inside it. */
@@ -239,9 +244,11 @@ TAG_NOINSTR TAG_NOINLINE void _tag_exit_slow(uint64_t fn, struct tag_thread_stat
     uint32_t d = t->shadow.depth;
     if (d == 0)
         return;  /* nothing to pop (and, in _tag_tls_none, nothing to write) */
+    /* the exit hook's return address (a tail jump came here) */
+    uint64_t ra = (uint64_t)(uintptr_t)__builtin_return_address(0);
     if (TAG_LIKELY(d <= TAG_SHADOW_MAX)) {
         for (; d > 0; d--)
-            if (t->hook_sp[d - 1] >= c || _tag_shadow_tail(t, d - 1, fn, site, c))
+            if (t->hook_sp[d - 1] >= c || _tag_shadow_tail(t, d - 1, fn, site, c, ra))
                 break;
         if (d > 0)
             d--;

@@ -117,7 +117,7 @@ struct tag_thread_state {
     uint32_t shadow_limit;
     /* What the enter hook saw at each depth (shadow_stack.c): its own CFA
      * (the instrumented function's stack pointer at the hook call), its
-     * return address, and the function's rbp.  Below hook_sp[0], a word
+     * return address, and the function's frame pointer.  Below hook_sp[0], a word
      * above every stack pointer, for the exit hook's look at the entry
      * outside the innermost.  The hook records only
      * these; shadow.sp[d] holds the hook's CFA + 8 with bit 0 set (a lower
@@ -166,10 +166,11 @@ struct tag_thread_state {
     /* Shadow entries recorded at or above this address take the slow pop
      * path: stack_hi, or 0 while an alternate signal stack is set. */
     uint64_t pop_limit;
-    /* The CFA offset of instrumented functions from their stack pointer at
-     * their enter hook call, by the hook's return address (what
-     * _tag_hook_cfa found from CFI).  The enter hook trusts an entry only
-     * when the slot at CFA - 8 holds its call site; hook_gen: the
+    /* The CFA offset of instrumented functions (stacks/shadow.h: the end of
+     * their return address slot) from their stack pointer at their enter
+     * hook call, by the hook's return address (what _tag_hook_cfa found
+     * from CFI).  The enter hook trusts an entry only when the slot below
+     * that CFA holds its call site; hook_gen: the
      * _tag_code_gen the entries were made under (the slow path drops them
      * when it changed). */
     uint32_t hook_gen;
@@ -210,6 +211,14 @@ struct tag_thread_state {
                                         last (unwind.c fast_hint) */
     uint32_t exit_rounds;            /* life/threads.c: calls of its exit hook */
     struct tag_walk_new walk_new[TAG_WALK_MAX];
+#if TAG_ARCH_FPREGS_BYTES
+    /* Its FP registers, saved with its record's registers for a snapshot
+     * or a crash (snapshot.c, _tag_save_thread), in the layout of a core's
+     * NT_FPREGSET (corewrite.c); fpregs_saved: they were (the signal
+     * context had them). */
+    uint32_t fpregs_saved;
+    uint8_t fpregs[TAG_ARCH_FPREGS_BYTES] __attribute__((aligned(16)));
+#endif
     /* This thread's shard of the per-stack counters (tag_abi.h,
      * "per-stack counters"): for its chunk of entries [i << TAG_SHARD_SHIFT,
      * (i + 1) << TAG_SHARD_SHIFT), the chunk's address minus i <<

@@ -877,9 +877,15 @@ static uint32_t capture_hybrid(struct tag_thread_state *t, struct ustate s, stru
     t->capture_frames += 1 + t->shadow.depth;
     /* The usual case first: malloc's caller is the instrumented function
      * itself (its CFA is the innermost entry's).  One rule, no walk. */
+#ifdef __aarch64__
+    /* (no rule: past the first frame the walk's step is the frame
+     * record's, which ends at the entry's CFA when it is the function's) */
+    if (TAG_LIKELY(s.bp + 16 == target)) {
+#else
     uint64_t rule = rule_for(s.pc, 1);
     if (TAG_LIKELY((rule & (TAG_RULE_TYPE | TAG_RULE_CFA_RBP)) == TAG_RULE_CFA) &&
         s.sp + ((rule >> TAG_RULE_OFF_SHIFT) & 0xffffff) == target) {
+#endif
         uint32_t id = _tag_intern(t, _tag_shadow_id(t), TAG_FRAME_CALL, s.pc);
         cap_memo_put(t, s.pc, s.sp, id);
         return id;
@@ -913,7 +919,7 @@ TAG_INLINE int top_alive(const struct tag_thread_state *t, uint64_t cur)
         return 0;
     uint64_t e = t->shadow.sp[d - 1];
     return e > cur && e < t->pop_limit &&
-           ((e & 1) || ((const uint64_t *)e)[-1] == t->shadow.site[d - 1]);
+           ((e & 1) || tag_arch_slot_ra(e) == t->shadow.site[d - 1]);
 }
 
 #ifdef LIBTAG_DEBUG
@@ -928,7 +934,7 @@ static void shadow_verify(const struct tag_thread_state *t, uint64_t sp)
     for (uint32_t i = 0; i + 1 < d; i++) {
         uint64_t e = t->shadow.sp[i];
         if (!(e & 1) && e > sp && e <= t->stack_hi)
-            TAG_ASSERT(((const uint64_t *)e)[-1] == t->shadow.site[i]);
+            TAG_ASSERT(tag_arch_slot_ra(e) == t->shadow.site[i]);
     }
 }
 #endif
@@ -1055,7 +1061,7 @@ TAG_INLINE uint64_t hook_probe(const struct tag_thread_state *t, uint64_t ra)
 TAG_INLINE int memo_alive(const struct tag_thread_state *t, uint32_t i, uint64_t cur, uint64_t span)
 {
     uint64_t e = t->shadow.sp[i];
-    return (e & 1) || (e - cur - 1 < span && ((const uint64_t *)e)[-1] == t->shadow.site[i]);
+    return (e & 1) || (e - cur - 1 < span && tag_arch_slot_ra(e) == t->shadow.site[i]);
 }
 
 /* _tag_shadow_settle and _tag_shadow_cc in one pass over the depths
@@ -1089,7 +1095,7 @@ TAG_INLINE int memo_cc(struct tag_thread_state *t, uint64_t cur, uint32_t d, uin
             const struct tag_hook_set *h = &t->hook_cache[TAG_HOOK_SET(ra)];
             uint64_t off = TAG_LIKELY(h->ra[0] == ra) ? h->off[0] : hook_probe(t, ra);
             e = t->hook_sp[i] + off;
-            if (!off || e - cur - 1 >= span || ((const uint64_t *)e)[-1] != t->shadow.site[i])
+            if (!off || e - cur - 1 >= span || tag_arch_slot_ra(e) != t->shadow.site[i])
                 return 0;
             t->shadow.sp[i] = e;
         } else if (i + 1 < d && !memo_alive(t, i, cur, span)) {
@@ -1216,17 +1222,20 @@ uint32_t _tag_capture_uc(struct tag_thread_state *t, const struct ucontext_t *uc
 
 /* ------------------------------------------------------ shadow stacks -- */
 
+/* No rule: the first slot above c that holds site (its CFA, the end of
+ * that slot), else a lower bound. */
 static uint64_t hook_cfa_scan(uintptr_t c, uintptr_t site, uintptr_t hi)
 {
     for (uintptr_t p = c; p < c + 64 * 8 && p + 8 <= hi; p += 8)
-        if (*(const uint64_t *)p == site)
+        if (tag_arch_slot_ra(p + 8) == site)
             return p + 8;
     return (c + 8) | 1;
 }
 
-/* The CFA that the CFI rule at ra gives an instrumented function whose
- * enter hook had its CFA at c (rbp: the function's), if it lies in
- * (c, hi] and is 8-aligned; 0 if not, or no rule. */
+/* The CFA (stacks/shadow.h: the end of its return address slot) that the
+ * CFI rule at ra gives an instrumented function whose enter hook had its
+ * CFA at c (rbp: the function's frame pointer), if it lies in (c, hi] and
+ * is 8-aligned; 0 if not, or no rule. */
 static uint64_t hook_rule_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_t c, uintptr_t rbp, uint64_t hi)
 {
     uint32_t gen = __atomic_load_n(&_tag_code_gen, __ATOMIC_ACQUIRE);
@@ -1234,11 +1243,24 @@ static uint64_t hook_rule_cfa(struct tag_thread_state *t, uintptr_t ra, uintptr_
         memset(t->hook_cache, 0, sizeof t->hook_cache);
         t->hook_gen = gen;
     }
+#ifdef __aarch64__
+    /* The rule at the call itself (bl, 4 bytes before ra), an exact pc:
+     * a return address's is the frame record's (rule_miss), and c, the
+     * stack pointer at the call, is what an exact rule starts from.  x30
+     * is saved (the function called the hook) at CFA - 8 * slot. */
+    uint64_t rule = rule_for((ra - 4) | EXACT_KEY, 0);
+    uint64_t slot = (rule >> TAG_RULE_RA_SHIFT) & TAG_RULE_RA_MASK;
+    if ((rule & TAG_RULE_TYPE) != TAG_RULE_CFA || (rule & TAG_RULE_RA_LR) || slot == 0)
+        return 0;
+    uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & TAG_RULE_OFF_MASK;
+    uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off - 8 * (slot - 1);
+#else
     uint64_t rule = rule_for(ra, 0);
     if ((rule & TAG_RULE_TYPE) != TAG_RULE_CFA)
         return 0;
     uint64_t off = (rule >> TAG_RULE_OFF_SHIFT) & 0xffffff;
     uint64_t cfa = ((rule & TAG_RULE_CFA_RBP) ? rbp : c) + off;
+#endif
     return cfa > c && cfa <= hi && cfa - c <= UINT32_MAX && !(cfa & 7) ? cfa : 0;
 }
 
@@ -1260,7 +1282,7 @@ TAG_COLD uint64_t _tag_hook_cfa(struct tag_thread_state *t, uintptr_t ra, uintpt
                                 uintptr_t site)
 {
     uint64_t hi = t->stack_hi, cfa = hook_rule_cfa(t, ra, c, rbp, hi);
-    if (cfa && ((const uint64_t *)cfa)[-1] == site) {
+    if (cfa && tag_arch_slot_ra(cfa) == site) {
         hook_cache_put(t, ra, cfa - c);
         return cfa;
     }
@@ -1285,7 +1307,7 @@ int _tag_shadow_recheck(struct tag_thread_state *t, uint32_t i, uint64_t cur)
     if (!hi)
         return 0;
     uint64_t cfa = hook_rule_cfa(t, t->hook_ra[i], c, t->hook_bp[i], hi);
-    if (!cfa || cfa == (t->shadow.sp[i] & ~1ull) || ((const uint64_t *)cfa)[-1] != t->shadow.site[i])
+    if (!cfa || cfa == (t->shadow.sp[i] & ~1ull) || tag_arch_slot_ra(cfa) != t->shadow.site[i])
         return 0;
     t->shadow.sp[i] = cfa;
     return 1;
@@ -1298,12 +1320,12 @@ uint64_t _tag_shadow_resolve(struct tag_thread_state *t, uint32_t i, uint64_t cu
     if (!hi)
         return t->shadow.sp[i];  /* elsewhere: the lower bound stays */
     uint64_t off = hook_probe(t, ra), cfa = c + off;
-    if (off && cfa <= hi && ((const uint64_t *)cfa)[-1] == site)
+    if (off && cfa <= hi && tag_arch_slot_ra(cfa) == site)
         return t->shadow.sp[i] = cfa;
     cfa = hook_rule_cfa(t, ra, c, t->hook_bp[i], hi);
     if (!cfa)  /* no rule: what the enter hook did before, near c */
         return t->shadow.sp[i] = hook_cfa_scan(c, site, hi);
-    if (((const uint64_t *)cfa)[-1] == site)
+    if (tag_arch_slot_ra(cfa) == site)
         hook_cache_put(t, ra, cfa - c);
     /* else a frame that is gone: its CFA by rule, which the caller finds
      * dead by its slot */

@@ -541,6 +541,13 @@ class Control:
                     return int(meta["large_size"][i])
         return abi.TAG_SIZE_BIG
 
+    @property
+    def page_size(self) -> int:
+        """The page size libtag ran with: a guard page of the guard pool.
+        A libtag that left the field reserved (zero) ran on x86_64's 4 KiB
+        pages: abi.TAG_GUARD_PAGE."""
+        return int(self.fields.page_size) or abi.TAG_GUARD_PAGE
+
     def guard_slot_records(self) -> np.ndarray:
         """The guard pool's slot records in use (abi.GUARD_SLOT_DTYPE), read once."""
         if not hasattr(self, "_guard_slots"):

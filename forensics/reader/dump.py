@@ -322,6 +322,10 @@ class Dump:
             if t.exited:
                 continue
             saved = t.saved_regs
+            if saved and self.arch.tp not in saved and self.arch.tp in core.get(t.tid, {}):
+                # aarch64's record has no tpidr_el0: the thread's own, which
+                # no snapshot changes, from the core
+                saved = {**saved, self.arch.tp: core[t.tid][self.arch.tp]}
             regs = saved if self.saved_registers_first and saved else core.get(t.tid, saved)
             regs = live.get(t.tid, regs)
             sp = regs.get(self.arch.sp) if regs else None
@@ -394,19 +398,25 @@ class Dump:
             return list(t.shadow)
         raw = [(s.pc, s.kind) for s in steps]
         last = steps[-1]
-        top = last.cfa if last.cfa is not None else (last.sp + 1 if last.sp is not None else None)
+        top = last.sp + 1 if last.sp is not None else last.cfa
         if top is None:
             return raw
-        # The shadow stack's CALL frames whose return-address slot (CFA - 8)
-        # is at or beyond the last frame's: the callers the walk did not
-        # reach.  A slot that no longer holds the site is a frame a longjmp
-        # left (libtag pops those only at the thread's next enter).  The
-        # first one is preceded by the ENTRY of the function it returns
+        # The shadow stack's CALL frames whose function's frame is the walk's
+        # last or beyond it: the callers the walk did not reach.  Each entry's
+        # key is the end of the slot that holds its return address (x86_64:
+        # the CFA; aarch64: where the prologue saved x30, in the frame below
+        # the CFA), above the function's stack pointer.  A slot that no
+        # longer holds the site (stripped of a PAC signature) is a frame a
+        # longjmp left (libtag pops those only at the thread's next enter).
+        # The first one is preceded by the ENTRY of the function it returns
         # from: the frame between, unless it is the walk's last (symbolize
         # merges an ENTRY into the frame inside it of the same function).
+        mask = self.unwinder.ptr_mask
         for (pc, kind), sp, fn in zip(t.shadow[1:], t.shadow_sp, t.shadow_fn):
-            cfa = sp & ~1
-            if cfa < top or (not sp & 1 and self.unwinder.word(cfa - 8) != pc):
+            key = sp & ~1
+            if key < top:
+                continue
+            if not sp & 1 and ((w := self.unwinder.word(key - 8)) is None or w & mask != pc):
                 continue
             if len(raw) == len(steps):
                 raw.append((fn, abi.TAG_FRAME_ENTRY))

@@ -35,7 +35,9 @@ non-zero pages, little else:
 
 - lz4 and xz give their output in pieces of 256 KiB (_OUT), memory malloc
   reuses; larger pieces were new memory from the kernel on each call, every
-  page of it faulted in;
+  page of it faulted in.  zstd's decompressobj has no output bound, so the
+  input fed to it adapts instead (16 bytes to 1 KiB) to give about _OUT a
+  call: a KiB of a run of zero pages is 10-30 MiB;
 - lz4 is decoded by the binding's decompress_chunk on views of the input,
   which copies nothing but the output; LZ4FrameDecompressor would copy the
   input not yet used on each call;
@@ -78,7 +80,9 @@ _READ = 1 << 20  # compressed bytes read from the file at a time
 # 0.2-0.4 s of system time - while 256 KiB pieces cost ~3000 faults and no
 # more user time.
 _OUT = 256 << 10
-_ZSTD_FEED = 1024  # zstd input fed at a time: its decompressobj has no output bound
+# the most zstd input fed at a time: its decompressobj has no output bound,
+# so this bounds what one call can give (a KiB of zero pages: ~32 MiB)
+_ZSTD_FEED = 1024
 _GATHER = 1 << 20  # small pieces are gathered up to this before they are checked and written
 _DIRECT = 64 << 10  # a piece this large is checked and written where it lies, not gathered
 
@@ -129,6 +133,7 @@ def _pieces(kind: str, read):
     d = _decompressor(kind)
     started = False  # bytes of the current stream were fed
     bounded = kind != "zstd"
+    feed = _ZSTD_FEED
     while True:
         data = read(_READ)
         if not data:
@@ -148,8 +153,12 @@ def _pieces(kind: str, read):
                         break
                     yield out
             else:
-                piece, view = view[:_ZSTD_FEED], view[_ZSTD_FEED:]
+                piece, view = view[:feed], view[feed:]
                 out = d.decompress(bytes(piece))
+                # aim at _OUT a call: a run of zero pages decodes to MiBs
+                # from a few bytes, incompressible memory to about what is
+                # fed (nothing out: the decoder holds a partial block)
+                feed = max(16, min(_ZSTD_FEED, feed * _OUT // len(out) if out else feed * 2))
                 started = True
                 if out:
                     yield out

@@ -32,11 +32,19 @@ _MAGICS = (b"\x7fELF", b"\x28\xb5\x2f\xfd", b"\x04\x22\x4d\x18", b"\xfd7zXZ\x00"
 
 def core_files(paths: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
     """(the cores named by *paths*, in order: a file as given, a directory's
-    files that start as a core does, by path; [{path, error}] for a path
-    that is neither).  Symbolic links are not followed (a core holds the
-    memory of a process: no link planted in a shared folder leads here)."""
+    files that start as a core does, by path - each file once, however many
+    times it is named; [{path, error}] for a path that is neither).
+    Symbolic links are not followed (a core holds the memory of a process:
+    no link planted in a shared folder leads here)."""
     found: list[str] = []
+    seen: set[tuple[int, int]] = set()
     bad: list[dict[str, str]] = []
+
+    def add(path: str, st: os.stat_result) -> None:
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            found.append(path)
+
     for p in paths:
         try:
             st = os.lstat(p)
@@ -46,28 +54,30 @@ def core_files(paths: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
         if stat.S_ISLNK(st.st_mode):
             bad.append({"path": p, "error": f"{p} is a symbolic link: not followed"})
         elif stat.S_ISDIR(st.st_mode):
-            found.extend(sorted(_walk(p)))
+            for path, sub in sorted(_walk(p)):
+                add(path, sub)
         elif stat.S_ISREG(st.st_mode):
-            found.append(p)
+            add(p, st)
         else:
             bad.append({"path": p, "error": f"{p} is not a file or a directory"})
     return found, bad
 
 
-def _walk(top: str) -> Iterator[str]:
+def _walk(top: str) -> Iterator[tuple[str, os.stat_result]]:
     for root, dirs, files in os.walk(top, followlinks=False):
         dirs.sort()
         for name in files:
             path = os.path.join(root, name)
             try:
-                if not stat.S_ISREG(os.lstat(path).st_mode):
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
                     continue
                 with open(path, "rb") as f:
                     head = f.read(6)
             except OSError:
                 continue
             if head.startswith(_MAGICS):
-                yield path
+                yield path, st
 
 
 @dataclass
@@ -119,12 +129,16 @@ def _answer(doc: InspectDoc) -> dict[str, Any]:
 
 
 def triage(paths: Iterable[str], inspect: Callable[[str], InspectDoc],
-           progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+           progress: Callable[[int, int, str], None] | None = None,
+           skipped: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
     """The triage document of the cores *paths* names (files, directories):
     inspect(path) gives a core's inspect document (or raises a
-    ForensicsError, whose message is kept as that core's reason)."""
+    ForensicsError, whose message is kept as that core's reason); skipped:
+    crashes known to have no core to read ({path: None, error}: those
+    systemd-coredump no longer holds), listed first among the skipped."""
 
-    cores, skipped = core_files(paths)
+    cores, bad = core_files(paths)
+    skipped = [*skipped, *bad]
     groups: dict[str, _Group] = {}
     unsigned: list[str] = []
     for i, path in enumerate(cores):

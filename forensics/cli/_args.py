@@ -88,19 +88,28 @@ def runtime_flags(parser: argparse.ArgumentParser) -> None:
              "(shell-style) as the runtime's; repeatable")
 
 
-def coredump_flag(parser: argparse.ArgumentParser, *, many: bool = False, group=None) -> None:
+def coredump_flag(parser: argparse.ArgumentParser, *, many: bool = False, every: bool = False,
+                  group=None) -> None:
     """--coredump MATCH: a core systemd-coredump holds, in place of a CORE
-    argument (forensics.snapshots.coredumps; take_coredumps resolves it)."""
+    argument (forensics.snapshots.coredumps; take_coredumps resolves it);
+    every: all the cores of MATCH, not only the newest (triage)."""
+    if every:
+        what = ("every core systemd-coredump holds (`forensics list` shows them) of pid MATCH, "
+                "or of the program MATCH (its name or path); a crash whose core "
+                "systemd no longer holds is listed as skipped; repeatable, after the CORE_OR_DIR "
+                "arguments")
+    else:
+        what = ("a core systemd-coredump holds (`forensics list` shows them): the newest of "
+                "pid MATCH, or of the program MATCH (its name or path)"
+                + ("; repeatable, after the CORE arguments" if many else ""))
     (group or parser).add_argument(
-        "--coredump", metavar="MATCH", action="append", default=[], dest="coredumps",
-        help="a core systemd-coredump holds (`forensics list` shows them): the newest of "
-             "pid MATCH, or of the program MATCH (its name or path)"
-             + ("; repeatable, after the CORE arguments" if many else ""))
+        "--coredump", metavar="MATCH", action="append", default=[], dest="coredumps", help=what)
 
 
-# the core arguments of each verb: (attribute, how many: 1, 2 or "+")
+# the core arguments of each verb: (attribute, how many: 1, 2, "+", or
+# "every": each MATCH names all its cores, not the newest)
 _CORE_ARGS = {"inspect": ("core", 1), "whoowns": ("core", 1), "diff": (("old", "new"), 2),
-              "trend": ("cores", "+"), "report": ("cores", "+")}
+              "trend": ("cores", "+"), "report": ("cores", "+"), "triage": ("paths", "every")}
 
 
 def take_coredumps(args: argparse.Namespace) -> None:
@@ -111,12 +120,15 @@ def take_coredumps(args: argparse.Namespace) -> None:
     from forensics.errors import UsageError
 
     matches = getattr(args, "coredumps", None) or []
+    attr, count = _CORE_ARGS[args.verb]
+    if count == "every":
+        _take_every_coredump(args, attr, matches)
+        return
     paths = []
     if matches:
         from forensics.snapshots.coredumps import match
 
         paths = [match(m).path for m in matches]
-    attr, count = _CORE_ARGS[args.verb]
     if count == 1:
         if getattr(args, attr) is not None and paths:
             raise UsageError(f"{args.verb}: give a CORE or --coredump MATCH, not both")
@@ -136,3 +148,27 @@ def take_coredumps(args: argparse.Namespace) -> None:
         args.cores = list(getattr(args, attr) or []) + paths
         if not args.cores:
             raise UsageError(f"{args.verb}: give at least one CORE or --coredump MATCH")
+
+
+def _take_every_coredump(args: argparse.Namespace, attr: str, matches: list[str]) -> None:
+    """triage: each MATCH's cores, newest first, after the CORE_OR_DIR
+    arguments; in args.coredump_skipped, a line for each crash whose core
+    systemd no longer holds (once, however many MATCHes name it)."""
+    from forensics.errors import UsageError
+
+    given = list(getattr(args, attr) or [])
+    if not given and not matches:
+        raise UsageError(f"{args.verb}: give at least one CORE_OR_DIR or --coredump MATCH")
+    paths: list[str] = []
+    gone: dict[tuple, str] = {}
+    if matches:
+        from forensics.snapshots.coredumps import match_all, no_file
+
+        for m in matches:
+            for c in match_all(m):
+                if c.path is not None:
+                    paths.append(c.path)  # a core named twice is read once (triage.core_files)
+                else:
+                    gone.setdefault((c.pid, c.time, c.exe), no_file(m, c))
+    setattr(args, attr, given + paths)
+    args.coredump_skipped = list(gone.values())

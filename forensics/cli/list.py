@@ -20,7 +20,8 @@ crashes to it): its folder (FORENSICS_COREDUMP_DIR, default
 coredumpctl's records (FORENSICS_COREDUMPCTL, default coredumpctl on PATH;
 empty: not run).  Each line says what the core is: libtag's or a plain
 program's, a crash or a snapshot, and its compression; `--coredump PID` or
-`--coredump PROGRAM` opens the newest of them in any verb.
+`--coredump PROGRAM` opens the newest of them in any verb (triage: all of
+them).
 """
 
 from __future__ import annotations

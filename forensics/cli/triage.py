@@ -1,13 +1,17 @@
 """Group many cores by crash signature: one group per bug.
 
-    forensics triage CORE_OR_DIR... [--json] [--debug-dir DIR]... [--sysroot DIR]
+    forensics triage [CORE_OR_DIR...] [--coredump MATCH]... [--json] [--debug-dir DIR]... [--sysroot DIR]
 
 Reads every core given, and every core in the directories given (files
 that start as an ELF file or a zstd, lz4 or xz stream; symbolic links are
-not followed), as inspect does, and groups them by their crash signature:
-the anomaly or the crash, the first meaningful frames of the stack that
-detected or took it (allocator, libtag and C runtime frames folded), and
-for a heap anomaly the block's allocation site (docs/json.md, "signature").
+not followed; a file named twice is read once), and with --coredump MATCH
+every core systemd-coredump holds of pid MATCH or of the program MATCH
+(`forensics list` shows them; a crash whose core systemd no longer holds
+is listed as skipped, with why), as inspect does, and groups them by
+their crash signature: the anomaly or the crash, the first meaningful
+frames of the stack that detected or took it (allocator, libtag and C
+runtime frames folded), and for a heap anomaly the block's allocation site
+(docs/json.md, "signature").
 Each group says how many cores, the first and last time, the programs and
 their pids, the hosts (where systemd-coredump recorded them), the newest
 example core, and what that core says: the block with its allocation and
@@ -33,8 +37,9 @@ if TYPE_CHECKING:  # an annotation only: --help never loads the answers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", metavar="CORE_OR_DIR", nargs="+",
+    parser.add_argument("paths", metavar="CORE_OR_DIR", nargs="*",
                         help="cores, and directories searched for cores")
+    _args.coredump_flag(parser, every=True)
     _args.json_flag(parser)
     _args.symbol_flags(parser)
 
@@ -59,7 +64,9 @@ def main(args: argparse.Namespace) -> int:
             bar.update(task, total=total, completed=done)
 
     try:
-        doc = triage(args.paths, inspect, progress)
+        doc = triage(args.paths, inspect, progress,
+                     skipped=[{"path": None, "error": e}
+                              for e in getattr(args, "coredump_skipped", ())])
     finally:
         if cm is not None:
             cm.__exit__(None, None, None)

@@ -27,6 +27,29 @@ Input is read and output produced in bounded pieces (never the whole core in
 memory: a zero page compresses ~30000 to 1, so one MiB of input can be tens
 of GiB of output).  A stream that stops before its end marker, or that does
 not decode, is a CoreParseError naming the file and the format.
+
+The aim is that reading a compressed core costs no more than the format's
+tool decompressing it and then reading the plain core (docs/benchmarks.md,
+"Compressed cores"), so the copy costs the decoding and the writing of the
+non-zero pages, little else:
+
+- lz4 and xz give their output in pieces of 256 KiB (_OUT), memory malloc
+  reuses; larger pieces were new memory from the kernel on each call, every
+  page of it faulted in.  zstd's decompressobj has no output bound, so the
+  input fed to it adapts instead (16 bytes to 1 KiB) to give about _OUT a
+  call: a KiB of a run of zero pages is 10-30 MiB;
+- lz4 is decoded by the binding's decompress_chunk on views of the input,
+  which copies nothing but the output; LZ4FrameDecompressor would copy the
+  input not yet used on each call;
+- a piece of 64 KiB or more (_DIRECT: every lz4 and xz piece, zstd's runs)
+  is checked and written where it lies; smaller ones (zstd's output for a
+  KiB of input of incompressible memory) are gathered in one reused buffer
+  first, so that a check and a write cover a MiB;
+- the check of 4 KiB blocks for zeros is one numpy max per piece; each run
+  of non-zero blocks is one pwrite.
+
+The content checksum a frame carries (the lz4 and zstd tools write one) is
+verified, as the tools do: for lz4 it is most of the decoding's time.
 """
 
 from __future__ import annotations
@@ -49,10 +72,19 @@ MAGICS = (
 MAGIC_LEN = max(len(m) for m, _ in MAGICS)
 
 _BLOCK = 4096  # the unit seeked over when all zero: a page
-_FLUSH = 1 << 20  # output gathered before it is checked for zero blocks and written
 _READ = 1 << 20  # compressed bytes read from the file at a time
-_OUT = 8 << 20  # lz4's and xz's output per call (fewer calls: lz4's binding copies per call)
-_ZSTD_FEED = 1024  # zstd input fed at a time: its decompressobj has no output bound
+# lz4's and xz's output per call.  Small, so that each call's output (and
+# lz4's own buffer behind it) is memory malloc reuses: pieces of 1 to 8 MiB
+# came from the kernel again and again (mmap, or the heap's top trimmed and
+# regrown), every page faulted in - for a 1.1 GiB core 47000-140000 faults,
+# 0.2-0.4 s of system time - while 256 KiB pieces cost ~3000 faults and no
+# more user time.
+_OUT = 256 << 10
+# the most zstd input fed at a time: its decompressobj has no output bound,
+# so this bounds what one call can give (a KiB of zero pages: ~32 MiB)
+_ZSTD_FEED = 1024
+_GATHER = 1 << 20  # small pieces are gathered up to this before they are checked and written
+_DIRECT = 64 << 10  # a piece this large is checked and written where it lies, not gathered
 
 
 def detect(head: bytes) -> str | None:
@@ -72,7 +104,7 @@ def _decompressor(kind: str):
     if kind == "lz4":
         import lz4.frame
 
-        return lz4.frame.LZ4FrameDecompressor()
+        return lz4.frame.create_decompression_context()
     import zstandard
 
     return zstandard.ZstdDecompressor().decompressobj()
@@ -92,12 +124,16 @@ def _errors(kind: str) -> tuple[type[BaseException], ...]:
 
 def _pieces(kind: str, read):
     """The decompressed output of the stream read(n) gives, in pieces of at
-    most a few MiB; consecutive streams (frames) are decoded one after the
-    other, as the tools do.  Raises CoreParseError (via the caller) for a
-    stream cut short: EOFError here."""
+    most a few MiB (lz4, xz: at most _OUT); consecutive streams (frames)
+    are decoded one after the other, as the tools do.  Raises
+    CoreParseError (via the caller) for a stream cut short: EOFError here."""
+    if kind == "lz4":
+        yield from _lz4_pieces(read)
+        return
     d = _decompressor(kind)
     started = False  # bytes of the current stream were fed
     bounded = kind != "zstd"
+    feed = _ZSTD_FEED
     while True:
         data = read(_READ)
         if not data:
@@ -117,8 +153,12 @@ def _pieces(kind: str, read):
                         break
                     yield out
             else:
-                piece, view = view[:_ZSTD_FEED], view[_ZSTD_FEED:]
+                piece, view = view[:feed], view[feed:]
                 out = d.decompress(bytes(piece))
+                # aim at _OUT a call: a run of zero pages decodes to MiBs
+                # from a few bytes, incompressible memory to about what is
+                # fed (nothing out: the decoder holds a partial block)
+                feed = max(16, min(_ZSTD_FEED, feed * _OUT // len(out) if out else feed * 2))
                 started = True
                 if out:
                     yield out
@@ -134,62 +174,101 @@ def _pieces(kind: str, read):
         raise EOFError("the stream ends before its end marker")
 
 
+def _lz4_pieces(read):
+    """lz4's frames through the binding's decompress_chunk on views of the
+    input: LZ4FrameDecompressor.decompress copies the input it has not used
+    yet on every call (the rest of each MiB read, for every _OUT of output).
+    After a frame's end the context starts the next frame (LZ4F resets it);
+    skippable frames are skipped by LZ4F itself."""
+    import lz4.frame
+
+    ctx = lz4.frame.create_decompression_context()
+    chunk = lz4.frame.decompress_chunk
+    started = False  # bytes of the current frame were fed
+    while True:
+        data = read(_READ)
+        if not data:
+            break
+        view = memoryview(data)
+        while len(view):
+            out, used, end = chunk(ctx, view, max_length=_OUT)
+            if not used and not out:  # never seen: LZ4F takes input or gives output
+                raise RuntimeError("the lz4 decoder makes no progress")
+            view = view[used:]
+            started = not end
+            if out:
+                yield out
+    if started:
+        raise EOFError("the stream ends before its end marker")
+
+
 class SparseWriter:
     """Writes a stream of bytes to fd at increasing offsets, seeking over
-    every all-zero 4 KiB block; size is the bytes taken so far.  Small
-    pieces are gathered first (one check and write per MiB); a large one -
-    a run of zero pages decompresses to many MiB at once - is checked and
-    written where it lies, never copied."""
+    every all-zero 4 KiB block; size is the bytes taken so far.  A piece of
+    _DIRECT bytes or more is checked and written where it lies, never
+    copied (lz4's and xz's _OUT pieces, a zstd run of zero pages); smaller
+    ones are gathered in one reused buffer and checked and written a MiB at
+    a time (zstd's output for each KiB of input)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.size = 0  # bytes emitted: written or seeked over
-        self._buf = bytearray()
+        self._buf = bytearray(_GATHER)
+        self._n = 0  # bytes gathered in _buf
 
-    def write(self, data: bytes) -> None:
-        if len(data) < _FLUSH:
-            self._buf += data
-            if len(self._buf) >= _FLUSH:
-                self._emit_whole(self._buf)
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        if len(view) >= _DIRECT:
+            if self._n:  # complete the gathered bytes to a whole block and write them
+                need = -self._n % _BLOCK
+                self._gather(view[:need])
+                view = view[need:]
+                self._flush()
+            whole = len(view) // _BLOCK * _BLOCK
+            self._emit(view[:whole])
+            self._gather(view[whole:])
             return
-        view = memoryview(data)
-        if self._buf:  # complete the gathered bytes to a block first
-            need = -len(self._buf) % _BLOCK
-            self._buf += view[:need]
-            view = view[need:]
-            self._emit_whole(self._buf)
-        whole = len(view) // _BLOCK * _BLOCK
-        self._emit(view[:whole])
-        self._buf = bytearray(view[whole:])
+        room = _GATHER - self._n
+        if len(view) >= room:
+            self._gather(view[:room])
+            view = view[room:]
+            self._flush()
+        self._gather(view)
 
     def close(self) -> None:
-        self._emit_whole(self._buf)
-        tail = bytes(self._buf)
+        whole = self._n // _BLOCK * _BLOCK
+        tail = bytes(self._buf[whole:self._n])
+        self._n = whole
+        self._flush()
         if any(tail):
             _pwrite_all(self.fd, tail, self.size)
         self.size += len(tail)
-        self._buf = bytearray()
         os.ftruncate(self.fd, self.size)  # a zero tail is a hole too
 
-    def _emit_whole(self, buf: bytearray) -> None:
-        """Emit buf's whole blocks; keep the rest of it in self._buf."""
-        whole = len(buf) // _BLOCK * _BLOCK
-        if whole:
-            view = memoryview(buf)
-            self._emit(view[:whole])
-            view.release()
-            self._buf = bytearray(buf[whole:]) if len(buf) > whole else bytearray()
+    def _gather(self, view: memoryview) -> None:
+        self._buf[self._n:self._n + len(view)] = view
+        self._n += len(view)
+
+    def _flush(self) -> None:
+        """Emit the gathered bytes: whole blocks (the buffer is full, or was
+        completed to a block)."""
+        with memoryview(self._buf) as buf:
+            self._emit(buf[:self._n])
+        self._n = 0
 
     def _emit(self, view: memoryview) -> None:
         """view (whole blocks) at self.size: each run of non-zero blocks in one pwrite."""
         if not len(view):
             return
-        blocks = np.frombuffer(view, dtype=np.uint64).reshape(-1, _BLOCK // 8)
-        nonzero = blocks.any(axis=1)
-        edges = np.flatnonzero(np.diff(nonzero.view(np.int8), prepend=0, append=0))
-        for start, stop in zip(edges[0::2].tolist(), edges[1::2].tolist()):
-            _pwrite_all(self.fd, view[start * _BLOCK:stop * _BLOCK], self.size + start * _BLOCK)
-        del blocks
+        # max, not any: numpy vectorises max over uint64 (~20 GB/s against ~6 here)
+        nonzero = np.frombuffer(view, dtype=np.uint64).reshape(-1, _BLOCK // 8).max(axis=1) != 0
+        count = int(np.count_nonzero(nonzero))
+        if count == len(nonzero):
+            _pwrite_all(self.fd, view, self.size)
+        elif count:
+            edges = np.flatnonzero(np.diff(nonzero.view(np.int8), prepend=0, append=0))
+            for start, stop in zip(edges[0::2].tolist(), edges[1::2].tolist()):
+                _pwrite_all(self.fd, view[start * _BLOCK:stop * _BLOCK], self.size + start * _BLOCK)
         self.size += len(view)
 
 

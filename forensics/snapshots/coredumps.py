@@ -28,6 +28,7 @@ Settings (the machine's are the defaults; the tests point them elsewhere):
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import re
@@ -198,16 +199,27 @@ def coredumps() -> list[Coredump]:
     return files
 
 
+def _hits(spec: str) -> tuple[list[Coredump], str]:
+    """(every crash systemd-coredump recorded of pid spec (all digits) or of
+    the program spec (its executable's name or path, or its comm), newest
+    first, those without a core file included; what spec is, in words)."""
+    found = coredumps()
+    if spec.isdigit():
+        return [c for c in found if c.pid == int(spec)], f"pid {spec}"
+    return [c for c in found if spec in (c.exe, c.program, c.comm)], f"program {spec}"
+
+
+def _none_of(spec: str, what: str) -> InputError:
+    where = coredump_dir()
+    return InputError(f"--coredump {spec}: no core of {what} in {where}"
+                      f"{'' if coredumpctl_binary() else ' (and no coredumpctl)'}; "
+                      f"`forensics list` shows the cores there are")
+
+
 def match(spec: str) -> Coredump:
     """The newest core systemd-coredump holds of pid spec (all digits) or of
     the program spec (its executable's name or path, or its comm)."""
-    found = coredumps()
-    if spec.isdigit():
-        hits = [c for c in found if c.pid == int(spec)]
-        what = f"pid {spec}"
-    else:
-        hits = [c for c in found if spec in (c.exe, c.program, c.comm)]
-        what = f"program {spec}"
+    hits, what = _hits(spec)
     with_file = [c for c in hits if c.path is not None]
     if with_file:
         return with_file[0]
@@ -215,7 +227,25 @@ def match(spec: str) -> Coredump:
         c = hits[0]
         raise InputError(f"--coredump {spec}: systemd-coredump recorded a crash of {what} "
                          f"but holds no core file for it (coredumpctl: corefile {c.corefile})")
-    where = coredump_dir()
-    raise InputError(f"--coredump {spec}: no core of {what} in {where}"
-                     f"{'' if coredumpctl_binary() else ' (and no coredumpctl)'}; "
-                     f"`forensics list` shows the cores there are")
+    raise _none_of(spec, what)
+
+
+def match_all(spec: str) -> list[Coredump]:
+    """Every crash systemd-coredump recorded of pid spec (all digits) or of
+    the program spec, newest first, those whose core systemd does not hold
+    included (path None; no_file says so): what ``triage --coredump`` reads.
+    InputError when there is none."""
+    hits, what = _hits(spec)
+    if not hits:
+        raise _none_of(spec, what)
+    return hits
+
+
+def no_file(spec: str, c: Coredump) -> str:
+    """The line that says systemd holds no core file for the crash c that
+    --coredump spec matched."""
+    when = (_dt.datetime.fromtimestamp(c.time, _dt.timezone.utc).strftime(" at %Y-%m-%d %H:%M:%SZ")
+            if c.time is not None else "")
+    prog = f" ({c.program})" if c.program else ""
+    return (f"--coredump {spec}: systemd-coredump recorded a crash of pid {c.pid}{prog}{when} "
+            f"but holds no core file for it (coredumpctl: corefile {c.corefile})")

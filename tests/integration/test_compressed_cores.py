@@ -195,3 +195,56 @@ def test_a_compressed_file_that_is_no_core_says_what_it_decompressed_to(tmp_path
         Core.open(packed)
     assert str(info.value) == (f"not an ELF file: {packed} (magic b'hell') "
                                f"(what its zstd stream decompresses to)")
+
+
+def _same_memory(packed: Path, plain_core: Path) -> None:
+    """packed reads as plain_core: every segment's bytes, in a sparse copy."""
+    expected = nonzero_pages(plain_core) * 4096
+    with Core.open(packed) as c, Core.open(plain_core) as plain:
+        assert c.file_size == plain_core.stat().st_size
+        assert expected <= c.copy_disk_bytes <= expected + 16 * 4096, (expected, c.copy_disk_bytes)
+        assert [(s.vaddr, s.dumped) for s in c.segments] == [(s.vaddr, s.dumped) for s in plain.segments]
+        for s in plain.segments:
+            assert c.read(s.vaddr, s.dumped) == plain.read(s.vaddr, s.dumped), hex(s.vaddr)
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_a_core_in_two_frames_cut_mid_page_reads_as_the_core(kind, kernel_core, tmp_path, monkeypatch):
+    # the tools decode concatenated frames (streams) as one; the cut is not
+    # on a page, so a page of the copy is made of both frames' output
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if shutil.which(TOOLS[kind][0]) is None:
+        pytest.skip(f"the {kind} tool is not installed (.ci/run installs it)")
+    data = kernel_core.read_bytes()
+    cut = len(data) // 2 + 1001
+    assert cut % 4096, cut
+    packed = tmp_path / f"two.{kind}"
+    with open(packed, "wb") as f:
+        for half in (data[:cut], data[cut:]):
+            f.write(subprocess.run(TOOLS[kind], input=half, capture_output=True, check=True,
+                                   timeout=120).stdout)
+    _same_memory(packed, kernel_core)
+
+
+# systemd-coredump's lz4 frame: LZ4F with 256 KiB linked blocks and no
+# content checksum (its compress_stream_lz4), not the lz4 tool's default
+# (4 MiB independent blocks, a content checksum)
+LZ4_AS_SYSTEMD = ["lz4", "-q", "-c", "-BD", "-B5", "--no-frame-crc"]
+
+
+def test_an_lz4_core_as_systemd_coredump_writes_it_reads_as_the_core(kernel_core, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    packed = compress(kernel_core, "lz4", tmp_path / "core.lz4")  # skips without the tool
+    with open(packed, "wb") as f:
+        subprocess.run([*LZ4_AS_SYSTEMD, str(kernel_core)], stdout=f, check=True, timeout=120)
+    flg, bd = packed.read_bytes()[4:6]
+    # version 01, blocks linked, no content checksum; 256 KiB blocks
+    assert (flg & 0xC0, flg & 0x20, flg & 0x04, bd >> 4 & 7) == (0x40, 0, 0, 5), (hex(flg), hex(bd))
+    _same_memory(packed, kernel_core)
+    # no checksum to fail: a cut one is still found cut
+    cut = tmp_path / "cut.lz4"
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    with pytest.raises(CoreParseError) as info:
+        Core.open(cut)
+    assert str(info.value) == (f"truncated lz4 stream: {cut} ends before the end of its "
+                               f"compressed core (a cut copy?)")

@@ -301,3 +301,54 @@ def test_coredump_of_a_crash_with_no_file_says_so(cli, coredumpctl):
     assert result.stderr.splitlines() == [
         "forensics: error: --coredump 4242: systemd-coredump recorded a crash of pid 4242 but "
         "holds no core file for it (coredumpctl: corefile missing)"]
+
+
+def test_triage_reads_every_core_a_match_names_and_says_which_crash_has_none(cli, crashes, coredumpctl):
+    # path: `triage --coredump MATCH` takes every core of MATCH, not the newest
+    # alone; a core two MATCHes name is read once; a crash coredumpctl
+    # recorded with no core left is skipped with why
+    old, lz4, new = crashes["old"], crashes["lz4"], crashes["new"]
+    result = cli("triage", "--json", "--coredump", "sleep", "--coredump", str(old.pid),
+                 "--coredump", "4242", coredumpctl=coredumpctl)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    gone_at = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(new.time_us / 1e6 + 50))
+    assert (doc["cores"], doc["unsigned"], doc["skipped"]) == (3, [], [{
+        "path": None,
+        "error": f"--coredump 4242: systemd-coredump recorded a crash of pid 4242 (gone) at "
+                 f"{gone_at} but holds no core file for it (coredumpctl: corefile missing)"}])
+    # grouped as inspect's signature of each plain core groups them
+    expected: dict[str, list[str]] = {}
+    for c in (old, lz4, new):
+        sig = inspect_doc(cli, str(c.plain))["signature"]
+        assert sig["kind"] == "SIGABRT", sig
+        expected.setdefault(sig["id"], []).append(str(c.stored))
+    got = {g["id"]: g for g in doc["groups"]}
+    assert {i: sorted(g["cores"]) for i, g in got.items()} == {
+        i: sorted(paths) for i, paths in expected.items()}
+    assert sum(g["count"] for g in doc["groups"]) == 3
+    assert sorted(pid for g in doc["groups"] for p in g["processes"] for pid in p["pids"]) == \
+        sorted([old.pid, lz4.pid, new.pid])
+    assert {h for g in doc["groups"] for h in g["hosts"]} == {"testhost"}
+    # the newest core is its group's example
+    assert got[inspect_doc(cli, str(new.plain))["signature"]["id"]]["example"] == str(new.stored)
+
+
+def test_triage_coredump_errors_are_one_line(cli, crashes, coredumpctl):
+    folder = crashes["old"].stored.parent
+    result = cli("triage", "--coredump", "nosuchprogram", coredumpctl=coredumpctl)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"forensics: error: --coredump nosuchprogram: no core of program nosuchprogram in "
+        f"{folder}; `forensics list` shows the cores there are"]
+    # only a crash with no core left: nothing to read
+    result = cli("triage", "--coredump", "gone", coredumpctl=coredumpctl)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(
+        "forensics: error: triage: no core could be read (1 skipped; the first: --coredump gone: "
+        "systemd-coredump recorded a crash of pid 4242 (gone) at "), result.stderr
+    result = cli("triage")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        "forensics: error: triage: give at least one CORE_OR_DIR or --coredump MATCH"]

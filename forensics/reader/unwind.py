@@ -40,6 +40,7 @@ import bisect
 import io
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Sequence
 import numpy as np
 
@@ -130,7 +131,14 @@ class Unwinder:
         self._exec: list[tuple[int, int]] | None = None
         self._exec_starts: list[int] = []
         self._code_cache: dict[tuple[int, int], bytes | None] = {}
-        self.vdso = _vdso_image(mem, vdso) if vdso else None
+        self._vdso_base = vdso
+
+    @cached_property
+    def vdso(self) -> _Image | None:
+        """The vDSO's image, read when a pc is first looked for (its ELF
+        reader is pyelftools', whose import a question that unwinds
+        nothing need not pay)."""
+        return _vdso_image(self.mem, self._vdso_base) if self._vdso_base else None
 
     def close(self) -> None:
         for img in self._images.values():
@@ -152,11 +160,13 @@ class Unwinder:
         return self._images[module.path]
 
     def _image_at(self, pc: int) -> _Image | None:
-        v = self.vdso
+        m = self._module_at(pc)
+        if m is not None:
+            return self._image(m)
+        v = self.vdso  # no module's: read the vDSO's image only now
         if v is not None and v.bias <= pc < v.bias + v.size:
             return v
-        m = self._module_at(pc)
-        return self._image(m) if m is not None else None
+        return None
 
     def vdso_symbol(self, pc: int) -> tuple[str, int] | None:
         """(name, start) of the vDSO function that holds pc, or None."""

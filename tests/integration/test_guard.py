@@ -262,6 +262,20 @@ def test_usable_size_realloc_and_alignment(build_victim, tmp_path):
     assert S.snapshot_dirs(tmp_path / "snaps") == []
 
 
+def test_calloc_in_a_reused_slot_is_zero_in_hunting_mode(build_victim, tmp_path):
+    # GIVEN every allocation guarded, more blocks than the guard window
+    # (2047 placements by default), so freed slots leave it and are reused -
+    # some with their pages given back, the last few queued with their
+    # pages kept (and the 0xab the program wrote in them)
+    exe = build_victim("guard_faults", **PLAIN)
+    # WHEN six rounds free 6000 filled blocks and take as many from calloc
+    result = _run(exe, "reuse 6000", tmp_path / "snaps")
+    # THEN every calloc'd block was guarded and all zero
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["dirty=0 guarded=36000", "survived"], result.stdout
+    assert S.snapshot_dirs(tmp_path / "snaps") == []
+
+
 def test_the_default_rate_guards_some_blocks(build_victim, tmp_path):
     # GIVEN libtag with no LIBTAG_GUARD_RATE (its default)
     exe = build_victim("guard_faults", **PLAIN)

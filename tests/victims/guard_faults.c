@@ -27,7 +27,10 @@
  * guarded, from libtag's control block), many N (keeps N blocks of 32
  * bytes alive, then maps 1000 pages of its own and dlopens libresolv:
  * prints how many blocks were guarded, the process's mappings, whether
- * both calls worked, then reads a block after freeing it).
+ * both calls worked, then reads a block after freeing it), reuse N (six
+ * rounds: N blocks of 100..12099 bytes filled with 0xab and freed, then N
+ * from calloc, each checked for a non-zero byte: prints "dirty=K", the
+ * calloc'd blocks that were not all zero, and how many were guarded).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -314,6 +317,36 @@ int main(int argc, char **argv)
         memset(p, 1, 256);
         free(p);
         do_read(p, p + 8);
+    } else if (!strcmp(c, "reuse")) {
+        const struct libtag_control *ctl = libtag_control ? libtag_control() : NULL;
+        char **keep = ctl ? calloc(off, sizeof *keep) : NULL;
+        if (!keep)
+            return 3;
+        unsigned long dirty = 0, guarded = 0;
+        for (int round = 0; round < 6; round++) {
+            for (size_t i = 0; i < off; i++) {
+                size_t n = 100 + (i * 37) % 12000;
+                keep[i] = malloc(n);
+                memset(keep[i], 0xab, n);
+            }
+            for (size_t i = 0; i < off; i++)
+                free(keep[i]);
+            for (size_t i = 0; i < off; i++) {
+                size_t n = 100 + (i * 53) % 12000;
+                unsigned char *q = calloc(1, n);
+                for (size_t k = 0; k < n; k++)
+                    if (q[k]) {
+                        dirty++;
+                        break;
+                    }
+                guarded += (uintptr_t)q - ctl->guard_pool < ctl->guard_pool_bytes;
+                memset(q, 0xcd, n);
+                keep[i] = (char *)q;
+            }
+            for (size_t i = 0; i < off; i++)
+                free(keep[i]);
+        }
+        printf("dirty=%lu guarded=%lu\n", dirty, guarded);
     } else {
         fprintf(stderr, "unknown case %s\n", c);
         return 2;

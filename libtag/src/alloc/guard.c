@@ -100,6 +100,13 @@ static uint32_t site_share, site_live;  /* first-of-site guards: cap, live */
 static uint8_t *site_slot;              /* [capacity]: 1 = a first-of-site block */
 static uint64_t sampled_allocs, site_allocs;  /* placements of each kind */
 static uint32_t q_head, q_tail;         /* queue of freed out slots: index + 1 */
+static uint32_t q_len;                  /* slots in it */
+/* A freed out slot keeps its pages (no madvise) while fewer than this many
+ * wait in the queue: the next placements reuse it, and giving its pages
+ * back would cost a system call and their faults again.  A longer queue
+ * gives them back (the pages of at most this many slots stay resident). */
+#define KEEP_QUEUED 64u
+static uint8_t *kept;                   /* [capacity]: out, freed, pages kept */
 
 /* The window (see above); all under pool_lock. */
 enum { SLOT_FRESH = 0, SLOT_IN = 1, SLOT_OUT = 2 };
@@ -245,11 +252,11 @@ static int pool_reserve(void)
     }
     if (w > cap)
         w = window = cap;
-    /* the records, then where[] and win[] in the same mapping */
+    /* the records, then where[], site_slot[], kept[] and win[] in the same mapping */
     size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
     size_t wheres = ((size_t)cap + 63) & ~(size_t)63;
     struct libtag_guard_slot *s =
-        p == MAP_FAILED ? NULL : _tag_map(recs + 2 * wheres + (size_t)w * sizeof *win, 1);
+        p == MAP_FAILED ? NULL : _tag_map(recs + 3 * wheres + (size_t)w * sizeof *win, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -275,7 +282,8 @@ static int pool_reserve(void)
     _tag_ctl.guard_capacity = cap;
     where = (uint8_t *)s + recs;
     site_slot = where + wheres;
-    win = (uint32_t *)(void *)(site_slot + wheres);
+    kept = site_slot + wheres;
+    win = (uint32_t *)(void *)(kept + wheres);
     pressure = cap > w;
     /* a cap of the user's (LIBTAG_GUARD_SLOTS) or rate 1: every slot fresh
      * first; the sampling default: TAG_GUARD_SAMPLED_SLOTS, then reuse,
@@ -292,12 +300,25 @@ static int pool_reserve(void)
 /* Called with pool_lock held. */
 static void enqueue_held(uint32_t i)
 {
+    q_len++;
     slots[i].next = 0;
     if (q_tail)
         slots[q_tail - 1].next = i + 1;
     else
         q_head = i + 1;
     q_tail = i + 1;
+}
+
+/* Freed out slot i (queued, pool_lock held): its pages go back to the
+ * kernel, unless the queue is short enough that a placement soon reuses
+ * them (KEEP_QUEUED). */
+static void give_back_held(uint32_t i)
+{
+    if (q_len <= KEEP_QUEUED) {
+        kept[i] = 1;
+        return;
+    }
+    madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
 }
 
 /* The guard pages slot i shares with out neighbours: opened (prot
@@ -325,7 +346,7 @@ static void leave(uint32_t i)
     if (!pressure)
         return;
     if (freed) {
-        madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
+        give_back_held(i);
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE);
     }
     out_neighbour_guards(i, PROT_READ | PROT_WRITE);
@@ -384,6 +405,7 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             while (i == NO_SLOT && q_head) {
                 uint32_t c = q_head - 1;
                 q_head = slots[c].next;
+                q_len--;
                 if (!q_head)
                     q_tail = 0;
                 slots[c].next = 0;
@@ -401,7 +423,8 @@ static uint32_t take_slot(int *reused, int *clean, int site)
                 }
                 i = c;
                 *reused = want == TAG_GUARD_FREED;
-                *clean = pressure;  /* a freed out slot gave its pages back */
+                *clean = pressure && !kept[c];  /* else a freed out slot gave its pages back */
+                kept[c] = 0;
             }
             if (i != NO_SLOT)
                 break;
@@ -422,6 +445,7 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             __atomic_store_n(&slots[i].state, *reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY,
                              __ATOMIC_SEQ_CST);
             if (where[i] == SLOT_OUT) {
+                kept[i] = (uint8_t)!*clean;  /* its pages as they were */
                 enqueue_held(i);
             } else {  /* fresh: taken under this same lock, so the last one */
                 fresh--;
@@ -674,13 +698,13 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
         /* (a retired slot was opened by a fault: the program may still be in it) */
-        if (where[i] == SLOT_OUT && pressure) {
-            madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);  /* stays open */
+        if (where[i] == SLOT_OUT) {
+            enqueue_held(i);
+            if (pressure)
+                give_back_held(i);  /* it stays open */
         } else {
-            mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
+            mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);  /* reusable when it leaves the window */
         }
-        if (where[i] == SLOT_OUT)
-            enqueue_held(i);  /* else reusable when it leaves the window */
     }
     unlock();
 }

@@ -120,6 +120,11 @@ def probe(python: str, s: Suite) -> str | None:
     if s.package:
         code += (f"\nimport importlib.metadata as m; v = m.version({s.package!r})"
                  f"\nassert v == {s.version!r}, f'{s.package} {{v}}, not {s.version}'")
+        # the compiled module from the Python's own environment, not a wheel
+        # in the system's site-packages the venv also sees
+        mod = s.check.split()[1]
+        code += (f"\nimport sys; assert {mod}.__file__.startswith(sys.prefix), "
+                 f"f'{mod} from {{{mod}.__file__}}, outside {{sys.prefix}}'")
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/")
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
@@ -140,13 +145,17 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
     python = str(venv / "bin" / "python")
     if not venv.is_dir():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    if probe(python, s) is not None:
+    # the stamp: built here from the sdist (the system's site-packages, which
+    # the venv sees for pytest, may hold a wheel of the same version)
+    stamp = venv / "built-from-sdist"
+    if not stamp.is_file():
         print(f"building {s.package} {s.version} into {venv}", file=sys.stderr)
         done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
                                str(fetch(s))], env=dict(os.environ, **s.build_env),
                               capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"run_suite: building {s.package} failed:\n{done.stderr[-2000:]}")
+        stamp.write_text(f"{s.sdist}\n")
     return python, root
 
 

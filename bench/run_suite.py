@@ -6,18 +6,45 @@ whole suite takes minutes bare and several times that under libtag).
     python3 bench/run_suite.py numpy                                  # numpy's whole suite
     python3 bench/run_suite.py numpy --tests numpy._core.tests.test_umath
     python3 bench/run_suite.py numpy --reps 3 --env LIBTAG_STACK_NODES=16777216
+    python3 bench/run_suite.py msgpack --reps 3 --env LIBTAG_GUARD_RATE=1   # hunting mode
+    python3 bench/run_suite.py regex --stats-at 60                    # the counters at 60 s too
 
-numpy runs from the Python that runs this script (--python: another one with
-numpy, pytest and hypothesis installed), under PYTHONMALLOC=malloc so every
-Python object goes through malloc and so through libtag.  Each repetition
-runs the suite bare, then under libtag (LD_PRELOAD, LIBTAG_STATS=1 with
-LIBTAG_LOG=<a file a process>, so no test sees libtag's lines), each
-with pytest's JUnit XML; the two XML files are compared test by test.
+The suites:
+
+  numpy    the installed numpy's own tests (--pyargs), from the Python that
+           runs this script (--python: another one with numpy, pytest and
+           hypothesis installed)
+  msgpack  msgpack 1.1.2's test/ with its C extension (msgpack._cmsgpack)
+  pyyaml   PyYAML 6.0.3's tests/legacy_tests (pytest collects them through
+           the sdist's conftest.py) with the libyaml extension (yaml._yaml,
+           built against Debian's libyaml-dev; PYYAML_FORCE_LIBYAML=1 makes
+           a build without it fail instead of falling back to pure Python)
+  regex    regex 2025.11.3's regex/tests/test_regex.py with its C engine
+
+msgpack, pyyaml and regex come from their source packages on PyPI, fetched
+once with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
+programs), unpacked beside a virtual environment of their own under
+$XDG_CACHE_HOME/forensics/suites/ (--system-site-packages: pytest comes from
+the Python that runs this script) and built there from the sdist with pip;
+nothing of theirs is committed.  Their tests run from the unpacked sdist with
+the working directory elsewhere, so they import the built package, never the
+sdist's sources (a check imports the compiled module before any run).
+
+Every suite runs under PYTHONMALLOC=malloc so every Python object goes
+through malloc and so through libtag.  Each repetition runs the suite bare,
+then under libtag (LD_PRELOAD, LIBTAG_STATS=1 with LIBTAG_LOG=<a file a
+process>, so no test sees libtag's lines), each with pytest's JUnit XML; the
+two XML files are compared test by test.
 
 Prints the median wall seconds of each, the ratio, the outcome counts
 (passed, failed, skipped, xfailed, xpassed, errors), the tests whose outcome
-differs, and libtag's counters summed over every process of the run
-(captures, frames a capture, stack nodes, stack_full).  Exit status 0 when
+differs, and libtag's counters summed over every process of the last run
+(captures, frames a capture, stack nodes, stack_full; the guard pool's
+blocks: the sample's, the stacks' first blocks', and the share, one
+allocation in N).  --stats-at SECONDS (repeatable) also prints the pytest
+process's guarded share after each of those points, from its counters then
+(bench/suite_stats_at.py) and at its exit: LIBTAG_GUARD_RATE's promise holds
+for the whole life of a process, not only its start.  Exit status 0 when
 every test ended the same way with and without libtag, 1 otherwise.
 """
 
@@ -29,22 +56,107 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import lib_path, machine, med, print_machine, spread  # noqa: E402
 
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
+SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
+SUITES_DIR = CACHE / "suites"
+BENCH = Path(__file__).resolve().parent
+
+
+@dataclass
+class Suite:
+    tests: list[str]  # what pytest is given (an sdist's: paths inside it)
+    check: str  # what the suite's Python must run first: the package, compiled
+    package: str | None = None  # PyPI name: the suite is this sdist's
+    version: str | None = None
+    sdist: str | None = None  # the file name pip writes
+    build_env: dict = field(default_factory=dict)
+
+
 SUITES = {
-    # name: (what pytest is given, what it must be able to import)
     # f2py's tests need their sources, which a wheel does not ship: their
     # collection errors (the same with and without libtag) must not stop the run
-    "numpy": (["--pyargs", "numpy", "--continue-on-collection-errors"], "numpy"),
+    "numpy": Suite(["--pyargs", "numpy", "--continue-on-collection-errors"],
+                   "import numpy, hypothesis"),
+    "msgpack": Suite(["test"], "import msgpack._cmsgpack",
+                     "msgpack", "1.1.2", "msgpack-1.1.2.tar.gz"),
+    "pyyaml": Suite(["tests/legacy_tests"], "import yaml._yaml",
+                    "PyYAML", "6.0.3", "pyyaml-6.0.3.tar.gz", {"PYYAML_FORCE_LIBYAML": "1"}),
+    "regex": Suite(["regex/tests/test_regex.py"], "import regex._regex",
+                   "regex", "2025.11.3", "regex-2025.11.3.tar.gz"),
 }
-STAT = re.compile(r"^libtag: stats pid=\d+ (.*)$", re.M)
+STAT = re.compile(r"^libtag: stats pid=(\d+) (.*)$", re.M)
+
+
+def fetch(s: Suite) -> Path:
+    """The sdist in the cache, downloaded with pip the first time (only the
+    package from source: its build requirements may be wheels)."""
+    path = SDISTS / s.sdist
+    if not path.is_file():
+        SDISTS.mkdir(parents=True, exist_ok=True)
+        print(f"fetching {s.package}=={s.version} into {SDISTS}", file=sys.stderr)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                               s.package, f"{s.package}=={s.version}", "-d", str(SDISTS)],
+                              capture_output=True, text=True)
+        if done.returncode != 0 or not path.is_file():
+            sys.exit(f"run_suite: cannot fetch {s.package}=={s.version}: "
+                     f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return path
+
+
+def probe(python: str, s: Suite) -> str | None:
+    """None when python runs the suite's check (and has pytest), else why not."""
+    code = f"import pytest; {s.check}"
+    if s.package:
+        code += (f"\nimport importlib.metadata as m; v = m.version({s.package!r})"
+                 f"\nassert v == {s.version!r}, f'{s.package} {{v}}, not {s.version}'")
+        # the compiled module from the Python's own environment, not a wheel
+        # in the system's site-packages the venv also sees
+        mod = s.check.split()[1]
+        code += (f"\nimport sys; assert {mod}.__file__.startswith(sys.prefix), "
+                 f"f'{mod} from {{{mod}.__file__}}, outside {{sys.prefix}}'")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/")
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def prepared(name: str, s: Suite) -> tuple[str, Path]:
+    """An sdist suite's Python (its virtual environment, built the first
+    time) and the unpacked sdist its tests run from."""
+    root = SUITES_DIR / f"src-{name}-{s.version}"
+    if not root.is_dir():
+        sdist = fetch(s)
+        SUITES_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=SUITES_DIR))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / sdist.name.removesuffix(".tar.gz")).rename(root)
+        shutil.rmtree(tmp, ignore_errors=True)
+    venv = SUITES_DIR / f"venv-{name}-{s.version}"
+    python = str(venv / "bin" / "python")
+    if not venv.is_dir():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    # the stamp: built here from the sdist (the system's site-packages, which
+    # the venv sees for pytest, may hold a wheel of the same version)
+    stamp = venv / "built-from-sdist"
+    if not stamp.is_file():
+        print(f"building {s.package} {s.version} into {venv}", file=sys.stderr)
+        done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                               str(fetch(s))], env=dict(os.environ, **s.build_env),
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"run_suite: building {s.package} failed:\n{done.stderr[-2000:]}")
+        stamp.write_text(f"{s.sdist}\n")
+    return python, root
 
 
 def outcomes(junit: Path) -> dict[str, str]:
@@ -75,69 +187,102 @@ def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) ->
     return took
 
 
-def stats(logs: list[Path]) -> Counter:
-    """libtag's LIBTAG_STATS=1 counters, summed over every process's line
-    in the log files ("processes": how many lines there were)."""
-    total: Counter = Counter()
+def stat_lines(logs: list[Path]) -> dict[int, Counter]:
+    """libtag's LIBTAG_STATS=1 counters of each process (pid -> counters)
+    in the log files."""
+    lines: dict[int, Counter] = {}
     text = "".join(f.read_text(errors="replace") for f in logs)
-    for line in STAT.findall(text):
-        total["processes"] += 1
-        for key, value in (kv.split("=", 1) for kv in line.split()):
-            if value.isdigit():
-                total[key] += int(value)
+    for pid, line in STAT.findall(text):
+        lines[int(pid)] = Counter({key: int(value) for key, value in
+                                   (kv.split("=", 1) for kv in line.split()) if value.isdigit()})
+    return lines
+
+
+def summed(lines: dict[int, Counter], skip: set[int]) -> Counter:
+    """The counters summed over every process but skip ("processes": how
+    many)."""
+    total: Counter = Counter()
+    for pid, c in lines.items():
+        if pid not in skip:
+            total["processes"] += 1
+            total.update(c)
     return total
+
+
+def one_in(allocs: int, guarded: int) -> str:
+    return f"1 in {allocs / guarded:,.0f}" if guarded else "none"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--tests", nargs="+", metavar="MODULE",
-                    help="run these test modules (pytest --pyargs names) instead of the whole suite")
-    ap.add_argument("--python", default=sys.executable, help="the Python to run the suite with")
+                    help="numpy: run these test modules (pytest --pyargs names) instead of the whole "
+                         "suite; an sdist's suite: these paths inside the sdist")
+    ap.add_argument("--python", help="the Python to run the suite with (default: numpy's, the one "
+                                     "running this script; an sdist's, its own environment)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--env", action="append", default=[], metavar="LIBTAG_X=V",
                     help="an extra setting for the libtag runs (repeatable)")
     ap.add_argument("--lib", help="libtag.so (default: the installed one)")
+    ap.add_argument("--stats-at", action="append", type=float, default=[], metavar="SECONDS",
+                    help="also take the pytest process's counters this long after its start "
+                         "(repeatable; bench/suite_stats_at.py)")
     args = ap.parse_args()
 
-    targets, module = SUITES[args.suite]
-    if args.tests:
-        targets = ["--pyargs", *args.tests]
-    probe = subprocess.run([args.python, "-c", f"import {module}, pytest, hypothesis"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        sys.exit(f"run_suite: {args.python} cannot import {module}, pytest and hypothesis: "
-                 f"{(probe.stderr.strip().splitlines() or ['?'])[-1]}")
+    suite = SUITES[args.suite]
+    targets, cwd_root = suite.tests, None
+    if suite.package:
+        python, cwd_root = prepared(args.suite, suite)
+        python = args.python or python
+        targets = [str(cwd_root / t) for t in (args.tests or targets)]
+    else:
+        python = args.python or sys.executable
+        if args.tests:
+            targets = ["--pyargs", *args.tests]
+    why = probe(python, suite)
+    if why is not None:
+        sys.exit(f"run_suite: {python} cannot run {suite.check!r} (and import pytest): {why}")
     lib = lib_path(args.lib)
     print_machine(machine())
-    print(f"libtag: {lib}  suite: {args.suite} {' '.join(targets)}  python: {args.python}")
+    print(f"libtag: {lib}  suite: {args.suite} {' '.join(targets)}  python: {python}")
+    if args.env:
+        print(f"libtag settings: {' '.join(args.env)}")
 
     tmp = Path(tempfile.mkdtemp(prefix="fx-suite-"))
     os.chmod(tmp, 0o700)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
     clean["PYTHONMALLOC"] = "malloc"
+    if args.stats_at:
+        clean["FX_STATS_AT"] = ",".join(f"{s:g}" for s in args.stats_at)
+        clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), clean.get("PYTHONPATH")]))
+        targets = ["-p", "suite_stats_at", *targets]
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_STATS="1",
                   LIBTAG_DIR=str(tmp / "snaps"),
                   **dict(kv.split("=", 1) for kv in args.env))
     times: dict[str, list[float]] = {"base": [], "libtag": []}
     results: dict[str, dict[str, str]] = {}
-    counters: Counter = Counter()
+    lines: dict[int, Counter] = {}
+    marks: list[list[str]] = []
     try:
         for rep in range(args.reps):
             for name, env in (("base", clean), ("libtag", tagged)):
                 run_dir = tmp / f"{name}-{rep}"
                 run_dir.mkdir()
                 junit, log = run_dir / "junit.xml", run_dir / "output.txt"
+                env = dict(env, FX_STATS_AT_LOG=str(run_dir / "marks"))
                 if name == "libtag":
                     # libtag's lines (the counters) to files of their own, one
                     # a process: on stderr they would be in the output of every
                     # subprocess a test reads (numpy's distutils exec_command
                     # test compares a child's stdout+stderr with "Hello")
                     env = dict(env, LIBTAG_LOG=str(run_dir / "libtag"))
-                times[name].append(run_once(args.python, targets, env, junit, log))
+                times[name].append(run_once(python, targets, env, junit, log))
                 results[name] = outcomes(junit)
                 if name == "libtag":
-                    counters = stats(sorted(run_dir.glob("libtag.*")))
+                    lines = stat_lines(sorted(run_dir.glob("libtag.*")))
+                    marks = [m.split() for m in (run_dir / "marks").read_text().splitlines()] \
+                        if (run_dir / "marks").is_file() else []
                 print(f"  rep {rep + 1}/{args.reps} {name}: {times[name][-1]:.1f} s", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -154,12 +299,35 @@ def main() -> int:
     print(f"tests whose outcome differs: {len(differ)}")
     for t in differ[:20]:
         print(f"  {t}: base {results['base'].get(t, 'absent')}, libtag {results['libtag'].get(t, 'absent')}")
+    counters = summed(lines, {int(m[3]) for m in marks})
     if counters:
         caps = counters["captures"]
         print(f"libtag, summed over {counters['processes']} processes: "
               f"{caps} captures, {counters['capture_frames'] / caps if caps else 0:.1f} frames a "
               f"capture, {counters['stack_nodes']} stack nodes, stack_full {counters['stack_full']}, "
               f"anomalies {counters['anomalies']}")
+        print(f"guarded: {counters['guard_allocs']} of {counters['allocs']} allocations "
+              f"({one_in(counters['allocs'], counters['guard_allocs'])}): "
+              f"{counters['guard_sampled']} sampled "
+              f"({one_in(counters['allocs'], counters['guard_sampled'])}), "
+              f"{counters['guard_site_firsts']} first of their stack; "
+              f"{counters['guard_slots_used']} slots used, guard_faults {counters['guard_faults']}")
+    # the pytest process's counters at each mark and at its exit: the share
+    # guarded between them
+    for mark, elapsed, parent, child in marks:
+        then, end = lines.get(int(child)), lines.get(int(parent))
+        if then is None or end is None:
+            print(f"after {mark} s: no counters (pytest process {parent}, child {child})")
+            continue
+        allocs = end["allocs"] - then["allocs"]
+        print(f"pytest process {parent}, after {elapsed} s (of {tag:.0f}): {allocs} allocations, "
+              f"{end['guard_allocs'] - then['guard_allocs']} guarded "
+              f"({one_in(allocs, end['guard_allocs'] - then['guard_allocs'])}), "
+              f"{end['guard_sampled'] - then['guard_sampled']} sampled "
+              f"({one_in(allocs, end['guard_sampled'] - then['guard_sampled'])}); "
+              f"before: {then['allocs']} allocations, {then['guard_allocs']} guarded "
+              f"({one_in(then['allocs'], then['guard_allocs'])}), {then['guard_sampled']} sampled "
+              f"({one_in(then['allocs'], then['guard_sampled'])})")
     return 0 if not differ else 1
 
 

@@ -19,6 +19,26 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+# what the runners fetch and build once: sdists, builds, Debian packages
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
+SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
+
+
+def fetch_sdist(package: str, version: str, sdist: str, who: str) -> Path:
+    """The sdist file *sdist* of package==version in SDISTS, downloaded with
+    pip the first time (only the package from source: its build
+    requirements may be wheels); *who* names the runner in the error."""
+    path = SDISTS / sdist
+    if not path.is_file():
+        SDISTS.mkdir(parents=True, exist_ok=True)
+        print(f"fetching {package}=={version} into {SDISTS}", file=sys.stderr)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                               package, f"{package}=={version}", "-d", str(SDISTS)],
+                              capture_output=True, text=True)
+        if done.returncode != 0 or not path.is_file():
+            sys.exit(f"{who}: cannot fetch {package}=={version}: "
+                     f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return path
 
 
 def lib_path(explicit: str | None = None) -> Path:

@@ -63,11 +63,9 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (BENCH, Launcher, header_shim, heap_shim, lib_path, machine, med,  # noqa: E402
-                      print_machine, spread, table)
+from benchlib import (BENCH, CACHE, Launcher, fetch_sdist, header_shim, heap_shim, lib_path,  # noqa: E402
+                      machine, med, print_machine, spread, table)
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
-SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
 BUILDS = CACHE / "real"
 
 MODES = {
@@ -220,21 +218,6 @@ PROGRAMS = {p.name: p for p in [
 ]}
 
 
-def fetch(p: Program) -> Path:
-    """The sdist in the cache, downloaded with pip the first time."""
-    path = SDISTS / p.sdist
-    if not path.is_file():
-        SDISTS.mkdir(parents=True, exist_ok=True)
-        print(f"fetching {p.package}=={p.version} into {SDISTS}", file=sys.stderr)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                               p.package, f"{p.package}=={p.version}", "-d", str(SDISTS)],
-                              capture_output=True, text=True)
-        if done.returncode != 0 or not path.is_file():
-            sys.exit(f"run_real: cannot fetch {p.package}=={p.version}: "
-                     f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return path
-
-
 def built(p: Program, mode: str) -> Path:
     """The program built in mode, from the cache when it is there (an
     installed program: the binary itself)."""
@@ -246,7 +229,7 @@ def built(p: Program, mode: str) -> Path:
     exe = out / p.name
     if exe.is_file():
         return exe
-    sdist = fetch(p)
+    sdist = fetch_sdist(p.package, p.version, p.sdist, "run_real")
     src = BUILDS / f"src-{p.name}-{p.version}"
     if not src.is_dir():
         tmp = Path(tempfile.mkdtemp(dir=BUILDS.parent if BUILDS.parent.exists() else None))

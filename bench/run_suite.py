@@ -65,10 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import lib_path, machine, med, print_machine, spread  # noqa: E402
+from benchlib import CACHE, fetch_sdist, lib_path, machine, med, print_machine, spread  # noqa: E402
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
-SDISTS = Path(os.environ.get("FORENSICS_SDIST_DIR") or CACHE / "sdists")
 SUITES_DIR = CACHE / "suites"
 BENCH = Path(__file__).resolve().parent
 
@@ -98,22 +96,6 @@ SUITES = {
 STAT = re.compile(r"^libtag: stats pid=(\d+) (.*)$", re.M)
 
 
-def fetch(s: Suite) -> Path:
-    """The sdist in the cache, downloaded with pip the first time (only the
-    package from source: its build requirements may be wheels)."""
-    path = SDISTS / s.sdist
-    if not path.is_file():
-        SDISTS.mkdir(parents=True, exist_ok=True)
-        print(f"fetching {s.package}=={s.version} into {SDISTS}", file=sys.stderr)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                               s.package, f"{s.package}=={s.version}", "-d", str(SDISTS)],
-                              capture_output=True, text=True)
-        if done.returncode != 0 or not path.is_file():
-            sys.exit(f"run_suite: cannot fetch {s.package}=={s.version}: "
-                     f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
-    return path
-
-
 def probe(python: str, s: Suite) -> str | None:
     """None when python runs the suite's check (and has pytest), else why not."""
     code = f"import pytest; {s.check}"
@@ -134,7 +116,7 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
     time) and the unpacked sdist its tests run from."""
     root = SUITES_DIR / f"src-{name}-{s.version}"
     if not root.is_dir():
-        sdist = fetch(s)
+        sdist = fetch_sdist(s.package, s.version, s.sdist, "run_suite")
         SUITES_DIR.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=SUITES_DIR))
         with tarfile.open(sdist) as tar:
@@ -150,8 +132,9 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
     stamp = venv / "built-from-sdist"
     if not stamp.is_file():
         print(f"building {s.package} {s.version} into {venv}", file=sys.stderr)
+        sdist = fetch_sdist(s.package, s.version, s.sdist, "run_suite")
         done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                               str(fetch(s))], env=dict(os.environ, **s.build_env),
+                               str(sdist)], env=dict(os.environ, **s.build_env),
                               capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"run_suite: building {s.package} failed:\n{done.stderr[-2000:]}")

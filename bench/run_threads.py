@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import BENCH, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
+from benchlib import BENCH, CACHE, build, lib_path, machine, med, print_machine, spread, table  # noqa: E402
 
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "forensics"
 # db_bench and the libraries Debian 12's librocksdb7.8 needs beyond a base system
 ROCKSDB_DEBS = ["rocksdb-tools", "librocksdb7.8", "libgflags2.2", "libsnappy1v5"]
 

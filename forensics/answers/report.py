@@ -472,21 +472,8 @@ class ReportBuilder:
         if self._newest is None:
             raise InputError("report needs at least one core")
         _, primary, dump = self._newest
-        if not heap_of(dump).tagged:
-            return self._finish_by_size(dump, primary)
         try:
-            totals = dump.heap.totals
-            listed, runtime_totals = top_stacks(dump, runtime=self.runtime,
-                                                runtime_functions=self.runtime_functions)
-            shown = listed[:self.stack_limit]
-            dump.prefetch([sid for sid, _, _, _ in shown])
-            stacks = [TopStack(stack=frames_doc(dump.stack(sid)), blocks=n, bytes=b, runtime=rt)
-                      for sid, n, b, rt in shown]
-            runtime = RuntimeSummary(**runtime_totals)
-            tree, leaves = build_tree(stacks, self.frames, total_bytes=totals.live_bytes,
-                                      total_blocks=totals.live_blocks,
-                                      runtime=None if self.runtime else runtime)
-            table = self._table(dump, stacks, leaves, [sid for sid, _, _, _ in shown])
+            by_heap = self._by_stack(dump) if heap_of(dump).tagged else self._by_size(dump)
             leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
             types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
             self._warn(self.points[primary].core, dump)  # its stacks may add some
@@ -497,21 +484,43 @@ class ReportBuilder:
             version=DATA_VERSION,
             title=title,
             processes=processes,
-            stack_stats=table.stats,
-            wrappers=self.wrappers.patterns,
-            runtime=runtime,
             generated=_generated(),
             snapshots=order,
             primary=_place(order, primary),
             frames=self.frames.rows,
-            tree=tree,
-            stacks=table.rows,
-            distinct_stacks=len(listed),
             types=types,
             events=self.events,
             leaks=leaks,
             warnings=self.warnings,
+            **by_heap,
         )
+
+    def _by_stack(self, dump: Any) -> dict[str, Any]:
+        """The page's fields that a libtag heap answers by allocation stack:
+        the hierarchy and the stack table."""
+        totals = dump.heap.totals
+        listed, runtime_totals = top_stacks(dump, runtime=self.runtime,
+                                            runtime_functions=self.runtime_functions)
+        shown = listed[:self.stack_limit]
+        dump.prefetch([sid for sid, _, _, _ in shown])
+        stacks = [TopStack(stack=frames_doc(dump.stack(sid)), blocks=n, bytes=b, runtime=rt)
+                  for sid, n, b, rt in shown]
+        runtime = RuntimeSummary(**runtime_totals)
+        tree, leaves = build_tree(stacks, self.frames, total_bytes=totals.live_bytes,
+                                  total_blocks=totals.live_blocks,
+                                  runtime=None if self.runtime else runtime)
+        table = self._table(dump, stacks, leaves, [sid for sid, _, _, _ in shown])
+        return dict(stack_stats=table.stats, wrappers=self.wrappers.patterns, runtime=runtime,
+                    tree=tree, stacks=table.rows, distinct_stacks=len(listed))
+
+    def _by_size(self, dump: Any) -> dict[str, Any]:
+        """The page's fields for a heap without stacks (docs/json.md,
+        "forensics report", without libtag): the heap by size class in place
+        of the hierarchy and the stack table (leaks go by size too)."""
+        sizes, distinct = size_classes(dump)
+        return dict(libtag=False, without_libtag=WithoutLibtag.of(heap_of(dump).without),
+                    stack_stats=False, wrappers=[], runtime=None, tree=None, stacks=[],
+                    distinct_stacks=0, size_classes=sizes, distinct_sizes=distinct)
 
     def _order(self) -> tuple[list[ReportPoint], list[ReportProcess], str]:
         """(the points in time order, each with its process; the processes;
@@ -522,42 +531,6 @@ class ReportBuilder:
         if len(names) > 3:
             names = names[:3] + [f"{len(names) - 3} more"]
         return order, processes, "forensics report: " + ", ".join(names)
-
-    def _finish_by_size(self, dump: Any, primary: int) -> ReportDoc:
-        """finish() for heaps without stacks (docs/json.md, "forensics
-        report", without libtag): the heap by size class in place of the
-        hierarchy and the stack table, leaks by size."""
-        try:
-            sizes, distinct = size_classes(dump)
-            leaks = _leaks(dump, self.frames, self.warnings, self.wrappers)
-            types = live_types(dump, heap_of(dump), top=TYPES_LIMIT)
-            self._warn(self.points[primary].core, dump)
-        finally:
-            self._newest = None
-        order, processes, title = self._order()
-        return ReportDoc(
-            version=DATA_VERSION,
-            libtag=False,
-            without_libtag=WithoutLibtag.of(heap_of(dump).without),
-            title=title,
-            processes=processes,
-            stack_stats=False,
-            wrappers=[],
-            runtime=None,
-            generated=_generated(),
-            snapshots=order,
-            primary=_place(order, primary),
-            frames=self.frames.rows,
-            tree=None,
-            stacks=[],
-            distinct_stacks=0,
-            size_classes=sizes,
-            distinct_sizes=distinct,
-            types=types,
-            events=self.events,
-            leaks=leaks,
-            warnings=self.warnings,
-        )
 
     def _table(self, dump: Any, stacks: Sequence[TopStack], leaves: Sequence[int],
                sids: Sequence[int]) -> _Table:

@@ -74,7 +74,6 @@ import re
 import shutil
 import sqlite3
 import stat
-import struct
 import subprocess
 import zlib
 from dataclasses import dataclass, replace
@@ -464,26 +463,24 @@ class _Contents:
 
 
 def _elf_contents(path: str) -> _Contents | None:
-    """The _Contents of the ELF file at path; None when it cannot be read.
-    Read from the section headers with struct, not pyelftools: every
-    question that names a frame asks this of each module, and importing
-    pyelftools' ELF reader is ~0.1 s of a whoowns."""
+    """The _Contents of the ELF file at path (from its section headers:
+    forensics.core.elf.file_section_headers); None when it cannot be read."""
     f = open_regular(path)
     if f is None:
         return None
     with f:
         try:
-            sections = _section_headers(f)
+            sections = elf.file_section_headers(f)
             if sections is None:
                 return None
             symtab = dwarf = False
             debuglink = None
             for name, sh_type, offset, size, entsize in sections:
-                if sh_type == _SHT_SYMTAB and size > entsize:
+                if sh_type == elf.SHT_SYMTAB and size > entsize:
                     symtab = True  # more than the null symbol
-                elif name in (b".debug_info", b".zdebug_info") and sh_type != _SHT_NOBITS:
+                elif name in (b".debug_info", b".zdebug_info") and sh_type != elf.SHT_NOBITS:
                     dwarf = size > 0
-                elif name == b".gnu_debuglink" and sh_type != _SHT_NOBITS:
+                elif name == b".gnu_debuglink" and sh_type != elf.SHT_NOBITS:
                     f.seek(offset)
                     data = f.read(min(size, 4096))
                     end = data.find(b"\0")
@@ -492,49 +489,9 @@ def _elf_contents(path: str) -> _Contents | None:
                         link = data[:end].decode("utf-8", "surrogateescape")
                         if "/" not in link:
                             debuglink = (link, int.from_bytes(data[crc_at:crc_at + 4], "little"))
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError):
             return None
     return _Contents(symtab, dwarf, debuglink)
-
-
-_SHT_SYMTAB, _SHT_NOBITS = 2, 8
-_SHN_XINDEX = 0xFFFF
-_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
-
-
-def _section_headers(f) -> list[tuple[bytes, int, int, int, int]] | None:
-    """(name, sh_type, sh_offset, sh_size, sh_entsize) of each section of
-    the 64-bit little-endian ELF file f; None for anything else."""
-    ehdr = f.read(64)
-    if len(ehdr) < 64 or ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
-        return None
-    shoff, = struct.unpack_from("<Q", ehdr, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", ehdr, 0x3A)
-    if shoff == 0 or shentsize != _SHDR.size:
-        return None
-    f.seek(shoff)
-    first = f.read(_SHDR.size)
-    if len(first) < _SHDR.size:
-        return None
-    zero = _SHDR.unpack(first)
-    if shnum == 0:
-        shnum = zero[5]  # more than 0xff00 sections: the count is section 0's sh_size
-    if shstrndx == _SHN_XINDEX:
-        shstrndx = zero[6]  # and the names' index its sh_link
-    if not 0 < shnum <= 1 << 20 or shstrndx >= shnum:
-        return None
-    table = first + f.read(_SHDR.size * (shnum - 1))
-    if len(table) < _SHDR.size * shnum:
-        return None
-    rows = list(_SHDR.iter_unpack(table))
-    names_at, names_size = rows[shstrndx][4], rows[shstrndx][5]
-    f.seek(names_at)
-    names = f.read(min(names_size, 1 << 24))
-    out = []
-    for sh_name, sh_type, _flags, _addr, offset, size, _link, _info, _align, entsize in rows:
-        end = names.find(b"\0", sh_name)
-        out.append((names[sh_name:end if end >= 0 else len(names)], sh_type, offset, size, entsize))
-    return out
 
 
 def _file_crc32(path: str) -> int | None:

@@ -100,12 +100,51 @@ def document_types() -> list[type]:
     return [v for v in globals().values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
 
 
+_MISSING = dataclasses.MISSING
+_INIT: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _init_plan(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(field, default or _MISSING) of each of cls's fields, in order."""
+    plan = _INIT.get(cls)
+    if plan is None:
+        plan = _INIT[cls] = tuple((f.name, f.default) for f in dataclasses.fields(cls))
+    return plan
+
+
 class _Doc:
-    """What every document type shares: equality, hash and repr by fields,
-    written once here - the dataclass decorator would generate (exec) these
-    three for each of the 67 types, ~25 ms of every command's start-up."""
+    """What every document type shares, written once here: the keyword-only
+    constructor, being frozen, and equality, hash and repr by fields.  The
+    dataclass decorator would generate (exec) five or six methods for each
+    of the 67 types: ~50 ms of every command's start-up."""
 
     __slots__ = ()
+
+    def __init__(self, /, **kw: Any) -> None:  # "self" is a field too (SenderDoc)
+        cls = self.__class__
+        for name, default in _INIT.get(cls) or _init_plan(cls):
+            if name in kw:
+                value = kw.pop(name)
+            elif default is _MISSING:
+                raise TypeError(f"{cls.__qualname__}() missing required keyword argument: {name!r}")
+            else:
+                value = default
+            object.__setattr__(self, name, value)
+        if kw:
+            raise TypeError(f"{cls.__qualname__}() got an unexpected keyword argument {next(iter(kw))!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __getstate__(self) -> tuple:  # copy and pickle: fields in order
+        return tuple(getattr(self, name) for name, _ in _init_plan(self.__class__))
+
+    def __setstate__(self, state: tuple) -> None:
+        for (name, _), value in zip(_init_plan(self.__class__), state):
+            object.__setattr__(self, name, value)
 
     def _values(self) -> tuple:
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
@@ -123,7 +162,9 @@ class _Doc:
         return f"{self.__class__.__qualname__}({inner})"
 
 
-_frozen = dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+# slots, fields and their order from the decorator; the rest from _Doc
+# (kw_only=True keeps dataclasses' own checks of the field order)
+_frozen = dataclass(init=False, slots=True, kw_only=True, eq=False, repr=False)
 
 # ------------------------------------------------------- shared shapes --
 

@@ -259,6 +259,34 @@ def test_documents_are_frozen():
         c.blocks = 3
 
 
+def test_documents_are_built_by_keyword_with_their_defaults_and_nothing_else():
+    # the one constructor every document type shares (documents._Doc)
+    c = D.Counts(blocks=1, bytes=2)
+    assert (c.blocks, c.bytes) == (1, 2)
+    assert D.FrameDoc.__init__ is D.Counts.__init__
+    with pytest.raises(TypeError, match=r"^Counts\(\) missing required keyword argument: 'bytes'$"):
+        D.Counts(blocks=1)
+    with pytest.raises(TypeError, match=r"^Counts\(\) got an unexpected keyword argument 'byte'$"):
+        D.Counts(blocks=1, bytes=2, byte=3)
+    with pytest.raises(TypeError):
+        D.Counts(1, 2)  # keyword-only
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del c.blocks
+    assert D.SenderDoc(pid=7, uid=0, self=True).self is True  # a field named self
+    # a field with a default: omitted() is None, hidden() its value
+    assert D.LeakGroupDoc.__dataclass_fields__["indirect_blocks"].default is None
+
+
+def test_documents_copy_and_pickle_field_by_field():
+    import copy
+    import pickle
+    frame = D.FrameDoc(address="0x401000", function="main", file=None, line=3, module="/bin/x", inlined=False,
+                       libtag=False, module_offset="0x1000")
+    for twin in (copy.copy(frame), copy.deepcopy(frame), pickle.loads(pickle.dumps(frame))):
+        assert twin == frame and twin is not frame
+        assert (twin.function, twin.line) == ("main", 3)
+
+
 def _report(**kw) -> D.ReportDoc:
     fields = dict(version=3, title="forensics report: x (pid 7)",
                   processes=[D.ReportProcess(pid=7, exe="/bin/x", cores=1)], stack_stats=True, wrappers=["malloc"],

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.documents import (Counts, DiffDoc, DiffEntry, SizeClassChange, SizeDiffDoc,
                                          SizeDiffSide, SnapshotRef, WithoutLibtag)

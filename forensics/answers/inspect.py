@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.crash import crash_doc
 from forensics.answers.documents import (AnomalyDoc, ArenaDoc, ChunkCount, Counters, GlibcMap, HeapSpan,

@@ -64,7 +64,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.documents import LeakAge, LeakGroupDoc
 from forensics.answers.shapes import frames_doc, hexaddr

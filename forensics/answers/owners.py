@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.leaks import ROOT_MAPPINGS, Retention, Root, retention_scan
 from forensics.answers.documents import (DataSymbolDoc, NearDoc, PathLink, ReferrerDoc, RegionDoc, RetainerDoc,

@@ -49,7 +49,7 @@ import datetime as _dt
 import os
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.crash import crash_doc
 from forensics.answers.inspect import blocks_of_stacks, inspect_doc, live_types, top_stacks

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-import numpy as np
+from forensics._np import np
 
 from forensics.answers.diff import frame_key, same_process, snapshot_ref
 from forensics.answers.documents import TrendDoc, TrendStack

@@ -59,7 +59,7 @@ import mmap
 import os
 import tempfile
 
-import numpy as np
+from forensics._np import np
 
 from .errors import CoreParseError
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-import numpy as np
+from forensics._np import np
 
 from forensics.arch import for_machine
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-import numpy as np
+from forensics._np import np
 
 from forensics.reader.heap import Totals
 

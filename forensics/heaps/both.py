@@ -13,7 +13,7 @@ the other's, never both.
 
 from __future__ import annotations
 
-import numpy as np
+from forensics._np import np
 
 from forensics.heaps.base import Place, Totals
 from forensics.heaps.glibc import GlibcSource

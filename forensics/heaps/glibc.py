@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
+from forensics._np import np
 
 from forensics.heaps.base import Place, Totals
 from forensics.reader.dump import Dump

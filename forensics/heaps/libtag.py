@@ -4,7 +4,7 @@ times and threads."""
 
 from __future__ import annotations
 
-import numpy as np
+from forensics._np import np
 
 from forensics.heaps.base import Place, Totals
 from forensics.reader import abi

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from forensics._np import np
 from construct import Array, Bytes, FormatField, Int32sl, Int32ul, Int64ul, Padding, Struct
 
 from forensics.errors import InputError

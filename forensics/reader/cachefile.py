@@ -31,7 +31,7 @@ import os
 import struct
 from typing import Mapping, Sequence
 
-import numpy as np
+from forensics._np import np
 
 from forensics.files import open_own_file, write_private
 

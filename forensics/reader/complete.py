@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
+from forensics._np import np
 from construct import ConstructError
 
 from forensics.core.core import Core

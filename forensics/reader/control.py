@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from forensics._np import np
 
 from forensics.core.errors import CoreReadError
 from forensics.arch import HOST

@@ -25,7 +25,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
-import numpy as np
+from forensics._np import np
 
 from forensics.arch import AARCH64, HOST
 from forensics.core import Core, elf

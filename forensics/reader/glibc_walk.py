@@ -22,7 +22,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
+from forensics._np import np
 
 from forensics.errors import InputError
 from forensics.reader.glibc_layout import (

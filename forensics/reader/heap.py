@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import numpy as np
+from forensics._np import np
 
 from forensics.reader import abi, cachefile
 from forensics.core.errors import CoreReadError

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
+from forensics._np import np
 
 from forensics.core.errors import UnmappedError
 from forensics.errors import InputError

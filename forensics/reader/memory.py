@@ -21,7 +21,7 @@ import os
 import re
 from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
-import numpy as np
+from forensics._np import np
 
 from forensics.core import Core
 from forensics.core.elf import PF_R

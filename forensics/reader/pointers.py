@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import numpy as np
+from forensics._np import np
 
 # Words examined per numpy step: bounds the temporaries to a few hundred MB
 # whatever the size of a region.

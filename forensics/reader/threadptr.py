@@ -19,7 +19,7 @@ pointer (the answers say what they cannot tell without it).
 
 from __future__ import annotations
 
-import numpy as np
+from forensics._np import np
 
 PD_LIST = 192  # offsetof(struct pthread, list): after header/padding (24 words)
 PD_TID = 208  # offsetof(struct pthread, tid)

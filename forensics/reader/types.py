@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from typing import Iterable
 
-import numpy as np
+from forensics._np import np
 
 _VTABLE = "_ZTV"
 STRING_BUFFER = "std::string buffer"

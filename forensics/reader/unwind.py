@@ -42,7 +42,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable, Sequence
-import numpy as np
+from forensics._np import np
 
 from forensics.arch import X86_64, Arch
 from forensics.arch import x86_64 as X

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
+from forensics._np import np
 
 from forensics.core.elf import (
     EHDR_SIZE,

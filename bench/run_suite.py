@@ -294,7 +294,8 @@ def main() -> int:
               f"{counters['guard_sampled']} sampled "
               f"({one_in(counters['allocs'], counters['guard_sampled'])}), "
               f"{counters['guard_site_firsts']} first of their stack; "
-              f"{counters['guard_slots_used']} slots used, guard_faults {counters['guard_faults']}")
+              f"{counters['guard_slots_used']} slots used, guard_faults {counters['guard_faults']}, "
+              f"{counters['guard_no_slot']} found the pool full")
     # the pytest process's counters at each mark and at its exit: the share
     # guarded between them
     for mark, elapsed, parent, child in marks:

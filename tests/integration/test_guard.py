@@ -319,6 +319,27 @@ def test_a_full_pool_of_long_lived_blocks_leaves_the_programs_mappings_alone(bui
     assert said["value"] == ["253"], result.stdout  # the fill libtag left in it
 
 
+def test_a_full_pool_says_so_once_and_counts_what_it_left_unguarded(build_victim, tmp_path):
+    # GIVEN every allocation guarded, in a pool capped at 100 slots
+    exe = build_victim("guard_faults", **PLAIN)
+    # WHEN the victim keeps 150 blocks alive (and makes one more after them)
+    result = _run(exe, "many 150", tmp_path / "snaps", LIBTAG_GUARD_SLOTS="100", LIBTAG_STATS="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN the pool's 100 slots went to the first allocations (the victim's
+    # array of pointers, then 99 of its blocks), the log says once that the
+    # pool is full, and the stats count every allocation it left unguarded
+    # (each of this victim's fits a slot)
+    assert said["guarded"] == ["99"] and said["bad"] == ["0"], result.stdout
+    full = [line for line in result.stderr.splitlines() if "guard pool is full" in line]
+    assert full == ["libtag: the guard pool is full: its 100 slots hold live blocks, and allocations go "
+                    "unguarded until one is freed (LIBTAG_GUARD_SLOTS sets the cap, up to 262144; "
+                    "LIBTAG_STATS counts them as guard_no_slot)"], result.stderr[-2000:]
+    stats = _said(next(line for line in result.stderr.splitlines() if "libtag: stats" in line))
+    assert stats["guard_allocs"] == ["100"] and int(stats["guard_no_slot"][0]) >= 51, stats
+    assert int(stats["guard_allocs"][0]) + int(stats["guard_no_slot"][0]) == int(stats["allocs"][0]), stats
+
+
 def test_a_bad_rate_is_refused(build_victim, tmp_path):
     # GIVEN LIBTAG_GUARD_RATE=often
     exe = build_victim("guard_faults", **PLAIN)

@@ -99,6 +99,10 @@ static uint32_t grow_at;                /* fresh slots taken before reuse */
 static uint32_t site_share, site_live;  /* first-of-site guards: cap, live */
 static uint8_t *site_slot;              /* [capacity]: 1 = a first-of-site block */
 static uint64_t sampled_allocs, site_allocs;  /* placements of each kind */
+/* Sampled allocations that found every slot of the cap taken (live, or
+ * retired): unguarded.  The first one is said in the log, once. */
+static uint64_t no_slot_allocs;
+static int no_slot_said;
 static uint32_t q_head, q_tail;         /* queue of freed out slots: index + 1 */
 static uint32_t q_len;                  /* slots in it */
 /* A freed out slot keeps its pages (no madvise) while fewer than this many
@@ -388,6 +392,7 @@ static uint32_t take_slot(int *reused, int *clean, int site)
 {
     lock();
     uint32_t i = NO_SLOT;
+    int say_full = 0;
     if (pool_reserve() && (!site || site_live < site_share)) {
         uint32_t limit = grow_at;
         while (i == NO_SLOT) {
@@ -436,8 +441,14 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             }
             /* every slot used so far holds a live block (or was retired):
              * a sampled one grows the pool, up to its cap */
-            if (site || limit == capacity)
+            if (site)
                 break;
+            if (limit == capacity) {
+                no_slot_allocs++;  /* full */
+                say_full = !no_slot_said;
+                no_slot_said = 1;
+                break;
+            }
             limit = capacity;
         }
         if (i != NO_SLOT && !enter(i)) {
@@ -463,6 +474,11 @@ static uint32_t take_slot(int *reused, int *clean, int site)
         }
     }
     unlock();
+    if (TAG_UNLIKELY(say_full))
+        _tag_log("libtag: the guard pool is full: its %u slots hold live blocks, and allocations go "
+                 "unguarded until one is freed (LIBTAG_GUARD_SLOTS sets the cap, up to %u; "
+                 "LIBTAG_STATS counts them as guard_no_slot)",
+                 capacity, (unsigned)TAG_GUARD_MAX_SLOTS);
     return i;
 }
 
@@ -490,11 +506,12 @@ static int site_taken(uint32_t stack)
     return 1;
 }
 
-void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites)
+void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites, uint64_t *no_slot)
 {
     lock();
     *sampled = sampled_allocs;
     *sites = site_allocs;
+    *no_slot = no_slot_allocs;
     unlock();
 }
 

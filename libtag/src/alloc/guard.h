@@ -63,8 +63,9 @@ TAG_COLD void _tag_guard_expose(void);
 void _tag_guard_init(void);
 uint32_t _tag_guard_window(void);
 uint64_t _tag_guard_allocs(void);   /* blocks guarded so far */
-/* blocks guarded so far by the sample and as their stack's first */
-void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites);
+/* blocks guarded so far by the sample and as their stack's first, and
+ * sampled allocations left unguarded because every slot was taken */
+void _tag_guard_kinds(uint64_t *sampled, uint64_t *sites, uint64_t *no_slot);
 uint32_t _tag_guard_mappings(void); /* the pool's mappings now */
 void _tag_guard_atfork_prepare(void);
 void _tag_guard_atfork_parent(void);

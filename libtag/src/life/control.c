@@ -241,15 +241,15 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
         _tag_unwind_settle(t);
     /* the guarded share, as one allocation in N (N rounded), against
      * LIBTAG_GUARD_RATE's promise: 0 when nothing was guarded */
-    uint64_t guarded = _tag_guard_allocs(), sampled, sites;
-    _tag_guard_kinds(&sampled, &sites);
+    uint64_t guarded = _tag_guard_allocs(), sampled, sites, no_slot;
+    _tag_guard_kinds(&sampled, &sites, &no_slot);
     unsigned long share = guarded ? (unsigned long)((s.allocs + guarded / 2) / guarded) : 0;
     _tag_log_always("libtag: stats pid=%u allocs=%lu frees=%lu live_blocks=%lu live_bytes=%lu "
              "stack_nodes=%u stack_table_bytes=%lu threads=%u shadow_overflows=%lu "
              "stack_full=%lu anomalies=%u snapshots=%u damaged_leaked=%lu damaged_bytes=%lu "
              "captures=%lu capture_frames=%lu guard_slots_used=%u guard_faults=%lu "
              "guard_window=%u guard_allocs=%lu guard_mappings=%u guard_sampled=%lu "
-             "guard_site_firsts=%lu guard_one_in=%lu shard_chunks=%u",
+             "guard_site_firsts=%lu guard_one_in=%lu guard_no_slot=%lu shard_chunks=%u",
              _tag_ctl.pid, (unsigned long)s.allocs, (unsigned long)s.frees,
              (unsigned long)s.live_blocks, (unsigned long)s.live_bytes, s.stack_count,
              (unsigned long)s.stack_count * sizeof(struct libtag_stack_node), s.thread_count,
@@ -260,7 +260,7 @@ __attribute__((destructor(101))) static void libtag_destructor(void)
              (unsigned long)(_tag_capture_frames_total + t->capture_frames),
              _tag_ctl.guard_used, (unsigned long)_tag_ctl.guard_faults, _tag_guard_window(),
              (unsigned long)guarded, _tag_guard_mappings(), (unsigned long)sampled,
-             (unsigned long)sites, share,
+             (unsigned long)sites, share, (unsigned long)no_slot,
              _tag_ctl.stack_shard_count < _tag_ctl.stack_shard_capacity
                  ? _tag_ctl.stack_shard_count
                  : _tag_ctl.stack_shard_capacity);

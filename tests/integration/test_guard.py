@@ -319,6 +319,24 @@ def test_a_full_pool_of_long_lived_blocks_leaves_the_programs_mappings_alone(bui
     assert said["value"] == ["253"], result.stdout  # the fill libtag left in it
 
 
+def test_a_slot_freed_in_the_window_stays_shut_after_it_leaves(build_victim, tmp_path):
+    # GIVEN every allocation guarded, the pool past its window (max_map_count
+    # / 32 placements keep their guards), and 100 freed slots queued for reuse
+    exe = build_victim("guard_faults", **PLAIN)
+    # WHEN a block freed inside the window is read after 30 more placements
+    # made its slot leave the window (and took 30 slots from the queue ahead
+    # of it)
+    result = _run(exe, "shut", tmp_path / "snaps")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN its slot was left PROT_NONE as it left: the read is caught at the
+    # instruction, and reads the freed fill once libtag opens the page
+    block = said["block"][0]
+    assert f"use-after-free: read at {said['address'][0]} (block {block})" in result.stderr, \
+        result.stderr[-2000:]
+    assert said["value"] == ["253"], result.stdout
+
+
 def test_a_full_pool_says_so_once_and_counts_what_it_left_unguarded(build_victim, tmp_path):
     # GIVEN every allocation guarded, in a pool capped at 100 slots
     exe = build_victim("guard_faults", **PLAIN)

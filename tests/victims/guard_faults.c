@@ -30,9 +30,12 @@
  * both calls worked, then reads a block after freeing it), reuse N (six
  * rounds: N blocks of 100..12099 bytes filled with 0xab and freed, then N
  * from calloc, each checked for a non-zero byte: prints "dirty=K", the
- * calloc'd blocks that were not all zero, and how many were guarded).
+ * calloc'd blocks that were not all zero, and how many were guarded),
+ * shut (reads a block freed in the window after its slot left the window,
+ * while other freed slots are queued ahead of it).
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -317,6 +320,33 @@ int main(int argc, char **argv)
         memset(p, 1, 256);
         free(p);
         do_read(p, p + 8);
+    } else if (!strcmp(c, "shut")) {
+        /* A block freed inside the window, whose slot then leaves it while
+         * older freed slots wait in the queue ahead of it: still caught.
+         * No stdio before the read (its buffers would be placements too). */
+        char buf[24] = {0};
+        int fd = open("/proc/sys/vm/max_map_count", O_RDONLY);
+        if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
+            return 3;
+        close(fd);
+        size_t window = strtoul(buf, NULL, 10) / 32, n = window + 100;
+        unsigned char **keep = calloc(n, sizeof *keep);  /* over a slot: not guarded */
+        if (!keep)
+            return 3;
+        for (size_t i = 0; i < n; i++) {
+            keep[i] = malloc(64);
+            memset(keep[i], 7, 64);
+        }
+        for (size_t i = 0; i < 100; i++)
+            free(keep[i]);  /* out of the window: queued, open */
+        unsigned char *t = keep[110];
+        free(t);  /* in the window: shut */
+        /* 30 placements: each takes the queue's head, and the window's
+         * oldest leave - t the 11th - while 70 freed slots stay queued
+         * ahead of t */
+        for (size_t i = 0; i < 30; i++)
+            keep[i] = malloc(64);
+        do_read(t, t + 8);
     } else if (!strcmp(c, "reuse")) {
         const struct libtag_control *ctl = libtag_control ? libtag_control() : NULL;
         char **keep = ctl ? calloc(off, sizeof *keep) : NULL;

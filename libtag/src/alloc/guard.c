@@ -33,7 +33,9 @@
  * slot's guard pages open wherever its neighbour is out too (so a run of
  * out slots is one mapping), a freed out slot gives its pages back
  * (MADV_DONTNEED) and stays readable, and a live one keeps its block
- * where it is.  Long-lived blocks thus cost no mappings once out, and
+ * where it is.  A slot freed inside the window leaves it shut instead,
+ * up to window / 4 of them at once (KEPT_SHUT below): still caught, and
+ * its placement costs one mprotect, not four or five.  Long-lived blocks thus cost no mappings once out, and
  * sampling goes on in fresh slots; the price is that a block freed after
  * it left the window is no longer caught at the instruction (its double
  * free still is, by the slot's state).  A pool no larger than the window
@@ -110,7 +112,18 @@ static uint32_t q_len;                  /* slots in it */
  * back would cost a system call and their faults again.  A longer queue
  * gives them back (the pages of at most this many slots stay resident). */
 #define KEEP_QUEUED 64u
-static uint8_t *kept;                   /* [capacity]: out, freed, pages kept */
+/* kept[i] of a queued slot: its pages were given back (0), kept open
+ * (KEPT_OPEN), or kept shut: KEPT_SHUT, a slot freed inside the window
+ * that left it still PROT_NONE, its guards shut too.  Leaving it shut
+ * saves the mprotect that opened it and the one or two that opened its
+ * guards, and the one or two that shut them again when a placement takes
+ * it (which opens it with one mprotect).  A shut slot among open out
+ * slots splits their mapping (two mappings more at most): at most
+ * window / 4 are shut at once (shut_count), and past that a freed slot
+ * leaving the window opens as before. */
+enum { KEPT_OPEN = 1, KEPT_SHUT = 2 };
+static uint8_t *kept;                   /* [capacity]: out and freed: as above */
+static uint32_t shut_count;             /* slots with kept[] == KEPT_SHUT */
 
 /* The window (see above); all under pool_lock. */
 enum { SLOT_FRESH = 0, SLOT_IN = 1, SLOT_OUT = 2 };
@@ -319,19 +332,28 @@ static void enqueue_held(uint32_t i)
 static void give_back_held(uint32_t i)
 {
     if (q_len <= KEEP_QUEUED) {
-        kept[i] = 1;
+        kept[i] = KEPT_OPEN;
         return;
     }
     madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
 }
 
-/* The guard pages slot i shares with out neighbours: opened (prot
- * read-write) as i leaves the window, shut (PROT_NONE) as it enters. */
+/* A neighbour whose guard page with an out slot is open: out itself, and
+ * not shut (a shut slot's guards stay shut). */
+static int open_out(uint32_t j)
+{
+    return where[j] == SLOT_OUT && kept[j] != KEPT_SHUT;
+}
+
+/* The guard pages slot i shares with open out neighbours: opened (prot
+ * read-write) as i leaves the window open, shut (PROT_NONE) as it enters
+ * from there.  So a guard page is open exactly when both its slots are
+ * out and neither is shut. */
 static void out_neighbour_guards(uint32_t i, int prot)
 {
-    if (i > 0 && where[i - 1] == SLOT_OUT)
+    if (i > 0 && open_out(i - 1))
         mprotect(slot_base(i) - PAGE, PAGE, prot);
-    if (i + 1 < capacity && where[i + 1] == SLOT_OUT)
+    if (i + 1 < capacity && open_out(i + 1))
         mprotect(slot_base(i) + TAG_GUARD_SLOT_SIZE, PAGE, prot);
 }
 
@@ -350,6 +372,11 @@ static void leave(uint32_t i)
     if (!pressure)
         return;
     if (freed) {
+        if (shut_count < window / 4) {
+            kept[i] = KEPT_SHUT;  /* as it is: PROT_NONE, guards shut, pages kept */
+            shut_count++;
+            return;
+        }
         give_back_held(i);
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE);
     }
@@ -364,15 +391,24 @@ static void leave_oldest(void)
     leave(i);
 }
 
+/* Slot i leaves the queue or is placed: no longer shut. */
+static void unshut(uint32_t i)
+{
+    kept[i] = 0;
+    shut_count--;
+}
+
 /* Slot i (BUSY, pool_lock held) is being placed: it enters the window
  * with its guards shut and its pages accessible.  0: out of mappings. */
 static int enter(uint32_t i)
 {
-    int was_out = where[i] == SLOT_OUT;
-    if ((!was_out || !pressure) &&
+    int was_out = where[i] == SLOT_OUT, shut = kept[i] == KEPT_SHUT;
+    if ((!was_out || !pressure || shut) &&
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0)
         return 0;
-    if (was_out && pressure)
+    if (shut)
+        unshut(i);
+    else if (was_out && pressure)
         out_neighbour_guards(i, PROT_NONE);
     where[i] = SLOT_IN;
     if (win_count == window)
@@ -419,17 +455,25 @@ static uint32_t take_slot(int *reused, int *clean, int site)
                                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
                     (want != TAG_GUARD_EMPTY ||  /* given back by a failed placement */
                      !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
-                                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)))
+                                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
+                    if (kept[c] == KEPT_SHUT)
+                        unshut(c);
                     continue;
+                }
                 if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
                     /* a fault opened it meanwhile: it stays out of the queue */
                     __atomic_store_n(&slots[c].state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
+                    if (kept[c] == KEPT_SHUT)
+                        unshut(c);
                     continue;
                 }
                 i = c;
                 *reused = want == TAG_GUARD_FREED;
-                *clean = pressure && !kept[c];  /* else a freed out slot gave its pages back */
-                kept[c] = 0;
+                /* else a freed out slot gave its pages back; a shut one
+                 * stays KEPT_SHUT until enter() opens it */
+                *clean = pressure && !kept[c];
+                if (kept[c] != KEPT_SHUT)
+                    kept[c] = 0;
             }
             if (i != NO_SLOT)
                 break;
@@ -456,7 +500,8 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             __atomic_store_n(&slots[i].state, *reused ? TAG_GUARD_FREED : TAG_GUARD_EMPTY,
                              __ATOMIC_SEQ_CST);
             if (where[i] == SLOT_OUT) {
-                kept[i] = (uint8_t)!*clean;  /* its pages as they were */
+                if (kept[i] != KEPT_SHUT)  /* (a shut one stays shut) */
+                    kept[i] = *clean ? 0 : KEPT_OPEN;  /* its pages as they were */
                 enqueue_held(i);
             } else {  /* fresh: taken under this same lock, so the last one */
                 fresh--;

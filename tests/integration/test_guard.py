@@ -337,6 +337,23 @@ def test_a_slot_freed_in_the_window_stays_shut_after_it_leaves(build_victim, tmp
     assert said["value"] == ["253"], result.stdout
 
 
+@pytest.mark.parametrize("case, kind, offset", [("lone", "use-after-free", 8),
+                                                ("lone-overflow", "heap-overflow", 64)])
+def test_a_block_that_outlives_the_window_keeps_its_guards(case, kind, offset, build_victim, tmp_path):
+    # GIVEN every allocation guarded, and a block of 64 bytes whose slot left
+    # the window live (max_map_count / 32 + 30 placements after it)
+    exe = build_victim("guard_faults", **PLAIN)
+    # WHEN the victim reads it after freeing it, or reads the byte past it
+    result = _run(exe, case, tmp_path / "snaps")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN the slot left the window as it was, unmerged: the read is caught
+    # at the instruction
+    block, address = said["block"][0], said["address"][0]
+    assert int(address, 16) - int(block, 16) == offset
+    assert f"{kind}: read at {address} (block {block})" in result.stderr, result.stderr[-2000:]
+
+
 def test_a_full_pool_says_so_once_and_counts_what_it_left_unguarded(build_victim, tmp_path):
     # GIVEN every allocation guarded, in a pool capped at 100 slots
     exe = build_victim("guard_faults", **PLAIN)

@@ -32,7 +32,9 @@
  * from calloc, each checked for a non-zero byte: prints "dirty=K", the
  * calloc'd blocks that were not all zero, and how many were guarded),
  * shut (reads a block freed in the window after its slot left the window,
- * while other freed slots are queued ahead of it).
+ * while other freed slots are queued ahead of it), lone and lone-overflow
+ * (a block whose slot left the window live: read after its free, or the
+ * byte past its end).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -70,6 +72,19 @@ __attribute__((noinline)) void write_byte(volatile unsigned char *p, int v)
 static unsigned tid(void)
 {
     return (unsigned)syscall(SYS_gettid);
+}
+
+/* libtag's window of guarded placements: vm.max_map_count / 32, read as
+ * libtag reads it (no stdio: its buffers would be placements); 0 if not. */
+static size_t guard_window(void)
+{
+    char buf[24] = {0};
+    int fd = open("/proc/sys/vm/max_map_count", O_RDONLY);
+    if (fd < 0)
+        return 0;
+    ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    return got > 0 ? strtoul(buf, NULL, 10) / 32 : 0;
 }
 
 static int count_mappings(void)
@@ -320,16 +335,31 @@ int main(int argc, char **argv)
         memset(p, 1, 256);
         free(p);
         do_read(p, p + 8);
+    } else if (!strcmp(c, "lone") || !strcmp(c, "lone-overflow")) {
+        /* A block that outlives the window (30 placements after it left):
+         * its guards stay shut, and it is shut when freed - its overflow
+         * and its use after free are caught at the instruction. */
+        size_t window = guard_window(), n = window + 30;
+        unsigned char *t = malloc(64);
+        unsigned char **keep = calloc(n, sizeof *keep);  /* over a slot: not guarded */
+        if (!t || !keep || !window)
+            return 3;
+        memset(t, 7, 64);
+        for (size_t i = 0; i < n; i++)
+            keep[i] = malloc(64);
+        if (!strcmp(c, "lone")) {
+            free(t);
+            do_read(t, t + 8);
+        } else {
+            do_read(t, t + 64);  /* the first byte past it: its guard page */
+        }
     } else if (!strcmp(c, "shut")) {
         /* A block freed inside the window, whose slot then leaves it while
          * older freed slots wait in the queue ahead of it: still caught.
          * No stdio before the read (its buffers would be placements too). */
-        char buf[24] = {0};
-        int fd = open("/proc/sys/vm/max_map_count", O_RDONLY);
-        if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
+        size_t window = guard_window(), n = window + 100;
+        if (!window)
             return 3;
-        close(fd);
-        size_t window = strtoul(buf, NULL, 10) / 32, n = window + 100;
         unsigned char **keep = calloc(n, sizeof *keep);  /* over a slot: not guarded */
         if (!keep)
             return 3;

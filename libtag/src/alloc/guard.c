@@ -33,9 +33,11 @@
  * slot's guard pages open wherever its neighbour is out too (so a run of
  * out slots is one mapping), a freed out slot gives its pages back
  * (MADV_DONTNEED) and stays readable, and a live one keeps its block
- * where it is.  A slot freed inside the window leaves it shut instead,
- * up to window / 4 of them at once (KEPT_SHUT below): still caught, and
- * its placement costs one mprotect, not four or five.  Long-lived blocks thus cost no mappings once out, and
+ * where it is.  But up to window / 2 slots at once leave the window as
+ * they are, unmerged (kept[] below): a lone live block keeps its guards
+ * and is shut when freed, a freed one stays shut, and a placement opens
+ * it with one mprotect - where merging and unmerging a slot cost four or
+ * five.  Long-lived blocks thus cost no mappings once out, and
  * sampling goes on in fresh slots; the price is that a block freed after
  * it left the window is no longer caught at the instruction (its double
  * free still is, by the slot's state).  A pool no larger than the window
@@ -105,25 +107,43 @@ static uint64_t sampled_allocs, site_allocs;  /* placements of each kind */
  * retired): unguarded.  The first one is said in the log, once. */
 static uint64_t no_slot_allocs;
 static int no_slot_said;
-static uint32_t q_head, q_tail;         /* queue of freed out slots: index + 1 */
-static uint32_t q_len;                  /* slots in it */
+/* Queues of freed out slots (linked by slot.next: index + 1), each first
+ * in, first out: the shut ones (kept[] below), which a placement takes
+ * first - one mprotect opens one, where an open one's guards take one or
+ * two to shut, and each shut slot taken makes room for another to stay
+ * shut - and the open ones (without pressure, every freed out slot). */
+struct queue {
+    uint32_t head, tail, len;
+};
+static struct queue shut_q, open_q;
 /* A freed out slot keeps its pages (no madvise) while fewer than this many
  * wait in the queue: the next placements reuse it, and giving its pages
  * back would cost a system call and their faults again.  A longer queue
  * gives them back (the pages of at most this many slots stay resident). */
 #define KEEP_QUEUED 64u
-/* kept[i] of a queued slot: its pages were given back (0), kept open
- * (KEPT_OPEN), or kept shut: KEPT_SHUT, a slot freed inside the window
- * that left it still PROT_NONE, its guards shut too.  Leaving it shut
- * saves the mprotect that opened it and the one or two that opened its
- * guards, and the one or two that shut them again when a placement takes
- * it (which opens it with one mprotect).  A shut slot among open out
- * slots splits their mapping (two mappings more at most): at most
- * window / 4 are shut at once (shut_count), and past that a freed slot
- * leaving the window opens as before. */
-enum { KEPT_OPEN = 1, KEPT_SHUT = 2 };
-static uint8_t *kept;                   /* [capacity]: out and freed: as above */
-static uint32_t shut_count;             /* slots with kept[] == KEPT_SHUT */
+/* kept[i] of an out slot.  Merged, its guard pages open towards merged
+ * out neighbours: 0 (live, or freed with its pages given back) or
+ * KEPT_OPEN (freed, readable, pages kept).  Unmerged, as the window left
+ * it - its guards shut: KEPT_LONE (live, its block read-write between
+ * them) or KEPT_SHUT (freed, PROT_NONE, pages kept).
+ *
+ * A slot leaves the window unmerged while fewer than `lone_cap` (window
+ * / 2) are: no system call then, where merging took one or two (its
+ * guards) and three for a freed slot (itself too), and a placement into
+ * it later one (opening it) where a merged slot took one or two (shutting
+ * its guards).  A lone block freed is shut (one mprotect): caught after
+ * its free as in the window.  When the unmerged are at their bound, the
+ * oldest lone one is merged to make room (what leaving cost before, paid
+ * only by blocks that live that long).  An unmerged slot among merged
+ * ones splits their mapping, two mappings more at most: the bound keeps
+ * the pool within five mappings a window slot. */
+enum { KEPT_OPEN = 1, KEPT_SHUT = 2, KEPT_LONE = 3 };
+static uint8_t *kept;                   /* [capacity]: as above */
+static uint32_t unmerged, lone_cap;     /* slots KEPT_SHUT or KEPT_LONE; bound */
+static uint32_t *lone;                  /* [lone_cap]: ring of slots that left
+                                           lone, oldest first (stale entries
+                                           are skipped) */
+static uint32_t lone_head, lone_count;
 
 /* The window (see above); all under pool_lock. */
 enum { SLOT_FRESH = 0, SLOT_IN = 1, SLOT_OUT = 2 };
@@ -269,11 +289,14 @@ static int pool_reserve(void)
     }
     if (w > cap)
         w = window = cap;
-    /* the records, then where[], site_slot[], kept[] and win[] in the same mapping */
+    /* the records, then where[], site_slot[], kept[], win[] and lone[] in
+     * the same mapping */
     size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
     size_t wheres = ((size_t)cap + 63) & ~(size_t)63;
+    uint32_t lc = w / 2 ? w / 2 : 1;
     struct libtag_guard_slot *s =
-        p == MAP_FAILED ? NULL : _tag_map(recs + 3 * wheres + (size_t)w * sizeof *win, 1);
+        p == MAP_FAILED ? NULL
+                        : _tag_map(recs + 3 * wheres + ((size_t)w + lc) * sizeof *win, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -301,6 +324,8 @@ static int pool_reserve(void)
     site_slot = where + wheres;
     kept = site_slot + wheres;
     win = (uint32_t *)(void *)(kept + wheres);
+    lone = win + w;
+    lone_cap = lc;
     pressure = cap > w;
     /* a cap of the user's (LIBTAG_GUARD_SLOTS) or rate 1: every slot fresh
      * first; the sampling default: TAG_GUARD_SAMPLED_SLOTS, then reuse,
@@ -315,15 +340,27 @@ static int pool_reserve(void)
 }
 
 /* Called with pool_lock held. */
-static void enqueue_held(uint32_t i)
+static void enqueue_held(struct queue *q, uint32_t i)
 {
-    q_len++;
+    q->len++;
     slots[i].next = 0;
-    if (q_tail)
-        slots[q_tail - 1].next = i + 1;
+    if (q->tail)
+        slots[q->tail - 1].next = i + 1;
     else
-        q_head = i + 1;
-    q_tail = i + 1;
+        q->head = i + 1;
+    q->tail = i + 1;
+}
+
+/* The slot at q's head, taken out of it; q is not empty. */
+static uint32_t dequeue_held(struct queue *q)
+{
+    uint32_t c = q->head - 1;
+    q->head = slots[c].next;
+    q->len--;
+    if (!q->head)
+        q->tail = 0;
+    slots[c].next = 0;
+    return c;
 }
 
 /* Freed out slot i (queued, pool_lock held): its pages go back to the
@@ -331,30 +368,56 @@ static void enqueue_held(uint32_t i)
  * them (KEEP_QUEUED). */
 static void give_back_held(uint32_t i)
 {
-    if (q_len <= KEEP_QUEUED) {
+    if (open_q.len <= KEEP_QUEUED) {
         kept[i] = KEPT_OPEN;
         return;
     }
     madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
 }
 
-/* A neighbour whose guard page with an out slot is open: out itself, and
- * not shut (a shut slot's guards stay shut). */
-static int open_out(uint32_t j)
+/* Slot j is out and merged (see kept[]). */
+static int merged_out(uint32_t j)
 {
-    return where[j] == SLOT_OUT && kept[j] != KEPT_SHUT;
+    return where[j] == SLOT_OUT && kept[j] != KEPT_SHUT && kept[j] != KEPT_LONE;
 }
 
-/* The guard pages slot i shares with open out neighbours: opened (prot
- * read-write) as i leaves the window open, shut (PROT_NONE) as it enters
- * from there.  So a guard page is open exactly when both its slots are
- * out and neither is shut. */
+/* The guard pages slot i shares with merged out neighbours: opened (prot
+ * read-write) as i is merged, shut (PROT_NONE) as a merged i enters the
+ * window.  So a guard page is open exactly when both its slots are out
+ * and merged. */
 static void out_neighbour_guards(uint32_t i, int prot)
 {
-    if (i > 0 && open_out(i - 1))
+    if (i > 0 && merged_out(i - 1))
         mprotect(slot_base(i) - PAGE, PAGE, prot);
-    if (i + 1 < capacity && open_out(i + 1))
+    if (i + 1 < capacity && merged_out(i + 1))
         mprotect(slot_base(i) + TAG_GUARD_SLOT_SIZE, PAGE, prot);
+}
+
+/* Slot i is merged now, or placed, or gone from the queue: one unmerged
+ * fewer. */
+static void unmerge_done(uint32_t i)
+{
+    kept[i] = 0;
+    unmerged--;
+}
+
+/* Room for one more unmerged slot: there is, or the oldest lone slot is
+ * merged to make it (its guards opened).  0: every unmerged one is shut. */
+static int unmerged_room(void)
+{
+    if (unmerged < lone_cap)
+        return 1;
+    while (lone_count) {
+        uint32_t j = lone[lone_head];
+        lone_head = (lone_head + 1) % lone_cap;
+        lone_count--;
+        if (kept[j] != KEPT_LONE)
+            continue;  /* freed or merged since: a stale entry */
+        unmerge_done(j);
+        out_neighbour_guards(j, PROT_READ | PROT_WRITE);
+        return 1;
+    }
+    return 0;
 }
 
 /* Slot i's placement leaves the window (pool_lock held).  A freed slot
@@ -367,16 +430,28 @@ static void leave(uint32_t i)
     /* a free in progress stores FREED under pool_lock: it sees SLOT_OUT */
     int freed = __atomic_load_n(&s->state, __ATOMIC_SEQ_CST) == TAG_GUARD_FREED &&
                 !__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST);
-    if (freed)
-        enqueue_held(i);
-    if (!pressure)
+    if (!pressure) {
+        if (freed)
+            enqueue_held(&open_q, i);  /* shut, as without pressure every freed slot is */
         return;
-    if (freed) {
-        if (shut_count < window / 4) {
-            kept[i] = KEPT_SHUT;  /* as it is: PROT_NONE, guards shut, pages kept */
-            shut_count++;
-            return;
+    }
+    if (unmerged_room()) {
+        /* as it is: guards shut; freed, PROT_NONE with its pages kept */
+        kept[i] = freed ? KEPT_SHUT : KEPT_LONE;
+        unmerged++;
+        if (freed) {
+            enqueue_held(&shut_q, i);
+        } else {
+            if (lone_count == lone_cap) {  /* full of stale entries */
+                lone_head = (lone_head + 1) % lone_cap;
+                lone_count--;
+            }
+            lone[(lone_head + lone_count++) % lone_cap] = i;
         }
+        return;
+    }
+    if (freed) {
+        enqueue_held(&open_q, i);
         give_back_held(i);
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE);
     }
@@ -391,13 +466,6 @@ static void leave_oldest(void)
     leave(i);
 }
 
-/* Slot i leaves the queue or is placed: no longer shut. */
-static void unshut(uint32_t i)
-{
-    kept[i] = 0;
-    shut_count--;
-}
-
 /* Slot i (BUSY, pool_lock held) is being placed: it enters the window
  * with its guards shut and its pages accessible.  0: out of mappings. */
 static int enter(uint32_t i)
@@ -407,7 +475,7 @@ static int enter(uint32_t i)
         mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) != 0)
         return 0;
     if (shut)
-        unshut(i);
+        unmerge_done(i);
     else if (was_out && pressure)
         out_neighbour_guards(i, PROT_NONE);
     where[i] = SLOT_IN;
@@ -435,7 +503,8 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             /* with pressure a queued slot is open and catches nothing: it
              * goes before a never-used one, which keeps the pool (and a
              * core's size) near the window plus the live out slots */
-            if (fresh < limit && !(pressure && q_head)) {
+            int queued = shut_q.head || open_q.head;
+            if (fresh < limit && !(pressure && queued)) {
                 i = fresh++;
                 __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
                 __atomic_store_n(&slots[i].state, TAG_GUARD_BUSY, __ATOMIC_SEQ_CST);
@@ -443,13 +512,8 @@ static uint32_t take_slot(int *reused, int *clean, int site)
                 *clean = 1;
                 break;
             }
-            while (i == NO_SLOT && q_head) {
-                uint32_t c = q_head - 1;
-                q_head = slots[c].next;
-                q_len--;
-                if (!q_head)
-                    q_tail = 0;
-                slots[c].next = 0;
+            while (i == NO_SLOT && (shut_q.head || open_q.head)) {
+                uint32_t c = dequeue_held(shut_q.head ? &shut_q : &open_q);
                 uint32_t want = TAG_GUARD_FREED;
                 if (!__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
                                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST) &&
@@ -457,14 +521,14 @@ static uint32_t take_slot(int *reused, int *clean, int site)
                      !__atomic_compare_exchange_n(&slots[c].state, &want, TAG_GUARD_BUSY, 0,
                                                   __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))) {
                     if (kept[c] == KEPT_SHUT)
-                        unshut(c);
+                        unmerge_done(c);
                     continue;
                 }
                 if (__atomic_load_n(&slots[c].retired, __ATOMIC_SEQ_CST)) {
                     /* a fault opened it meanwhile: it stays out of the queue */
                     __atomic_store_n(&slots[c].state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
                     if (kept[c] == KEPT_SHUT)
-                        unshut(c);
+                        unmerge_done(c);
                     continue;
                 }
                 i = c;
@@ -502,7 +566,7 @@ static uint32_t take_slot(int *reused, int *clean, int site)
             if (where[i] == SLOT_OUT) {
                 if (kept[i] != KEPT_SHUT)  /* (a shut one stays shut) */
                     kept[i] = *clean ? 0 : KEPT_OPEN;  /* its pages as they were */
-                enqueue_held(i);
+                enqueue_held(kept[i] == KEPT_SHUT ? &shut_q : &open_q, i);
             } else {  /* fresh: taken under this same lock, so the last one */
                 fresh--;
                 __atomic_store_n(&_tag_ctl.guard_used, fresh, __ATOMIC_RELAXED);
@@ -758,12 +822,22 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
         site_live--;
     }
     __atomic_store_n(&s->state, TAG_GUARD_FREED, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
-        /* (a retired slot was opened by a fault: the program may still be in it) */
+    if (__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
+        /* opened by a fault: the program may still be in it */
+        if (kept[i] == KEPT_LONE)
+            unmerge_done(i);
+    } else {
         if (where[i] == SLOT_OUT) {
-            enqueue_held(i);
-            if (pressure)
-                give_back_held(i);  /* it stays open */
+            if (kept[i] == KEPT_LONE) {
+                /* shut as a block freed in the window is: caught after it */
+                mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);
+                kept[i] = KEPT_SHUT;
+                enqueue_held(&shut_q, i);
+            } else {
+                enqueue_held(&open_q, i);
+                if (pressure)
+                    give_back_held(i);  /* it stays open */
+            }
         } else {
             mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);  /* reusable when it leaves the window */
         }

@@ -192,64 +192,83 @@ class LeakScan:
     MAX_EXAMPLES = 8
 
     def __init__(self, dump: Dump, *, classify: bool = True) -> None:
-        """classify=False: the roots and the heap graph only (for
-        ``retainers``), without the walk that classifies every block."""
+        """classify=False: the roots only, for ``retainers`` (which follows
+        the references into each block it reaches, not the whole graph),
+        without the heap graph and the walk that classifies every block."""
         self.dump = dump
         self._starts, self._sizes, self._live = _blocks(dump)
         n = len(self._starts)
         self.contexts = thread_contexts(dump)
         self.root_ranges = root_ranges(dump, self.contexts)
         self._reg_names: list[tuple[int, str]] = []  # via id -> (tid, register)
-
-        edges = dump.edges
-        live = self._live
-        src, dst, interior = edges.source, edges.target, edges.interior
-        keep = live[dst] if n else np.zeros(0, bool)
-        src, dst, interior = src[keep], dst[keep], interior[keep]
-
-        # words in the payload of a live block: the heap graph
-        holder = np.searchsorted(self._starts, src, side="right").astype(np.int64) - 1
-        okh = holder >= 0
-        hh = np.where(okh, holder, 0)
-        in_block = okh & (src < self._starts[hh] + self._sizes[hh]) & live[hh]
-        self._h_src = holder[in_block]
-        self._h_dst = dst[in_block]
-        self._h_via = src[in_block]
-        self._h_int = interior[in_block]
-
-        # words in a root range
-        r_lo, r_hi = _merge([(r.start, r.end) for r in self.root_ranges])
-        rest = ~in_block
-        s2, d2, i2 = src[rest], dst[rest], interior[rest]
-        k = np.searchsorted(r_lo, s2, side="right").astype(np.int64) - 1
-        okr = k >= 0
-        in_root = okr & (s2 < r_hi[np.where(okr, k, 0)])
+        self._roots = _merge([(r.start, r.end) for r in self.root_ranges])
         # libtag's own TLS (the last allocations, for its overflow sweep) is
         # not the program's: it lies inside stacks and static TLS, cut it out
         self.excluded = libtag_tls_ranges(dump)
-        if self.excluded:
-            x_lo, x_hi = _merge(self.excluded)
-            kx = np.searchsorted(x_lo, s2, side="right").astype(np.int64) - 1
-            okx = kx >= 0
-            in_root &= ~(okx & (s2 < x_hi[np.where(okx, kx, 0)]))
-        root_via, root_dst, root_int = s2[in_root], d2[in_root], i2[in_root]
-
-        # register values
+        self._excluded = _merge(self.excluded) if self.excluded else None
+        # register values, by target
         rv, rd, ri = self._register_hits()
-        self._root_via = np.concatenate([root_via, rv])
-        self._root_dst = np.concatenate([root_dst, rd])
-        self._root_int = np.concatenate([root_int, ri])
-        order = np.argsort(self._root_dst, kind="stable")
-        self._root_via, self._root_dst, self._root_int = (
-            self._root_via[order], self._root_dst[order], self._root_int[order])
+        order = np.argsort(rd, kind="stable")
+        self._regs = (rv[order], rd[order], ri[order])
 
         self.kind = np.zeros(n, np.int8)
         self.parent = np.full(n, _NO_PARENT, np.int64)
         self.parent_via = np.zeros(n, np.uint64)
         self.parent_int = np.zeros(n, bool)
         self.leader = np.arange(n, dtype=np.int64)
-        if classify:
-            self._walk()
+        if not classify:
+            return
+        edges = dump.edges
+        keep = self._live[edges.target] if n else np.zeros(0, bool)
+        (self._h_src, self._h_dst, self._h_via, self._h_int), (root_via, root_dst, root_int) = \
+            self._split(edges.source[keep], edges.target[keep], edges.interior[keep])
+        rv, rd, ri = self._regs
+        self._root_via = np.concatenate([root_via, rv])
+        self._root_dst = np.concatenate([root_dst, rd])
+        self._root_int = np.concatenate([root_int, ri])
+        order = np.argsort(self._root_dst, kind="stable")
+        self._root_via, self._root_dst, self._root_int = (
+            self._root_via[order], self._root_dst[order], self._root_int[order])
+        self._walk()
+
+    def _split(self, src: np.ndarray, dst: np.ndarray, interior: np.ndarray):
+        """References (word, target block, interior) to live blocks, split
+        into the heap graph's - (holder, target, word, interior) of each word
+        in the payload of a live block - and the roots' - (word, target,
+        interior) of each word in a root range - in their order; the rest
+        (words in libtag's TLS, in dead blocks, elsewhere) is no reference."""
+        starts, sizes, live = self._starts, self._sizes, self._live
+        holder = np.searchsorted(starts, src, side="right").astype(np.int64) - 1
+        okh = holder >= 0
+        hh = np.where(okh, holder, 0)
+        in_block = okh & (src < starts[hh] + sizes[hh]) & live[hh]
+        heap = (holder[in_block], dst[in_block], src[in_block], interior[in_block])
+        rest = ~in_block
+        s2, d2, i2 = src[rest], dst[rest], interior[rest]
+        r_lo, r_hi = self._roots
+        k = np.searchsorted(r_lo, s2, side="right").astype(np.int64) - 1
+        okr = k >= 0
+        in_root = okr & (s2 < r_hi[np.where(okr, k, 0)])
+        if self._excluded is not None:
+            x_lo, x_hi = self._excluded
+            kx = np.searchsorted(x_lo, s2, side="right").astype(np.int64) - 1
+            okx = kx >= 0
+            in_root &= ~(okx & (s2 < x_hi[np.where(okx, kx, 0)]))
+        return heap, (s2[in_root], d2[in_root], i2[in_root])
+
+    def _into(self, frontier: np.ndarray):
+        """The references to the (live) blocks of frontier, as _split gives
+        them, the roots' with the registers' after them: from the pointer
+        edges, whose targets are sorted, so only these blocks' are read."""
+        edges = self.dump.edges
+        sel = _spans(np.searchsorted(edges.target, frontier, side="left"),
+                     np.searchsorted(edges.target, frontier, side="right"))
+        heap, (root_via, root_dst, root_int) = self._split(edges.source[sel], edges.target[sel],
+                                                           edges.interior[sel])
+        rv, rd, ri = self._regs
+        rs = _spans(np.searchsorted(rd, frontier, side="left"), np.searchsorted(rd, frontier, side="right"))
+        return heap, (np.concatenate([root_via, rv[rs]]), np.concatenate([root_dst, rd[rs]]),
+                      np.concatenate([root_int, ri[rs]]))
 
     # ------------------------------------------------------------- roots --
 
@@ -437,7 +456,6 @@ class LeakScan:
         if i < 0 or not self._live[i]:
             return None
         n = len(self._starts)
-        r_src, r_dst, r_via, r_int = self._reverse()
         visited = np.zeros(n, bool)
         visited[i] = True
         nxt = np.full(n, _NO_PARENT, np.int64)
@@ -452,31 +470,25 @@ class LeakScan:
         depth = 0
         limited = False
         while len(frontier):
-            sel = _spans(np.searchsorted(self._root_dst, frontier, side="left"),
-                         np.searchsorted(self._root_dst, frontier, side="right"))
+            (h_src, h_dst, h_via, h_int), (r_via, r_dst, r_int) = self._into(frontier)
             if skipped:
-                via = self._root_via[sel]
-                k = np.searchsorted(x_lo, via, side="right").astype(np.int64) - 1
-                sel = sel[~((k >= 0) & (via < x_hi[np.maximum(k, 0)]))]
-            count += len(sel)
-            if len(found) < limit and len(sel):
-                via = self._root_via[sel]
-                pick = sel[np.lexsort((via, self._root_rank(via)))[:limit - len(found)]]
-                found.extend(zip(self._root_via[pick].tolist(), self._root_dst[pick].tolist(),
-                                 self._root_int[pick].tolist()))
-            sel = _spans(np.searchsorted(r_dst, frontier, side="left"),
-                         np.searchsorted(r_dst, frontier, side="right"))
-            src = r_src[sel]
-            new = ~visited[src]
+                k = np.searchsorted(x_lo, r_via, side="right").astype(np.int64) - 1
+                keep = ~((k >= 0) & (r_via < x_hi[np.maximum(k, 0)]))
+                r_via, r_dst, r_int = r_via[keep], r_dst[keep], r_int[keep]
+            count += len(r_via)
+            if len(found) < limit and len(r_via):
+                pick = np.lexsort((r_via, self._root_rank(r_via)))[:limit - len(found)]
+                found.extend(zip(r_via[pick].tolist(), r_dst[pick].tolist(), r_int[pick].tolist()))
+            new = ~visited[h_src]
             if depth == max_depth:
                 limited = bool(new.any())
                 break
-            sel, src = sel[new], src[new]
-            src, first = np.unique(src, return_index=True)
+            h_src, h_dst, h_via, h_int = h_src[new], h_dst[new], h_via[new], h_int[new]
+            src, first = np.unique(h_src, return_index=True)
             visited[src] = True
-            nxt[src] = r_dst[sel[first]]
-            nxt_via[src] = r_via[sel[first]]
-            nxt_int[src] = r_int[sel[first]]
+            nxt[src] = h_dst[first]
+            nxt_via[src] = h_via[first]
+            nxt_int[src] = h_int[first]
             frontier = src
             depth += 1
         paths = []
@@ -504,14 +516,6 @@ class LeakScan:
         inside = (k >= 0) & (via < np.append(hi, np.uint64(0))[kk])
         out = np.where(inside, kind[kk], 4)
         return np.where(via < np.uint64(_REG_VIA_LIMIT), 3, out)
-
-    def _reverse(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The heap graph's edges (holder, target, word, interior) sorted by target."""
-        if getattr(self, "_rev", None) is None:
-            order = np.argsort(self._h_dst, kind="stable")
-            self._rev = (self._h_src[order], self._h_dst[order], self._h_via[order],
-                         self._h_int[order])
-        return self._rev
 
     def counts(self) -> dict[str, dict[str, int]]:
         out = {}

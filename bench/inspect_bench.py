@@ -98,6 +98,8 @@ def main() -> int:
     a = ap.parse_args()
 
     tmp = Path(a.tmp)
+    if not tmp.is_dir():
+        sys.exit(f"bench: --tmp {tmp} is not a directory")
     need = a.mib * 2**20 * 1.3
     if shutil.disk_usage(tmp).free < need:
         sys.exit(f"bench: {tmp} has less than {need / 2**30:.1f} GiB free for the core")

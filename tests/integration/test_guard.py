@@ -354,6 +354,29 @@ def test_a_block_that_outlives_the_window_keeps_its_guards(case, kind, offset, b
     assert f"{kind}: read at {address} (block {block})" in result.stderr, result.stderr[-2000:]
 
 
+def test_churn_of_short_and_long_lives_keeps_every_block_and_the_mapping_bound(build_victim, tmp_path):
+    # GIVEN every allocation guarded
+    exe = build_victim("guard_faults", **PLAIN)
+    max_map_count = int(Path("/proc/sys/vm/max_map_count").read_text())
+    window = max_map_count // 32
+    # WHEN 20,000 blocks live at once and are replaced 400,000 times, most
+    # lives short, some long: slots leave the window live and freed, stay
+    # unmerged up to their bound, and are merged or reused
+    result = _run(exe, "churn 20000", tmp_path / "snaps", LIBTAG_STATS="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN every block kept its bytes, no guard faulted, and the pool stayed
+    # within five mappings a window slot (four in the window, two for each
+    # of at most window / 2 unmerged slots), with the program's own beside
+    assert said["bad"] == ["0"], result.stdout
+    stats = _said(next(line for line in result.stderr.splitlines() if "libtag: stats" in line))
+    assert stats["guard_faults"] == ["0"], stats
+    # (every allocation guarded but the victim's two arrays, larger than a slot)
+    assert int(stats["allocs"][0]) - int(stats["guard_allocs"][0]) == 2, stats
+    assert int(stats["guard_mappings"][0]) <= 5 * window, stats
+    assert int(said["mappings"][0]) < 5 * window + 200, said["mappings"]
+
+
 def test_a_full_pool_says_so_once_and_counts_what_it_left_unguarded(build_victim, tmp_path):
     # GIVEN every allocation guarded, in a pool capped at 100 slots
     exe = build_victim("guard_faults", **PLAIN)

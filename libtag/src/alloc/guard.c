@@ -28,7 +28,8 @@
  * default): a pool of long-lived guarded blocks would take the program's
  * own mmap and dlopen down.  So only the last `window` placements keep
  * their guards (window = max_map_count / 32, read at start: at most
- * 4 mappings a slot, an eighth of the limit).  When a placement leaves the
+ * 4 mappings a slot, and 2 for each of window / 2 unmerged slots: five
+ * thirty-seconds of the limit).  When a placement leaves the
  * window its slot is "out": with a pool larger than the window, an out
  * slot's guard pages open wherever its neighbour is out too (so a run of
  * out slots is one mapping), a freed out slot gives its pages back
@@ -137,7 +138,7 @@ static struct queue shut_q, open_q;
  * only by blocks that live that long).  An unmerged slot among merged
  * ones splits their mapping, two mappings more at most: the bound keeps
  * the pool within five mappings a window slot. */
-enum { KEPT_OPEN = 1, KEPT_SHUT = 2, KEPT_LONE = 3 };
+enum { KEPT_OPEN = 1, KEPT_SHUT = 2, KEPT_LONE = 3, KEPT_LONE_SEEN = 4 /* lone_compact */ };
 static uint8_t *kept;                   /* [capacity]: as above */
 static uint32_t unmerged, lone_cap;     /* slots KEPT_SHUT or KEPT_LONE; bound */
 static uint32_t *lone;                  /* [lone_cap]: ring of slots that left
@@ -401,6 +402,30 @@ static void unmerge_done(uint32_t i)
     unmerged--;
 }
 
+/* The ring of lone slots is full: keep only its entries of slots still
+ * lone, each slot's newest, in their order.  Called before the slot about
+ * to be added is marked lone (an older entry of its own goes too), so at
+ * most unmerged < lone_cap entries stay. */
+static void lone_compact(void)
+{
+    for (uint32_t k = lone_count; k-- > 0;) {  /* newest first: mark */
+        uint32_t *e = &lone[(lone_head + k) % lone_cap];
+        if (kept[*e] == KEPT_LONE)
+            kept[*e] = KEPT_LONE_SEEN;
+        else
+            *e = NO_SLOT;  /* stale, or an older entry of a slot seen */
+    }
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < lone_count; k++) {  /* oldest first: keep */
+        uint32_t j = lone[(lone_head + k) % lone_cap];
+        if (j == NO_SLOT)
+            continue;
+        kept[j] = KEPT_LONE;
+        lone[(lone_head + n++) % lone_cap] = j;
+    }
+    lone_count = n;
+}
+
 /* Room for one more unmerged slot: there is, or the oldest lone slot is
  * merged to make it (its guards opened).  0: every unmerged one is shut. */
 static int unmerged_room(void)
@@ -437,17 +462,15 @@ static void leave(uint32_t i)
     }
     if (unmerged_room()) {
         /* as it is: guards shut; freed, PROT_NONE with its pages kept */
-        kept[i] = freed ? KEPT_SHUT : KEPT_LONE;
-        unmerged++;
         if (freed) {
             enqueue_held(&shut_q, i);
         } else {
-            if (lone_count == lone_cap) {  /* full of stale entries */
-                lone_head = (lone_head + 1) % lone_cap;
-                lone_count--;
-            }
+            if (lone_count == lone_cap)
+                lone_compact();
             lone[(lone_head + lone_count++) % lone_cap] = i;
         }
+        kept[i] = freed ? KEPT_SHUT : KEPT_LONE;
+        unmerged++;
         return;
     }
     if (freed) {

@@ -20,15 +20,41 @@ The suites:
            built against Debian's libyaml-dev; PYYAML_FORCE_LIBYAML=1 makes
            a build without it fail instead of falling back to pure Python)
   regex    regex 2025.11.3's regex/tests/test_regex.py with its C engine
+  greenlet greenlet 3.5.6's tests (src/greenlet/tests in the sdist), C++
+           that switches stacks by copying them to and from the heap.  They
+           run as the installed package's greenlet.tests (--pyargs; --tests
+           takes module names there): they import compiled helpers of their
+           own (greenlet.tests._test_extension, _test_extension_cpp) that pip
+           builds into the package and the sdist lacks.  objgraph 3.7.0 for
+           their leak checks
+  zstandard  python-zstandard 0.25.0's tests/ with its C backend
+           (zstandard.backend_c; PYTHON_ZSTANDARD_IMPORT_POLICY=cext in every
+           run, so a zstandard without it fails to import instead of falling
+           back to cffi).  pytest's importlib import mode: tests/ is a
+           package, and the default mode would put the sdist, with its
+           uncompiled zstandard/, first on sys.path.  The hypothesis tests
+           skip, as upstream's default (ZSTD_SLOW_TESTS unset)
+  uvloop   uvloop 0.23.0's tests/ (its libuv is the sdist's vendored one,
+           its C the sdist's Cython output) but four modules: test_dns
+           resolves example.com (no network here but loopback),
+           test_sourcecode runs flake8 and mypy over the sdist's sources
+           (the tools are not installed, and it tests no compiled code),
+           test_aiohttp skips every test without aiohttp, and test_process
+           (21 s of the 2 min 20 s all the others take bare; most of it
+           starting a child Python a test) leaves the rest under 2 min
+           bare.  pyOpenSSL 26.4.0 for test_tcp.  Its pyproject.toml's
+           pytest options apply (--import-mode=importlib, --capture=no)
 
-msgpack, pyyaml and regex come from their source packages on PyPI, fetched
-once with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
+The suites but numpy come from their source packages on PyPI, fetched once
+with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
 programs), unpacked beside a virtual environment of their own under
 $XDG_CACHE_HOME/forensics/suites/ (--system-site-packages: pytest comes from
-the Python that runs this script) and built there from the sdist with pip;
-nothing of theirs is committed.  Their tests run from the unpacked sdist with
-the working directory elsewhere, so they import the built package, never the
-sdist's sources (a check imports the compiled module before any run).
+the Python that runs this script) and built there from the sdist with pip,
+after what only their tests import (from PyPI); nothing of theirs is
+committed.  Their tests run from the unpacked sdist (greenlet's: from the
+installed package) with the working directory elsewhere, so they import the
+built package, never the sdist's sources (a check imports the compiled
+module before any run, from the environment's own site-packages).
 
 Every suite runs under PYTHONMALLOC=malloc so every Python object goes
 through malloc and so through libtag.  Each repetition runs the suite bare,
@@ -79,6 +105,11 @@ class Suite:
     version: str | None = None
     sdist: str | None = None  # the file name pip writes
     build_env: dict = field(default_factory=dict)
+    # tests: modules of the installed package (pytest --pyargs), not paths
+    pyargs: bool = False
+    options: list[str] = field(default_factory=list)  # pytest options before the tests
+    test_deps: list[str] = field(default_factory=list)  # what only the tests import (PyPI)
+    run_env: dict = field(default_factory=dict)  # for the check and every run
 
 
 SUITES = {
@@ -92,6 +123,28 @@ SUITES = {
                     "PyYAML", "6.0.3", "pyyaml-6.0.3.tar.gz", {"PYYAML_FORCE_LIBYAML": "1"}),
     "regex": Suite(["regex/tests/test_regex.py"], "import regex._regex",
                    "regex", "2025.11.3", "regex-2025.11.3.tar.gz"),
+    # its tests import their own compiled helpers (greenlet.tests._test_extension,
+    # _test_extension_cpp), built into the installed package and absent from
+    # the sdist: the installed greenlet.tests is what runs
+    "greenlet": Suite(["greenlet.tests"], "import greenlet._greenlet",
+                      "greenlet", "3.5.6", "greenlet-3.5.6.tar.gz",
+                      pyargs=True, test_deps=["objgraph==3.7.0"]),
+    # tests/ is a package beside the sdist's zstandard/ (no backend_c in it):
+    # pytest's default import mode would put the sdist first on sys.path
+    "zstandard": Suite(["tests"], "import zstandard.backend_c",
+                       "zstandard", "0.25.0", "zstandard-0.25.0.tar.gz",
+                       options=["--import-mode=importlib"],
+                       run_env={"PYTHON_ZSTANDARD_IMPORT_POLICY": "cext"}),
+    # the modules of tests/ but test_dns (it resolves example.com),
+    # test_sourcecode (flake8 and mypy over the sdist's sources, not the
+    # extension), test_aiohttp (all skipped without aiohttp) and test_process
+    # (21 s bare, most of it starting a child Python a test): 1 min 50 s bare
+    "uvloop": Suite([f"tests/test_{m}.py" for m in (
+                        "base", "context", "cython", "dealloc", "executors", "fs_event",
+                        "libuv_api", "pipes", "process_spawning", "regr1", "runner", "signals",
+                        "sockets", "tcp", "testbase", "udp", "unix")],
+                    "import uvloop.loop", "uvloop", "0.23.0", "uvloop-0.23.0.tar.gz",
+                    test_deps=["pyOpenSSL==26.4.0"]),
 }
 STAT = re.compile(r"^libtag: stats pid=(\d+) (.*)$", re.M)
 
@@ -107,7 +160,8 @@ def probe(python: str, s: Suite) -> str | None:
         mod = s.check.split()[1]
         code += (f"\nimport sys; assert {mod}.__file__.startswith(sys.prefix), "
                  f"f'{mod} from {{{mod}.__file__}}, outside {{sys.prefix}}'")
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/",
+                          env=dict(os.environ, **s.run_env))
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
@@ -128,9 +182,16 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
     if not venv.is_dir():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     # the stamp: built here from the sdist (the system's site-packages, which
-    # the venv sees for pytest, may hold a wheel of the same version)
+    # the venv sees for pytest, may hold a wheel of the same version), with
+    # what only the tests import
     stamp = venv / "built-from-sdist"
-    if not stamp.is_file():
+    want = "".join(f"{line}\n" for line in (s.sdist, *s.test_deps))
+    if not stamp.is_file() or stamp.read_text() != want:
+        if s.test_deps:
+            done = subprocess.run([python, "-m", "pip", "install", "-q", *s.test_deps],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"run_suite: installing {' '.join(s.test_deps)} failed:\n{done.stderr[-2000:]}")
         print(f"building {s.package} {s.version} into {venv}", file=sys.stderr)
         sdist = fetch_sdist(s.package, s.version, s.sdist, "run_suite")
         done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
@@ -138,7 +199,7 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
                               capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"run_suite: building {s.package} failed:\n{done.stderr[-2000:]}")
-        stamp.write_text(f"{s.sdist}\n")
+        stamp.write_text(want)
     return python, root
 
 
@@ -201,7 +262,8 @@ def main() -> int:
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--tests", nargs="+", metavar="MODULE",
                     help="numpy: run these test modules (pytest --pyargs names) instead of the whole "
-                         "suite; an sdist's suite: these paths inside the sdist")
+                         "suite; an sdist's suite: these paths inside the sdist (greenlet's: modules of "
+                         "the installed package)")
     ap.add_argument("--python", help="the Python to run the suite with (default: numpy's, the one "
                                      "running this script; an sdist's, its own environment)")
     ap.add_argument("--reps", type=int, default=1)
@@ -218,11 +280,13 @@ def main() -> int:
     if suite.package:
         python, cwd_root = prepared(args.suite, suite)
         python = args.python or python
-        targets = [str(cwd_root / t) for t in (args.tests or targets)]
+        targets = (["--pyargs", *(args.tests or targets)] if suite.pyargs
+                   else [str(cwd_root / t) for t in (args.tests or targets)])
     else:
         python = args.python or sys.executable
         if args.tests:
             targets = ["--pyargs", *args.tests]
+    targets = [*suite.options, *targets]
     why = probe(python, suite)
     if why is not None:
         sys.exit(f"run_suite: {python} cannot run {suite.check!r} (and import pytest): {why}")
@@ -236,6 +300,7 @@ def main() -> int:
     os.chmod(tmp, 0o700)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
     clean["PYTHONMALLOC"] = "malloc"
+    clean.update(suite.run_env)
     if args.stats_at:
         clean["FX_STATS_AT"] = ",".join(f"{s:g}" for s in args.stats_at)
         clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), clean.get("PYTHONPATH")]))

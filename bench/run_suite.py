@@ -8,6 +8,7 @@ whole suite takes minutes bare and several times that under libtag).
     python3 bench/run_suite.py numpy --reps 3 --env LIBTAG_STACK_NODES=16777216
     python3 bench/run_suite.py msgpack --reps 3 --env LIBTAG_GUARD_RATE=1   # hunting mode
     python3 bench/run_suite.py regex --stats-at 60                    # the counters at 60 s too
+    python3 bench/run_suite.py uvloop --env LIBTAG_GUARD_RATE=1 --keep /tmp/uv  # its snapshots kept
 
 The suites:
 
@@ -72,6 +73,12 @@ process's guarded share after each of those points, from its counters then
 (bench/suite_stats_at.py) and at its exit: LIBTAG_GUARD_RATE's promise holds
 for the whole life of a process, not only its start.  Exit status 0 when
 every test ended the same way with and without libtag, 1 otherwise.
+
+Then libtag's other lines of the last run, each after its process's pid: an
+anomaly's (use-after-free, heap-overflow, ...: what, where, which block) and
+its snapshot's (LIBTAG_ON_ANOMALY=snapshot by default), or a warning.
+--keep DIR keeps that run's files: libtag's log of each process, pytest's
+output and JUnit XML, and the snapshots, for forensics to read.
 """
 
 from __future__ import annotations
@@ -242,6 +249,17 @@ def stat_lines(logs: list[Path]) -> dict[int, Counter]:
     return lines
 
 
+def other_lines(logs: list[Path]) -> list[str]:
+    """libtag's lines but the counters (an anomaly, its snapshot, a warning),
+    each after the pid of its file (LIBTAG_LOG's PATH.<pid>)."""
+    out = []
+    for f in logs:
+        pid = f.suffix.lstrip(".")
+        out += [f"[{pid}] {line}" for line in f.read_text(errors="replace").splitlines()
+                if line and not STAT.match(line)]
+    return out
+
+
 def summed(lines: dict[int, Counter], skip: set[int]) -> Counter:
     """The counters summed over every process but skip ("processes": how
     many)."""
@@ -273,7 +291,14 @@ def main() -> int:
     ap.add_argument("--stats-at", action="append", type=float, default=[], metavar="SECONDS",
                     help="also take the pytest process's counters this long after its start "
                          "(repeatable; bench/suite_stats_at.py)")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep the last libtag run's files in DIR (made 0700; it must not exist): "
+                         "libtag's log of each process, pytest's output and libtag's snapshots "
+                         "(an anomaly's), for forensics to read")
     args = ap.parse_args()
+    keep = Path(args.keep).absolute() if args.keep else None
+    if keep and (keep.exists() or keep.is_symlink()):
+        sys.exit(f"run_suite: --keep {keep}: it exists")
 
     suite = SUITES[args.suite]
     targets, cwd_root = suite.tests, None
@@ -305,12 +330,13 @@ def main() -> int:
         clean["FX_STATS_AT"] = ",".join(f"{s:g}" for s in args.stats_at)
         clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), clean.get("PYTHONPATH")]))
         targets = ["-p", "suite_stats_at", *targets]
-    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_STATS="1",
+    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_STATS="1",
                   LIBTAG_DIR=str(tmp / "snaps"),
                   **dict(kv.split("=", 1) for kv in args.env))
     times: dict[str, list[float]] = {"base": [], "libtag": []}
     results: dict[str, dict[str, str]] = {}
     lines: dict[int, Counter] = {}
+    said: list[str] = []
     marks: list[list[str]] = []
     try:
         for rep in range(args.reps):
@@ -328,10 +354,17 @@ def main() -> int:
                 times[name].append(run_once(python, targets, env, junit, log))
                 results[name] = outcomes(junit)
                 if name == "libtag":
-                    lines = stat_lines(sorted(run_dir.glob("libtag.*")))
+                    logs = sorted(run_dir.glob("libtag.*"))
+                    lines, said = stat_lines(logs), other_lines(logs)
                     marks = [m.split() for m in (run_dir / "marks").read_text().splitlines()] \
                         if (run_dir / "marks").is_file() else []
                 print(f"  rep {rep + 1}/{args.reps} {name}: {times[name][-1]:.1f} s", file=sys.stderr)
+        if keep:
+            keep.mkdir(mode=0o700, parents=True)
+            shutil.move(tmp / f"libtag-{args.reps - 1}", keep / "run")
+            if (tmp / "snaps").is_dir():
+                shutil.move(tmp / "snaps", keep / "snaps")
+            print(f"kept in {keep}: run/ (logs, output), snaps/", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -360,6 +393,14 @@ def main() -> int:
               f"({one_in(counters['allocs'], counters['guard_sampled'])}), "
               f"{counters['guard_site_firsts']} first of their stack; "
               f"{counters['guard_slots_used']} slots used, guard_faults {counters['guard_faults']}")
+    # what else libtag said in the last run: an anomaly's line and its
+    # snapshot's, a warning
+    if said:
+        print(f"libtag's other lines ({len(said)}):")
+        for line in said[:40]:
+            print(f"  {line}")
+        if len(said) > 40:
+            print(f"  ... {len(said) - 40} more")
     # the pytest process's counters at each mark and at its exit: the share
     # guarded between them
     for mark, elapsed, parent, child in marks:

@@ -87,6 +87,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -321,6 +322,12 @@ def main() -> int:
     if args.env:
         print(f"libtag settings: {' '.join(args.env)}")
 
+    # a shell starts a background job (cmd &) with SIGINT ignored, and the
+    # tests' processes would inherit that: uvloop's test_signals children
+    # then never get their KeyboardInterrupt and each such test fails after
+    # its child's 200 s sleep.  A handler here is reset to the default at exec
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = Path(tempfile.mkdtemp(prefix="fx-suite-"))
     os.chmod(tmp, 0o700)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}

@@ -41,10 +41,11 @@ The suites:
            test_sourcecode runs flake8 and mypy over the sdist's sources
            (the tools are not installed, and it tests no compiled code),
            test_aiohttp skips every test without aiohttp, and test_process
-           (21 s of the 2 min 20 s all the others take bare; most of it
-           starting a child Python a test) leaves the rest under 2 min
-           bare.  pyOpenSSL 26.4.0 for test_tcp.  Its pyproject.toml's
-           pytest options apply (--import-mode=importlib, --capture=no)
+           (82 tests, 21 s bare, each starting child processes) is left out
+           for time: the 17 modules left take 112-132 s bare here (350
+           tests; 2 CPUs).  pyOpenSSL 26.4.0 for test_tcp.  Its
+           pyproject.toml's pytest options apply (--import-mode=importlib,
+           --capture=no)
 
 The suites but numpy come from their source packages on PyPI, fetched once
 with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
@@ -146,7 +147,7 @@ SUITES = {
     # the modules of tests/ but test_dns (it resolves example.com),
     # test_sourcecode (flake8 and mypy over the sdist's sources, not the
     # extension), test_aiohttp (all skipped without aiohttp) and test_process
-    # (21 s bare, most of it starting a child Python a test): 1 min 50 s bare
+    # (21 s bare, for time): the rest take about 2 min bare
     "uvloop": Suite([f"tests/test_{m}.py" for m in (
                         "base", "context", "cython", "dealloc", "executors", "fs_event",
                         "libuv_api", "pipes", "process_spawning", "regr1", "runner", "signals",

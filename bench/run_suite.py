@@ -8,6 +8,7 @@ whole suite takes minutes bare and several times that under libtag).
     python3 bench/run_suite.py numpy --reps 3 --env LIBTAG_STACK_NODES=16777216
     python3 bench/run_suite.py msgpack --reps 3 --env LIBTAG_GUARD_RATE=1   # hunting mode
     python3 bench/run_suite.py regex --stats-at 60                    # the counters at 60 s too
+    python3 bench/run_suite.py uvloop --env LIBTAG_GUARD_RATE=1 --keep /tmp/uv  # its snapshots kept
 
 The suites:
 
@@ -20,15 +21,42 @@ The suites:
            built against Debian's libyaml-dev; PYYAML_FORCE_LIBYAML=1 makes
            a build without it fail instead of falling back to pure Python)
   regex    regex 2025.11.3's regex/tests/test_regex.py with its C engine
+  greenlet greenlet 3.5.6's tests (src/greenlet/tests in the sdist), C++
+           that switches stacks by copying them to and from the heap.  They
+           run as the installed package's greenlet.tests (--pyargs; --tests
+           takes module names there): they import compiled helpers of their
+           own (greenlet.tests._test_extension, _test_extension_cpp) that pip
+           builds into the package and the sdist lacks.  objgraph 3.7.0 for
+           their leak checks
+  zstandard  python-zstandard 0.25.0's tests/ with its C backend
+           (zstandard.backend_c; PYTHON_ZSTANDARD_IMPORT_POLICY=cext in every
+           run, so a zstandard without it fails to import instead of falling
+           back to cffi).  pytest's importlib import mode: tests/ is a
+           package, and the default mode would put the sdist, with its
+           uncompiled zstandard/, first on sys.path.  The hypothesis tests
+           skip, as upstream's default (ZSTD_SLOW_TESTS unset)
+  uvloop   uvloop 0.23.0's tests/ (its libuv is the sdist's vendored one,
+           its C the sdist's Cython output) but four modules: test_dns
+           resolves example.com (no network here but loopback),
+           test_sourcecode runs flake8 and mypy over the sdist's sources
+           (the tools are not installed, and it tests no compiled code),
+           test_aiohttp skips every test without aiohttp, and test_process
+           (82 tests, 21 s bare, each starting child processes) is left out
+           for time: the 17 modules left take 112-132 s bare here (350
+           tests; 2 CPUs).  pyOpenSSL 26.4.0 for test_tcp.  Its
+           pyproject.toml's pytest options apply (--import-mode=importlib,
+           --capture=no)
 
-msgpack, pyyaml and regex come from their source packages on PyPI, fetched
-once with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
+The suites but numpy come from their source packages on PyPI, fetched once
+with pip into $XDG_CACHE_HOME/forensics/sdists (as bench/run_real.py's
 programs), unpacked beside a virtual environment of their own under
 $XDG_CACHE_HOME/forensics/suites/ (--system-site-packages: pytest comes from
-the Python that runs this script) and built there from the sdist with pip;
-nothing of theirs is committed.  Their tests run from the unpacked sdist with
-the working directory elsewhere, so they import the built package, never the
-sdist's sources (a check imports the compiled module before any run).
+the Python that runs this script) and built there from the sdist with pip,
+after what only their tests import (from PyPI); nothing of theirs is
+committed.  Their tests run from the unpacked sdist (greenlet's: from the
+installed package) with the working directory elsewhere, so they import the
+built package, never the sdist's sources (a check imports the compiled
+module before any run, from the environment's own site-packages).
 
 Every suite runs under PYTHONMALLOC=malloc so every Python object goes
 through malloc and so through libtag.  Each repetition runs the suite bare,
@@ -46,6 +74,12 @@ process's guarded share after each of those points, from its counters then
 (bench/suite_stats_at.py) and at its exit: LIBTAG_GUARD_RATE's promise holds
 for the whole life of a process, not only its start.  Exit status 0 when
 every test ended the same way with and without libtag, 1 otherwise.
+
+Then libtag's other lines of the last run, each after its process's pid: an
+anomaly's (use-after-free, heap-overflow, ...: what, where, which block) and
+its snapshot's (LIBTAG_ON_ANOMALY=snapshot by default), or a warning.
+--keep DIR keeps that run's files: libtag's log of each process, pytest's
+output and JUnit XML, and the snapshots, for forensics to read.
 """
 
 from __future__ import annotations
@@ -54,6 +88,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -79,6 +114,11 @@ class Suite:
     version: str | None = None
     sdist: str | None = None  # the file name pip writes
     build_env: dict = field(default_factory=dict)
+    # tests: modules of the installed package (pytest --pyargs), not paths
+    pyargs: bool = False
+    options: list[str] = field(default_factory=list)  # pytest options before the tests
+    test_deps: list[str] = field(default_factory=list)  # what only the tests import (PyPI)
+    run_env: dict = field(default_factory=dict)  # for the check and every run
 
 
 SUITES = {
@@ -92,6 +132,28 @@ SUITES = {
                     "PyYAML", "6.0.3", "pyyaml-6.0.3.tar.gz", {"PYYAML_FORCE_LIBYAML": "1"}),
     "regex": Suite(["regex/tests/test_regex.py"], "import regex._regex",
                    "regex", "2025.11.3", "regex-2025.11.3.tar.gz"),
+    # its tests import their own compiled helpers (greenlet.tests._test_extension,
+    # _test_extension_cpp), built into the installed package and absent from
+    # the sdist: the installed greenlet.tests is what runs
+    "greenlet": Suite(["greenlet.tests"], "import greenlet._greenlet",
+                      "greenlet", "3.5.6", "greenlet-3.5.6.tar.gz",
+                      pyargs=True, test_deps=["objgraph==3.7.0"]),
+    # tests/ is a package beside the sdist's zstandard/ (no backend_c in it):
+    # pytest's default import mode would put the sdist first on sys.path
+    "zstandard": Suite(["tests"], "import zstandard.backend_c",
+                       "zstandard", "0.25.0", "zstandard-0.25.0.tar.gz",
+                       options=["--import-mode=importlib"],
+                       run_env={"PYTHON_ZSTANDARD_IMPORT_POLICY": "cext"}),
+    # the modules of tests/ but test_dns (it resolves example.com),
+    # test_sourcecode (flake8 and mypy over the sdist's sources, not the
+    # extension), test_aiohttp (all skipped without aiohttp) and test_process
+    # (21 s bare, for time): the rest take about 2 min bare
+    "uvloop": Suite([f"tests/test_{m}.py" for m in (
+                        "base", "context", "cython", "dealloc", "executors", "fs_event",
+                        "libuv_api", "pipes", "process_spawning", "regr1", "runner", "signals",
+                        "sockets", "tcp", "testbase", "udp", "unix")],
+                    "import uvloop.loop", "uvloop", "0.23.0", "uvloop-0.23.0.tar.gz",
+                    test_deps=["pyOpenSSL==26.4.0"]),
 }
 STAT = re.compile(r"^libtag: stats pid=(\d+) (.*)$", re.M)
 
@@ -107,7 +169,8 @@ def probe(python: str, s: Suite) -> str | None:
         mod = s.check.split()[1]
         code += (f"\nimport sys; assert {mod}.__file__.startswith(sys.prefix), "
                  f"f'{mod} from {{{mod}.__file__}}, outside {{sys.prefix}}'")
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd="/",
+                          env=dict(os.environ, **s.run_env))
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
 
 
@@ -128,9 +191,16 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
     if not venv.is_dir():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     # the stamp: built here from the sdist (the system's site-packages, which
-    # the venv sees for pytest, may hold a wheel of the same version)
+    # the venv sees for pytest, may hold a wheel of the same version), with
+    # what only the tests import
     stamp = venv / "built-from-sdist"
-    if not stamp.is_file():
+    want = "".join(f"{line}\n" for line in (s.sdist, *s.test_deps))
+    if not stamp.is_file() or stamp.read_text() != want:
+        if s.test_deps:
+            done = subprocess.run([python, "-m", "pip", "install", "-q", *s.test_deps],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"run_suite: installing {' '.join(s.test_deps)} failed:\n{done.stderr[-2000:]}")
         print(f"building {s.package} {s.version} into {venv}", file=sys.stderr)
         sdist = fetch_sdist(s.package, s.version, s.sdist, "run_suite")
         done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
@@ -138,7 +208,7 @@ def prepared(name: str, s: Suite) -> tuple[str, Path]:
                               capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"run_suite: building {s.package} failed:\n{done.stderr[-2000:]}")
-        stamp.write_text(f"{s.sdist}\n")
+        stamp.write_text(want)
     return python, root
 
 
@@ -181,6 +251,17 @@ def stat_lines(logs: list[Path]) -> dict[int, Counter]:
     return lines
 
 
+def other_lines(logs: list[Path]) -> list[str]:
+    """libtag's lines but the counters (an anomaly, its snapshot, a warning),
+    each after the pid of its file (LIBTAG_LOG's PATH.<pid>)."""
+    out = []
+    for f in logs:
+        pid = f.suffix.lstrip(".")
+        out += [f"[{pid}] {line}" for line in f.read_text(errors="replace").splitlines()
+                if line and not STAT.match(line)]
+    return out
+
+
 def summed(lines: dict[int, Counter], skip: set[int]) -> Counter:
     """The counters summed over every process but skip ("processes": how
     many)."""
@@ -201,7 +282,8 @@ def main() -> int:
     ap.add_argument("suite", choices=sorted(SUITES))
     ap.add_argument("--tests", nargs="+", metavar="MODULE",
                     help="numpy: run these test modules (pytest --pyargs names) instead of the whole "
-                         "suite; an sdist's suite: these paths inside the sdist")
+                         "suite; an sdist's suite: these paths inside the sdist (greenlet's: modules of "
+                         "the installed package)")
     ap.add_argument("--python", help="the Python to run the suite with (default: numpy's, the one "
                                      "running this script; an sdist's, its own environment)")
     ap.add_argument("--reps", type=int, default=1)
@@ -211,18 +293,27 @@ def main() -> int:
     ap.add_argument("--stats-at", action="append", type=float, default=[], metavar="SECONDS",
                     help="also take the pytest process's counters this long after its start "
                          "(repeatable; bench/suite_stats_at.py)")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="keep the last libtag run's files in DIR (made 0700; it must not exist): "
+                         "libtag's log of each process, pytest's output and libtag's snapshots "
+                         "(an anomaly's), for forensics to read")
     args = ap.parse_args()
+    keep = Path(args.keep).absolute() if args.keep else None
+    if keep and (keep.exists() or keep.is_symlink()):
+        sys.exit(f"run_suite: --keep {keep}: it exists")
 
     suite = SUITES[args.suite]
     targets, cwd_root = suite.tests, None
     if suite.package:
         python, cwd_root = prepared(args.suite, suite)
         python = args.python or python
-        targets = [str(cwd_root / t) for t in (args.tests or targets)]
+        targets = (["--pyargs", *(args.tests or targets)] if suite.pyargs
+                   else [str(cwd_root / t) for t in (args.tests or targets)])
     else:
         python = args.python or sys.executable
         if args.tests:
             targets = ["--pyargs", *args.tests]
+    targets = [*suite.options, *targets]
     why = probe(python, suite)
     if why is not None:
         sys.exit(f"run_suite: {python} cannot run {suite.check!r} (and import pytest): {why}")
@@ -232,20 +323,28 @@ def main() -> int:
     if args.env:
         print(f"libtag settings: {' '.join(args.env)}")
 
+    # a shell starts a background job (cmd &) with SIGINT ignored, and the
+    # tests' processes would inherit that: uvloop's test_signals children
+    # then never get their KeyboardInterrupt and each such test fails after
+    # its child's 200 s sleep.  A handler here is reset to the default at exec
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = Path(tempfile.mkdtemp(prefix="fx-suite-"))
     os.chmod(tmp, 0o700)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("LD_PRELOAD", "LIBTAG_"))}
     clean["PYTHONMALLOC"] = "malloc"
+    clean.update(suite.run_env)
     if args.stats_at:
         clean["FX_STATS_AT"] = ",".join(f"{s:g}" for s in args.stats_at)
         clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), clean.get("PYTHONPATH")]))
         targets = ["-p", "suite_stats_at", *targets]
-    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_QUIET="1", LIBTAG_STATS="1",
+    tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_STATS="1",
                   LIBTAG_DIR=str(tmp / "snaps"),
                   **dict(kv.split("=", 1) for kv in args.env))
     times: dict[str, list[float]] = {"base": [], "libtag": []}
     results: dict[str, dict[str, str]] = {}
     lines: dict[int, Counter] = {}
+    said: list[str] = []
     marks: list[list[str]] = []
     try:
         for rep in range(args.reps):
@@ -263,10 +362,17 @@ def main() -> int:
                 times[name].append(run_once(python, targets, env, junit, log))
                 results[name] = outcomes(junit)
                 if name == "libtag":
-                    lines = stat_lines(sorted(run_dir.glob("libtag.*")))
+                    logs = sorted(run_dir.glob("libtag.*"))
+                    lines, said = stat_lines(logs), other_lines(logs)
                     marks = [m.split() for m in (run_dir / "marks").read_text().splitlines()] \
                         if (run_dir / "marks").is_file() else []
                 print(f"  rep {rep + 1}/{args.reps} {name}: {times[name][-1]:.1f} s", file=sys.stderr)
+        if keep:
+            keep.mkdir(mode=0o700, parents=True)
+            shutil.move(tmp / f"libtag-{args.reps - 1}", keep / "run")
+            if (tmp / "snaps").is_dir():
+                shutil.move(tmp / "snaps", keep / "snaps")
+            print(f"kept in {keep}: run/ (logs, output), snaps/", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -296,6 +402,14 @@ def main() -> int:
               f"{counters['guard_site_firsts']} first of their stack; "
               f"{counters['guard_slots_used']} slots used, guard_faults {counters['guard_faults']}, "
               f"{counters['guard_no_slot']} found the pool full")
+    # what else libtag said in the last run: an anomaly's line and its
+    # snapshot's, a warning
+    if said:
+        print(f"libtag's other lines ({len(said)}):")
+        for line in said[:40]:
+            print(f"  {line}")
+        if len(said) > 40:
+            print(f"  ... {len(said) - 40} more")
     # the pytest process's counters at each mark and at its exit: the share
     # guarded between them
     for mark, elapsed, parent, child in marks:

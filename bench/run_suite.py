@@ -73,7 +73,9 @@ allocation in N).  --stats-at SECONDS (repeatable) also prints the pytest
 process's guarded share after each of those points, from its counters then
 (bench/suite_stats_at.py) and at its exit: LIBTAG_GUARD_RATE's promise holds
 for the whole life of a process, not only its start.  Exit status 0 when
-every test ended the same way with and without libtag, 1 otherwise.
+every test ended the same way with and without libtag, 1 otherwise, 2 when
+a run's pytest wrote no results (then the end of its output, libtag's lines
+and snapshots, and --keep keeps that run's files).
 
 Then libtag's other lines of the last run, each after its process's pid: an
 anomaly's (use-after-free, heap-overflow, ...: what, where, which block) and
@@ -231,15 +233,19 @@ def outcomes(junit: Path) -> dict[str, str]:
     return out
 
 
-def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) -> float:
+def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) -> tuple[float, str]:
+    """The run's wall seconds and how pytest ended ("" when it wrote its
+    results)."""
     cmd = [python, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     start = time.monotonic()
     with open(log, "wb") as f:
-        subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=log.parent)
+        done = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=log.parent)
     took = time.monotonic() - start
-    if not junit.is_file():
-        sys.exit(f"run_suite: pytest wrote no results ({' '.join(cmd)}); its output: {log}")
-    return took
+    if junit.is_file():
+        return took, ""
+    rc = done.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+    return took, f"pytest wrote no results ({how} after {took:.0f} s: {' '.join(cmd)})"
 
 
 def stat_lines(logs: list[Path]) -> dict[int, Counter]:
@@ -362,7 +368,25 @@ def main() -> int:
                     # test compares a child's stdout+stderr with "Hello")
                     env = dict(env, LIBTAG_LOG=str(run_dir / "libtag"),
                                LIBTAG_DIR=str(run_dir / "snaps"))
-                times[name].append(run_once(python, targets, env, junit, log))
+                took, broke = run_once(python, targets, env, junit, log)
+                if broke:
+                    # what pytest and libtag said before the end: the
+                    # temporary directory goes with the rest
+                    print(f"run_suite: {name} run: {broke}; the end of its output:", file=sys.stderr)
+                    for line in log.read_text(errors="replace").splitlines()[-30:]:
+                        print(f"  {line}", file=sys.stderr)
+                    logs = sorted(run_dir.glob("libtag.*"))
+                    for line in other_lines(logs)[:40]:
+                        print(f"  {line}", file=sys.stderr)
+                    if (run_dir / "snaps").is_dir():
+                        print(f"  libtag's snapshots: {' '.join(sorted(d.name for d in (run_dir / 'snaps').iterdir()))}",
+                              file=sys.stderr)
+                    if keep:
+                        keep.mkdir(mode=0o700, parents=True)
+                        shutil.move(run_dir, keep / "run")
+                        print(f"kept in {keep / 'run'}", file=sys.stderr)
+                    return 2
+                times[name].append(took)
                 results[name] = outcomes(junit)
                 if name == "libtag":
                     logs = sorted(run_dir.glob("libtag.*"))

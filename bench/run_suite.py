@@ -73,13 +73,17 @@ allocation in N).  --stats-at SECONDS (repeatable) also prints the pytest
 process's guarded share after each of those points, from its counters then
 (bench/suite_stats_at.py) and at its exit: LIBTAG_GUARD_RATE's promise holds
 for the whole life of a process, not only its start.  Exit status 0 when
-every test ended the same way with and without libtag, 1 otherwise.
+every test ended the same way with and without libtag, 1 otherwise, 2 when
+a run's pytest wrote no results (then the end of its output, libtag's lines
+and snapshots, and --keep keeps that run's files).
 
 Then libtag's other lines of the last run, each after its process's pid: an
 anomaly's (use-after-free, heap-overflow, ...: what, where, which block) and
-its snapshot's (LIBTAG_ON_ANOMALY=snapshot by default), or a warning.
---keep DIR keeps that run's files: libtag's log of each process, pytest's
-output and JUnit XML, and the snapshots, for forensics to read.
+its snapshot's (LIBTAG_ON_ANOMALY=snapshot by default), or a warning; and
+the snapshots that run's processes wrote, by reason (a crash's writes no
+line: greenlet's tests crash children of their own on purpose).  --keep DIR
+keeps that run's files: libtag's log of each process, pytest's output and
+JUnit XML, and the snapshots (snaps/), for forensics to read.
 """
 
 from __future__ import annotations
@@ -229,15 +233,19 @@ def outcomes(junit: Path) -> dict[str, str]:
     return out
 
 
-def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) -> float:
+def run_once(python: str, args: list[str], env: dict, junit: Path, log: Path) -> tuple[float, str]:
+    """The run's wall seconds and how pytest ended ("" when it wrote its
+    results)."""
     cmd = [python, "-m", "pytest", *args, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     start = time.monotonic()
     with open(log, "wb") as f:
-        subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=log.parent)
+        done = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=log.parent)
     took = time.monotonic() - start
-    if not junit.is_file():
-        sys.exit(f"run_suite: pytest wrote no results ({' '.join(cmd)}); its output: {log}")
-    return took
+    if junit.is_file():
+        return took, ""
+    rc = done.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+    return took, f"pytest wrote no results ({how} after {took:.0f} s: {' '.join(cmd)})"
 
 
 def stat_lines(logs: list[Path]) -> dict[int, Counter]:
@@ -339,12 +347,12 @@ def main() -> int:
         clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCH), clean.get("PYTHONPATH")]))
         targets = ["-p", "suite_stats_at", *targets]
     tagged = dict(clean, LD_PRELOAD=str(lib), LIBTAG_STATS="1",
-                  LIBTAG_DIR=str(tmp / "snaps"),
                   **dict(kv.split("=", 1) for kv in args.env))
     times: dict[str, list[float]] = {"base": [], "libtag": []}
     results: dict[str, dict[str, str]] = {}
     lines: dict[int, Counter] = {}
     said: list[str] = []
+    snaps: list[str] = []
     marks: list[list[str]] = []
     try:
         for rep in range(args.reps):
@@ -358,21 +366,40 @@ def main() -> int:
                     # a process: on stderr they would be in the output of every
                     # subprocess a test reads (numpy's distutils exec_command
                     # test compares a child's stdout+stderr with "Hello")
-                    env = dict(env, LIBTAG_LOG=str(run_dir / "libtag"))
-                times[name].append(run_once(python, targets, env, junit, log))
+                    env = dict(env, LIBTAG_LOG=str(run_dir / "libtag"),
+                               LIBTAG_DIR=str(run_dir / "snaps"))
+                took, broke = run_once(python, targets, env, junit, log)
+                if broke:
+                    # what pytest and libtag said before the end: the
+                    # temporary directory goes with the rest
+                    print(f"run_suite: {name} run: {broke}; the end of its output:", file=sys.stderr)
+                    for line in log.read_text(errors="replace").splitlines()[-30:]:
+                        print(f"  {line}", file=sys.stderr)
+                    logs = sorted(run_dir.glob("libtag.*"))
+                    for line in other_lines(logs)[:40]:
+                        print(f"  {line}", file=sys.stderr)
+                    if (run_dir / "snaps").is_dir():
+                        print(f"  libtag's snapshots: {' '.join(sorted(d.name for d in (run_dir / 'snaps').iterdir()))}",
+                              file=sys.stderr)
+                    if keep:
+                        keep.mkdir(mode=0o700, parents=True)
+                        shutil.move(run_dir, keep / "run")
+                        print(f"kept in {keep / 'run'}", file=sys.stderr)
+                    return 2
+                times[name].append(took)
                 results[name] = outcomes(junit)
                 if name == "libtag":
                     logs = sorted(run_dir.glob("libtag.*"))
                     lines, said = stat_lines(logs), other_lines(logs)
+                    snaps = sorted(d.name for d in (run_dir / "snaps").iterdir()) \
+                        if (run_dir / "snaps").is_dir() else []
                     marks = [m.split() for m in (run_dir / "marks").read_text().splitlines()] \
                         if (run_dir / "marks").is_file() else []
                 print(f"  rep {rep + 1}/{args.reps} {name}: {times[name][-1]:.1f} s", file=sys.stderr)
         if keep:
             keep.mkdir(mode=0o700, parents=True)
             shutil.move(tmp / f"libtag-{args.reps - 1}", keep / "run")
-            if (tmp / "snaps").is_dir():
-                shutil.move(tmp / "snaps", keep / "snaps")
-            print(f"kept in {keep}: run/ (logs, output), snaps/", file=sys.stderr)
+            print(f"kept in {keep / 'run'}: libtag's logs, pytest's output, snaps/", file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -410,6 +437,12 @@ def main() -> int:
             print(f"  {line}")
         if len(said) > 40:
             print(f"  ... {len(said) - 40} more")
+    # its snapshots, by reason (LIBTAG_DIR's <program>-<pid>-<seq>-<reason>)
+    if snaps:
+        reasons = Counter(name.rsplit("-", 1)[-1] for name in snaps)
+        print(f"libtag's snapshots ({len(snaps)}): "
+              + ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+              + f": {' '.join(snaps[:10])}{' ...' if len(snaps) > 10 else ''}")
     # the pytest process's counters at each mark and at its exit: the share
     # guarded between them
     for mark, elapsed, parent, child in marks:

@@ -279,6 +279,23 @@ static int signal_step(struct ustate *s, struct bounds *b)
     return 1;
 }
 
+/* The frame pointer's rule of a CFA step (the caller's rbp / x29 saved
+ * below the CFA, or lost); 0 when its slot is below the stack pointer. */
+TAG_INLINE int step_bp(struct ustate *s, uint64_t rule, uint64_t cfa, uint64_t sp)
+{
+    if (rule & TAG_RULE_RBP_SAVED) {
+        uint64_t at = cfa - 8 * ((rule >> TAG_RULE_SLOT_SHIFT) & 0xffff);
+        if (at < sp)
+            return 0;
+        s->bp = *(const uint64_t *)at;
+        s->bp_off = (uint32_t)(at - sp);
+        s->flags |= TAG_WF_BP_KNOWN | TAG_WF_READ_BP;
+    } else if (rule & TAG_RULE_RBP_LOST) {
+        s->flags = (s->flags & ~TAG_WF_BP_KNOWN) | WS_LOSES_BP;
+    }
+    return 1;
+}
+
 /* Step from frame s to its caller's by rule.  Returns 0 when the walk ends
  * here.  Marks in s->flags what the step used and read (for reuse). */
 TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mode)
@@ -307,16 +324,8 @@ TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mo
                 return 0;
             ra = *(const uint64_t *)at;
         }
-        if (rule & TAG_RULE_RBP_SAVED) {
-            uint64_t at = cfa - 8 * ((rule >> TAG_RULE_SLOT_SHIFT) & 0xffff);
-            if (at < sp)
-                return 0;
-            s->bp = *(const uint64_t *)at;
-            s->bp_off = (uint32_t)(at - sp);
-            s->flags |= TAG_WF_BP_KNOWN | TAG_WF_READ_BP;
-        } else if (rule & TAG_RULE_RBP_LOST) {
-            s->flags = (s->flags & ~TAG_WF_BP_KNOWN) | WS_LOSES_BP;
-        }
+        if (!step_bp(s, rule, cfa, sp))
+            return 0;
         s->pc = tag_arch_strip_pc(ra);
         s->sp = cfa;
         s->lr = 0;
@@ -336,16 +345,8 @@ TAG_INLINE int step(struct ustate *s, uint64_t rule, struct bounds *b, int fp_mo
         if (cfa < sp + 8 || cfa > b->hi || (cfa & 7))
             return 0;
         ra = ((const uint64_t *)cfa)[-1];
-        if (rule & TAG_RULE_RBP_SAVED) {
-            uint64_t at = cfa - 8 * ((rule >> TAG_RULE_SLOT_SHIFT) & 0xffff);
-            if (at < sp)
-                return 0;
-            s->bp = *(const uint64_t *)at;
-            s->bp_off = (uint32_t)(at - sp);
-            s->flags |= TAG_WF_BP_KNOWN | TAG_WF_READ_BP;
-        } else if (rule & TAG_RULE_RBP_LOST) {
-            s->flags = (s->flags & ~TAG_WF_BP_KNOWN) | WS_LOSES_BP;
-        }
+        if (!step_bp(s, rule, cfa, sp))
+            return 0;
     } else if (type == TAG_RULE_CFA || type == TAG_RULE_FP) {
         /* frame pointers, if they look like a frame of this stack */
         uint64_t bp = s->bp;

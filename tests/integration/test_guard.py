@@ -337,6 +337,29 @@ def test_a_slot_freed_in_the_window_stays_shut_after_it_leaves(build_victim, tmp
     assert said["value"] == ["253"], result.stdout
 
 
+@pytest.mark.parametrize("slots, freed", [("1000", "0"), (None, "100")])
+def test_freed_slots_give_their_pages_back_at_a_sampling_rate(slots, freed, build_victim,
+                                                              tmp_path):
+    # GIVEN every allocation guarded, in a pool no larger than its window
+    # (1000 slots: as at a sampling rate, where nothing leaves the window),
+    # or in hunting mode's (262144 slots, past the window)
+    exe = build_victim("guard_faults", **PLAIN)
+    extra = {"LIBTAG_GUARD_SLOTS": slots} if slots else {}
+    # WHEN 100 blocks of 64 bytes are written, freed, and the first read
+    result = _run(exe, "resident 100", tmp_path / "snaps", **extra)
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = _said(result.stdout)
+    # THEN each live block's page was resident; the freed ones went back to
+    # the kernel in the sampled pool (hunting mode keeps them, for the next
+    # placements), and the read after free is caught and reads the freed
+    # fill either way: libtag refills a page it gave back before it opens it
+    assert (said["live"], said["freed"]) == (["100"], [freed]), result.stdout
+    block = said["block"][0]
+    assert f"use-after-free: read at {said['address'][0]} (block {block})" in result.stderr, \
+        result.stderr[-2000:]
+    assert said["value"] == ["253"], result.stdout
+
+
 @pytest.mark.parametrize("case, kind, offset", [("lone", "use-after-free", 8),
                                                 ("lone-overflow", "heap-overflow", 64)])
 def test_a_block_that_outlives_the_window_keeps_its_guards(case, kind, offset, build_victim, tmp_path):

@@ -36,7 +36,10 @@
  * (a block whose slot left the window live: read after its free, or the
  * byte past its end), churn N (N blocks replaced at random, short lives
  * beside long: prints "bad=K", the blocks that did not keep their bytes,
- * and the process's mappings).
+ * and the process's mappings), resident N (N blocks of 64 bytes, written:
+ * prints "live=K", how many of their pages are resident (mincore), frees
+ * them, prints "freed=K" the same way, then reads the first one at offset
+ * 8).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -98,6 +101,19 @@ static int count_mappings(void)
     if (f)
         fclose(f);
     return n;
+}
+
+/* How many of the pages that hold blocks[0..n) are resident. */
+static size_t pages_resident(unsigned char **blocks, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char in = 0;
+        void *at = (void *)((uintptr_t)blocks[i] & ~(uintptr_t)(page - 1));
+        if (mincore(at, page, &in) == 0)
+            k += in & 1;
+    }
+    return k;
 }
 
 static void expect(const void *block, const volatile void *address, int line)
@@ -406,6 +422,19 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < 30; i++)
             keep[i] = malloc(64);
         do_read(t, t + 8);
+    } else if (!strcmp(c, "resident")) {
+        unsigned char **keep = calloc(off, sizeof *keep);
+        if (!keep || !off)
+            return 3;
+        for (size_t i = 0; i < off; i++) {
+            keep[i] = malloc(64);
+            memset(keep[i], 0xab, 64);
+        }
+        printf("live=%zu\n", pages_resident(keep, off));
+        for (size_t i = 0; i < off; i++)
+            free(keep[i]);
+        printf("freed=%zu\n", pages_resident(keep, off));
+        do_read(keep[0], keep[0] + 8);
     } else if (!strcmp(c, "reuse")) {
         const struct libtag_control *ctl = libtag_control ? libtag_control() : NULL;
         char **keep = ctl ? calloc(off, sizeof *keep) : NULL;

@@ -149,6 +149,12 @@ static uint32_t lone_head, lone_count;
 /* The window (see above); all under pool_lock. */
 enum { SLOT_FRESH = 0, SLOT_IN = 1, SLOT_OUT = 2 };
 static uint8_t *where;                  /* [capacity]: SLOT_* */
+/* [capacity]: a freed slot in the window whose pages were given back
+ * (BARE_GIVEN: they read as zeros) and, in a fault, being refilled
+ * (BARE_FILLING); see slot_refill.  Set under pool_lock, cleared by a
+ * placement under it or by the fault that refills the slot. */
+enum { BARE_NO = 0, BARE_GIVEN = 1, BARE_FILLING = 2 };
+static uint8_t *bare;
 static uint32_t *win;                   /* [window]: ring of placed slots */
 static uint32_t window, win_head, win_count;
 static int pressure;                    /* capacity > window: out slots open */
@@ -290,14 +296,14 @@ static int pool_reserve(void)
     }
     if (w > cap)
         w = window = cap;
-    /* the records, then where[], site_slot[], kept[], win[] and lone[] in
-     * the same mapping */
+    /* the records, then where[], site_slot[], kept[], bare[], win[] and
+     * lone[] in the same mapping */
     size_t recs = ((size_t)cap * sizeof(struct libtag_guard_slot) + 63) & ~(size_t)63;
     size_t wheres = ((size_t)cap + 63) & ~(size_t)63;
     uint32_t lc = w / 2 ? w / 2 : 1;
     struct libtag_guard_slot *s =
         p == MAP_FAILED ? NULL
-                        : _tag_map(recs + 3 * wheres + ((size_t)w + lc) * sizeof *win, 1);
+                        : _tag_map(recs + 4 * wheres + ((size_t)w + lc) * sizeof *win, 1);
     if (!s) {
         if (p != MAP_FAILED)
             munmap(p, bytes);
@@ -324,7 +330,8 @@ static int pool_reserve(void)
     where = (uint8_t *)s + recs;
     site_slot = where + wheres;
     kept = site_slot + wheres;
-    win = (uint32_t *)(void *)(kept + wheres);
+    bare = kept + wheres;
+    win = (uint32_t *)(void *)(bare + wheres);
     lone = win + w;
     lone_cap = lc;
     pressure = cap > w;
@@ -556,9 +563,11 @@ static uint32_t take_slot(int *reused, int *clean, int site)
                 }
                 i = c;
                 *reused = want == TAG_GUARD_FREED;
-                /* else a freed out slot gave its pages back; a shut one
-                 * stays KEPT_SHUT until enter() opens it */
-                *clean = pressure && !kept[c];
+                /* else a freed out slot gave its pages back, or a freed
+                 * one of a sampling rate's pool (bare); a shut one stays
+                 * KEPT_SHUT until enter() opens it */
+                *clean = (pressure && !kept[c]) || bare[c] == BARE_GIVEN;
+                bare[c] = BARE_NO;
                 if (kept[c] != KEPT_SHUT)
                     kept[c] = 0;
             }
@@ -863,6 +872,14 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
             }
         } else {
             mprotect(slot_base(i), TAG_GUARD_SLOT_SIZE, PROT_NONE);  /* reusable when it leaves the window */
+            if (!pressure) {
+                /* a sampling rate's pool: its pages go back (a fault on
+                 * the block refills them first: slot_refill), so it holds
+                 * resident only its live blocks' pages - 1 MiB of lua's
+                 * 19 MiB peak was freed slots' */
+                madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
+                __atomic_store_n(&bare[i], BARE_GIVEN, __ATOMIC_SEQ_CST);
+            }
         }
     }
     unlock();
@@ -897,6 +914,39 @@ size_t _tag_guard_usable(const void *ptr)
 static int used(uint32_t state)
 {
     return state == TAG_GUARD_LIVE || state == TAG_GUARD_FREED;
+}
+
+/* A fault in freed slot i, retired and FREED (so no placement takes it):
+ * if its pages were given back at the free (bare[i]), they read as zeros;
+ * put back what the free left there - the slack's pattern, the tag, the
+ * freed block's pattern - before a snapshot or the program sees them, so
+ * a read after free finds what it finds in any freed block.  The first
+ * fault refills; a fault of another thread at once waits for it. */
+static void slot_refill(uint32_t i)
+{
+    uint8_t want = BARE_GIVEN;
+    if (!__atomic_compare_exchange_n(&bare[i], &want, BARE_FILLING, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        while (want == BARE_FILLING) {
+            sched_yield();
+            want = __atomic_load_n(&bare[i], __ATOMIC_SEQ_CST);
+        }
+        return;
+    }
+    const struct libtag_guard_slot *s = &slots[i];
+    char *base = slot_base(i), *end = base + TAG_GUARD_SLOT_SIZE;
+    char *user = (char *)(uintptr_t)s->user;
+    struct libtag_tag *tg = _tag_of(user);
+    uint64_t size = _tag_size(&s->tag);
+    if (mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) == 0) {
+        char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
+        memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
+        *tg = s->tag;
+        _tag_pattern_fill(user, _tag_fill_len(size));
+        memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
+        mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_NONE);
+    }
+    __atomic_store_n(&bare[i], BARE_NO, __ATOMIC_SEQ_CST);
 }
 
 /* The faulting thread's stack at the instruction.  An intern finds the
@@ -975,6 +1025,8 @@ int _tag_guard_fault(int sig, void *siv, void *ucv)
         errno = saved;
         return 1;  /* placed again meanwhile: the instruction now runs */
     }
+    if (kind == TAG_ANOMALY_USE_AFTER_FREE)
+        slot_refill(i);  /* retired and FREED: no placement takes it now */
     if (__atomic_exchange_n(&s->reported, 1, __ATOMIC_ACQ_REL)) {
         /* reported already: open silently - unless that report is taking
          * the process down at this instruction */

@@ -853,11 +853,12 @@ void _tag_guard_free(struct tag_thread_state *t, void *ptr, uint32_t dealloc, vo
         site_slot[i] = 0;
         site_live--;
     }
-    if (!pressure && where[i] != SLOT_OUT) {
+    if (!pressure && where[i] != SLOT_OUT && !__atomic_load_n(&s->retired, __ATOMIC_SEQ_CST)) {
         /* a sampling rate's pool: the pages go back, so it keeps resident
          * only its live blocks' (lua's peak RSS: 19.1 -> 18.7 MB); before
          * FREED, so a fault on the block always finds them marked and
-         * refills them first (slot_refill) */
+         * refills them first (slot_refill).  A retired slot stays open and
+         * faults no more: it keeps what the free left. */
         madvise(slot_base(i), TAG_GUARD_SLOT_SIZE, MADV_DONTNEED);
         __atomic_store_n(&bare[i], BARE_GIVEN, __ATOMIC_SEQ_CST);
     }

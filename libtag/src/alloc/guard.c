@@ -625,6 +625,17 @@ static uint32_t take_slot(int *reused, int *clean, int site)
 
 /* ---------------------------------------------------------- allocation -- */
 
+/* The slack of a block of size bytes at user in a slot ending at end: from
+ * the start of its tag's page up to its tag, and from its end to the
+ * slot's, TAG_GUARD_PATTERN (checked at free). */
+static void slack_fill(char *user, uint64_t size, char *end)
+{
+    char *tg = (char *)_tag_of(user);
+    char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
+    memset(lo, TAG_GUARD_PATTERN, (size_t)(tg - lo));
+    memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
+}
+
 uint32_t _tag_guard_sites;
 static uint64_t guard_allocs;           /* blocks placed in the pool (LIBTAG_STATS) */
 
@@ -701,9 +712,7 @@ void *_tag_guard_alloc(struct tag_thread_state *t, size_t size, size_t align, in
             memset(user, 0, size);
     }
     struct libtag_tag *tg = _tag_of(user);
-    char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
-    memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
-    memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
+    slack_fill(user, size, end);
 
     /* the tag as _tag_write_live writes it, and no canary: the slack and
      * the guard page after it take its place (a reader knows the block is
@@ -940,11 +949,9 @@ static void slot_refill(uint32_t i)
     struct libtag_tag *tg = _tag_of(user);
     uint64_t size = _tag_size(&s->tag);
     if (mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_READ | PROT_WRITE) == 0) {
-        char *lo = (char *)((uintptr_t)tg & ~(uintptr_t)(PAGE - 1));
-        memset(lo, TAG_GUARD_PATTERN, (size_t)((char *)tg - lo));
+        slack_fill(user, size, end);
         *tg = s->tag;
         _tag_pattern_fill(user, _tag_fill_len(size));
-        memset(user + size, TAG_GUARD_PATTERN, (size_t)(end - (user + size)));
         mprotect(base, TAG_GUARD_SLOT_SIZE, PROT_NONE);
     }
     __atomic_store_n(&bare[i], BARE_NO, __ATOMIC_SEQ_CST);
